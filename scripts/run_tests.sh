@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Runs every test: the C++ suite through ctest, then the Python parity tests with pytest.
+set -euo pipefail
+BUILD_DIR=${1:-build}
+cd "$(dirname "$0")/.."
+export MMTRAIN_BIN="$PWD/$BUILD_DIR/bin/mmtrain"
+(cd "$BUILD_DIR" && ctest --output-on-failure -j 2 --timeout 900)
+.venv/bin/python -m pytest -q tests/parity

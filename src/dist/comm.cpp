@@ -1,0 +1,112 @@
+#include "dist/comm.h"
+
+#include "core/error.h"
+
+namespace mmtrain {
+
+void CommWork::wait() {
+  if (work_) {
+    work_->wait();
+    work_.reset();
+  }
+  if (on_complete_) {
+    auto finish = std::move(on_complete_);
+    on_complete_ = nullptr;
+    finish();
+  }
+}
+
+Comm::Comm(c10::intrusive_ptr<c10d::Backend> backend, int rank, int world_size)
+    : backend_(std::move(backend)), rank_(rank), world_size_(world_size) {
+  if (world_size_ > 1 && !backend_) fail("Comm: world size ", world_size_, " needs a backend");
+  native_reduce_scatter_ = backend_ && backend_->getBackendName() == "nccl";
+}
+
+CommWork Comm::all_gather_into(at::Tensor out, at::Tensor in) {
+  TORCH_CHECK(out.numel() == in.numel() * world_size_, "all_gather_into: out has ", out.numel(),
+              " elements, expected ", in.numel() * world_size_);
+  if (world_size_ == 1) {
+    out.view(-1).copy_(in.view(-1));
+    return {};
+  }
+  return CommWork(backend_->_allgather_base(out, in), [out, in] {});
+}
+
+CommWork Comm::reduce_scatter_sum(at::Tensor out, at::Tensor in) {
+  TORCH_CHECK(in.numel() == out.numel() * world_size_, "reduce_scatter_sum: in has ", in.numel(),
+              " elements, expected ", out.numel() * world_size_);
+  if (world_size_ == 1) {
+    out.view(-1).copy_(in.view(-1));
+    return {};
+  }
+  if (native_reduce_scatter_) {
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    return CommWork(backend_->_reduce_scatter_base(out, in, opts), [out, in] {});
+  }
+  auto received = at::empty({world_size_, out.numel()}, in.options());
+  std::vector<int64_t> splits(world_size_, out.numel());
+  auto in_flat = in.view(-1);
+  auto received_flat = received.view(-1);
+  auto work = backend_->alltoall_base(received_flat, in_flat, splits, splits);
+  return CommWork(work, [out, in, received] {
+    // Sum in rank order so every rank's result is bitwise deterministic.
+    auto out_flat = out.view(-1);
+    out_flat.copy_(received[0]);
+    for (int64_t r = 1; r < received.size(0); ++r) out_flat.add_(received[r]);
+  });
+}
+
+CommWork Comm::all_reduce_sum(at::Tensor t) {
+  if (world_size_ == 1) return {};
+  std::vector<at::Tensor> tensors{t};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::SUM;
+  return CommWork(backend_->allreduce(tensors, opts), [t] {});
+}
+
+CommWork Comm::all_to_all(at::Tensor out, at::Tensor in) {
+  TORCH_CHECK(in.numel() == out.numel() && in.numel() % world_size_ == 0,
+              "all_to_all: need equal sizes divisible by world size, got ", in.numel(), " and ",
+              out.numel());
+  if (world_size_ == 1) {
+    out.copy_(in);
+    return {};
+  }
+  std::vector<int64_t> splits(world_size_, in.numel() / world_size_);
+  auto in_flat = in.view(-1);
+  auto out_flat = out.view(-1);
+  return CommWork(backend_->alltoall_base(out_flat, in_flat, splits, splits), [out, in] {});
+}
+
+CommWork Comm::broadcast(at::Tensor t, int root) {
+  if (world_size_ == 1) return {};
+  std::vector<at::Tensor> tensors{t};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  return CommWork(backend_->broadcast(tensors, opts), [t] {});
+}
+
+CommWork Comm::send(at::Tensor t, int dst_rank, int tag) {
+  std::vector<at::Tensor> tensors{t};
+  return CommWork(backend_->send(tensors, dst_rank, tag), [t] {});
+}
+
+CommWork Comm::recv(at::Tensor t, int src_rank, int tag) {
+  std::vector<at::Tensor> tensors{t};
+  return CommWork(backend_->recv(tensors, src_rank, tag), [t] {});
+}
+
+void Comm::barrier() {
+  if (world_size_ == 1) return;
+  backend_->barrier()->wait();
+}
+
+double Comm::all_reduce_sum(double value) {
+  if (world_size_ == 1) return value;
+  auto t = at::full({1}, value, at::kDouble);
+  all_reduce_sum(t).wait();
+  return t.item<double>();
+}
+
+}  // namespace mmtrain

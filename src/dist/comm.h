@@ -1,0 +1,64 @@
+// Comm: the collectives the engine uses, over one c10d backend (Gloo on CPU, NCCL on CUDA).
+//
+// Async contract: every op returns a CommWork; the tensors passed in must not be read or
+// written until wait() returns (Gloo runs ops on worker threads, NCCL on its own stream).
+// Ops must be issued in the same order on every rank. Averages are SUM then divide: Gloo has
+// no AVG. World size 1 needs no backend: ops become local copies.
+#pragma once
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace mmtrain {
+
+class CommWork {
+ public:
+  CommWork() = default;
+  CommWork(c10::intrusive_ptr<c10d::Work> work, std::function<void()> on_complete)
+      : work_(std::move(work)), on_complete_(std::move(on_complete)) {}
+  // Blocks until the op is complete and its output written; idempotent.
+  void wait();
+  bool pending() const { return work_ || on_complete_; }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::function<void()> on_complete_;  // runs after work_ finished: copy-out, local reduction
+};
+
+class Comm {
+ public:
+  // backend may be null only when world_size == 1.
+  Comm(c10::intrusive_ptr<c10d::Backend> backend, int rank, int world_size);
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  const c10::intrusive_ptr<c10d::Backend>& backend() const { return backend_; }
+
+  // out [W * n] <- concat over ranks of in [n] (rank order). Same dtype.
+  CommWork all_gather_into(at::Tensor out, at::Tensor in);
+  // out [n] <- sum over ranks of in[rank*n : (rank+1)*n], in is [W * n]. Same dtype. Native on
+  // NCCL; on Gloo an all-to-all plus a local sum in rank order, which moves (W-1)/W of the data
+  // like a real reduce-scatter (Gloo's own fallback all-reduces everything: twice the traffic).
+  CommWork reduce_scatter_sum(at::Tensor out, at::Tensor in);
+  CommWork all_reduce_sum(at::Tensor t);
+  // Equal splits: in [W * n] -> out [W * n], block i of in goes to rank i.
+  CommWork all_to_all(at::Tensor out, at::Tensor in);
+  CommWork broadcast(at::Tensor t, int root);
+  CommWork send(at::Tensor t, int dst_rank, int tag);
+  CommWork recv(at::Tensor t, int src_rank, int tag);
+  void barrier();
+
+  // Convenience: blocking sum of a double across ranks (metrics, grad norms).
+  double all_reduce_sum(double value);
+
+ private:
+  c10::intrusive_ptr<c10d::Backend> backend_;
+  int rank_ = 0;
+  int world_size_ = 1;
+  bool native_reduce_scatter_ = false;
+};
+
+}  // namespace mmtrain

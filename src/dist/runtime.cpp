@@ -1,0 +1,111 @@
+#include "dist/runtime.h"
+
+#include "core/error.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef MMTRAIN_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <cstdlib>
+
+namespace mmtrain {
+namespace {
+
+const char* env_or_null(const char* name) {
+  const char* value = std::getenv(name);
+  return (value && *value) ? value : nullptr;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* value = env_or_null(name);
+  if (!value) return fallback;
+  try {
+    size_t used = 0;
+    int parsed = std::stoi(value, &used);
+    if (used != std::string(value).size()) throw std::invalid_argument(value);
+    return parsed;
+  } catch (const std::exception&) {
+    fail("environment variable ", name, "='", value, "' is not an integer");
+  }
+}
+
+}  // namespace
+
+LaunchEnv LaunchEnv::from_environment() {
+  LaunchEnv env;
+  env.world_size = env_int("WORLD_SIZE", 1);
+  env.rank = env_int("RANK", 0);
+  env.local_rank = env_int("LOCAL_RANK", env.rank);
+  if (const char* addr = env_or_null("MASTER_ADDR")) env.master_addr = addr;
+  env.master_port = env_int("MASTER_PORT", 29500);
+  const char* agent = env_or_null("TORCHELASTIC_USE_AGENT_STORE");
+  env.use_agent_store = agent && std::string(agent) == "True";
+  env.restart_count = env_int("TORCHELASTIC_RESTART_COUNT", 0);
+  if (env.world_size < 1) fail("WORLD_SIZE must be >= 1, got ", env.world_size);
+  if (env.rank < 0 || env.rank >= env.world_size)
+    fail("RANK=", env.rank, " is outside WORLD_SIZE=", env.world_size);
+  if (env.world_size > 1 && !env_or_null("MASTER_ADDR"))
+    fail("WORLD_SIZE=", env.world_size, " but MASTER_ADDR is not set: launch with torchrun");
+  return env;
+}
+
+c10::intrusive_ptr<c10d::Backend> make_backend(const c10::intrusive_ptr<c10d::Store>& store,
+                                               int rank, int world_size, Device device,
+                                               std::chrono::milliseconds timeout) {
+  if (device == Device::cuda) {
+#ifdef MMTRAIN_CUDA
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = timeout;
+    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, opts);
+#else
+    fail("this mmtrain was built without CUDA (configure with -DMMTRAIN_CUDA=ON)");
+#endif
+  }
+  auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+  if (const char* ifname = env_or_null("GLOO_SOCKET_IFNAME")) {
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+  } else {
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  }
+  opts->threads = 2;
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
+}
+
+Runtime runtime_init(const LaunchEnv& env, Device device, std::chrono::milliseconds timeout) {
+  Runtime rt;
+  rt.env = env;
+  rt.device = device;
+#ifdef MMTRAIN_CUDA
+  if (device == Device::cuda) c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank));
+#endif
+  if (env.world_size == 1) {
+    rt.comm = std::make_shared<Comm>(nullptr, 0, 1);
+    return rt;
+  }
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(env.master_port);
+  opts.numWorkers = env.world_size;
+  opts.timeout = timeout;
+  c10::intrusive_ptr<c10d::Store> store;
+  if (env.use_agent_store) {
+    // torchrun's agent owns the server on MASTER_PORT: every rank is a client.
+    opts.isServer = false;
+    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+    store = c10::make_intrusive<c10d::PrefixStore>(
+        "/worker/attempt_" + std::to_string(env.restart_count), store);
+  } else {
+    opts.isServer = env.rank == 0;
+    opts.multiTenant = true;
+    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+  }
+  rt.store = c10::make_intrusive<c10d::PrefixStore>("mmtrain_default_pg", store);
+  rt.comm = std::make_shared<Comm>(make_backend(rt.store, env.rank, env.world_size, device, timeout),
+                                   env.rank, env.world_size);
+  return rt;
+}
+
+}  // namespace mmtrain

@@ -1,0 +1,36 @@
+#include "multirank_harness.h"
+
+#include "dist/runtime.h"
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <exception>
+#include <mutex>
+#include <thread>
+
+namespace mmtrain::testing {
+
+void run_ranks(int world_size, const std::function<void(Comm&)>& fn) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::thread> threads;
+  std::exception_ptr first_error;
+  std::mutex error_mutex;
+  for (int rank = 0; rank < world_size; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        c10::intrusive_ptr<c10d::Backend> backend;
+        if (world_size > 1)
+          backend = make_backend(store, rank, world_size, Device::cpu, std::chrono::seconds(60));
+        Comm comm(backend, rank, world_size);
+        fn(comm);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!first_error) first_error = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (first_error) std::rethrow_exception(first_error);
+}
+
+}  // namespace mmtrain::testing
