@@ -32,6 +32,21 @@ CommWork Comm::all_gather_into(at::Tensor out, at::Tensor in) {
   return CommWork(backend_->_allgather_base(out, in), [out, in] {});
 }
 
+CommWork Comm::all_gather_into_coalesced(std::vector<at::Tensor> outs,
+                                         std::vector<at::Tensor> ins) {
+  TORCH_CHECK(outs.size() == ins.size(), "all_gather_into_coalesced: ", outs.size(), " outputs for ",
+              ins.size(), " inputs");
+  for (size_t i = 0; i < outs.size(); ++i)
+    TORCH_CHECK(outs[i].numel() == ins[i].numel() * world_size_, "all_gather_into_coalesced: out ",
+                i, " has ", outs[i].numel(), " elements, expected ", ins[i].numel() * world_size_);
+  if (world_size_ == 1) {
+    for (size_t i = 0; i < outs.size(); ++i) outs[i].view(-1).copy_(ins[i].view(-1));
+    return {};
+  }
+  auto work = backend_->allgather_into_tensor_coalesced(outs, ins);
+  return CommWork(work, [outs, ins] {});
+}
+
 CommWork Comm::reduce_scatter_sum(at::Tensor out, at::Tensor in) {
   TORCH_CHECK(in.numel() == out.numel() * world_size_, "reduce_scatter_sum: in has ", in.numel(),
               " elements, expected ", out.numel() * world_size_);

@@ -39,6 +39,8 @@ class Comm {
 
   // out [W * n] <- concat over ranks of in [n] (rank order). Same dtype.
   CommWork all_gather_into(at::Tensor out, at::Tensor in);
+  // One all-gather for several tensors (one FSDP unit): outs[i] [W * n_i] <- ins[i] [n_i].
+  CommWork all_gather_into_coalesced(std::vector<at::Tensor> outs, std::vector<at::Tensor> ins);
   // out [n] <- sum over ranks of in[rank*n : (rank+1)*n], in is [W * n]. Same dtype. Native on
   // NCCL; on Gloo an all-to-all plus a local sum in rank order, which moves (W-1)/W of the data
   // like a real reduce-scatter (Gloo's own fallback all-reduces everything: twice the traffic).

@@ -1,0 +1,388 @@
+#include "fsdp/fully_shard.h"
+
+#include "core/error.h"
+#include "core/module_pattern.h"
+#include "parallel/recompute.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <map>
+
+namespace mmtrain {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The autograd Functions carry their unit as a pointer in saved_data: the Fsdp engine outlives
+// every graph built while it exists, so the pointer stays valid.
+int64_t to_handle(FsdpUnit* unit) { return reinterpret_cast<int64_t>(unit); }
+FsdpUnit& from_handle(int64_t handle) { return *reinterpret_cast<FsdpUnit*>(handle); }
+
+void storage_allocate(const at::Tensor& t) {
+  auto* storage = t.storage().unsafeGetStorageImpl();
+  const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
+  if (storage->nbytes() == nbytes) return;
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
+  storage->set_nbytes(nbytes);
+}
+
+void storage_free(const at::Tensor& t) {
+  auto* storage = t.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  storage->set_nbytes(0);
+}
+
+// Outputs: one tensor per param of the unit, each a fresh TensorImpl over the unit's gather
+// buffer (not an autograd view), so freeing and refilling the buffer is invisible to autograd.
+struct UnitGather : torch::autograd::Function<UnitGather> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& anchor, int64_t handle) {
+    ctx->saved_data["unit"] = handle;
+    auto& unit = from_handle(handle);
+    variable_list outputs;
+    for (auto& p : unit.params) {
+      auto alias = at::empty({0}, p.gathered.options());
+      alias.set_(p.gathered.storage(), 0, p.param->shape, c10::contiguous_strides(p.param->shape));
+      outputs.push_back(alias);
+    }
+    return outputs;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto& unit = from_handle(ctx->saved_data["unit"].toInt());
+    unit.engine->post_backward(unit, grads);
+    return {at::Tensor(), at::Tensor()};
+  }
+};
+
+// Identity on a unit's output; its backward runs before any of the unit's own backward ops.
+struct UnitPreBackward : torch::autograd::Function<UnitPreBackward> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t handle) {
+    ctx->saved_data["unit"] = handle;
+    return x;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto& unit = from_handle(ctx->saved_data["unit"].toInt());
+    unit.engine->pre_backward(unit);
+    return {grads[0], at::Tensor()};
+  }
+};
+
+// Installed on every block that is a unit and/or recomputed.
+struct UnitHooks : BlockHooks {
+  Fsdp* fsdp;
+  FsdpUnit* unit;  // null: recompute only
+  bool recompute;
+
+  UnitHooks(Fsdp* f, FsdpUnit* u, bool r) : fsdp(f), unit(u), recompute(r) {}
+
+  at::Tensor run(Module&, const std::vector<at::Tensor>& inputs, const BlockFn& fn) override {
+    Fsdp* engine = fsdp;
+    FsdpUnit* u = unit;
+    if (recompute && at::GradMode::is_enabled()) {
+      BlockFn forward_fn = [engine, u, fn](const std::vector<at::Tensor>& in) {
+        if (u) engine->pre_forward(*u);
+        auto out = fn(in);
+        if (u) out = engine->post_forward(*u, out, /*install_pre_backward=*/false);
+        return out;
+      };
+      BlockFn recompute_fn = [engine, u, fn](const std::vector<at::Tensor>& in) {
+        if (u) {
+          engine->pre_backward(*u);
+          engine->unshard_and_materialize(*u);
+        }
+        return fn(in);
+      };
+      return checkpoint_block(inputs, forward_fn, recompute_fn);
+    }
+    if (u) engine->pre_forward(*u);
+    auto out = fn(inputs);
+    if (u) out = engine->post_forward(*u, out, at::GradMode::is_enabled());
+    return out;
+  }
+};
+
+bool module_owns(const std::string& module_name, const std::string& param_name) {
+  return module_name.empty() || param_name.rfind(module_name + ".", 0) == 0;
+}
+
+}  // namespace
+
+Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpOptions options)
+    : comm_(std::move(comm)), options_(std::move(options)) {
+  const int world = comm_->world_size();
+  auto root = std::make_unique<FsdpUnit>();
+  root->is_root = true;
+  units_.push_back(std::move(root));
+
+  auto modules = model.named_modules();
+  std::vector<std::string> module_names;
+  for (auto& [name, m] : modules) module_names.push_back(name);
+  auto matches_any = [&](const std::vector<std::string>& patterns, const std::string& name) {
+    for (const auto& pattern : patterns)
+      if (module_pattern_matches(pattern, name)) return true;
+    return false;
+  };
+  for (const auto& pattern : options_.apply_modules)
+    if (modules_matching({pattern}, module_names).empty())
+      fail("fsdp_plan.apply_modules: pattern '", pattern, "' matches no module of the model");
+  for (const auto& pattern : options_.recompute_modules)
+    if (modules_matching({pattern}, module_names).empty())
+      fail("recompute_plan.apply_modules: pattern '", pattern, "' matches no module of the model");
+
+  for (auto& [name, module] : modules) {
+    const bool is_unit = !name.empty() && matches_any(options_.apply_modules, name);
+    const bool is_recomputed = !name.empty() && matches_any(options_.recompute_modules, name);
+    if ((is_unit || is_recomputed) && !module->is_block())
+      fail("module '", name, "' is selected by fsdp_plan/recompute_plan but the model does not run it "
+           "as a block (Module::apply); select one of its blocks instead");
+    if (!is_unit) continue;
+    auto unit = std::make_unique<FsdpUnit>();
+    unit->name = name;
+    unit->module = module;
+    units_.push_back(std::move(unit));
+  }
+
+  // Each param belongs to the deepest unit whose module contains it, else to the root.
+  for (auto& [param_name, param] : model.named_parameters()) {
+    FsdpUnit* owner = units_[0].get();
+    size_t owner_depth = 0;
+    for (auto& unit : units_) {
+      if (unit->is_root || !module_owns(unit->name, param_name)) continue;
+      if (unit->name.size() + 1 > owner_depth) {
+        owner = unit.get();
+        owner_depth = unit->name.size() + 1;
+      }
+    }
+    FsdpParam p;
+    p.name = param_name;
+    p.param = param;
+    p.layout = ShardLayout(param->shape, world);
+    owner->params.push_back(std::move(p));
+  }
+
+  auto fp32 = at::TensorOptions().dtype(at::kFloat).device(options_.device);
+  for (size_t i = 0; i < units_.size(); ++i) {
+    auto& unit = *units_[i];
+    unit.order = i;
+    unit.engine = this;
+    int64_t total = 0;
+    for (auto& p : unit.params) {
+      p.offset = total;
+      total += p.layout.shard_numel();
+    }
+    unit.shard_flat = at::zeros({total}, fp32);
+    unit.grad_flat = at::zeros({total}, fp32);
+    unit.anchor = at::zeros({}, fp32).requires_grad_(true);
+    for (auto& p : unit.params) {
+      std::vector<int64_t> shard_shape = p.param->shape;
+      if (shard_shape.empty()) fail("parameter '", p.name, "' is 0-dim: FSDP shards dim 0");
+      shard_shape[0] = p.layout.padded_rows;
+      p.shard = unit.shard_flat.narrow(0, p.offset, p.layout.shard_numel()).view(shard_shape);
+      std::vector<int64_t> gathered_shape = p.param->shape;
+      gathered_shape[0] = p.layout.padded_rows * world;
+      p.gathered = at::empty(gathered_shape, fp32.dtype(options_.param_dtype));
+      storage_free(p.gathered);
+    }
+  }
+
+  for (auto& [name, module] : modules) {
+    if (name.empty()) continue;
+    FsdpUnit* unit = nullptr;
+    for (auto& u : units_)
+      if (!u->is_root && u->name == name) unit = u.get();
+    const bool recomputed = matches_any(options_.recompute_modules, name);
+    if (unit || recomputed) module->set_hooks(std::make_shared<UnitHooks>(this, unit, recomputed));
+  }
+}
+
+std::vector<FsdpUnit*> Fsdp::units() {
+  std::vector<FsdpUnit*> out;
+  for (auto& u : units_) out.push_back(u.get());
+  return out;
+}
+
+void Fsdp::load_params(const std::function<at::Tensor(const std::string&, int64_t, int64_t)>& read_rows) {
+  for (auto& unit : units_)
+    for (auto& p : unit->params) fill_shard(p, read_rows);
+}
+
+void Fsdp::init_params(uint64_t seed) {
+  // One full param at a time, from a generator keyed by (seed, name): every world size builds
+  // the same model, and memory is bounded by the largest parameter, not the model.
+  auto generate_rows = [seed](const Param& param, const std::string& name, int64_t begin, int64_t end) {
+    at::Tensor full;
+    if (param.init_normal) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ULL + std::hash<std::string>{}(name));
+      full = at::empty(param.shape, at::kFloat);
+      full.normal_(0.0, param.init_std, gen);
+    } else {
+      full = at::full(param.shape, param.init_constant, at::kFloat);
+    }
+    return full.narrow(0, begin, end - begin);
+  };
+  for (auto& unit : units_)
+    for (auto& p : unit->params)
+      fill_shard(p, [&](const std::string& name, int64_t begin, int64_t end) {
+        return generate_rows(*p.param, name, begin, end);
+      });
+}
+
+void Fsdp::fill_shard(FsdpParam& p, const RowReader& read_rows) {
+  const int rank = comm_->rank();
+  const int64_t begin = p.layout.row_begin(rank), rows = p.layout.rows(rank);
+  at::NoGradGuard no_grad;
+  p.shard.zero_();
+  if (rows == 0) return;
+  auto values = read_rows(p.name, begin, begin + rows);
+  std::vector<int64_t> expected = p.param->shape;
+  expected[0] = rows;
+  if (values.sizes() != at::IntArrayRef(expected))
+    fail("loading '", p.name, "' rows [", begin, ", ", begin + rows, "): got shape ", values.sizes(),
+         ", expected ", at::IntArrayRef(expected));
+  p.shard.narrow(0, 0, rows).copy_(values);
+}
+
+void Fsdp::unshard_async(FsdpUnit& unit) {
+  if (unit.state != FsdpUnit::State::sharded) return;
+  std::vector<at::Tensor> outs, ins;
+  unit.gather_inputs.clear();
+  for (auto& p : unit.params) {
+    storage_allocate(p.gathered);
+    outs.push_back(p.gathered.view(-1));
+    ins.push_back(p.shard.view(-1).to(options_.param_dtype));
+  }
+  unit.gather_inputs = ins;
+  unit.gather_work = comm_->all_gather_into_coalesced(outs, ins);
+  unit.state = FsdpUnit::State::gathering;
+}
+
+void Fsdp::wait_unshard(FsdpUnit& unit) {
+  if (unit.state != FsdpUnit::State::gathering) return;
+  unit.gather_work.wait();
+  unit.gather_inputs.clear();
+  unit.state = FsdpUnit::State::unsharded;
+}
+
+void Fsdp::unshard_and_materialize(FsdpUnit& unit) {
+  unshard_async(unit);
+  wait_unshard(unit);
+  auto values = UnitGather::apply(unit.anchor, to_handle(&unit));
+  for (size_t i = 0; i < unit.params.size(); ++i) unit.params[i].param->value = values[i];
+}
+
+void Fsdp::reshard(FsdpUnit& unit) {
+  if (unit.state == FsdpUnit::State::sharded) return;
+  wait_unshard(unit);
+  for (auto& p : unit.params) storage_free(p.gathered);
+  unit.state = FsdpUnit::State::sharded;
+}
+
+void Fsdp::begin_forward() { unshard_and_materialize(*units_[0]); }
+
+void Fsdp::pre_forward(FsdpUnit& unit) {
+  unshard_async(unit);
+  for (int k = 1; k <= options_.num_to_forward_prefetch; ++k) {
+    const size_t next = unit.order + k;
+    if (next < units_.size()) unshard_async(*units_[next]);
+  }
+  unshard_and_materialize(unit);
+}
+
+at::Tensor Fsdp::post_forward(FsdpUnit& unit, at::Tensor output, bool install_pre_backward) {
+  if (options_.reshard_after_forward && !unit.is_root) reshard(unit);
+  if (install_pre_backward && output.requires_grad())
+    output = UnitPreBackward::apply(output, to_handle(&unit));
+  return output;
+}
+
+void Fsdp::pre_backward(FsdpUnit& unit) {
+  unshard_async(unit);
+  for (int k = 1; k <= options_.num_to_backward_prefetch; ++k) {
+    if (unit.order < static_cast<size_t>(k) + 1) break;  // order 0 is the root, never prefetched
+    unshard_async(*units_[unit.order - k]);
+  }
+  wait_unshard(unit);
+}
+
+void Fsdp::post_backward(FsdpUnit& unit, const std::vector<at::Tensor>& grads) {
+  const int world = comm_->world_size();
+  int64_t total = unit.shard_flat.numel();
+  auto reduce_input = at::empty({world, total}, unit.shard_flat.options().dtype(options_.reduce_dtype));
+  for (size_t i = 0; i < unit.params.size(); ++i) {
+    const auto& p = unit.params[i];
+    const auto& layout = p.layout;
+    auto dst = reduce_input.narrow(1, p.offset, layout.shard_numel())
+                   .view({world, layout.padded_rows, layout.row_numel});
+    if (!grads[i].defined()) {
+      dst.zero_();
+      continue;
+    }
+    auto grad = grads[i].reshape({layout.dim0, layout.row_numel});
+    if (layout.dim0 == layout.padded_rows * world) {
+      dst.copy_(grad.view({world, layout.padded_rows, layout.row_numel}));
+      continue;
+    }
+    for (int r = 0; r < world; ++r) {
+      const int64_t rows = layout.rows(r);
+      if (rows > 0) dst[r].narrow(0, 0, rows).copy_(grad.narrow(0, layout.row_begin(r), rows));
+      if (rows < layout.padded_rows) dst[r].narrow(0, rows, layout.padded_rows - rows).zero_();
+    }
+  }
+  reshard(unit);
+  auto output = at::empty({total}, reduce_input.options());
+  auto work = comm_->reduce_scatter_sum(output, reduce_input.view(-1));
+  pending_.push_back({&unit, output, std::move(work)});
+  // A bounded number of reductions in flight overlaps communication with the next unit's
+  // backward without holding every unit's reduce buffer.
+  drain_reductions(2);
+}
+
+void Fsdp::drain_reductions(size_t keep_in_flight) {
+  at::NoGradGuard no_grad;
+  const double world = comm_->world_size();
+  while (pending_.size() > keep_in_flight) {
+    auto pending = std::move(pending_.front());
+    pending_.pop_front();
+    pending.work.wait();
+    if (world > 1) pending.output.div_(world);
+    pending.unit->grad_flat.add_(pending.output.to(at::kFloat));
+  }
+}
+
+void Fsdp::finish_backward() {
+  drain_reductions(0);
+  // A unit whose params got no grad at all (unused this step) still has to let go of them.
+  for (auto& unit : units_) reshard(*unit);
+}
+
+void Fsdp::zero_grad() {
+  for (auto& unit : units_) unit->grad_flat.zero_();
+}
+
+double Fsdp::clip_grad_norm(double max_norm) {
+  double sum_squares = 0.0;
+  for (auto& unit : units_) sum_squares += unit->grad_flat.to(at::kDouble).pow(2).sum().item<double>();
+  const double norm = std::sqrt(comm_->all_reduce_sum(sum_squares));
+  if (max_norm > 0) {
+    const double coef = max_norm / (norm + 1e-6);
+    if (coef < 1.0)
+      for (auto& unit : units_) unit->grad_flat.mul_(coef);
+  }
+  return norm;
+}
+
+FsdpMemoryStats Fsdp::memory_stats() const {
+  FsdpMemoryStats stats;
+  for (auto& unit : units_) {
+    stats.param_bytes += unit->shard_flat.numel() * unit->shard_flat.element_size();
+    stats.grad_bytes += unit->grad_flat.numel() * unit->grad_flat.element_size();
+    for (auto& p : unit->params)
+      stats.unsharded_param_bytes += p.layout.dim0 * p.layout.row_numel * at::elementSize(options_.param_dtype);
+  }
+  return stats;
+}
+
+}  // namespace mmtrain

@@ -1,0 +1,126 @@
+// FSDP2 for mmtrain modules: parameter groups ("units") chosen by module patterns plus a root
+// group, dim-0 torch.chunk shards held as fp32 masters, all-gather in param_dtype before a
+// unit runs, free after it (reshard_after_forward), re-gather in backward, reduce-scatter of
+// grads in reduce_dtype into fp32 shard grads, and forward/backward prefetch.
+//
+// How autograd sees it: a unit's gathered params are the outputs of one custom Function
+// (UnitGather) whose input is a scalar anchor. Those outputs alias the unit's gather buffers,
+// so freeing a buffer (storage size 0) and re-gathering into it in backward keeps every tensor
+// autograd saved valid. UnitGather's backward runs once all of the unit's param grads exist:
+// that is the post-backward hook where the reduce-scatter starts. An identity Function on the
+// unit's output is the pre-backward hook where the re-gather (and backward prefetch) happens.
+// Non-goals: HSDP, tensor parallelism, per-parameter placements.
+#pragma once
+#include "dist/comm.h"
+#include "fsdp/shard_layout.h"
+#include "nn/module.h"
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mmtrain {
+
+struct FsdpOptions {
+  std::vector<std::string> apply_modules;  // unit patterns (core/module_pattern)
+  at::ScalarType param_dtype = at::kFloat;
+  at::ScalarType reduce_dtype = at::kFloat;
+  bool reshard_after_forward = true;       // never for the root, as FSDP2's default
+  int num_to_forward_prefetch = 1;
+  int num_to_backward_prefetch = 1;
+  std::vector<std::string> recompute_modules;  // blocks run under activation checkpointing
+  at::Device device = at::kCPU;
+};
+
+struct FsdpParam {
+  std::string name;            // full dotted name in the model
+  Param* param = nullptr;
+  ShardLayout layout;
+  int64_t offset = 0;          // into the unit's flat shard
+  at::Tensor shard;            // fp32 view [padded_rows, ...] of the unit's flat shard
+  at::Tensor gathered;         // param_dtype [W * padded_rows, ...]; storage freed while sharded
+};
+
+class Fsdp;
+
+struct FsdpUnit {
+  enum class State { sharded, gathering, unsharded };
+  std::string name;            // module name, "" for the root
+  Module* module = nullptr;    // null for the root
+  bool is_root = false;
+  std::vector<FsdpParam> params;
+  at::Tensor shard_flat;       // fp32 [S], S = sum of padded shard sizes: the optimizer's params
+  at::Tensor grad_flat;        // fp32 [S]: accumulated, reduced grads
+  at::Tensor anchor;           // scalar leaf that makes UnitGather part of the graph
+  State state = State::sharded;
+  CommWork gather_work;
+  std::vector<at::Tensor> gather_inputs;  // param_dtype casts of the shards, alive until wait()
+  size_t order = 0;            // position in forward order
+  Fsdp* engine = nullptr;      // the engine the autograd Functions call back into
+};
+
+// read(name, row_begin, row_end) returns those rows of the full tensor (any float dtype).
+using RowReader = std::function<at::Tensor(const std::string& name, int64_t row_begin, int64_t row_end)>;
+
+struct FsdpMemoryStats {
+  int64_t param_bytes = 0;     // fp32 shards
+  int64_t grad_bytes = 0;
+  int64_t unsharded_param_bytes = 0;  // what all units would take gathered (param_dtype)
+};
+
+class Fsdp {
+ public:
+  // Builds units over model and allocates zeroed fp32 shards; no full tensor is materialized.
+  Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpOptions options);
+  Fsdp(const Fsdp&) = delete;
+  Fsdp& operator=(const Fsdp&) = delete;
+
+  // Fills this rank's rows of every param from read_rows (cast to fp32 here).
+  void load_params(const RowReader& read_rows);
+  // Fresh init: every Param's init rule with a generator seeded from (seed, param index), so
+  // all world sizes produce the same model.
+  void init_params(uint64_t seed);
+
+  // Gathers the root group; call before each micro-batch's forward.
+  void begin_forward();
+  // Waits for outstanding reduce-scatters and accumulates them into grad_flat; call after
+  // each micro-batch's backward.
+  void finish_backward();
+  void zero_grad();
+  // Global L2 norm of the grads across all shards; scales them by max_norm / (norm + 1e-6)
+  // when that is below 1 (torch.nn.utils.clip_grad_norm_). max_norm <= 0: only measures.
+  double clip_grad_norm(double max_norm);
+
+  std::vector<FsdpUnit*> units();
+  const Comm& comm() const { return *comm_; }
+  const FsdpOptions& options() const { return options_; }
+  FsdpMemoryStats memory_stats() const;
+
+  // Hooks, called by UnitHooks / the autograd Functions.
+  void pre_forward(FsdpUnit& unit);
+  at::Tensor post_forward(FsdpUnit& unit, at::Tensor output, bool install_pre_backward);
+  void pre_backward(FsdpUnit& unit);
+  void post_backward(FsdpUnit& unit, const std::vector<at::Tensor>& grads);
+  void reshard(FsdpUnit& unit);
+  void unshard_and_materialize(FsdpUnit& unit);
+
+ private:
+  void fill_shard(FsdpParam& p, const RowReader& read_rows);
+  void unshard_async(FsdpUnit& unit);
+  void wait_unshard(FsdpUnit& unit);
+  void drain_reductions(size_t keep_in_flight);
+
+  struct PendingReduction {
+    FsdpUnit* unit;
+    at::Tensor output;  // reduce_dtype [S]
+    CommWork work;
+  };
+
+  std::shared_ptr<Comm> comm_;
+  FsdpOptions options_;
+  std::vector<std::unique_ptr<FsdpUnit>> units_;  // forward order; the root first
+  std::deque<PendingReduction> pending_;
+};
+
+}  // namespace mmtrain

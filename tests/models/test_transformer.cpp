@@ -1,0 +1,184 @@
+#include "models/test_transformer.h"
+
+#include "core/error.h"
+#include "nn/ops.h"
+
+namespace mmtrain {
+namespace {
+
+class Norm : public Module {
+ public:
+  explicit Norm(int64_t dim) : weight(add_param("weight", {dim})) {
+    weight.init_normal = false;
+    weight.init_constant = 1.0;
+  }
+  Param& weight;
+};
+
+class Linear : public Module {
+ public:
+  Linear(int64_t out_features, int64_t in_features) : weight(add_param("weight", {out_features, in_features})) {}
+  Param& weight;
+};
+
+class Embedding : public Module {
+ public:
+  Embedding(int64_t vocab, int64_t dim) : weight(add_param("weight", {vocab, dim})) {}
+  Param& weight;
+};
+
+class Attention : public Module {
+ public:
+  explicit Attention(const TestTransformerConfig& c)
+      : head_dim_(c.hidden_size / c.num_heads), heads_(c.num_heads), kv_heads_(c.num_kv_heads) {
+    wq = add_child("wq", std::make_shared<Linear>(heads_ * head_dim_, c.hidden_size));
+    wk = add_child("wk", std::make_shared<Linear>(kv_heads_ * head_dim_, c.hidden_size));
+    wv = add_child("wv", std::make_shared<Linear>(kv_heads_ * head_dim_, c.hidden_size));
+    wo = add_child("wo", std::make_shared<Linear>(c.hidden_size, heads_ * head_dim_));
+  }
+  // x [B,S,H], cos/sin [S,hd] -> [B,S,H]
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    const int64_t b = x.size(0), s = x.size(1);
+    auto q = apply_rope(linear(x, wq->weight).view({b, s, heads_, head_dim_}), cos, sin);
+    auto k = apply_rope(linear(x, wk->weight).view({b, s, kv_heads_, head_dim_}), cos, sin);
+    auto v = linear(x, wv->weight).view({b, s, kv_heads_, head_dim_});
+    auto out = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                {}, 0.0, /*is_causal=*/true, std::nullopt, /*enable_gqa=*/true);
+    return linear(out.transpose(1, 2).reshape({b, s, heads_ * head_dim_}), wo->weight);
+  }
+  std::shared_ptr<Linear> wq, wk, wv, wo;
+
+ private:
+  int64_t head_dim_, heads_, kv_heads_;
+};
+
+class Mlp : public Module {
+ public:
+  explicit Mlp(const TestTransformerConfig& c) {
+    w1 = add_child("w1", std::make_shared<Linear>(c.ffn_hidden_size, c.hidden_size));
+    w3 = add_child("w3", std::make_shared<Linear>(c.ffn_hidden_size, c.hidden_size));
+    w2 = add_child("w2", std::make_shared<Linear>(c.hidden_size, c.ffn_hidden_size));
+  }
+  at::Tensor forward(const at::Tensor& x) { return swiglu_mlp(x, w1->weight.value, w3->weight.value, w2->weight.value); }
+  std::shared_ptr<Linear> w1, w3, w2;
+};
+
+class Layer : public Module {
+ public:
+  explicit Layer(const TestTransformerConfig& c) : eps_(c.rms_norm_eps) {
+    attn_norm = add_child("attn_norm", std::make_shared<Norm>(c.hidden_size));
+    attn = add_child("attn", std::make_shared<Attention>(c));
+    mlp_norm = add_child("mlp_norm", std::make_shared<Norm>(c.hidden_size));
+    mlp = add_child("mlp", std::make_shared<Mlp>(c));
+    mark_block();
+  }
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    auto h = x + attn->forward(rms_norm(x, attn_norm->weight.value, eps_), cos, sin);
+    return h + mlp->forward(rms_norm(h, mlp_norm->weight.value, eps_));
+  }
+  std::shared_ptr<Norm> attn_norm, mlp_norm;
+  std::shared_ptr<Attention> attn;
+  std::shared_ptr<Mlp> mlp;
+
+ private:
+  double eps_;
+};
+
+class LayerList : public Module {
+ public:
+  LayerList(const TestTransformerConfig& c) {
+    for (int64_t i = 0; i < c.num_layers; ++i)
+      layers.push_back(add_child(std::to_string(i), std::make_shared<Layer>(c)));
+  }
+  std::vector<std::shared_ptr<Layer>> layers;
+};
+
+class TestTransformer : public Model {
+ public:
+  explicit TestTransformer(const TestTransformerConfig& c) : config_(c) {
+    embed = add_child("embed", std::make_shared<Embedding>(c.vocab_size, c.hidden_size));
+    layers = add_child("layers", std::make_shared<LayerList>(c));
+    norm = add_child("norm", std::make_shared<Norm>(c.hidden_size));
+    lm_head = add_child("lm_head", std::make_shared<Linear>(c.vocab_size, c.hidden_size));
+  }
+
+  // batch["tokens"] [B, S+1] int64: predicts tokens[:, 1:] from tokens[:, :-1].
+  ModelOutput forward(const Batch& batch) override {
+    const auto& tokens = batch_get(batch, "tokens");
+    auto inputs = tokens.narrow(1, 0, tokens.size(1) - 1);
+    auto labels = tokens.narrow(1, 1, tokens.size(1) - 1);
+    const int64_t s = inputs.size(1);
+    auto [cos, sin] = rope_tables(at::arange(s, at::kFloat), config_.hidden_size / config_.num_heads,
+                                  config_.rope_theta);
+    auto x = at::embedding(embed->weight.value, inputs);
+    for (auto& layer : layers->layers) {
+      x = layer->apply({x, cos, sin}, [layer](const std::vector<at::Tensor>& in) {
+        return layer->forward(in[0], in[1], in[2]);
+      });
+    }
+    auto logits = linear(rms_norm(x, norm->weight.value, config_.rms_norm_eps), lm_head->weight);
+    ModelOutput out;
+    out.loss = at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, config_.vocab_size}),
+                                      labels.reshape({-1}));
+    out.tokens = inputs.numel();
+    return out;
+  }
+
+  // 6 * matmul params * tokens (lm_head included, embedding lookup not) + causal attention
+  // 6 * 2 * L * S^2/2 * nh * hd per sequence (QK^T and PV, forward 2 FLOPs/MAC, backward 2x).
+  double train_flops(const Batch& batch) const override {
+    const auto& tokens = batch_get(batch, "tokens");
+    const double b = tokens.size(0), s = tokens.size(1) - 1;
+    const auto& c = config_;
+    const double hd = static_cast<double>(c.hidden_size) / c.num_heads;
+    const double per_layer = c.hidden_size * hd * (2.0 * c.num_heads + 2.0 * c.num_kv_heads) +
+                             3.0 * c.hidden_size * c.ffn_hidden_size;
+    const double matmul_params = c.num_layers * per_layer + static_cast<double>(c.vocab_size) * c.hidden_size;
+    const double attention = 6.0 * 2.0 * c.num_layers * (s * s / 2.0) * c.num_heads * hd;
+    return b * (6.0 * matmul_params * s + attention);
+  }
+
+  std::shared_ptr<Embedding> embed;
+  std::shared_ptr<LayerList> layers;
+  std::shared_ptr<Norm> norm;
+  std::shared_ptr<Linear> lm_head;
+
+ private:
+  TestTransformerConfig config_;
+};
+
+}  // namespace
+
+TestTransformerConfig TestTransformerConfig::from_json(const nlohmann::json& j) {
+  TestTransformerConfig c;
+  static const char* known[] = {"vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                                "ffn_hidden_size", "rope_theta", "rms_norm_eps"};
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    bool ok = false;
+    for (const char* k : known) ok = ok || it.key() == k;
+    if (!ok) fail("model.config: unknown key '", it.key(), "' for test_transformer");
+  }
+  auto get = [&](const char* key, auto& field) {
+    if (j.contains(key)) field = j.at(key).get<std::decay_t<decltype(field)>>();
+  };
+  get("vocab_size", c.vocab_size);
+  get("hidden_size", c.hidden_size);
+  get("num_layers", c.num_layers);
+  get("num_heads", c.num_heads);
+  get("num_kv_heads", c.num_kv_heads);
+  get("ffn_hidden_size", c.ffn_hidden_size);
+  get("rope_theta", c.rope_theta);
+  get("rms_norm_eps", c.rms_norm_eps);
+  if (c.hidden_size % c.num_heads != 0)
+    fail("model.config: hidden_size ", c.hidden_size, " is not divisible by num_heads ", c.num_heads);
+  if (c.num_heads % c.num_kv_heads != 0)
+    fail("model.config: num_heads ", c.num_heads, " is not divisible by num_kv_heads ", c.num_kv_heads);
+  if ((c.hidden_size / c.num_heads) % 2 != 0) fail("model.config: head_dim must be even for RoPE");
+  return c;
+}
+
+std::shared_ptr<Model> make_test_transformer(const nlohmann::json& model_config) {
+  return std::make_shared<TestTransformer>(TestTransformerConfig::from_json(model_config));
+}
+
+}  // namespace mmtrain

@@ -1,0 +1,32 @@
+// The engine's test model: a small Llama-style causal LM (RMSNorm, GQA attention with RoPE,
+// SwiGLU MLP, untied lm_head). Not a product model: it exists so FSDP, recompute, checkpoints
+// and the trainer can be checked against PyTorch (tests/parity/reference_transformer.py is its
+// twin, written from the same spec). Registered as model_id "test_transformer".
+//
+// Parameters: embed.weight [V,H]; layers.{i}.{attn_norm,mlp_norm}.weight [H];
+// layers.{i}.attn.{wq [nh*hd,H], wk [nkv*hd,H], wv [nkv*hd,H], wo [H,nh*hd]}.weight;
+// layers.{i}.mlp.{w1 [F,H], w3 [F,H], w2 [H,F]}.weight; norm.weight [H]; lm_head.weight [V,H].
+#pragma once
+#include "models/model.h"
+
+namespace mmtrain {
+
+struct TestTransformerConfig {
+  int64_t vocab_size = 128;       // V
+  int64_t hidden_size = 64;       // H
+  int64_t num_layers = 2;         // L
+  int64_t num_heads = 4;          // nh; head_dim hd = H / nh
+  int64_t num_kv_heads = 2;       // nkv, divides nh (GQA)
+  int64_t ffn_hidden_size = 128;  // F
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-6;
+
+  static TestTransformerConfig from_json(const nlohmann::json& j);
+};
+
+std::shared_ptr<Model> make_test_transformer(const nlohmann::json& model_config);
+
+// Registers "test_transformer" (model) and "token_file"/"causal_lm" are generic: see src/data.
+void register_test_models();
+
+}  // namespace mmtrain
