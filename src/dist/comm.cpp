@@ -80,6 +80,14 @@ CommWork Comm::all_reduce_sum(at::Tensor t) {
   return CommWork(backend_->allreduce(tensors, opts), [t] {});
 }
 
+CommWork Comm::all_reduce_max(at::Tensor t) {
+  if (world_size_ == 1) return {};
+  std::vector<at::Tensor> tensors{t};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::MAX;
+  return CommWork(backend_->allreduce(tensors, opts), [t] {});
+}
+
 CommWork Comm::all_to_all(at::Tensor out, at::Tensor in) {
   TORCH_CHECK(in.numel() == out.numel() && in.numel() % world_size_ == 0,
               "all_to_all: need equal sizes divisible by world size, got ", in.numel(), " and ",

@@ -46,6 +46,7 @@ class Comm {
   // like a real reduce-scatter (Gloo's own fallback all-reduces everything: twice the traffic).
   CommWork reduce_scatter_sum(at::Tensor out, at::Tensor in);
   CommWork all_reduce_sum(at::Tensor t);
+  CommWork all_reduce_max(at::Tensor t);
   // Equal splits: in [W * n] -> out [W * n], block i of in goes to rank i.
   CommWork all_to_all(at::Tensor out, at::Tensor in);
   CommWork broadcast(at::Tensor t, int root);

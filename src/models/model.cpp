@@ -4,6 +4,11 @@
 
 namespace mmtrain {
 
+Registry<ModelFactory>& model_registry() {
+  static Registry<ModelFactory> registry("model");
+  return registry;
+}
+
 const at::Tensor& batch_get(const Batch& batch, const std::string& key) {
   auto it = batch.find(key);
   if (it == batch.end()) {

@@ -1,6 +1,7 @@
 // What a trainable model is to the trainer: a Module tree whose forward maps a collated Batch
 // to a scalar loss, plus the FLOPs it costs. Models register a factory by model_id.
 #pragma once
+#include "core/registry.h"
 #include "nn/module.h"
 
 #include <nlohmann/json.hpp>
@@ -30,6 +31,8 @@ class Model : public Module {
 // Builds a model from model.config (dimensions) for compute in compute_dtype. Parameters are
 // shapes only: nothing is allocated until FSDP shards them.
 using ModelFactory = std::function<std::shared_ptr<Model>(const nlohmann::json& model_config)>;
+
+Registry<ModelFactory>& model_registry();
 
 // The key a Batch entry or config field must have; fails naming the key when it is missing.
 const at::Tensor& batch_get(const Batch& batch, const std::string& key);

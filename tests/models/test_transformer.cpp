@@ -3,6 +3,8 @@
 #include "core/error.h"
 #include "nn/ops.h"
 
+#include <mutex>
+
 namespace mmtrain {
 namespace {
 
@@ -179,6 +181,15 @@ TestTransformerConfig TestTransformerConfig::from_json(const nlohmann::json& j) 
 
 std::shared_ptr<Model> make_test_transformer(const nlohmann::json& model_config) {
   return std::make_shared<TestTransformer>(TestTransformerConfig::from_json(model_config));
+}
+
+}  // namespace mmtrain
+
+namespace mmtrain {
+
+void register_test_models() {
+  static std::once_flag once;
+  std::call_once(once, [] { model_registry().add("test_transformer", make_test_transformer); });
 }
 
 }  // namespace mmtrain

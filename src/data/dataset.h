@@ -1,0 +1,55 @@
+// Datasets, collators and the sampler: how samples become micro-batches.
+//
+// Randomness in collation (noise, sigma) is counter-based: a collator gets a generator seeded
+// from (seed, step, micro-batch, rank), so the data position is the whole data state and
+// resuming at step t reproduces the uninterrupted run exactly.
+#pragma once
+#include "core/config.h"
+#include "core/registry.h"
+#include "models/model.h"
+
+#include <ATen/core/Generator.h>
+
+#include <memory>
+#include <vector>
+
+namespace mmtrain {
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  virtual Batch get(int64_t index) const = 0;  // one sample as named tensors
+};
+
+class Collator {
+ public:
+  virtual ~Collator() = default;
+  virtual Batch collate(const std::vector<Batch>& samples, at::Generator& generator) const = 0;
+};
+
+using DatasetFactory = std::function<std::shared_ptr<Dataset>(const DataConfig& data)>;
+using CollatorFactory = std::function<std::shared_ptr<Collator>(const DataConfig& data)>;
+
+Registry<DatasetFactory>& dataset_registry();
+Registry<CollatorFactory>& collator_registry();
+
+// Which samples each micro-batch reads. Step t consumes the global batch of samples
+// [t * G, (t + 1) * G) modulo the dataset size, G = micro * accum * dp_world; micro-batch m of
+// dp rank r is the slice starting at t * G + (m * dp_world + r) * micro.
+struct GlobalBatchSampler {
+  int64_t num_samples = 0;
+  int64_t micro_batch_size = 1;
+  int64_t gradient_accumulation_steps = 1;
+  int dp_world = 1;
+  int dp_rank = 0;
+
+  int64_t global_batch_size() const { return micro_batch_size * gradient_accumulation_steps * dp_world; }
+  std::vector<int64_t> indices(int64_t step, int64_t micro) const;
+};
+
+// The generator a collator uses for (step, micro, rank): independent of how many steps ran
+// before in this process.
+at::Generator collate_generator(uint64_t seed, int64_t step, int64_t micro, int rank);
+
+}  // namespace mmtrain

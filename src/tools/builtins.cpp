@@ -1,0 +1,14 @@
+#include "tools/builtins.h"
+
+#include <mutex>
+
+namespace mmtrain {
+
+void register_token_file_data();
+
+void register_builtins() {
+  static std::once_flag once;
+  std::call_once(once, [] { register_token_file_data(); });
+}
+
+}  // namespace mmtrain

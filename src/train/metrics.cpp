@@ -1,0 +1,69 @@
+#include "train/metrics.h"
+
+#include "core/error.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+namespace mmtrain {
+
+MetricsLog::MetricsLog(const std::string& output_dir, bool is_writer, bool progress)
+    : is_writer_(is_writer), progress_(progress && isatty(STDOUT_FILENO)) {
+  if (!is_writer_) return;
+  std::filesystem::create_directories(output_dir);
+  const auto path = output_dir + "/metrics.jsonl";
+  file_ = std::fopen(path.c_str(), "a");
+  if (!file_) fail("cannot open ", path, " for writing: ", std::strerror(errno));
+}
+
+MetricsLog::~MetricsLog() {
+  if (file_) std::fclose(file_);
+}
+
+void MetricsLog::record(const nlohmann::json& m, int64_t train_iters) {
+  if (!is_writer_) return;
+  const auto line = m.dump();
+  std::fprintf(file_, "%s\n", line.c_str());
+  std::fflush(file_);
+  char text[512];
+  int n = std::snprintf(text, sizeof(text),
+                        " iteration %8lld/%8lld | consumed samples: %10lld | elapsed time per iteration (ms): %.1f"
+                        " | learning rate: %.6E | global batch size: %5lld | loss: %.6E | grad norm: %.4f",
+                        static_cast<long long>(m["iteration"].get<int64_t>()), static_cast<long long>(train_iters),
+                        static_cast<long long>(m["consumed_samples"].get<int64_t>()),
+                        m["step_time_ms"].get<double>(), m["lr"].get<double>(),
+                        static_cast<long long>(m["global_batch_size"].get<int64_t>()), m["loss"].get<double>(),
+                        m["grad_norm"].get<double>());
+  if (m.contains("tflops_per_device"))
+    n += std::snprintf(text + n, sizeof(text) - n, " | TFLOP/s per device: %.3f", m["tflops_per_device"].get<double>());
+  if (m.contains("mfu"))
+    n += std::snprintf(text + n, sizeof(text) - n, " | MFU: %.2f %%", 100.0 * m["mfu"].get<double>());
+  std::printf("%s", text);
+  ++recorded_;
+  elapsed_ms_ += m["step_time_ms"].get<double>();
+  if (progress_) {
+    const double remaining = (train_iters - m["iteration"].get<int64_t>()) * elapsed_ms_ / recorded_ / 1000.0;
+    std::printf(" | ETA %.0f s", remaining);
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+double peak_rss_mb() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  while (status >> key) {
+    if (key == "VmHWM:") {
+      double kb = 0;
+      status >> kb;
+      return kb / 1024.0;
+    }
+    std::getline(status, key);
+  }
+  return 0.0;
+}
+
+}  // namespace mmtrain

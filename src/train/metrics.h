@@ -1,0 +1,31 @@
+// Per-iteration metrics: one JSON record per optimizer step to metrics.jsonl (rank 0) and a
+// Megatron-style line to the console, which log parsers key on:
+//   iteration N/M | consumed samples: C | elapsed time per iteration (ms): T | learning rate: L |
+//   global batch size: G | loss: X | grad norm: Y | TFLOP/s per device: F | MFU: U %
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <string>
+
+namespace mmtrain {
+
+class MetricsLog {
+ public:
+  // Opens <output_dir>/metrics.jsonl for appending (rank 0 only writes); resumed runs append.
+  MetricsLog(const std::string& output_dir, bool is_writer, bool progress);
+  ~MetricsLog();
+  void record(const nlohmann::json& metrics, int64_t train_iters);
+
+ private:
+  std::FILE* file_ = nullptr;
+  bool is_writer_ = false;
+  bool progress_ = false;  // stdout is a terminal: add an ETA
+  double elapsed_ms_ = 0;
+  int64_t recorded_ = 0;
+};
+
+// Peak resident set size of this process in MiB (VmHWM).
+double peak_rss_mb();
+
+}  // namespace mmtrain
