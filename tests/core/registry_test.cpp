@@ -1,0 +1,96 @@
+// Registry: add/get, duplicate and unknown-name errors with the known names and a did-you-mean,
+// and both registration patterns (explicit idempotent function, static registrar).
+#include "core/registry.h"
+
+#include "core/suggest.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <mutex>
+
+namespace mmtrain {
+namespace {
+
+#define EXPECT_CONTAINS(haystack, needle) EXPECT_PRED_FORMAT2(::testing::IsSubstring, needle, haystack)
+
+using Factory = std::function<int(int)>;
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(RegistryTest, AddGetNames) {
+  Registry<Factory> registry("model");
+  registry.add("test_transformer", [](int x) { return x + 1; });
+  registry.add("magihuman", [](int x) { return x * 2; });
+  EXPECT_EQ(registry.get("magihuman")(21), 42);
+  EXPECT_EQ(registry.get("test_transformer")(1), 2);
+  EXPECT_TRUE(registry.contains("magihuman"));
+  EXPECT_FALSE(registry.contains("magistral"));
+  EXPECT_EQ(registry.names(), (std::vector<std::string>{"magihuman", "test_transformer"}));
+  EXPECT_EQ(registry.kind(), "model");
+}
+
+TEST(RegistryTest, DuplicateAndUnknownNamesAreErrors) {
+  Registry<Factory> registry("dataset");
+  registry.add("magihuman_precomputed", [](int x) { return x; });
+  EXPECT_CONTAINS(error_of([&] { registry.add("magihuman_precomputed", [](int x) { return x; }); }),
+                  "dataset registry: expected each name once, found 'magihuman_precomputed' registered twice");
+  EXPECT_CONTAINS(error_of([&] { registry.add("", [](int x) { return x; }); }), "expected a non-empty name");
+  registry.add("synthetic", [](int x) { return x; });
+
+  std::string message = error_of([&] { registry.get("magihuman_precomputd", "config a.yaml: data.dataset_param.dataset_type"); });
+  EXPECT_CONTAINS(message, "config a.yaml: data.dataset_param.dataset_type: unknown dataset 'magihuman_precomputd' "
+                           "(did you mean 'magihuman_precomputed'?); known dataset names: magihuman_precomputed, synthetic");
+  message = error_of([&] { registry.get("webdataset"); });
+  EXPECT_CONTAINS(message, "unknown dataset 'webdataset'; known dataset names: magihuman_precomputed, synthetic");
+
+  Registry<Factory> empty("collator");
+  EXPECT_CONTAINS(error_of([&] { empty.get("x"); }), "known collator names: (none registered)");
+}
+
+// The recommended pattern from registry.h: a function-local registry and an idempotent
+// register_builtin function that main() and tests may both call.
+Registry<Factory>& demo_registry() {
+  static Registry<Factory> registry("demo");
+  return registry;
+}
+void register_demo_square(Registry<Factory>& registry) { registry.add("square", [](int x) { return x * x; }); }
+void register_builtin_demo() {
+  static std::once_flag once;
+  std::call_once(once, [] { register_demo_square(demo_registry()); });
+}
+
+TEST(RegistryTest, ExplicitRegistrationIsIdempotent) {
+  register_builtin_demo();
+  register_builtin_demo();  // a second call must not trip the duplicate check
+  EXPECT_EQ(demo_registry().get("square")(7), 49);
+}
+
+// Test objects are linked whole, so a static registrar does run here.
+Registry<Factory>& static_registry() {
+  static Registry<Factory> registry("static");
+  return registry;
+}
+const StaticRegistration<Factory> register_negate(static_registry(), "negate", [](int x) { return -x; });
+
+TEST(RegistryTest, StaticRegistrationRunsBeforeMain) { EXPECT_EQ(static_registry().get("negate")(5), -5); }
+
+TEST(SuggestTest, EditDistanceAndClosestName) {
+  EXPECT_EQ(edit_distance("", "abc"), 3u);
+  EXPECT_EQ(edit_distance("lrr", "lr"), 1u);
+  EXPECT_EQ(edit_distance("dtpye", "dtype"), 1u);  // adjacent swap costs 1
+  EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
+  EXPECT_EQ(closest_name("lrr", {"lr_min", "lr", "seed"}), "lr");
+  EXPECT_EQ(closest_name("tools", {"parallel", "model", "data"}), "");
+  EXPECT_EQ(closest_name("x", {"lr"}), "");  // two edits for a one-letter key is no typo
+}
+
+}  // namespace
+}  // namespace mmtrain
