@@ -367,6 +367,7 @@ const std::vector<Field>& field_table() {
 
       MMTRAIN_FIELD("logging.output_dir", logging.output_dir, StringCodec),
       MMTRAIN_FIELD("logging.progress", logging.progress, BoolCodec),
+      MMTRAIN_FIELD("logging.hardware_flops", logging.hardware_flops, DoubleCodec),
   };
   return table;
 }
@@ -657,6 +658,8 @@ void validate(const Config& c) {
   at_least("training.save_interval", t.save_interval, 0);
   at_least("training.log_interval", t.log_interval, 1);
 
+  if (!(c.logging.hardware_flops >= 0.0))
+    invalid("logging.hardware_flops", ">= 0 (0 = no MFU)", number(c.logging.hardware_flops));
   if (c.logging.output_dir.empty()) invalid("logging.output_dir", "a directory", "nothing");
 
   // Selector syntax is checked now; whether each selector matches a module needs the model.

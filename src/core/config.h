@@ -95,6 +95,7 @@ struct TrainingConfig {
 struct LoggingConfig {
   std::string output_dir = "runs/default";     // metrics.jsonl and logs go here
   bool progress = true;                        // progress display when stdout is a terminal
+  double hardware_flops = 0.0;                 // peak FLOP/s of one device, for MFU; 0 = not reported
 };
 
 struct Config {
