@@ -79,6 +79,33 @@ void check_tiling(std::vector<std::tuple<int64_t, int64_t, int>> ranges, int64_t
   if (cursor != rows) fail(where, ": no rank holds rows [", cursor, ", ", rows, ")");
 }
 
+// index.json as people read it: one line per tensor (so `grep name index.json` shows all of it,
+// and a model with thousands of tensors stays small), everything else indented.
+std::string index_json_text(const nlohmann::ordered_json& index) {
+  auto indented = [](const nlohmann::ordered_json& value) {
+    std::string text = value.dump(2);
+    std::string out;
+    for (char c : text) out += c == '\n' ? std::string("\n  ") : std::string(1, c);  // JSON strings hold no raw \n
+    return out;
+  };
+  std::string text = "{\n";
+  size_t i = 0;
+  for (const auto& [key, value] : index.items()) {
+    text += "  " + nlohmann::ordered_json(key).dump() + ": ";
+    if (key == "tensors" && !value.empty()) {
+      text += "{\n";
+      size_t j = 0;
+      for (const auto& [name, tensor] : value.items())
+        text += "    " + nlohmann::ordered_json(name).dump() + ": " + tensor.dump() + (++j < value.size() ? ",\n" : "\n");
+      text += "  }";
+    } else {
+      text += key == "files" ? value.dump() : indented(value);
+    }
+    text += ++i < index.size() ? ",\n" : "\n";
+  }
+  return text + "}\n";
+}
+
 // Renames `from` onto `to`, replacing a directory already there. Where the kernel and filesystem
 // allow it the two are exchanged atomically (`to` is never missing), leaving the old one at
 // `from`; otherwise the old one is first moved to `from_old`. Returns where the old one now is
@@ -200,7 +227,7 @@ void save_commit(const fs::path& root, const fs::path& tmp_dir, const std::strin
   nlohmann::ordered_json index_json = {{"format", kFormat},   {"version", kVersion}, {"iteration", iteration},
                                        {"world_size", world}, {"files", files},     {"tensors", tensors},
                                        {"plan", nlohmann::ordered_json::parse(plan.dump())}};
-  file_write_atomic((tmp_dir / kIndexFile).string(), index_json.dump(2) + "\n");
+  file_write_atomic((tmp_dir / kIndexFile).string(), index_json_text(index_json));
   file_write_atomic((tmp_dir / kTrainerStateFile).string(), global_state.dump(2) + "\n");
   dir_fsync(tmp_dir.string());
 
@@ -287,7 +314,9 @@ CheckpointReader::CheckpointReader(const std::string& path) {
     fail("checkpoint ", path, ": expected a save_root holding `", kLatestFile, "` or an iter_N directory holding ",
          kIndexFile, ", found neither");
   }
-  const std::string dir_name = fs::absolute(dir).lexically_normal().filename().string();
+  fs::path normal = fs::absolute(dir).lexically_normal();
+  if (!normal.has_filename()) normal = normal.parent_path();  // "iter_0000020/" names iter_0000020
+  const std::string dir_name = normal.filename().string();
   if (is_tmp_dir_name(dir_name))
     fail("checkpoint ", dir.string(), ": this is an unfinished save (a *.tmp directory), not a checkpoint");
   dir_ = dir.string();
