@@ -1,0 +1,472 @@
+#include "checkpoint/sharded_checkpoint.h"
+
+#include "checkpoint/atomic_file.h"
+#include "core/error.h"
+
+#include <fcntl.h>
+#include <stdio.h>  // renameat2
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <tuple>
+
+namespace mmtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kFormat = "mmtrain.sharded_checkpoint";
+constexpr int kVersion = 1;
+constexpr const char* kIndexFile = "index.json";
+constexpr const char* kTrainerStateFile = "trainer_state.json";
+constexpr const char* kLatestFile = "latest";
+// Keys of each rank file's __metadata__ (all values are strings there: JSON text for the two
+// mmtrain ones). "format": "pt" is what HF tools expect of a torch safetensors file.
+constexpr const char* kRankStateKey = "rank_state";
+constexpr const char* kShardsKey = "shards";
+constexpr const char* kTmpSuffix = ".tmp";
+
+std::string rank_file_name(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "rank_%05d.safetensors", rank);
+  return buf;
+}
+
+bool all_digits(const std::string& s, size_t from) {
+  return s.size() > from && std::all_of(s.begin() + from, s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// "iter_<digits>": a complete checkpoint's directory name.
+bool is_checkpoint_dir_name(const std::string& s) { return s.rfind("iter_", 0) == 0 && all_digits(s, 5); }
+
+// "iter_<digits>.tmp<anything>": an unfinished (or crashed, or replaced) save.
+bool is_tmp_dir_name(const std::string& s) {
+  auto dot = s.find(kTmpSuffix);
+  return dot != std::string::npos && is_checkpoint_dir_name(s.substr(0, dot));
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::string trim(const std::string& s) {
+  const char* ws = " \t\r\n";
+  auto b = s.find_first_not_of(ws);
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(ws) - b + 1);
+}
+
+// Every rank's row ranges of one tensor must tile [0, rows) exactly. `ranges` are (begin, end, rank).
+void check_tiling(std::vector<std::tuple<int64_t, int64_t, int>> ranges, int64_t rows, const std::string& where) {
+  std::sort(ranges.begin(), ranges.end());
+  int64_t cursor = 0;
+  int previous_rank = -1;
+  for (const auto& [begin, end, rank] : ranges) {
+    if (begin == end) continue;  // an empty shard holds nothing
+    if (begin < cursor)
+      fail(where, ": rank ", rank, " holds rows [", begin, ", ", end, ") which overlap rank ", previous_rank,
+           "'s rows (up to ", cursor, ")");
+    if (begin > cursor) fail(where, ": no rank holds rows [", cursor, ", ", begin, ")");
+    cursor = end;
+    previous_rank = rank;
+  }
+  if (cursor != rows) fail(where, ": no rank holds rows [", cursor, ", ", rows, ")");
+}
+
+// index.json as people read it: one line per tensor (so `grep name index.json` shows all of it,
+// and a model with thousands of tensors stays small), everything else indented.
+std::string index_json_text(const nlohmann::ordered_json& index) {
+  auto indented = [](const nlohmann::ordered_json& value) {
+    std::string text = value.dump(2);
+    std::string out;
+    for (char c : text) out += c == '\n' ? std::string("\n  ") : std::string(1, c);  // JSON strings hold no raw \n
+    return out;
+  };
+  std::string text = "{\n";
+  size_t i = 0;
+  for (const auto& [key, value] : index.items()) {
+    text += "  " + nlohmann::ordered_json(key).dump() + ": ";
+    if (key == "tensors" && !value.empty()) {
+      text += "{\n";
+      size_t j = 0;
+      for (const auto& [name, tensor] : value.items())
+        text += "    " + nlohmann::ordered_json(name).dump() + ": " + tensor.dump() + (++j < value.size() ? ",\n" : "\n");
+      text += "  }";
+    } else {
+      text += key == "files" ? value.dump() : indented(value);
+    }
+    text += ++i < index.size() ? ",\n" : "\n";
+  }
+  return text + "}\n";
+}
+
+// Renames `from` onto `to`, replacing a directory already there. Where the kernel and filesystem
+// allow it the two are exchanged atomically (`to` is never missing), leaving the old one at
+// `from`; otherwise the old one is first moved to `from_old`. Returns where the old one now is
+// ("" when there was none): the caller deletes it after `latest` is updated.
+std::string dir_replace(const fs::path& from, const fs::path& to, const fs::path& from_old) {
+  if (!fs::exists(to)) {
+    fs::rename(from, to);
+    return "";
+  }
+#ifdef RENAME_EXCHANGE
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_EXCHANGE) == 0) return from.string();
+  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
+    fail("cannot exchange ", from.string(), " with ", to.string(), ": ", std::strerror(errno));
+#endif
+  fs::rename(to, from_old);
+  fs::rename(from, to);
+  return from_old.string();
+}
+
+// Rank 0, before anyone writes: a crashed save's iter_*.tmp* dirs and latest.tmp go away, and the
+// fixed tmp dir of this save starts empty.
+void save_prepare(const fs::path& root, const fs::path& tmp_dir) {
+  fs::create_directories(root);
+  std::vector<fs::path> stale;  // collected first: removing while iterating a directory is unspecified
+  for (const auto& entry : fs::directory_iterator(root)) {
+    const std::string name = entry.path().filename().string();
+    if (is_tmp_dir_name(name) || name == std::string(kLatestFile) + kTmpSuffix) stale.push_back(entry.path());
+  }
+  for (const auto& path : stale) fs::remove_all(path);
+  fs::create_directory(tmp_dir);
+}
+
+void save_rank_file(const fs::path& file, int64_t iteration, int rank, int world,
+                    const std::vector<ShardedTensor>& tensors, const nlohmann::json& rank_state) {
+  std::vector<std::pair<std::string, at::Tensor>> locals;
+  nlohmann::ordered_json shards = nlohmann::ordered_json::object();
+  for (const auto& t : tensors) {
+    const std::string where = "checkpoint_save iteration " + std::to_string(iteration) + " rank " +
+                              std::to_string(rank) + ": tensor '" + t.name + "'";
+    if (!t.local.defined()) fail(where, ": local tensor is undefined");
+    if (t.local.dim() != static_cast<int64_t>(t.global_shape.size()))
+      fail(where, ": local shard is ", t.local.dim(), "-dim but global_shape ", shape_str(t.global_shape), " is ",
+           t.global_shape.size(), "-dim");
+    if (t.global_shape.empty()) {
+      if (rank != 0) continue;  // 0-dim tensors are held whole by rank 0
+      if (t.row_begin != 0) fail(where, ": 0-dim tensor needs row_begin 0, found ", t.row_begin);
+    } else {
+      const int64_t rows = t.local.size(0);
+      for (size_t d = 1; d < t.global_shape.size(); ++d)
+        if (t.local.size(d) != t.global_shape[d])
+          fail(where, ": local shard shape ", shape_str(t.local.sizes().vec()), " does not match global_shape ",
+               shape_str(t.global_shape), " beyond dim 0");
+      if (t.row_begin < 0 || t.row_begin + rows > t.global_shape[0])
+        fail(where, ": rows [", t.row_begin, ", ", t.row_begin + rows, ") out of range: global_shape ",
+             shape_str(t.global_shape), " has ", t.global_shape[0], " rows");
+    }
+    if (shards.contains(t.name)) fail(where, ": given twice");
+    shards[t.name] = {{"global_shape", t.global_shape}, {"row_begin", t.row_begin}};
+    locals.emplace_back(t.name, t.local);
+  }
+  nlohmann::ordered_json header = {
+      {"iteration", iteration}, {"rank", rank}, {"world_size", world}, {"tensors", shards}};
+  safetensors_write(file.string(), locals,
+                    {{"format", "pt"}, {kShardsKey, header.dump()}, {kRankStateKey, rank_state.dump()}});
+}
+
+// Rank 0, after every rank wrote its file: check them against each other, write index.json and
+// trainer_state.json, then publish the directory and `latest`.
+void save_commit(const fs::path& root, const fs::path& tmp_dir, const std::string& name, int64_t iteration,
+                 int world, const nlohmann::json& global_state, const nlohmann::json& plan) {
+  const std::string where = "checkpoint_save " + tmp_dir.string();
+  nlohmann::ordered_json tensors = nlohmann::ordered_json::object();
+  std::vector<std::vector<std::tuple<int64_t, int64_t, int>>> ranges;  // per tensor, in `tensors` order
+  std::unordered_map<std::string, size_t> position;                    // tensor name -> index in ranges
+  nlohmann::ordered_json files = nlohmann::ordered_json::array();
+  for (int r = 0; r < world; ++r) {
+    const std::string file_name = rank_file_name(r);
+    files.push_back(file_name);
+    if (!fs::exists(tmp_dir / file_name))
+      fail(where, ": rank ", r, " did not write ", file_name, " (rank ", r, "'s error says why)");
+    SafetensorsFile file((tmp_dir / file_name).string());
+    auto meta = file.metadata().find(kShardsKey);
+    if (meta == file.metadata().end()) fail(where, ": ", file_name, " has no '", kShardsKey, "' metadata");
+    const auto header = nlohmann::json::parse(meta->second);
+    if (header.at("rank") != r || header.at("world_size") != world || header.at("iteration") != iteration)
+      fail(where, ": ", file_name, " was written by rank ", header.at("rank"), " of ", header.at("world_size"),
+           " for iteration ", header.at("iteration"), ", expected rank ", r, " of ", world, " for iteration ",
+           iteration);
+    for (const auto& tensor_name : file.names()) {
+      const auto& info = file.info(tensor_name);
+      const auto& shard = header.at("tensors").at(tensor_name);
+      const auto global_shape = shard.at("global_shape").get<std::vector<int64_t>>();
+      const int64_t row_begin = shard.at("row_begin").get<int64_t>();
+      const std::string dtype = safetensors_dtype_name(info.dtype);
+      if (!position.count(tensor_name)) {
+        tensors[tensor_name] = {{"dtype", dtype}, {"shape", global_shape}, {"shards", nlohmann::ordered_json::array()}};
+        position[tensor_name] = ranges.size();
+        ranges.emplace_back();
+      }
+      auto& entry = tensors[tensor_name];
+      if (entry["dtype"] != dtype || entry["shape"] != nlohmann::ordered_json(global_shape))
+        fail(where, ": tensor '", tensor_name, "': rank ", r, " saved ", dtype, " ", shape_str(global_shape),
+             " but an earlier rank saved ", entry["dtype"].get<std::string>(), " ", entry["shape"].dump());
+      nlohmann::ordered_json shard_entry = {{"rank", r}, {"file", file_name}};
+      if (!global_shape.empty()) {
+        const int64_t row_end = row_begin + info.shape[0];
+        shard_entry["rows"] = {row_begin, row_end};
+        ranges[position[tensor_name]].emplace_back(row_begin, row_end, r);
+      }
+      entry["shards"].push_back(shard_entry);
+    }
+  }
+  size_t index = 0;
+  for (const auto& [tensor_name, entry] : tensors.items()) {
+    const auto shape = entry["shape"].get<std::vector<int64_t>>();
+    if (!shape.empty()) check_tiling(ranges[index], shape[0], where + ": tensor '" + tensor_name + "'");
+    ++index;
+  }
+  nlohmann::ordered_json index_json = {{"format", kFormat},   {"version", kVersion}, {"iteration", iteration},
+                                       {"world_size", world}, {"files", files},     {"tensors", tensors},
+                                       {"plan", nlohmann::ordered_json::parse(plan.dump())}};
+  file_write_atomic((tmp_dir / kIndexFile).string(), index_json_text(index_json));
+  file_write_atomic((tmp_dir / kTrainerStateFile).string(), global_state.dump(2) + "\n");
+  dir_fsync(tmp_dir.string());
+
+  const fs::path final_dir = root / name;
+  const std::string old = dir_replace(tmp_dir, final_dir, root / (name + kTmpSuffix + ".old"));
+  dir_fsync(root.string());
+  file_write_atomic((root / kLatestFile).string(), name + "\n");
+  dir_fsync(root.string());
+  if (!old.empty()) fs::remove_all(old);
+}
+
+}  // namespace
+
+std::string checkpoint_dir_name(int64_t iteration) {
+  if (iteration < 0) fail("checkpoint iteration must be >= 0, found ", iteration);
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "iter_%07lld", static_cast<long long>(iteration));
+  return buf;
+}
+
+std::string checkpoint_save(const std::string& save_root, int64_t iteration, Comm& comm,
+                            const std::vector<ShardedTensor>& tensors, const nlohmann::json& global_state,
+                            const nlohmann::json& rank_state, const nlohmann::json& plan) {
+  const int rank = comm.rank(), world = comm.world_size();
+  const fs::path root(save_root);
+  const std::string name = checkpoint_dir_name(iteration);  // throws on every rank alike
+  const fs::path tmp_dir = root / (name + kTmpSuffix);
+  const fs::path final_dir = root / name;
+
+  // No rank may throw before the last barrier, or the others would wait there until the backend's
+  // timeout: a failing step is remembered, later steps of that rank are skipped, and the failure
+  // reaches the other ranks through the filesystem (a missing tmp dir, rank file or commit).
+  std::exception_ptr error;
+  auto step = [&](auto&& body) {
+    if (error) return;
+    try {
+      body();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  };
+
+  if (rank == 0) step([&] { save_prepare(root, tmp_dir); });
+  comm.barrier();
+  step([&] {
+    if (!fs::is_directory(tmp_dir))
+      fail("checkpoint_save rank ", rank, ": ", tmp_dir.string(), " does not exist (rank 0 failed to create it)");
+    save_rank_file(tmp_dir / rank_file_name(rank), iteration, rank, world, tensors, rank_state);
+  });
+  comm.barrier();
+  if (rank == 0) step([&] { save_commit(root, tmp_dir, name, iteration, world, global_state, plan); });
+  comm.barrier();
+
+  if (error) std::rethrow_exception(error);
+  if (rank != 0) {
+    std::string latest;
+    if (fs::exists(root / kLatestFile)) latest = trim(file_read_text((root / kLatestFile).string()));
+    if (fs::exists(tmp_dir) || !fs::exists(final_dir / kIndexFile) || latest != name)
+      fail("checkpoint_save rank ", rank, ": rank 0 did not commit ", final_dir.string(), " (rank 0's error says why)");
+  }
+  return final_dir.string();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading
+
+CheckpointReader::CheckpointReader(const std::string& path) {
+  const fs::path p(path);
+  if (!fs::exists(p)) fail("checkpoint ", path, ": no such file or directory");
+  if (!fs::is_directory(p)) fail("checkpoint ", path, ": expected a directory");
+  fs::path dir;
+  if (fs::exists(p / kLatestFile)) {
+    const std::string latest = trim(file_read_text((p / kLatestFile).string()));
+    if (!is_checkpoint_dir_name(latest))
+      fail("checkpoint ", (p / kLatestFile).string(), ": expected a directory name like iter_0000020, found '",
+           latest, "'");
+    dir = p / latest;
+    if (!fs::is_directory(dir))
+      fail("checkpoint ", (p / kLatestFile).string(), " points at ", latest, " but ", dir.string(),
+           " does not exist");
+  } else if (fs::exists(p / kIndexFile)) {
+    dir = p;
+  } else {
+    fail("checkpoint ", path, ": expected a save_root holding `", kLatestFile, "` or an iter_N directory holding ",
+         kIndexFile, ", found neither");
+  }
+  fs::path normal = fs::absolute(dir).lexically_normal();
+  if (!normal.has_filename()) normal = normal.parent_path();  // "iter_0000020/" names iter_0000020
+  const std::string dir_name = normal.filename().string();
+  if (is_tmp_dir_name(dir_name))
+    fail("checkpoint ", dir.string(), ": this is an unfinished save (a *.tmp directory), not a checkpoint");
+  dir_ = dir.string();
+
+  const std::string index_path = (dir / kIndexFile).string();
+  if (!fs::exists(index_path)) fail("checkpoint ", dir_, ": missing ", kIndexFile);
+  nlohmann::ordered_json index;
+  try {
+    index = nlohmann::ordered_json::parse(file_read_text(index_path));
+  } catch (const nlohmann::json::parse_error& e) {
+    fail("checkpoint ", index_path, ": not valid JSON: ", e.what());
+  }
+  try {
+    if (index.at("format") != kFormat || index.at("version") != kVersion)
+      fail("checkpoint ", index_path, ": expected format '", kFormat, "' version ", kVersion, ", found ",
+           index.at("format").dump(), " version ", index.at("version").dump());
+    iteration_ = index.at("iteration").get<int64_t>();
+    world_size_ = index.at("world_size").get<int>();
+    if (world_size_ < 1) fail("checkpoint ", index_path, ": world_size must be >= 1, found ", world_size_);
+    const auto file_names = index.at("files").get<std::vector<std::string>>();
+    if (static_cast<int>(file_names.size()) != world_size_)
+      fail("checkpoint ", index_path, ": expected ", world_size_, " files (one per rank), found ", file_names.size());
+    plan_ = index.contains("plan") ? nlohmann::json::parse(index["plan"].dump()) : nlohmann::json();
+
+    for (const auto& [name, t] : index.at("tensors").items()) {
+      const std::string where = "checkpoint " + index_path + ": tensor '" + name + "'";
+      TensorEntry entry;
+      auto dtype = safetensors_dtype_parse(t.at("dtype").get<std::string>());
+      if (!dtype) fail(where, ": unknown dtype ", t.at("dtype").dump());
+      entry.dtype = *dtype;
+      entry.shape = t.at("shape").get<std::vector<int64_t>>();
+      for (int64_t d : entry.shape)
+        if (d < 0) fail(where, ": negative dim in shape ", shape_str(entry.shape));
+      std::vector<std::tuple<int64_t, int64_t, int>> ranges;
+      for (const auto& s : t.at("shards")) {
+        Shard shard;
+        shard.rank = s.at("rank").get<int>();
+        if (shard.rank < 0 || shard.rank >= world_size_)
+          fail(where, ": shard rank ", shard.rank, " out of range for world size ", world_size_);
+        if (entry.shape.empty()) {
+          shard.row_end = 1;  // the whole 0-dim tensor
+        } else {
+          const auto rows = s.at("rows").get<std::vector<int64_t>>();
+          if (rows.size() != 2 || rows[0] < 0 || rows[0] > rows[1] || rows[1] > entry.shape[0])
+            fail(where, ": rank ", shard.rank, " rows ", s.at("rows").dump(), " out of range for shape ",
+                 shape_str(entry.shape));
+          shard.row_begin = rows[0];
+          shard.row_end = rows[1];
+          ranges.emplace_back(shard.row_begin, shard.row_end, shard.rank);
+          if (shard.row_begin == shard.row_end) continue;  // empty shards hold nothing to read
+        }
+        entry.shards.push_back(shard);
+      }
+      if (entry.shape.empty()) {
+        if (entry.shards.size() != 1) fail(where, ": 0-dim tensor needs exactly one shard, found ", entry.shards.size());
+      } else {
+        check_tiling(ranges, entry.shape[0], where);
+      }
+      std::sort(entry.shards.begin(), entry.shards.end(),
+                [](const Shard& a, const Shard& b) { return a.row_begin < b.row_begin; });
+      if (!tensors_.emplace(name, std::move(entry)).second) fail(where, ": listed twice");
+      names_.push_back(name);
+    }
+
+    for (int r = 0; r < world_size_; ++r) {
+      const fs::path file_path = dir / file_names[r];
+      try {
+        files_.emplace_back(file_path.string());
+      } catch (const Error& e) {
+        fail("checkpoint ", dir_, ": rank ", r, "'s file is unusable: ", e.what());
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail("checkpoint ", index_path, ": unexpected structure: ", e.what());
+  }
+
+  // Every shard index.json lists must be in its rank file, with the dtype and shape it claims.
+  for (const auto& name : names_) {
+    const auto& entry = tensors_.at(name);
+    for (const auto& shard : entry.shards) {
+      const auto& file = files_[shard.rank];
+      if (!file.contains(name))
+        fail("checkpoint ", dir_, ": index.json puts tensor '", name, "' in ", file.path(),
+             " but that file has no such tensor");
+      std::vector<int64_t> expected = entry.shape;
+      if (!expected.empty()) expected[0] = shard.row_end - shard.row_begin;
+      const auto& info = file.info(name);
+      if (info.dtype != entry.dtype || info.shape != expected)
+        fail("checkpoint ", dir_, ": tensor '", name, "' in ", file.path(), " is ", safetensors_dtype_name(info.dtype),
+             " ", shape_str(info.shape), ", index.json says ", safetensors_dtype_name(entry.dtype), " ",
+             shape_str(expected));
+    }
+  }
+
+  const std::string state_path = (dir / kTrainerStateFile).string();
+  if (!fs::exists(state_path)) fail("checkpoint ", dir_, ": missing ", kTrainerStateFile);
+  try {
+    global_state_ = nlohmann::json::parse(file_read_text(state_path));
+  } catch (const nlohmann::json::parse_error& e) {
+    fail("checkpoint ", state_path, ": not valid JSON: ", e.what());
+  }
+}
+
+nlohmann::json CheckpointReader::rank_state(int rank) const {
+  if (rank < 0 || rank >= world_size_)
+    fail("checkpoint ", dir_, ": rank_state of rank ", rank, " requested, but it was saved by ", world_size_,
+         " ranks");
+  const auto& meta = files_[rank].metadata();
+  auto it = meta.find(kRankStateKey);
+  if (it == meta.end()) fail("checkpoint ", files_[rank].path(), ": no '", kRankStateKey, "' in __metadata__");
+  try {
+    return nlohmann::json::parse(it->second);
+  } catch (const nlohmann::json::parse_error& e) {
+    fail("checkpoint ", files_[rank].path(), ": rank_state is not valid JSON: ", e.what());
+  }
+}
+
+const CheckpointReader::TensorEntry& CheckpointReader::entry(const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) fail("checkpoint ", dir_, ": no tensor named '", name, "' in ", kIndexFile);
+  return it->second;
+}
+
+std::vector<int64_t> CheckpointReader::global_shape(const std::string& name) const { return entry(name).shape; }
+
+at::ScalarType CheckpointReader::dtype(const std::string& name) const { return entry(name).dtype; }
+
+at::Tensor CheckpointReader::read_rows(const std::string& name, int64_t row_begin, int64_t row_end) const {
+  const auto& e = entry(name);
+  if (e.shape.empty()) fail("checkpoint ", dir_, ": tensor '", name, "' is 0-dim and has no rows: use read_full");
+  if (row_begin < 0 || row_begin > row_end || row_end > e.shape[0])
+    fail("checkpoint ", dir_, ": tensor '", name, "' rows [", row_begin, ", ", row_end, ") out of range: it has ",
+         e.shape[0], " rows");
+  std::vector<int64_t> shape = e.shape;
+  shape[0] = row_end - row_begin;
+  auto out = at::empty(shape, at::TensorOptions().dtype(e.dtype));
+  for (const auto& shard : e.shards) {
+    const int64_t lo = std::max(row_begin, shard.row_begin), hi = std::min(row_end, shard.row_end);
+    if (lo >= hi) continue;
+    // narrow along dim 0 of a contiguous tensor is itself contiguous: the file reads straight into out.
+    files_[shard.rank].read_rows_into(name, lo - shard.row_begin, hi - shard.row_begin,
+                                      out.narrow(0, lo - row_begin, hi - lo));
+  }
+  return out;
+}
+
+at::Tensor CheckpointReader::read_full(const std::string& name) const {
+  const auto& e = entry(name);
+  if (e.shape.empty()) return files_[e.shards.front().rank].read(name);
+  return read_rows(name, 0, e.shape[0]);
+}
+
+}  // namespace mmtrain

@@ -1,0 +1,92 @@
+// mmtrain's own checkpoint: <save_root>/iter_NNNNNNN/ holds one safetensors file per rank (that
+// rank's dim-0 rows of every tensor), index.json (who holds which rows) and trainer_state.json;
+// <save_root>/latest names the newest complete one. Saving is collective and crash-safe (tmp dir +
+// rename); reading works at any world size by row ranges (resharding). Non-goals: sharding along
+// any dim but 0, async saves, filesystems that are not shared by all ranks. docs/checkpoint_format.md
+// describes the format for people and for Python.
+#pragma once
+#include "checkpoint/safetensors.h"
+#include "dist/comm.h"
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace mmtrain {
+
+struct ShardedTensor {
+  std::string name;
+  std::vector<int64_t> global_shape;  // full tensor shape
+  int64_t row_begin = 0;              // this rank holds rows [row_begin, row_begin + local.size(0)) of dim 0
+  at::Tensor local;                   // may have 0 rows (empty shard); 0-dim tensors: held whole by rank 0 only
+                                      // (other ranks may pass them too: they are ignored there)
+};
+
+// "iter_0000020" for 20.
+std::string checkpoint_dir_name(int64_t iteration);
+
+// Collective: every rank calls it with its own shards (any subset of tensors, as long as the ranks'
+// row ranges of each tensor tile [0, global_shape[0]) exactly; rank 0 checks that before committing).
+// Protocol (docs/checkpoint_format.md): rank 0 removes stale iter_*.tmp dirs and creates
+// iter_N.tmp (a fixed name: concurrent saves into one save_root are not supported); barrier; every
+// rank writes rank_XXXXX.safetensors into it; barrier; rank 0 writes index.json + trainer_state.json,
+// fsyncs, renames iter_N.tmp to iter_N (replacing an old iter_N), then atomically rewrites `latest`;
+// barrier. A failure on any rank makes every rank throw after the last barrier (no rank is left
+// waiting). Returns the final directory.
+std::string checkpoint_save(const std::string& save_root, int64_t iteration, Comm& comm,
+                            const std::vector<ShardedTensor>& tensors,
+                            const nlohmann::json& global_state, const nlohmann::json& rank_state,
+                            const nlohmann::json& plan);
+
+class CheckpointReader {
+ public:
+  // path is either a save_root containing `latest` or an iter_N directory. Validates index.json and
+  // that every rank file exists, opens, and holds the shards index.json lists. Never looks at
+  // *.tmp directories.
+  explicit CheckpointReader(const std::string& path);
+
+  const std::string& dir() const { return dir_; }
+  int64_t iteration() const { return iteration_; }
+  int saved_world_size() const { return world_size_; }
+  const nlohmann::json& global_state() const { return global_state_; }
+  nlohmann::json rank_state(int rank) const;  // the rank_state the given rank saved
+  const nlohmann::json& plan() const { return plan_; }
+
+  // Tensor names in index.json order.
+  const std::vector<std::string>& names() const { return names_; }
+  bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
+  std::vector<int64_t> global_shape(const std::string& name) const;
+  at::ScalarType dtype(const std::string& name) const;
+  // Rows [row_begin, row_end) of dim 0 of the global tensor, assembled from whichever rank files
+  // hold them (this is resharding: any reader world size works). Errors for unknown name or
+  // out-of-range rows, and for 0-dim tensors (use read_full).
+  at::Tensor read_rows(const std::string& name, int64_t row_begin, int64_t row_end) const;
+  at::Tensor read_full(const std::string& name) const;
+
+ private:
+  struct Shard {
+    int rank = 0;
+    int64_t row_begin = 0, row_end = 0;  // rows of the global tensor this rank's file holds
+  };
+  struct TensorEntry {
+    at::ScalarType dtype = at::kFloat;
+    std::vector<int64_t> shape;
+    std::vector<Shard> shards;  // non-empty ones, sorted by row_begin; one {rank 0} for 0-dim tensors
+  };
+  const TensorEntry& entry(const std::string& name) const;
+
+  std::string dir_;
+  int64_t iteration_ = 0;
+  int world_size_ = 0;
+  nlohmann::json global_state_;
+  nlohmann::json plan_;
+  std::vector<std::string> names_;
+  std::unordered_map<std::string, TensorEntry> tensors_;
+  std::vector<SafetensorsFile> files_;  // by rank
+};
+
+}  // namespace mmtrain

@@ -1,0 +1,306 @@
+// sharded_checkpoint.h on thread-per-rank Gloo worlds: uneven torch.chunk shards saved on 2 and 4
+// ranks read back bit for bit on 1-4 ranks, `latest` moves only on complete saves, a crash mid-save
+// leaves the previous checkpoint loadable, and bad input fails every rank instead of hanging them.
+#include "checkpoint/sharded_checkpoint.h"
+#include "checkpoint_test_util.h"
+#include "core/error.h"
+#include "multirank_harness.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <functional>
+#include <mutex>
+
+namespace mmtrain {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::bitwise_equal;
+using testing::chunk_rows;
+using testing::random_tensor;
+using testing::read_bytes;
+using testing::TempDir;
+using testing::write_bytes;
+
+// The full (unsharded) tensors of a toy model. dim 0 of 5 over 2 ranks is 3 + 2 rows, over 4 ranks
+// 2 + 2 + 1 + 0; one_row leaves every rank but 0 empty, no_rows leaves all of them empty.
+std::vector<std::pair<std::string, at::Tensor>> model_tensors(uint64_t seed) {
+  return {{"layers.0.weight", random_tensor({5, 3}, at::kFloat, seed)},
+          {"embed", random_tensor({7, 4}, at::kBFloat16, seed + 1)},
+          {"bias", random_tensor({5}, at::kLong, seed + 2)},
+          {"one_row", random_tensor({1, 6}, at::kHalf, seed + 3)},
+          {"no_rows", random_tensor({0, 3}, at::kFloat, seed + 4)},
+          {"mask", random_tensor({9, 2, 2}, at::kBool, seed + 5)},
+          {"step", at::scalar_tensor(static_cast<int64_t>(seed), at::kLong)}};
+}
+
+// This rank's torch.chunk shards of `full` (views: the save must cope with non-owning slices).
+std::vector<ShardedTensor> chunk_shards(const std::vector<std::pair<std::string, at::Tensor>>& full, int rank,
+                                        int world) {
+  std::vector<ShardedTensor> shards;
+  for (const auto& [name, t] : full) {
+    if (t.dim() == 0) {
+      shards.push_back({name, {}, 0, t});  // every rank passes it; only rank 0's is saved
+      continue;
+    }
+    auto [begin, end] = chunk_rows(t.size(0), world, rank);
+    shards.push_back({name, t.sizes().vec(), begin, t.slice(0, begin, end)});
+  }
+  return shards;
+}
+
+nlohmann::json rank_state_of(int rank, int64_t iteration) {
+  return {{"rank", rank}, {"rng", {{"seed", 1234 + rank}, {"offset", iteration * 7}}}, {"pi", 3.141592653589793}};
+}
+
+// Collective save of model_tensors(seed) chunked over comm's world.
+std::string save_model(const std::string& root, int64_t iteration, Comm& comm, uint64_t seed) {
+  return checkpoint_save(root, iteration, comm, chunk_shards(model_tensors(seed), comm.rank(), comm.world_size()),
+                         {{"iteration", iteration}, {"consumed_samples", iteration * 8}},
+                         rank_state_of(comm.rank(), iteration),
+                         {{"unit", "layers.{*}"}, {"world_size", comm.world_size()}});
+}
+
+// Reads every tensor back on `reader_world` threads, each taking its own torch.chunk rows.
+void expect_reads_back(const std::string& path, uint64_t seed, int reader_world) {
+  const auto full = model_tensors(seed);
+  testing::run_ranks(reader_world, [&](Comm& comm) {
+    CheckpointReader reader(path);
+    for (const auto& [name, t] : full) {
+      ASSERT_TRUE(reader.contains(name)) << name;
+      EXPECT_EQ(reader.global_shape(name), t.sizes().vec()) << name;
+      EXPECT_EQ(reader.dtype(name), t.scalar_type()) << name;
+      EXPECT_TRUE(bitwise_equal(reader.read_full(name), t)) << name;
+      if (t.dim() == 0) continue;
+      auto [begin, end] = chunk_rows(t.size(0), comm.world_size(), comm.rank());
+      EXPECT_TRUE(bitwise_equal(reader.read_rows(name, begin, end), t.slice(0, begin, end).contiguous()))
+          << name << " rows [" << begin << ", " << end << ") on reader rank " << comm.rank() << " of "
+          << comm.world_size();
+    }
+  });
+}
+
+class ShardedCheckpointSave : public ::testing::TestWithParam<int> {};
+
+TEST_P(ShardedCheckpointSave, ReadsBackBitForBitOnAnyWorldSize) {
+  const int save_world = GetParam();
+  TempDir root;
+  std::string saved_dir;
+  std::mutex mutex;
+  testing::run_ranks(save_world, [&](Comm& comm) {
+    auto dir = save_model(root.str(), 10, comm, 100);
+    std::lock_guard<std::mutex> lock(mutex);
+    if (comm.rank() == 0) saved_dir = dir;
+  });
+  EXPECT_EQ(saved_dir, root / "iter_0000010");
+  EXPECT_EQ(read_bytes(root / "latest"), "iter_0000010\n");
+  std::vector<std::string> listing;
+  for (const auto& entry : fs::directory_iterator(root.str())) listing.push_back(entry.path().filename().string());
+  std::sort(listing.begin(), listing.end());
+  EXPECT_EQ(listing, (std::vector<std::string>{"iter_0000010", "latest"})) << "no tmp leftovers";
+  for (int r = 0; r < save_world; ++r) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "iter_0000010/rank_%05d.safetensors", r);
+    EXPECT_TRUE(fs::exists(root / name)) << name;
+  }
+  EXPECT_TRUE(fs::exists(root / "iter_0000010/index.json"));
+  EXPECT_TRUE(fs::exists(root / "iter_0000010/trainer_state.json"));
+
+  CheckpointReader reader(root.str());
+  EXPECT_EQ(reader.dir(), root / "iter_0000010");
+  EXPECT_EQ(reader.iteration(), 10);
+  EXPECT_EQ(reader.saved_world_size(), save_world);
+  EXPECT_EQ(reader.global_state(), (nlohmann::json{{"iteration", 10}, {"consumed_samples", 80}}));
+  EXPECT_EQ(reader.plan(), (nlohmann::json{{"unit", "layers.{*}"}, {"world_size", save_world}}));
+  for (int r = 0; r < save_world; ++r) EXPECT_EQ(reader.rank_state(r), rank_state_of(r, 10)) << "rank " << r;
+  std::vector<std::string> expected_names;
+  for (const auto& [name, t] : model_tensors(100)) expected_names.push_back(name);
+  EXPECT_EQ(reader.names(), expected_names);
+
+  // Each rank file is a plain safetensors file holding exactly that rank's rows.
+  SafetensorsFile last(root / ("iter_0000010/rank_0000" + std::to_string(save_world - 1) + ".safetensors"));
+  EXPECT_EQ(last.metadata().at("format"), "pt");
+  EXPECT_EQ(last.info("layers.0.weight").shape, (std::vector<int64_t>{save_world == 2 ? 2 : 0, 3}));
+  EXPECT_FALSE(last.contains("step")) << "0-dim tensors live on rank 0 only";
+
+  for (int reader_world : {1, 2, 3, 4}) expect_reads_back(root.str(), 100, reader_world);
+  expect_reads_back(root / "iter_0000010", 100, 1);  // an iter_N directory works as well as a save_root
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, ShardedCheckpointSave, ::testing::Values(2, 4));
+
+TEST(ShardedCheckpoint, LaterSaveMovesLatestAndSameIterationIsReplaced) {
+  TempDir root;
+  testing::run_ranks(2, [&](Comm& comm) { save_model(root.str(), 10, comm, 100); });
+  testing::run_ranks(2, [&](Comm& comm) { save_model(root.str(), 20, comm, 200); });
+  EXPECT_EQ(read_bytes(root / "latest"), "iter_0000020\n");
+  EXPECT_EQ(CheckpointReader(root.str()).iteration(), 20);
+  expect_reads_back(root.str(), 200, 3);
+  expect_reads_back(root / "iter_0000010", 100, 3);  // the older one is untouched
+
+  // Saving iteration 20 again (on a different world size) replaces it whole: no rank_00001 left over.
+  testing::run_ranks(1, [&](Comm& comm) { save_model(root.str(), 20, comm, 300); });
+  EXPECT_EQ(read_bytes(root / "latest"), "iter_0000020\n");
+  CheckpointReader reader(root.str());
+  EXPECT_EQ(reader.saved_world_size(), 1);
+  EXPECT_FALSE(fs::exists(root / "iter_0000020/rank_00001.safetensors"));
+  expect_reads_back(root.str(), 300, 2);
+  for (const auto& entry : fs::directory_iterator(root.str()))
+    EXPECT_EQ(entry.path().filename().string().find(".tmp"), std::string::npos) << entry.path();
+}
+
+TEST(ShardedCheckpoint, CrashMidSaveLeavesThePreviousCheckpointLoadable) {
+  TempDir root;
+  testing::run_ranks(2, [&](Comm& comm) { save_model(root.str(), 10, comm, 100); });
+
+  // A save of iteration 20 that died while rank 1 was writing: a tmp dir with a whole rank 0 file,
+  // a truncated rank 1 file, no index.json; `latest` still names iteration 10; a half latest.tmp.
+  fs::create_directories(root / "iter_0000020.tmp");
+  fs::copy_file(root / "iter_0000010/rank_00000.safetensors", root / "iter_0000020.tmp/rank_00000.safetensors");
+  const std::string rank1 = read_bytes(root / "iter_0000010/rank_00001.safetensors");
+  write_bytes(root / "iter_0000020.tmp/rank_00001.safetensors", rank1.substr(0, rank1.size() / 2));
+  fs::copy(root / "iter_0000010", root / "iter_0000030.tmp");  // a complete-looking crashed save
+  write_bytes(root / "latest.tmp", "iter_00000");
+
+  CheckpointReader previous(root.str());
+  EXPECT_EQ(previous.iteration(), 10);
+  expect_reads_back(root.str(), 100, 2);
+  EXPECT_THROW_WITH(CheckpointReader{root / "iter_0000030.tmp"}, "iter_0000030.tmp", "unfinished");
+
+  testing::run_ranks(2, [&](Comm& comm) { save_model(root.str(), 20, comm, 200); });
+  EXPECT_EQ(read_bytes(root / "latest"), "iter_0000020\n");
+  expect_reads_back(root.str(), 200, 4);
+  EXPECT_FALSE(fs::exists(root / "iter_0000020.tmp"));
+  EXPECT_FALSE(fs::exists(root / "iter_0000030.tmp"));
+  EXPECT_FALSE(fs::exists(root / "latest.tmp"));
+}
+
+TEST(ShardedCheckpoint, ReaderErrorsNameThePath) {
+  TempDir root;
+  testing::run_ranks(2, [&](Comm& comm) { save_model(root.str(), 10, comm, 100); });
+  const std::string iter_dir = root / "iter_0000010";
+
+  EXPECT_THROW_WITH(CheckpointReader{root / "nowhere"}, root / "nowhere", "no such");
+  TempDir empty;
+  EXPECT_THROW_WITH(CheckpointReader{empty.str()}, empty.str(), "latest", "index.json");
+
+  TempDir dangling;
+  write_bytes(dangling / "latest", "iter_0000099\n");
+  EXPECT_THROW_WITH(CheckpointReader{dangling.str()}, dangling / "latest", "iter_0000099", "does not exist");
+  write_bytes(dangling / "latest", "../elsewhere\n");
+  EXPECT_THROW_WITH(CheckpointReader{dangling.str()}, dangling / "latest", "../elsewhere");
+
+  // Damaged copies of a good checkpoint.
+  auto damaged_copy = [&](const std::string& name) {
+    const std::string copy = root / name;
+    fs::copy(iter_dir, copy);
+    return copy;
+  };
+  const std::string truncated = damaged_copy("truncated");
+  const std::string rank1_bytes = read_bytes(truncated + "/rank_00001.safetensors");
+  write_bytes(truncated + "/rank_00001.safetensors", rank1_bytes.substr(0, rank1_bytes.size() - 3));
+  EXPECT_THROW_WITH(CheckpointReader{truncated}, truncated + "/rank_00001.safetensors", "rank 1");
+
+  const std::string missing = damaged_copy("missing");
+  fs::remove(missing + "/rank_00001.safetensors");
+  EXPECT_THROW_WITH(CheckpointReader{missing}, missing + "/rank_00001.safetensors", "cannot open");
+
+  const std::string bad_index = damaged_copy("bad_index");
+  write_bytes(bad_index + "/index.json", "{\"format\": ");
+  EXPECT_THROW_WITH(CheckpointReader{bad_index}, bad_index + "/index.json", "not valid JSON");
+
+  const std::string no_state = damaged_copy("no_state");
+  fs::remove(no_state + "/trainer_state.json");
+  EXPECT_THROW_WITH(CheckpointReader{no_state}, no_state, "trainer_state.json");
+
+  // index.json claiming rows that do not tile the tensor.
+  const std::string gap = damaged_copy("gap");
+  std::string index = read_bytes(gap + "/index.json");
+  auto json = nlohmann::ordered_json::parse(index);
+  json["tensors"]["bias"]["shards"][1]["rows"] = {4, 5};
+  write_bytes(gap + "/index.json", json.dump(2));
+  EXPECT_THROW_WITH(CheckpointReader{gap}, gap + "/index.json", "'bias'", "no rank holds rows [3, 4)");
+
+  CheckpointReader reader(root.str());
+  EXPECT_THROW_WITH(reader.read_full("nope"), iter_dir, "'nope'");
+  EXPECT_THROW_WITH(reader.read_rows("embed", 3, 8), iter_dir, "'embed'", "[3, 8)", "7 rows");
+  EXPECT_THROW_WITH(reader.read_rows("step", 0, 1), iter_dir, "'step'", "0-dim");
+  EXPECT_THROW_WITH(reader.rank_state(2), iter_dir, "rank 2", "2 ranks");
+}
+
+TEST(ShardedCheckpoint, BadShardsFailEveryRankWithoutHanging) {
+  TempDir root;
+  testing::run_ranks(2, [&](Comm& comm) { save_model(root.str(), 10, comm, 100); });
+
+  // Each case is saved on 2 ranks; every rank must throw (a rank left in a barrier would hang the
+  // test until Gloo's 60 s timeout) and `latest` must still name iteration 10.
+  struct Case {
+    std::string name;
+    std::function<std::vector<ShardedTensor>(int rank)> shards;
+    std::vector<std::string> rank0_message, rank1_message;
+  };
+  const std::vector<Case> cases = {
+      {"wrong_columns",
+       [](int rank) {
+         return std::vector<ShardedTensor>{{"w", {4, 3}, rank * 2, at::zeros({2, rank == 1 ? 4 : 3})}};
+       },
+       {"rank 1 did not write"},
+       {"rank 1", "'w'", "[2, 4]", "[4, 3]"}},
+      {"overlap",
+       [](int) { return std::vector<ShardedTensor>{{"w", {4, 3}, 0, at::zeros({2, 3})}}; },
+       {"'w'", "rank 1", "overlap"},
+       {"rank 0 did not commit"}},
+      {"rows_past_end",
+       [](int rank) { return std::vector<ShardedTensor>{{"w", {4, 3}, rank * 3, at::zeros({2, 3})}}; },
+       {"rank 1 did not write"},
+       {"rank 1", "'w'", "[3, 5)", "4 rows"}},
+      {"dtype_mismatch",
+       [](int rank) {
+         return std::vector<ShardedTensor>{{"w", {4}, rank * 2, at::zeros({2}, rank ? at::kHalf : at::kFloat)}};
+       },
+       {"'w'", "rank 1 saved F16"},
+       {"rank 0 did not commit"}},
+      {"duplicate_name",
+       [](int rank) {
+         return std::vector<ShardedTensor>{{"w", {2}, rank, at::zeros({1})}, {"w", {2}, rank, at::zeros({1})}};
+       },
+       {"rank 0", "'w'", "twice"},
+       {"rank 1", "'w'", "twice"}},
+  };
+  for (const auto& [name, shards, rank0_message, rank1_message] : cases) {
+    SCOPED_TRACE(name);
+    std::vector<std::string> messages(2);
+    testing::run_ranks(2, [&](Comm& comm) {
+      try {
+        checkpoint_save(root.str(), 20, comm, shards(comm.rank()), {}, {}, {});
+      } catch (const Error& e) {
+        messages[comm.rank()] = e.what();
+      }
+    });
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_FALSE(messages[r].empty()) << "rank " << r << " did not throw";
+      for (const auto& part : r == 0 ? rank0_message : rank1_message)
+        EXPECT_NE(messages[r].find(part), std::string::npos) << "rank " << r << " message lacks '" << part
+                                                             << "': " << messages[r];
+    }
+    EXPECT_EQ(read_bytes(root / "latest"), "iter_0000010\n");
+    EXPECT_FALSE(fs::exists(root / "iter_0000020"));
+  }
+  expect_reads_back(root.str(), 100, 1);
+  // The failed saves' tmp dir does not get in the way of the next one.
+  testing::run_ranks(2, [&](Comm& comm) { save_model(root.str(), 20, comm, 200); });
+  expect_reads_back(root.str(), 200, 2);
+}
+
+TEST(ShardedCheckpoint, SaveRejectsNegativeIteration) {
+  TempDir root;
+  testing::run_ranks(1, [&](Comm& comm) {
+    EXPECT_THROW_WITH(checkpoint_save(root.str(), -1, comm, {}, {}, {}, {}), "iteration", "-1");
+  });
+  EXPECT_EQ(checkpoint_dir_name(20), "iter_0000020");
+  EXPECT_EQ(checkpoint_dir_name(123456789), "iter_123456789");
+}
+
+}  // namespace
+}  // namespace mmtrain
