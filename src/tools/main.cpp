@@ -38,6 +38,8 @@ int main(int argc, char** argv) {
   tokens->add_option("--seq-len", seq_len, "tokens per sample (the model sees seq_len - 1)")->capture_default_str();
   tokens->add_option("--vocab", vocab, "vocabulary size")->capture_default_str();
   tokens->add_option("--seed", seed, "random seed")->capture_default_str();
+  bool learnable = false;
+  tokens->add_flag("--learnable", learnable, "noisy affine sequences a model can learn (default: uniform noise)");
 
   CLI11_PARSE(app, argc, argv);
   try {
@@ -49,7 +51,7 @@ int main(int argc, char** argv) {
       Trainer trainer(std::move(config), std::move(runtime));
       trainer.run();
     } else if (tokens->parsed()) {
-      fixture_tokens(out_path, samples, seq_len, vocab, seed);
+      fixture_tokens(out_path, samples, seq_len, vocab, seed, learnable);
       std::printf("wrote %s\n", out_path.c_str());
     }
   } catch (const Error& e) {

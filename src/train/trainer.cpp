@@ -248,7 +248,8 @@ struct Trainer::State {
     }
     if (!config.training.no_load_rng && reader.saved_world_size() == comm().world_size()) {
       const auto rank_state = reader.rank_state(comm().rank());
-      at::detail::getDefaultCPUGenerator().set_state(from_hex(rank_state.at("cpu_rng_state").get<std::string>()));
+      at::Generator generator = at::detail::getDefaultCPUGenerator();
+      generator.set_state(from_hex(rank_state.at("cpu_rng_state").get<std::string>()));
     }
     start_step = global.at("iteration").get<int64_t>();
     log("resumed from " + reader.dir() + " at iteration " + std::to_string(start_step) + " (saved on " +
