@@ -362,6 +362,7 @@ const std::vector<Field>& field_table() {
       MMTRAIN_FIELD("training.save", training.save, StringCodec),
       MMTRAIN_FIELD("training.save_interval", training.save_interval, Int64Codec),
       MMTRAIN_FIELD("training.log_interval", training.log_interval, Int64Codec),
+      MMTRAIN_FIELD("training.exit_interval", training.exit_interval, Int64Codec),
       MMTRAIN_FIELD("training.use_deter_comp", training.use_deter_comp, BoolCodec),
       MMTRAIN_FIELD("training.plugin", training.plugin, StringListCodec),
 
@@ -656,6 +657,7 @@ void validate(const Config& c) {
   if (!(t.clip_grad >= 0.0)) invalid("training.clip_grad", ">= 0 (0 = no clipping)", number(t.clip_grad));
   one_of("training.optimizer", t.optimizer, {"adamw"});
   at_least("training.save_interval", t.save_interval, 0);
+  at_least("training.exit_interval", t.exit_interval, 0);
   at_least("training.log_interval", t.log_interval, 1);
 
   if (!(c.logging.hardware_flops >= 0.0))

@@ -306,8 +306,13 @@ struct Trainer::State {
       if (!std::isfinite(record["loss"].get<double>())) fail("iteration ", step + 1, ": loss is NaN/Inf: stopping");
       if ((step + 1) % t.log_interval == 0 || step + 1 == t.train_iters) metrics.record(record, t.train_iters);
 
-      const bool last = step + 1 == t.train_iters;
+      const bool exiting = t.exit_interval > 0 && (step + 1) % t.exit_interval == 0;
+      const bool last = step + 1 == t.train_iters || exiting;
       if (!t.save.empty() && (last || (t.save_interval > 0 && (step + 1) % t.save_interval == 0))) save(step + 1);
+      if (exiting) {
+        log("exit_interval " + std::to_string(t.exit_interval) + " reached at iteration " + std::to_string(step + 1));
+        break;
+      }
     }
   }
 };
