@@ -5,4 +5,4 @@ BUILD_DIR=${1:-build}
 cd "$(dirname "$0")/.."
 export MMTRAIN_BIN="$PWD/$BUILD_DIR/bin/mmtrain"
 (cd "$BUILD_DIR" && ctest --output-on-failure -j 2 --timeout 900)
-.venv/bin/python -m pytest -q tests/parity
+.venv/bin/python -m pytest -q tests/parity tests/e2e

@@ -145,10 +145,14 @@ struct Trainer::State {
     std::set<std::string> available;
     for (const auto& n : source.names()) available.insert(n);
     std::set<std::string> expected;
+    std::vector<std::string> missing;
     for (auto* unit : fsdp->units())
       for (auto& p : unit->params) {
         expected.insert(p.name);
-        if (!available.count(p.name)) fail("model weights ", path, ": missing key '", p.name, "'");
+        if (!available.count(p.name)) {
+          missing.push_back(p.name);
+          continue;
+        }
         const auto& info = source.info(p.name);
         if (info.shape != p.param->shape)
           fail("model weights ", path, ": '", p.name, "' has shape ", at::IntArrayRef(info.shape), ", the model expects ",
@@ -156,6 +160,12 @@ struct Trainer::State {
         if (!at::isFloatingType(info.dtype))
           fail("model weights ", path, ": '", p.name, "' has dtype ", dtype_name(info.dtype), ", expected a float type");
       }
+    if (!missing.empty()) {
+      std::string listed;
+      for (size_t i = 0; i < missing.size() && i < 8; ++i) listed += (i ? ", '" : "'") + missing[i] + "'";
+      fail("model weights ", path, ": missing ", missing.size(), " keys the model needs: ", listed,
+           missing.size() > 8 ? ", ..." : "");
+    }
     for (const auto& n : available)
       if (!expected.count(n)) fail("model weights ", path, ": unexpected key '", n, "' (not a parameter of ", m.model_id, ")");
     fsdp->load_params([&](const std::string& name, int64_t b, int64_t e) { return source.read_rows(name, b, e); });

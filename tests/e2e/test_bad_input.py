@@ -1,0 +1,106 @@
+"""Bad input ends with one clear message and a non-zero exit, and a save killed at any moment
+never leaves `latest` pointing at an incomplete checkpoint."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+
+from conftest import free_port, mmtrain_bin, read_metrics, run_mmtrain, tiny_config, write_config
+
+
+def assert_fails(proc, *needles):
+    assert proc.returncode != 0, proc.stdout
+    for needle in needles:
+        assert needle in proc.stderr, f"{needle!r} not in stderr:\n{proc.stderr}"
+    # mmtrain's own failures are user errors, never crashes. (torchrun adds a Python traceback of
+    # its own when a worker exits non-zero; that is the launcher, not mmtrain.)
+    assert "internal error" not in proc.stderr
+
+
+def test_unknown_config_key(tmp_path, token_file):
+    cfg = write_config(tmp_path / "bad.yaml", tiny_config(tmp_path, token_file) + "  lrr: 1.0\n")
+    assert_fails(run_mmtrain(["train", str(cfg)], check=False), "bad.yaml", "unknown key", "logging.lrr")
+
+
+def test_unknown_override_and_bad_value(tmp_path, token_file):
+    cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file))
+    assert_fails(run_mmtrain(["train", str(cfg), "--set", "training.lrr=1"], check=False), "training.lrr")
+    assert_fails(run_mmtrain(["train", str(cfg), "--set", "training.lr=abc"], check=False), "training.lr", "abc")
+
+
+def test_missing_checkpoint(tmp_path, token_file):
+    cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, load=str(tmp_path / "nowhere")))
+    assert_fails(run_mmtrain(["train", str(cfg)], check=False), str(tmp_path / "nowhere"))
+
+
+def test_truncated_checkpoint_file(tmp_path, token_file):
+    cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, iters=2))
+    run_mmtrain(["train", str(cfg)], world=2)
+    rank_file = tmp_path / "ckpt" / "iter_0000002" / "rank_00001.safetensors"
+    data = rank_file.read_bytes()
+    rank_file.write_bytes(data[: len(data) // 2])
+    proc = run_mmtrain(["train", str(cfg), "--set", f"training.load={tmp_path / 'ckpt'}",
+                        "--set", "training.train_iters=4"], world=2, check=False)
+    assert_fails(proc, "rank_00001.safetensors")
+
+
+def test_truncated_safetensors_header(tmp_path, token_file):
+    bad = tmp_path / "tokens.safetensors"
+    data = token_file.read_bytes()
+    bad.write_bytes(data[:12])  # the 8-byte length survives, the JSON header does not
+    cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, bad))
+    assert_fails(run_mmtrain(["train", str(cfg)], check=False), str(bad))
+
+
+def test_missing_weight_key(tmp_path, token_file):
+    import torch
+    from safetensors.torch import save_file
+    weights = tmp_path / "model.safetensors"
+    save_file({"embed.weight": torch.zeros(64, 32)}, str(weights))
+    cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file).replace(
+        "model_id: test_transformer", f"model_id: test_transformer\n  model_name_or_path: {weights}"))
+    assert_fails(run_mmtrain(["train", str(cfg)], check=False), "missing 20 keys", "layers.0.attn.wq.weight", "norm.weight")
+
+
+def check_complete(ckpt_root: Path) -> int:
+    """`latest` names a directory whose index and every rank file are complete; returns its iteration."""
+    name = (ckpt_root / "latest").read_text().strip()
+    directory = ckpt_root / name
+    index = json.loads((directory / "index.json").read_text())
+    for rank in range(2):
+        with safe_open(str(directory / f"rank_{rank:05d}.safetensors"), "pt") as f:
+            for key in f.keys():
+                f.get_tensor(key)
+    assert index, "empty index.json"
+    return int(name.split("_")[1])
+
+
+def test_kill_during_saves_never_breaks_latest(tmp_path, token_file):
+    """Saves every step; SIGKILL the whole job at several moments; `latest` must always be
+    complete and resumable."""
+    cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, iters=100000, save_interval=1))
+    torchrun = Path(sys.executable).parent / "torchrun"
+    seen = set()
+    for delay in (2.0, 2.7, 3.4, 4.1):
+        proc = subprocess.Popen(
+            [str(torchrun), "--nproc-per-node", "2", "--master-port", str(free_port()), "--no-python",
+             str(mmtrain_bin()), "train", str(cfg)] + (["--set", f"training.load={tmp_path / 'ckpt'}"]
+                                                         if (tmp_path / "ckpt" / "latest").exists() else []),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"),
+            start_new_session=True)
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if (tmp_path / "ckpt" / "latest").exists():
+            seen.add(check_complete(tmp_path / "ckpt"))
+    assert seen, "no checkpoint was ever completed"
+    # The newest complete checkpoint resumes.
+    last = check_complete(tmp_path / "ckpt")
+    run_mmtrain(["train", str(cfg), "--set", f"training.load={tmp_path / 'ckpt'}",
+                 "--set", f"training.train_iters={last + 1}", "--set", "training.save_interval=0"], world=2)
