@@ -280,14 +280,18 @@ std::string checkpoint_save(const std::string& save_root, int64_t iteration, Com
   comm.barrier();
   if (rank == 0) step([&] { save_commit(root, tmp_dir, name, iteration, world, global_state, plan); });
   comm.barrier();
-
-  if (error) std::rethrow_exception(error);
-  if (rank != 0) {
+  // Did rank 0 commit? The tmp dir is gone only after a successful rename.
+  if (rank != 0) step([&] {
     std::string latest;
     if (fs::exists(root / kLatestFile)) latest = trim(file_read_text((root / kLatestFile).string()));
     if (fs::exists(tmp_dir) || !fs::exists(final_dir / kIndexFile) || latest != name)
       fail("checkpoint_save rank ", rank, ": rank 0 did not commit ", final_dir.string(), " (rank 0's error says why)");
-  }
+  });
+  // Until every rank has looked, rank 0 must not start a next save (whose first step recreates
+  // iter_N.tmp when the same iteration is saved again).
+  comm.barrier();
+
+  if (error) std::rethrow_exception(error);
   return final_dir.string();
 }
 
