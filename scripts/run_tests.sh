@@ -4,5 +4,6 @@ set -euo pipefail
 BUILD_DIR=${1:-build}
 cd "$(dirname "$0")/.."
 export MMTRAIN_BIN="$PWD/$BUILD_DIR/bin/mmtrain"
+export MMTRAIN_BUILD_DIR="$PWD/$BUILD_DIR"  # tests/parity runs $MMTRAIN_BUILD_DIR/bin/mmtrain_tests
 (cd "$BUILD_DIR" && ctest --output-on-failure -j 2 --timeout 900)
 .venv/bin/python -m pytest -q tests/parity tests/e2e

@@ -107,7 +107,7 @@ void safetensors_write(const std::string& path,
     if (tensor.numel() == 0) continue;
     // One tensor at a time: a rank's shards of a large model must not all be copied at once.
     at::Tensor cpu = tensor.device().is_cpu() ? tensor : tensor.to(at::kCPU);
-    cpu = cpu.contiguous();
+    cpu = cpu.resolve_conj().resolve_neg().contiguous();  // lazy conj/neg views: write the values
     file.write(cpu.data_ptr(), cpu.numel() * cpu.element_size());
   }
   file.commit();
@@ -123,6 +123,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   try {
     struct stat st {};
     if (::fstat(fd_, &st) != 0) fail("safetensors file ", path, ": cannot stat: ", std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) fail("safetensors file ", path, ": not a regular file");
     const int64_t file_size = st.st_size;
     if (file_size < 8)
       fail("safetensors file ", path, ": expected at least 8 bytes (header length), found ", file_size,

@@ -177,9 +177,16 @@ void save_rank_file(const fs::path& file, int64_t iteration, int rank, int world
 void save_commit(const fs::path& root, const fs::path& tmp_dir, const std::string& name, int64_t iteration,
                  int world, const nlohmann::json& global_state, const nlohmann::json& plan) {
   const std::string where = "checkpoint_save " + tmp_dir.string();
-  nlohmann::ordered_json tensors = nlohmann::ordered_json::object();
-  std::vector<std::vector<std::tuple<int64_t, int64_t, int>>> ranges;  // per tensor, in `tensors` order
-  std::unordered_map<std::string, size_t> position;                    // tensor name -> index in ranges
+  // Per tensor, in first-seen order (rank 0's tensors first). Kept in vectors, not looked up in an
+  // ordered_json (linear search): thousands of tensors times hundreds of ranks must stay cheap.
+  struct Entry {
+    std::string name, dtype;
+    std::vector<int64_t> shape;
+    nlohmann::ordered_json shards = nlohmann::ordered_json::array();
+    std::vector<std::tuple<int64_t, int64_t, int>> ranges;  // (row_begin, row_end, rank)
+  };
+  std::vector<Entry> entries;
+  std::unordered_map<std::string, size_t> position;  // name -> index in entries
   nlohmann::ordered_json files = nlohmann::ordered_json::array();
   for (int r = 0; r < world; ++r) {
     const std::string file_name = rank_file_name(r);
@@ -194,35 +201,34 @@ void save_commit(const fs::path& root, const fs::path& tmp_dir, const std::strin
       fail(where, ": ", file_name, " was written by rank ", header.at("rank"), " of ", header.at("world_size"),
            " for iteration ", header.at("iteration"), ", expected rank ", r, " of ", world, " for iteration ",
            iteration);
+    const auto& shard_infos = header.at("tensors");
     for (const auto& tensor_name : file.names()) {
       const auto& info = file.info(tensor_name);
-      const auto& shard = header.at("tensors").at(tensor_name);
+      const auto& shard = shard_infos.at(tensor_name);
       const auto global_shape = shard.at("global_shape").get<std::vector<int64_t>>();
       const int64_t row_begin = shard.at("row_begin").get<int64_t>();
       const std::string dtype = safetensors_dtype_name(info.dtype);
-      if (!position.count(tensor_name)) {
-        tensors[tensor_name] = {{"dtype", dtype}, {"shape", global_shape}, {"shards", nlohmann::ordered_json::array()}};
-        position[tensor_name] = ranges.size();
-        ranges.emplace_back();
-      }
-      auto& entry = tensors[tensor_name];
-      if (entry["dtype"] != dtype || entry["shape"] != nlohmann::ordered_json(global_shape))
+      auto [it, inserted] = position.emplace(tensor_name, entries.size());
+      if (inserted) entries.push_back({tensor_name, dtype, global_shape});
+      auto& entry = entries[it->second];
+      if (entry.dtype != dtype || entry.shape != global_shape)
         fail(where, ": tensor '", tensor_name, "': rank ", r, " saved ", dtype, " ", shape_str(global_shape),
-             " but an earlier rank saved ", entry["dtype"].get<std::string>(), " ", entry["shape"].dump());
+             " but an earlier rank saved ", entry.dtype, " ", shape_str(entry.shape));
       nlohmann::ordered_json shard_entry = {{"rank", r}, {"file", file_name}};
       if (!global_shape.empty()) {
         const int64_t row_end = row_begin + info.shape[0];
         shard_entry["rows"] = {row_begin, row_end};
-        ranges[position[tensor_name]].emplace_back(row_begin, row_end, r);
+        entry.ranges.emplace_back(row_begin, row_end, r);
       }
-      entry["shards"].push_back(shard_entry);
+      entry.shards.push_back(std::move(shard_entry));
     }
   }
-  size_t index = 0;
-  for (const auto& [tensor_name, entry] : tensors.items()) {
-    const auto shape = entry["shape"].get<std::vector<int64_t>>();
-    if (!shape.empty()) check_tiling(ranges[index], shape[0], where + ": tensor '" + tensor_name + "'");
-    ++index;
+  nlohmann::ordered_json tensors = nlohmann::ordered_json::object();
+  for (auto& entry : entries) {
+    if (!entry.shape.empty()) check_tiling(entry.ranges, entry.shape[0], where + ": tensor '" + entry.name + "'");
+    // Names are unique here, so appending (no lookup) keeps this linear.
+    tensors.get_ref<nlohmann::ordered_json::object_t&>().emplace_back(
+        entry.name, nlohmann::ordered_json{{"dtype", entry.dtype}, {"shape", entry.shape}, {"shards", std::move(entry.shards)}});
   }
   nlohmann::ordered_json index_json = {{"format", kFormat},   {"version", kVersion}, {"iteration", iteration},
                                        {"world_size", world}, {"files", files},     {"tensors", tensors},
@@ -280,14 +286,18 @@ std::string checkpoint_save(const std::string& save_root, int64_t iteration, Com
   comm.barrier();
   if (rank == 0) step([&] { save_commit(root, tmp_dir, name, iteration, world, global_state, plan); });
   comm.barrier();
-
-  if (error) std::rethrow_exception(error);
-  if (rank != 0) {
+  // Did rank 0 commit? The tmp dir is gone only after a successful rename.
+  if (rank != 0) step([&] {
     std::string latest;
     if (fs::exists(root / kLatestFile)) latest = trim(file_read_text((root / kLatestFile).string()));
     if (fs::exists(tmp_dir) || !fs::exists(final_dir / kIndexFile) || latest != name)
       fail("checkpoint_save rank ", rank, ": rank 0 did not commit ", final_dir.string(), " (rank 0's error says why)");
-  }
+  });
+  // Until every rank has looked, rank 0 must not start a next save (whose first step recreates
+  // iter_N.tmp when the same iteration is saved again).
+  comm.barrier();
+
+  if (error) std::rethrow_exception(error);
   return final_dir.string();
 }
 

@@ -35,8 +35,9 @@ std::string checkpoint_dir_name(int64_t iteration);
 // iter_N.tmp (a fixed name: concurrent saves into one save_root are not supported); barrier; every
 // rank writes rank_XXXXX.safetensors into it; barrier; rank 0 writes index.json + trainer_state.json,
 // fsyncs, renames iter_N.tmp to iter_N (replacing an old iter_N), then atomically rewrites `latest`;
-// barrier. A failure on any rank makes every rank throw after the last barrier (no rank is left
-// waiting). Returns the final directory.
+// barrier; ranks != 0 check the commit happened; barrier (so a next save cannot race that check).
+// A failure on any rank makes every rank throw after the last barrier (no rank is left waiting).
+// Returns the final directory.
 std::string checkpoint_save(const std::string& save_root, int64_t iteration, Comm& comm,
                             const std::vector<ShardedTensor>& tensors,
                             const nlohmann::json& global_state, const nlohmann::json& rank_state,

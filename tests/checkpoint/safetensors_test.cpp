@@ -121,6 +121,9 @@ TEST(Safetensors, WritesAreByteReproducibleAndLaidOutAsTheReferenceWriter) {
   safetensors_write(dir / "x2.safetensors", {{"t", base.t().contiguous()}, {"u", base.clone()}}, {{"k", "v"}});
   EXPECT_EQ(read_bytes(dir / "x1.safetensors"), read_bytes(dir / "x2.safetensors"));
   EXPECT_TRUE(bitwise_equal(SafetensorsFile(dir / "x1.safetensors").read("t"), base.t().contiguous()));
+  auto complex = random_tensor({3}, at::kComplexFloat, 4);
+  safetensors_write(dir / "conj.safetensors", {{"c", complex.conj()}});
+  EXPECT_TRUE(bitwise_equal(SafetensorsFile(dir / "conj.safetensors").read("c"), complex.conj().resolve_conj()));
   // No file without metadata gets an empty "__metadata__"; no .tmp file is left behind.
   safetensors_write(dir / "nometa.safetensors", {{"t", base}});
   EXPECT_EQ(read_bytes(dir / "nometa.safetensors").find("__metadata__"), std::string::npos);
@@ -161,6 +164,7 @@ TEST(Safetensors, EachCorruptionGivesAClearErrorNamingTheFile) {
 
   const std::string missing = dir / "missing.safetensors";
   EXPECT_THROW_WITH(SafetensorsFile{missing}, missing, "cannot open");
+  EXPECT_THROW_WITH(SafetensorsFile{dir.str()}, dir.str(), "not a regular file");
 
   const std::string data(80, '\0');
   struct Case {

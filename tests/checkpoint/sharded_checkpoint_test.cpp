@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <functional>
 #include <mutex>
+#include <thread>
 
 namespace mmtrain {
 namespace {
@@ -62,23 +63,31 @@ std::string save_model(const std::string& root, int64_t iteration, Comm& comm, u
                          {{"unit", "layers.{*}"}, {"world_size", comm.world_size()}});
 }
 
-// Reads every tensor back on `reader_world` threads, each taking its own torch.chunk rows.
+// Reads every tensor back on `reader_world` threads, each taking its own torch.chunk rows. Readers
+// need no Comm: plain threads, each with its own CheckpointReader.
 void expect_reads_back(const std::string& path, uint64_t seed, int reader_world) {
   const auto full = model_tensors(seed);
-  testing::run_ranks(reader_world, [&](Comm& comm) {
-    CheckpointReader reader(path);
-    for (const auto& [name, t] : full) {
-      ASSERT_TRUE(reader.contains(name)) << name;
-      EXPECT_EQ(reader.global_shape(name), t.sizes().vec()) << name;
-      EXPECT_EQ(reader.dtype(name), t.scalar_type()) << name;
-      EXPECT_TRUE(bitwise_equal(reader.read_full(name), t)) << name;
-      if (t.dim() == 0) continue;
-      auto [begin, end] = chunk_rows(t.size(0), comm.world_size(), comm.rank());
-      EXPECT_TRUE(bitwise_equal(reader.read_rows(name, begin, end), t.slice(0, begin, end).contiguous()))
-          << name << " rows [" << begin << ", " << end << ") on reader rank " << comm.rank() << " of "
-          << comm.world_size();
-    }
-  });
+  std::vector<std::thread> readers;
+  for (int rank = 0; rank < reader_world; ++rank) {
+    readers.emplace_back([&, rank] {
+      try {
+        CheckpointReader reader(path);
+        for (const auto& [name, t] : full) {
+          ASSERT_TRUE(reader.contains(name)) << name;
+          EXPECT_EQ(reader.global_shape(name), t.sizes().vec()) << name;
+          EXPECT_EQ(reader.dtype(name), t.scalar_type()) << name;
+          EXPECT_TRUE(bitwise_equal(reader.read_full(name), t)) << name;
+          if (t.dim() == 0) continue;
+          auto [begin, end] = chunk_rows(t.size(0), reader_world, rank);
+          EXPECT_TRUE(bitwise_equal(reader.read_rows(name, begin, end), t.slice(0, begin, end).contiguous()))
+              << name << " rows [" << begin << ", " << end << ") on reader rank " << rank << " of " << reader_world;
+        }
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "reader rank " << rank << " of " << reader_world << ": " << e.what();
+      }
+    });
+  }
+  for (auto& t : readers) t.join();
 }
 
 class ShardedCheckpointSave : public ::testing::TestWithParam<int> {};
@@ -132,14 +141,21 @@ INSTANTIATE_TEST_SUITE_P(Worlds, ShardedCheckpointSave, ::testing::Values(2, 4))
 
 TEST(ShardedCheckpoint, LaterSaveMovesLatestAndSameIterationIsReplaced) {
   TempDir root;
-  testing::run_ranks(2, [&](Comm& comm) { save_model(root.str(), 10, comm, 100); });
-  testing::run_ranks(2, [&](Comm& comm) { save_model(root.str(), 20, comm, 200); });
-  EXPECT_EQ(read_bytes(root / "latest"), "iter_0000020\n");
+  std::vector<std::string> latest_after(3);
+  testing::run_ranks(2, [&](Comm& comm) {
+    save_model(root.str(), 10, comm, 100);
+    if (comm.rank() == 0) latest_after[0] = read_bytes(root / "latest");
+    save_model(root.str(), 20, comm, 200);
+    if (comm.rank() == 0) latest_after[1] = read_bytes(root / "latest");
+    save_model(root.str(), 20, comm, 250);  // back to back, same iteration: replaces it
+    if (comm.rank() == 0) latest_after[2] = read_bytes(root / "latest");
+  });
+  EXPECT_EQ(latest_after, (std::vector<std::string>{"iter_0000010\n", "iter_0000020\n", "iter_0000020\n"}));
   EXPECT_EQ(CheckpointReader(root.str()).iteration(), 20);
-  expect_reads_back(root.str(), 200, 3);
+  expect_reads_back(root.str(), 250, 3);
   expect_reads_back(root / "iter_0000010", 100, 3);  // the older one is untouched
 
-  // Saving iteration 20 again (on a different world size) replaces it whole: no rank_00001 left over.
+  // Saving iteration 20 again on a different world size replaces it whole: no rank_00001 left over.
   testing::run_ranks(1, [&](Comm& comm) { save_model(root.str(), 20, comm, 300); });
   EXPECT_EQ(read_bytes(root / "latest"), "iter_0000020\n");
   CheckpointReader reader(root.str());
@@ -231,7 +247,6 @@ TEST(ShardedCheckpoint, ReaderErrorsNameThePath) {
 
 TEST(ShardedCheckpoint, BadShardsFailEveryRankWithoutHanging) {
   TempDir root;
-  testing::run_ranks(2, [&](Comm& comm) { save_model(root.str(), 10, comm, 100); });
 
   // Each case is saved on 2 ranks; every rank must throw (a rank left in a barrier would hang the
   // test until Gloo's 60 s timeout) and `latest` must still name iteration 10.
@@ -268,28 +283,37 @@ TEST(ShardedCheckpoint, BadShardsFailEveryRankWithoutHanging) {
        {"rank 0", "'w'", "twice"},
        {"rank 1", "'w'", "twice"}},
   };
-  for (const auto& [name, shards, rank0_message, rank1_message] : cases) {
-    SCOPED_TRACE(name);
-    std::vector<std::string> messages(2);
-    testing::run_ranks(2, [&](Comm& comm) {
+  // All in one 2-rank world: a failed save must leave both ranks ready for the next one.
+  std::vector<std::vector<std::string>> messages(cases.size(), std::vector<std::string>(2));
+  std::vector<std::string> latest_after(cases.size());
+  std::vector<bool> iter20_after(cases.size());
+  testing::run_ranks(2, [&](Comm& comm) {
+    save_model(root.str(), 10, comm, 100);
+    for (size_t i = 0; i < cases.size(); ++i) {
       try {
-        checkpoint_save(root.str(), 20, comm, shards(comm.rank()), {}, {}, {});
+        checkpoint_save(root.str(), 20, comm, cases[i].shards(comm.rank()), {}, {}, {});
       } catch (const Error& e) {
-        messages[comm.rank()] = e.what();
+        messages[i][comm.rank()] = e.what();
       }
-    });
-    for (int r = 0; r < 2; ++r) {
-      ASSERT_FALSE(messages[r].empty()) << "rank " << r << " did not throw";
-      for (const auto& part : r == 0 ? rank0_message : rank1_message)
-        EXPECT_NE(messages[r].find(part), std::string::npos) << "rank " << r << " message lacks '" << part
-                                                             << "': " << messages[r];
+      if (comm.rank() == 0) {
+        latest_after[i] = read_bytes(root / "latest");
+        iter20_after[i] = fs::exists(root / "iter_0000020");
+      }
     }
-    EXPECT_EQ(read_bytes(root / "latest"), "iter_0000010\n");
-    EXPECT_FALSE(fs::exists(root / "iter_0000020"));
+    save_model(root.str(), 20, comm, 200);  // the failed saves' tmp dir does not get in the way
+  });
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].name);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_FALSE(messages[i][r].empty()) << "rank " << r << " did not throw";
+      for (const auto& part : r == 0 ? cases[i].rank0_message : cases[i].rank1_message)
+        EXPECT_NE(messages[i][r].find(part), std::string::npos)
+            << "rank " << r << " message lacks '" << part << "': " << messages[i][r];
+    }
+    EXPECT_EQ(latest_after[i], "iter_0000010\n");
+    EXPECT_FALSE(iter20_after[i]);
   }
-  expect_reads_back(root.str(), 100, 1);
-  // The failed saves' tmp dir does not get in the way of the next one.
-  testing::run_ranks(2, [&](Comm& comm) { save_model(root.str(), 20, comm, 200); });
+  expect_reads_back(root / "iter_0000010", 100, 1);
   expect_reads_back(root.str(), 200, 2);
 }
 
