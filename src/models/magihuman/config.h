@@ -1,0 +1,69 @@
+// MagiHuman DiT configuration (upstream inference/common/config.py::ModelConfig) and the table
+// of every checkpoint tensor it implies. Every dimension comes from model.config, so tiny
+// configs keep the real structure: GQA, partial RoPE, modality experts, GELU7/SwiGLU7 layers.
+//
+// Letters: L tokens, D hidden_size, hd head_dim, Hq = D / hd query heads, Hkv kv heads,
+// E experts of a layer (3 in mm_layers: video, audio, text; else 1), U up_gate rows per expert
+// (2 * I for SwiGLU7, I for GELU7), I MLP width.
+#pragma once
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+namespace mmtrain::magihuman {
+
+enum Modality : int64_t { kVideo = 0, kAudio = 1, kText = 2 };
+constexpr int kNumModalities = 3;
+
+struct MagiHumanConfig {
+  int64_t num_layers = 40;
+  int64_t hidden_size = 5120;          // D
+  int64_t head_dim = 128;              // hd
+  int64_t num_query_groups = 8;        // Hkv
+  int64_t video_in_channels = 192;     // 48 latent channels x (1, 2, 2) patch
+  int64_t audio_in_channels = 64;
+  int64_t text_in_channels = 3584;
+  std::vector<int64_t> mm_layers = {0, 1, 2, 3, 36, 37, 38, 39};
+  std::vector<int64_t> gelu7_layers = {0, 1, 2, 3};
+  bool enable_attn_gating = true;
+  double norm_eps = 1e-6;
+  // Gated-MLP layout inside the trainer: true = contiguous [gate | linear] halves per expert
+  // (fast: chunk(2)); false = the checkpoint's interleaved rows (gate even, linear odd).
+  // Checkpoint files are always interleaved; loading and export convert.
+  bool deinterleave_mlp = true;
+  bool fused_ops = true;               // fused CPU kernels vs reference ATen ops
+
+  static MagiHumanConfig from_json(const nlohmann::json& j);
+  nlohmann::json to_json() const;
+
+  int64_t num_heads_q() const { return hidden_size / head_dim; }
+  int64_t rope_bands() const { return head_dim / 8; }            // 16 at head_dim 128
+  int64_t rope_dims() const { return 6 * rope_bands(); }         // rotated dims: 3/4 of head_dim
+  int64_t qkv_width() const { return (num_heads_q() + 2 * num_query_groups) * head_dim + (enable_attn_gating ? num_heads_q() : 0); }
+  bool is_mm_layer(int64_t layer) const;
+  bool is_gelu7_layer(int64_t layer) const;
+  int64_t experts(int64_t layer) const { return is_mm_layer(layer) ? kNumModalities : 1; }
+  int64_t mlp_width(int64_t layer) const;     // I
+  int64_t up_gate_rows(int64_t layer) const;  // U, per expert
+  int64_t io_width() const;                   // x columns: max of the three input widths
+  int64_t out_width() const;                  // output columns: max(video, audio)
+  int64_t video_latent_channels() const { return video_in_channels / 4; }
+  int64_t num_gated_layers() const;           // layers whose MLP is SwiGLU7 (layout transform count)
+};
+
+// One checkpoint tensor: HF name, shape, on-disk dtype of the public base checkpoint, and
+// whether it trains (adapter.rope.bands is a buffer).
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  at::ScalarType disk_dtype;
+  bool trainable = true;
+};
+
+// Every tensor of the public HF `base/` layout for this config, in state_dict order
+// (331 for the full model).
+std::vector<TensorSpec> hf_tensor_specs(const MagiHumanConfig& config);
+
+}  // namespace mmtrain::magihuman
