@@ -147,6 +147,7 @@ Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpOptions options)
 
   // Each param belongs to the deepest unit whose module contains it, else to the root.
   for (auto& [param_name, param] : model.named_parameters()) {
+    if (!param->trainable) continue;  // buffers stay whole and untouched
     FsdpUnit* owner = units_[0].get();
     size_t owner_depth = 0;
     for (auto& unit : units_) {

@@ -24,6 +24,10 @@ struct Param {
   double init_std = 0.02;
   double init_constant = 0.0;
   bool init_normal = true;
+  // A buffer (e.g. fixed RoPE bands): loaded and saved like a parameter but never sharded or
+  // trained; `value` always holds the full tensor. init_value computes it for a fresh model.
+  bool trainable = true;
+  std::function<at::Tensor()> init_value;
 };
 
 class Module;
@@ -67,6 +71,13 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   std::shared_ptr<BlockHooks> hooks_;
   bool is_block_ = false;
+};
+
+// A module that only groups children and buffers under a name ("dit", "layers", "rope").
+class ModuleGroup : public Module {
+ public:
+  using Module::add_child;
+  using Module::add_param;
 };
 
 // y = x @ w^T for w [out, in] (the nn.Linear convention used by every checkpoint we load).

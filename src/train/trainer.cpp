@@ -8,6 +8,7 @@
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 #include "train/metrics.h"
+#include "train/weights.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -18,32 +19,6 @@
 
 namespace mmtrain {
 namespace {
-
-// A source of full weights by name: one safetensors file, or an HF directory (sharded with an
-// index, or a single model.safetensors).
-class WeightSource {
- public:
-  explicit WeightSource(const std::string& path) {
-    if (std::filesystem::is_regular_file(path)) {
-      file_ = std::make_unique<SafetensorsFile>(path);
-    } else if (std::filesystem::is_directory(path)) {
-      index_ = std::make_unique<SafetensorsIndex>(path);
-    } else {
-      fail("model weights '", path, "': no such file or directory");
-    }
-  }
-  std::vector<std::string> names() const { return file_ ? file_->names() : index_->names(); }
-  const SafetensorsTensorInfo& info(const std::string& name) const {
-    return file_ ? file_->info(name) : index_->info(name);
-  }
-  at::Tensor read_rows(const std::string& name, int64_t begin, int64_t end) const {
-    return file_ ? file_->read_rows(name, begin, end) : index_->read_rows(name, begin, end);
-  }
-
- private:
-  std::unique_ptr<SafetensorsFile> file_;
-  std::unique_ptr<SafetensorsIndex> index_;
-};
 
 std::string to_hex(const at::Tensor& bytes) {
   static const char* digits = "0123456789abcdef";
@@ -139,55 +114,28 @@ struct Trainer::State {
     if (path.empty()) {
       log("no model weights given: random init with seed " + std::to_string(config.training.seed));
       fsdp->init_params(config.training.seed);
+      init_buffers(*model);
       return;
     }
-    WeightSource source(path);
-    std::set<std::string> available;
-    for (const auto& n : source.names()) available.insert(n);
-    std::set<std::string> expected;
-    std::vector<std::string> missing;
-    for (auto* unit : fsdp->units())
-      for (auto& p : unit->params) {
-        expected.insert(p.name);
-        if (!available.count(p.name)) {
-          missing.push_back(p.name);
-          continue;
-        }
-        const auto& info = source.info(p.name);
-        if (info.shape != p.param->shape)
-          fail("model weights ", path, ": '", p.name, "' has shape ", at::IntArrayRef(info.shape), ", the model expects ",
-               at::IntArrayRef(p.param->shape));
-        if (!at::isFloatingType(info.dtype))
-          fail("model weights ", path, ": '", p.name, "' has dtype ", dtype_name(info.dtype), ", expected a float type");
-      }
-    if (!missing.empty()) {
-      std::string listed;
-      for (size_t i = 0; i < missing.size() && i < 8; ++i) listed += (i ? ", '" : "'") + missing[i] + "'";
-      fail("model weights ", path, ": missing ", missing.size(), " keys the model needs: ", listed,
-           missing.size() > 8 ? ", ..." : "");
-    }
-    for (const auto& n : available)
-      if (!expected.count(n)) fail("model weights ", path, ": unexpected key '", n, "' (not a parameter of ", m.model_id, ")");
-    fsdp->load_params([&](const std::string& name, int64_t b, int64_t e) { return source.read_rows(name, b, e); });
-    log("loaded " + std::to_string(expected.size()) + " tensors from " + path);
+    const int64_t conversions = load_hf_weights(*model, *fsdp, WeightSource(path));
+    std::printf("[mmtrain] rank %d loaded %s (%lld tensors with a converted layout)\n", comm().rank(), path.c_str(),
+                static_cast<long long>(conversions));
   }
 
-  // Every tensor a checkpoint holds: params and AdamW moments, this rank's real rows.
+  // Every tensor a checkpoint holds: params, buffers and AdamW moments, this rank's real rows.
   std::vector<ShardedTensor> sharded_state() {
-    std::vector<ShardedTensor> out;
+    auto out = model_sharded_tensors(*model, *fsdp, comm().rank());
     const int rank = comm().rank();
     auto units = fsdp->units();
     for (size_t u = 0; u < units.size(); ++u) {
       auto& state = adamw->states()[u];
       for (auto& p : units[u]->params) {
-        const int64_t rows = p.layout.rows(rank);
-        auto view_of = [&](const at::Tensor& flat) {
-          return flat.narrow(0, p.offset, p.layout.shard_numel()).view(p.shard.sizes()).narrow(0, 0, rows);
+        auto rows_of = [&](const at::Tensor& flat) {
+          return flat.narrow(0, p.offset, p.layout.shard_numel()).view(p.shard.sizes()).narrow(0, 0, p.layout.rows(rank));
         };
         const int64_t begin = p.layout.row_begin(rank);
-        out.push_back({"model." + p.name, p.param->shape, begin, view_of(units[u]->shard_flat)});
-        out.push_back({"optim.exp_avg." + p.name, p.param->shape, begin, view_of(state.exp_avg)});
-        out.push_back({"optim.exp_avg_sq." + p.name, p.param->shape, begin, view_of(state.exp_avg_sq)});
+        out.push_back({"optim.exp_avg." + p.name, p.param->shape, begin, rows_of(state.exp_avg)});
+        out.push_back({"optim.exp_avg_sq." + p.name, p.param->shape, begin, rows_of(state.exp_avg_sq)});
       }
     }
     return out;
@@ -215,15 +163,21 @@ struct Trainer::State {
   void resume(const std::string& path) {
     CheckpointReader reader(path);
     const auto& global = reader.global_state();
+    if (global.at("model_id").get<std::string>() != config.model.model_id)
+      fail("cannot resume from ", reader.dir(), ": it holds model '", global.at("model_id").get<std::string>(),
+           "', the config builds '", config.model.model_id, "'");
+    // A model-only checkpoint (`mmtrain convert ... hf-to-ckpt`) starts a fresh run from its weights.
+    if (global.value("model_only", false)) {
+      load_checkpoint_model(*model, *fsdp, reader);
+      log("initialized from model-only checkpoint " + reader.dir());
+      return;
+    }
     const int64_t saved_gbs = global.at("global_batch_size").get<int64_t>();
     if (saved_gbs != sampler.global_batch_size())
       fail("cannot resume from ", reader.dir(), ": it was trained with global batch size ", saved_gbs,
            " (world size ", reader.saved_world_size(), "), this run has ", sampler.global_batch_size(), " (world size ",
            comm().world_size(), " x micro_batch_size ", sampler.micro_batch_size, " x gradient_accumulation_steps ",
            sampler.gradient_accumulation_steps, "); choose micro_batch_size/gradient_accumulation_steps so they match");
-    if (global.at("model_id").get<std::string>() != config.model.model_id)
-      fail("cannot resume from ", reader.dir(), ": it holds model '", global.at("model_id").get<std::string>(),
-           "', the config builds '", config.model.model_id, "'");
     auto read_prefixed = [&](const std::string& prefix) {
       return [&reader, prefix](const std::string& name, int64_t b, int64_t e) {
         const auto key = prefix + name;
@@ -231,14 +185,7 @@ struct Trainer::State {
         return reader.read_rows(key, b, e);
       };
     };
-    for (auto* unit : fsdp->units())
-      for (auto& p : unit->params) {
-        const auto shape = reader.contains("model." + p.name) ? reader.global_shape("model." + p.name) : p.param->shape;
-        if (shape != p.param->shape)
-          fail("checkpoint ", reader.dir(), ": 'model.", p.name, "' has shape ", at::IntArrayRef(shape),
-               ", the model expects ", at::IntArrayRef(p.param->shape));
-      }
-    fsdp->load_params(read_prefixed("model."));
+    load_checkpoint_model(*model, *fsdp, reader);
     if (!config.training.no_load_optim) {
       auto units = fsdp->units();
       const int rank = comm().rank();

@@ -1,0 +1,366 @@
+// MagiHuman DiT forward and loss, exactly as the upstream training forward (spec: magihuman.md
+// §2-3). Tokens stay in their original packed order throughout; modality experts gather their
+// rows by index (the upstream permutation to modality-sorted order is a speed trick with the
+// same math). Precision follows upstream: fp32 residual stream, norms, RoPE and activations;
+// block GEMMs in the parameter dtype (bf16 in real runs) with outputs rounded to it before the
+// upcast; attention inputs in the parameter dtype.
+#include "models/magihuman/model.h"
+
+#include "core/error.h"
+#include "models/magihuman/ops.h"
+
+#include <algorithm>
+#include <array>
+#include <mutex>
+
+namespace mmtrain::magihuman {
+namespace {
+
+// A module holding one parameter named "weight" (and optionally "bias").
+class Weight : public Module {
+ public:
+  Weight(std::vector<int64_t> shape, bool is_norm, int64_t bias_rows = 0)
+      : weight(add_param("weight", std::move(shape))) {
+    if (is_norm) {  // (1 + w) norms: zero-centred gamma
+      weight.init_normal = false;
+      weight.init_constant = 0.0;
+    }
+    if (bias_rows > 0) bias = &add_param("bias", {bias_rows});
+  }
+  Param& weight;
+  Param* bias = nullptr;
+};
+
+// Row indices of each modality in the packed sequence, computed once per forward.
+struct ModalityRows {
+  std::array<at::Tensor, kNumModalities> index;  // int64 [N_k]
+  std::array<int64_t, kNumModalities> count{};
+};
+
+// Applies fn(k, rows_of_k) for each present modality k and scatters the results back to
+// packed order. With one expert (E = 1) it is a single call on all rows.
+template <typename Fn>
+at::Tensor per_expert(const at::Tensor& x, const ModalityRows& rows, int64_t experts, Fn fn) {
+  if (experts == 1) return fn(0, x);
+  at::Tensor out;
+  for (int k = 0; k < kNumModalities; ++k) {
+    if (rows.count[k] == 0) continue;
+    auto part = fn(k, x.index_select(0, rows.index[k]));
+    if (!out.defined()) {
+      auto shape = part.sizes().vec();
+      shape[0] = x.size(0);
+      out = at::zeros(shape, part.options());
+    }
+    out = out.index_copy(0, rows.index[k], part);
+  }
+  return out;
+}
+
+// Expert k's rows of a modality-expert weight: contiguous dim-0 chunks, video/audio/text.
+at::Tensor expert_slice(const at::Tensor& w, int64_t experts, int64_t k) {
+  return experts == 1 ? w : w.chunk(experts, 0)[k];
+}
+
+// x @ W^T in W's dtype, result rounded to W's dtype then upcast to fp32.
+at::Tensor block_linear(const at::Tensor& x, const at::Tensor& w) {
+  return at::linear(x.to(w.scalar_type()), w).to(at::kFloat);
+}
+
+class Attention : public Module {
+ public:
+  Attention(const MagiHumanConfig& c, int64_t experts) : c_(c), experts_(experts) {
+    pre_norm = add_child("pre_norm", std::make_shared<Weight>(std::vector<int64_t>{c.hidden_size * experts}, true));
+    linear_qkv = add_child("linear_qkv", std::make_shared<Weight>(std::vector<int64_t>{c.qkv_width() * experts, c.hidden_size}, false));
+    linear_proj = add_child("linear_proj", std::make_shared<Weight>(std::vector<int64_t>{c.hidden_size * experts, c.hidden_size}, false));
+    q_norm = add_child("q_norm", std::make_shared<Weight>(std::vector<int64_t>{c.head_dim * experts}, true));
+    k_norm = add_child("k_norm", std::make_shared<Weight>(std::vector<int64_t>{c.head_dim * experts}, true));
+  }
+
+  // h [L, D] fp32 -> [L, D] in the parameter dtype
+  at::Tensor forward(const at::Tensor& h, const at::Tensor& rope, const ModalityRows& rows,
+                     const std::vector<int64_t>& seq_begins) {
+    const auto& c = c_;
+    const int64_t L = h.size(0), hq = c.num_heads_q(), hkv = c.num_query_groups, hd = c.head_dim;
+    auto qkv = per_expert(h, rows, experts_, [&](int64_t k, const at::Tensor& part) {
+      auto a = rms_norm_1p(part, expert_slice(pre_norm->weight.value, experts_, k), c.norm_eps);
+      return block_linear(a, expert_slice(linear_qkv->weight.value, experts_, k));
+    });                                                                               // [L, qkv] fp32
+    auto q = qkv.slice(1, 0, hq * hd).view({L, hq, hd});
+    auto key = qkv.slice(1, hq * hd, (hq + hkv) * hd).view({L, hkv, hd});
+    auto v = qkv.slice(1, (hq + hkv) * hd, (hq + 2 * hkv) * hd).view({L, hkv, hd});
+    q = per_expert(q, rows, experts_, [&](int64_t k, const at::Tensor& part) {
+      return rms_norm_1p(part, expert_slice(q_norm->weight.value, experts_, k), c.norm_eps);
+    });
+    key = per_expert(key, rows, experts_, [&](int64_t k, const at::Tensor& part) {
+      return rms_norm_1p(part, expert_slice(k_norm->weight.value, experts_, k), c.norm_eps);
+    });
+    q = apply_partial_rope(q, rope);
+    key = apply_partial_rope(key, rope);
+
+    // Full attention within each packed sample, none across samples (cu_seqlens).
+    const auto compute = linear_qkv->weight.value.scalar_type();
+    auto qc = q.to(compute), kc = key.to(compute), vc = v.to(compute);
+    std::vector<at::Tensor> outputs;
+    for (size_t s = 0; s + 1 < seq_begins.size(); ++s) {
+      const int64_t b = seq_begins[s], n = seq_begins[s + 1] - b;
+      auto to_heads = [&](const at::Tensor& t) { return t.narrow(0, b, n).transpose(0, 1).unsqueeze(0); };
+      auto o = at::scaled_dot_product_attention(to_heads(qc), to_heads(kc), to_heads(vc), {}, 0.0,
+                                                /*is_causal=*/false, std::nullopt, /*enable_gqa=*/true);
+      outputs.push_back(o.squeeze(0).transpose(0, 1));  // [n, Hq, hd]
+    }
+    auto o = outputs.size() == 1 ? outputs[0] : at::cat(outputs, 0);
+    at::Tensor gated = o.to(at::kFloat);
+    if (c.enable_attn_gating) {
+      auto g = qkv.slice(1, (hq + 2 * hkv) * hd, (hq + 2 * hkv) * hd + hq).view({L, hq, 1});
+      gated = o * at::sigmoid(g);  // per (token, head) gate; compute dtype x fp32 -> fp32
+    }
+    gated = gated.reshape({L, hq * hd}).to(compute);
+    return per_expert(gated, rows, experts_, [&](int64_t k, const at::Tensor& part) {
+      return at::linear(part, expert_slice(linear_proj->weight.value, experts_, k));
+    });
+  }
+
+  std::shared_ptr<Weight> pre_norm, linear_qkv, linear_proj, q_norm, k_norm;
+
+ private:
+  MagiHumanConfig c_;
+  int64_t experts_;
+};
+
+class Mlp : public Module {
+ public:
+  Mlp(const MagiHumanConfig& c, int64_t layer, int64_t experts) : c_(c), experts_(experts), gelu7_(c.is_gelu7_layer(layer)) {
+    pre_norm = add_child("pre_norm", std::make_shared<Weight>(std::vector<int64_t>{c.hidden_size * experts}, true));
+    up_gate_proj = add_child("up_gate_proj",
+                             std::make_shared<Weight>(std::vector<int64_t>{c.up_gate_rows(layer) * experts, c.hidden_size}, false));
+    down_proj = add_child("down_proj",
+                          std::make_shared<Weight>(std::vector<int64_t>{c.hidden_size * experts, c.mlp_width(layer)}, false));
+  }
+
+  // h [L, D] fp32 -> [L, D] fp32
+  at::Tensor forward(const at::Tensor& h, const ModalityRows& rows) {
+    return per_expert(h, rows, experts_, [&](int64_t k, const at::Tensor& part) {
+      auto b = rms_norm_1p(part, expert_slice(pre_norm->weight.value, experts_, k), c_.norm_eps);
+      auto u = block_linear(b, expert_slice(up_gate_proj->weight.value, experts_, k));
+      auto z = gelu7_ ? gelu7(u) : swiglu7(u, /*interleaved=*/!c_.deinterleave_mlp);
+      return block_linear(z, expert_slice(down_proj->weight.value, experts_, k));
+    });
+  }
+
+  std::shared_ptr<Weight> pre_norm, up_gate_proj, down_proj;
+
+ private:
+  MagiHumanConfig c_;
+  int64_t experts_;
+  bool gelu7_;
+};
+
+class Layer : public Module {
+ public:
+  Layer(const MagiHumanConfig& c, int64_t layer) {
+    attention = add_child("attention", std::make_shared<Attention>(c, c.experts(layer)));
+    mlp = add_child("mlp", std::make_shared<Mlp>(c, layer, c.experts(layer)));
+    mark_block();
+  }
+  at::Tensor forward(const at::Tensor& h, const at::Tensor& rope, const ModalityRows& rows,
+                     const std::vector<int64_t>& seq_begins) {
+    auto x = h + attention->forward(h, rope, rows, seq_begins);
+    return x + mlp->forward(x, rows);
+  }
+  std::shared_ptr<Attention> attention;
+  std::shared_ptr<Mlp> mlp;
+};
+
+class Adapter : public Module {
+ public:
+  explicit Adapter(const MagiHumanConfig& c) {
+    const int64_t d = c.hidden_size;
+    video_embedder = add_child("video_embedder", std::make_shared<Weight>(std::vector<int64_t>{d, c.video_in_channels}, false, d));
+    text_embedder = add_child("text_embedder", std::make_shared<Weight>(std::vector<int64_t>{d, c.text_in_channels}, false, d));
+    audio_embedder = add_child("audio_embedder", std::make_shared<Weight>(std::vector<int64_t>{d, c.audio_in_channels}, false, d));
+    rope = add_child("rope", std::make_shared<ModuleGroup>());
+    bands = &rope->add_param("bands", {c.rope_bands()});
+    bands->trainable = false;
+    const int64_t count = c.rope_bands();
+    bands->init_value = [count] {
+      // bands[k] = 1 / 10000^(k / B), computed as upstream: fp32 exponent, then the power.
+      auto exponent = at::arange(0, count, 1, at::kLong).to(at::kFloat) / static_cast<double>(count);
+      return 1.0 / at::pow(10000.0, exponent);
+    };
+  }
+  std::shared_ptr<Weight> video_embedder, text_embedder, audio_embedder;
+  std::shared_ptr<ModuleGroup> rope;
+  Param* bands = nullptr;
+};
+
+class MagiHumanModel : public Model {
+ public:
+  explicit MagiHumanModel(const MagiHumanConfig& config) : c_(config) {
+    const auto& c = c_;
+    auto dit = add_child("dit", std::make_shared<ModuleGroup>());
+    adapter = dit->add_child("adapter", std::make_shared<Adapter>(c));
+    auto block = dit->add_child("block", std::make_shared<ModuleGroup>());
+    auto layer_list = block->add_child("layers", std::make_shared<ModuleGroup>());
+    for (int64_t i = 0; i < c.num_layers; ++i)
+      layers.push_back(layer_list->add_child(std::to_string(i), std::make_shared<Layer>(c, i)));
+    final_norm_video = dit->add_child("final_norm_video", std::make_shared<Weight>(std::vector<int64_t>{c.hidden_size}, true));
+    final_norm_audio = dit->add_child("final_norm_audio", std::make_shared<Weight>(std::vector<int64_t>{c.hidden_size}, true));
+    final_linear_video = dit->add_child("final_linear_video",
+                                        std::make_shared<Weight>(std::vector<int64_t>{c.video_in_channels, c.hidden_size}, false));
+    final_linear_audio = dit->add_child("final_linear_audio",
+                                        std::make_shared<Weight>(std::vector<int64_t>{c.audio_in_channels, c.hidden_size}, false));
+  }
+
+  ModelOutput forward(const Batch& batch) override {
+    const auto& c = c_;
+    const auto& x = batch_get(batch, "x");
+    const auto& coords = batch_get(batch, "coords_mapping");
+    const auto& modality = batch_get(batch, "modality_mapping");
+    const auto& target = batch_get(batch, "target_velocity");
+    const auto& loss_mask = batch_get(batch, "loss_mask");
+    const auto& cu_seqlens = batch_get(batch, "cu_seqlens");
+    const int64_t L = x.size(0);
+    if (x.dim() != 2 || x.size(1) != c.io_width())
+      fail("batch 'x' must be [L, ", c.io_width(), "], got ", x.sizes());
+    if (coords.sizes() != at::IntArrayRef({L, 9})) fail("batch 'coords_mapping' must be [", L, ", 9], got ", coords.sizes());
+    if (modality.sizes() != at::IntArrayRef({L})) fail("batch 'modality_mapping' must be [", L, "], got ", modality.sizes());
+
+    ModalityRows rows;
+    for (int k = 0; k < kNumModalities; ++k) {
+      rows.index[k] = (modality == k).nonzero().view(-1);
+      rows.count[k] = rows.index[k].numel();
+    }
+    auto cu = cu_seqlens.to(at::kLong);
+    std::vector<int64_t> seq_begins(cu.data_ptr<int64_t>(), cu.data_ptr<int64_t>() + cu.numel());
+    if (seq_begins.size() < 2 || seq_begins.front() != 0 || seq_begins.back() != L)
+      fail("batch 'cu_seqlens' must run from 0 to L = ", L, ", got ", cu_seqlens);
+
+    // Adapter: per-modality embedders over the right column slices, fp32 output.
+    const int64_t in_width[kNumModalities] = {c.video_in_channels, c.audio_in_channels, c.text_in_channels};
+    const std::shared_ptr<Weight> embedder[kNumModalities] = {adapter->video_embedder, adapter->audio_embedder,
+                                                              adapter->text_embedder};
+    at::Tensor h = at::zeros({L, c.hidden_size}, x.options().dtype(at::kFloat));
+    for (int k = 0; k < kNumModalities; ++k) {
+      if (rows.count[k] == 0) continue;
+      const auto& w = embedder[k]->weight.value;
+      auto in = x.index_select(0, rows.index[k]).slice(1, 0, in_width[k]).to(w.scalar_type());
+      h = h.index_copy(0, rows.index[k], at::linear(in, w, embedder[k]->bias->value).to(at::kFloat));
+    }
+    auto rope = fourier_rope(coords, adapter->bands->value);
+
+    for (auto& layer : layers) {
+      // The lambda may run again in backward (recompute): capture by value only.
+      auto layer_ptr = layer;
+      auto rows_copy = rows;
+      auto begins = seq_begins;
+      h = layer->apply({h, rope}, [layer_ptr, rows_copy, begins](const std::vector<at::Tensor>& in) {
+        return layer_ptr->forward(in[0], in[1], rows_copy, begins);
+      });
+    }
+
+    // Final per-modality norms and heads; [L, out] with zeros where a modality has no channel.
+    at::Tensor prediction = at::zeros({L, c.out_width()}, h.options());
+    const std::pair<int, std::pair<std::shared_ptr<Weight>, std::shared_ptr<Weight>>> heads[] = {
+        {kVideo, {final_norm_video, final_linear_video}}, {kAudio, {final_norm_audio, final_linear_audio}}};
+    for (const auto& [k, head] : heads) {
+      if (rows.count[k] == 0) continue;
+      auto part = rms_norm_1p(h.index_select(0, rows.index[k]), head.first->weight.value, c.norm_eps);
+      const auto& w = head.second->weight.value;
+      auto out = at::linear(part.to(w.scalar_type()), w).to(at::kFloat);
+      out = at::constant_pad_nd(out, {0, c.out_width() - out.size(1)});
+      prediction = prediction.index_copy(0, rows.index[k], out);
+    }
+
+    ModelOutput result;
+    result.loss = flow_matching_loss(prediction, target, modality, loss_mask);
+    result.tokens = L;
+    result.tensors["prediction"] = prediction;
+    return result;
+  }
+
+  // mean over video rows x video channels + mean over audio rows x audio channels of
+  // (pred - target)^2, rows where loss_mask; a term is skipped when its modality is absent.
+  at::Tensor flow_matching_loss(const at::Tensor& prediction, const at::Tensor& target, const at::Tensor& modality,
+                                const at::Tensor& loss_mask) const {
+    auto diff = (prediction - target.to(at::kFloat)).pow(2);
+    at::Tensor loss;
+    const std::pair<int, int64_t> terms[] = {{kVideo, c_.video_in_channels}, {kAudio, c_.audio_in_channels}};
+    for (const auto& [k, channels] : terms) {
+      auto index = ((modality == k) & loss_mask.to(at::kBool)).nonzero().view(-1);
+      if (index.numel() == 0) continue;
+      auto term = diff.index_select(0, index).slice(1, 0, channels).mean();
+      loss = loss.defined() ? loss + term : term;
+    }
+    return loss.defined() ? loss : diff.sum() * 0.0;
+  }
+
+  std::string hf_key(const std::string& param_name) const override {
+    static const std::string prefix = "dit.";
+    if (param_name.rfind(prefix, 0) != 0) fail("magihuman: parameter '", param_name, "' is outside dit.");
+    return param_name.substr(prefix.size());
+  }
+
+  bool hf_layout_differs(const std::string& param_name) const override {
+    return c_.deinterleave_mlp && gated_layer_of(param_name) >= 0;
+  }
+
+  int64_t expected_layout_conversions() const override { return c_.deinterleave_mlp ? c_.num_gated_layers() : 0; }
+
+  // Training layout of a gated up_gate_proj, per expert block of U = 2I rows: [gate 0..I-1 |
+  // linear 0..I-1]; on disk row 2j is gate j and row 2j+1 linear j.
+  at::Tensor hf_load_rows(const std::string& param_name, int64_t begin, int64_t end, const HfRowReader& read) const override {
+    if (!hf_layout_differs(param_name) || begin == end) return read(hf_key(param_name), begin, end);
+    const int64_t half = c_.mlp_width(gated_layer_of(param_name));
+    std::vector<int64_t> disk_rows;
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t block = r / (2 * half), local = r % (2 * half);
+      disk_rows.push_back(block * 2 * half + (local < half ? 2 * local : 2 * (local - half) + 1));
+    }
+    const auto [lo, hi] = std::minmax_element(disk_rows.begin(), disk_rows.end());
+    auto span = read(hf_key(param_name), *lo, *hi + 1);
+    auto index = at::tensor(disk_rows, at::kLong) - *lo;
+    return span.index_select(0, index);
+  }
+
+  at::Tensor to_hf_layout(const std::string& param_name, const at::Tensor& full) const override {
+    if (!hf_layout_differs(param_name)) return full;
+    const int64_t half = c_.mlp_width(gated_layer_of(param_name));
+    const int64_t blocks = full.size(0) / (2 * half);
+    return full.reshape({blocks, 2, half, full.size(1)}).transpose(1, 2).reshape(full.sizes());
+  }
+
+  double train_flops(const Batch&) const override { return 0.0; }
+
+ private:
+  // Layer index when param_name is a gated (SwiGLU7) layer's up_gate_proj, else -1.
+  int64_t gated_layer_of(const std::string& param_name) const {
+    static const std::string prefix = "dit.block.layers.", suffix = ".mlp.up_gate_proj.weight";
+    if (param_name.rfind(prefix, 0) != 0 || param_name.size() <= prefix.size() + suffix.size() ||
+        param_name.compare(param_name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      return -1;
+    const int64_t layer = std::stoll(param_name.substr(prefix.size(), param_name.size() - prefix.size() - suffix.size()));
+    return c_.is_gelu7_layer(layer) ? -1 : layer;
+  }
+
+  MagiHumanConfig c_;
+  std::shared_ptr<Adapter> adapter;
+  std::vector<std::shared_ptr<Layer>> layers;
+  std::shared_ptr<Weight> final_norm_video, final_norm_audio, final_linear_video, final_linear_audio;
+};
+
+}  // namespace
+
+std::shared_ptr<Model> make_magihuman(const nlohmann::json& model_config) {
+  return std::make_shared<MagiHumanModel>(MagiHumanConfig::from_json(model_config));
+}
+
+}  // namespace mmtrain::magihuman
+
+namespace mmtrain {
+
+void register_magihuman_model() {
+  static std::once_flag once;
+  std::call_once(once, [] { model_registry().add("magihuman", magihuman::make_magihuman); });
+}
+
+}  // namespace mmtrain

@@ -1,0 +1,111 @@
+#include "train/weights.h"
+
+#include "core/error.h"
+
+#include <filesystem>
+#include <set>
+
+namespace mmtrain {
+
+WeightSource::WeightSource(const std::string& path) : path_(path) {
+  if (std::filesystem::is_regular_file(path)) {
+    file_ = std::make_unique<SafetensorsFile>(path);
+  } else if (std::filesystem::is_directory(path)) {
+    index_ = std::make_unique<SafetensorsIndex>(path);
+  } else {
+    fail("model weights '", path, "': no such file or directory");
+  }
+}
+
+std::vector<std::string> WeightSource::names() const { return file_ ? file_->names() : index_->names(); }
+
+bool WeightSource::contains(const std::string& name) const {
+  return file_ ? file_->contains(name) : index_->contains(name);
+}
+
+const SafetensorsTensorInfo& WeightSource::info(const std::string& name) const {
+  return file_ ? file_->info(name) : index_->info(name);
+}
+
+at::Tensor WeightSource::read_rows(const std::string& name, int64_t begin, int64_t end) const {
+  return file_ ? file_->read_rows(name, begin, end) : index_->read_rows(name, begin, end);
+}
+
+int64_t load_hf_weights(Model& model, Fsdp& fsdp, const WeightSource& source) {
+  const auto& path = source.path();
+  std::set<std::string> expected;
+  std::vector<std::string> missing;
+  int64_t conversions = 0;
+  for (auto& [name, param] : model.named_parameters()) {
+    const auto key = model.hf_key(name);
+    expected.insert(key);
+    if (!source.contains(key)) {
+      missing.push_back(key);
+      continue;
+    }
+    const auto& info = source.info(key);
+    if (info.shape != param->shape)
+      fail("model weights ", path, ": '", key, "' has shape ", at::IntArrayRef(info.shape), ", the model expects ",
+           at::IntArrayRef(param->shape));
+    if (!at::isFloatingType(info.dtype))
+      fail("model weights ", path, ": '", key, "' has dtype ", c10::toString(info.dtype), ", expected a float type");
+    if (model.hf_layout_differs(name)) ++conversions;
+  }
+  if (!missing.empty()) {
+    std::string listed;
+    for (size_t i = 0; i < missing.size() && i < 8; ++i) listed += (i ? ", '" : "'") + missing[i] + "'";
+    fail("model weights ", path, ": missing ", missing.size(), " keys the model needs: ", listed,
+         missing.size() > 8 ? ", ..." : "");
+  }
+  for (const auto& key : source.names())
+    if (!expected.count(key)) fail("model weights ", path, ": unexpected key '", key, "' (not a tensor of the model)");
+  if (conversions != model.expected_layout_conversions())
+    fail("model weights ", path, ": converted the layout of ", conversions, " tensors, the config expects ",
+         model.expected_layout_conversions(), " (gated layers): refusing to train on a half-converted model");
+
+  auto read = [&](const std::string& key, int64_t b, int64_t e) { return source.read_rows(key, b, e); };
+  fsdp.load_params([&](const std::string& name, int64_t b, int64_t e) { return model.hf_load_rows(name, b, e, read); });
+  for (auto& [name, param] : model.named_parameters()) {
+    if (param->trainable) continue;
+    const int64_t rows = param->shape.empty() ? 1 : param->shape[0];
+    param->value = source.read_rows(model.hf_key(name), 0, rows).to(at::kFloat);
+  }
+  return conversions;
+}
+
+void init_buffers(Model& model) {
+  for (auto& [name, param] : model.named_parameters()) {
+    if (param->trainable) continue;
+    if (!param->init_value) fail("buffer '", name, "' has no init rule and no weights were given");
+    param->value = param->init_value();
+  }
+}
+
+std::vector<ShardedTensor> model_sharded_tensors(Model& model, Fsdp& fsdp, int rank) {
+  std::vector<ShardedTensor> out;
+  for (auto* unit : fsdp.units())
+    for (auto& p : unit->params)
+      out.push_back({"model." + p.name, p.param->shape, p.layout.row_begin(rank),
+                     p.shard.narrow(0, 0, p.layout.rows(rank))});
+  for (auto& [name, param] : model.named_parameters()) {
+    if (param->trainable) continue;
+    const int64_t rows = param->value.size(0);
+    out.push_back({"model." + name, param->shape, rank == 0 ? 0 : rows,
+                   rank == 0 ? param->value : param->value.narrow(0, 0, 0)});
+  }
+  return out;
+}
+
+void load_checkpoint_model(Model& model, Fsdp& fsdp, const CheckpointReader& reader) {
+  for (auto& [name, param] : model.named_parameters()) {
+    const auto key = "model." + name;
+    if (!reader.contains(key)) fail("checkpoint ", reader.dir(), ": missing tensor '", key, "'");
+    if (reader.global_shape(key) != param->shape)
+      fail("checkpoint ", reader.dir(), ": '", key, "' has shape ", at::IntArrayRef(reader.global_shape(key)),
+           ", the model expects ", at::IntArrayRef(param->shape));
+    if (!param->trainable) param->value = reader.read_full(key).to(at::kFloat);
+  }
+  fsdp.load_params([&](const std::string& name, int64_t b, int64_t e) { return reader.read_rows("model." + name, b, e); });
+}
+
+}  // namespace mmtrain
