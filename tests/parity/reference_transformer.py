@@ -22,6 +22,8 @@ Contract:
       reference_transformer.py fixture --out DIR --vocab V --hidden H --layers L --heads NH
           --kv-heads NKV --ffn F [--rope-theta T --eps E] --samples N --seq S --seed SEED
       reference_transformer.py train --config CFG.yaml --world W [--plain] [--set k=v ...]
+      reference_transformer.py mmtrain-stub train CFG.yaml [--set k=v ...]   (under torchrun;
+          see mmtrain_contract_stub.sh: a stand-in that checks the parity harness, not mmtrain)
 """
 from __future__ import annotations
 
@@ -557,11 +559,16 @@ def _build_fsdp_model(rc: RunConfig, rank: int, world: int) -> ReferenceTransfor
 
 
 def _fsdp_worker(rank: int, world: int, port: int, cfg: dict, out_dir: str, backend: str, threads: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    _fsdp_rank_main(rank, world, cfg, out_dir, backend, threads)
+
+
+def _fsdp_rank_main(rank: int, world: int, cfg: dict, out_dir: str, backend: str, threads: int) -> None:
+    """One FSDP2 rank; the process group comes from MASTER_ADDR/MASTER_PORT (env://)."""
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     dist.init_process_group(backend, rank=rank, world_size=world)
     try:
         rc = RunConfig.from_yaml_dict(cfg)
@@ -637,7 +644,20 @@ def _main(argv: Sequence[str] | None = None) -> int:
     tr.add_argument("--backend", default="gloo")
     tr.add_argument("--threads", type=int, default=None, help="intra-op threads per rank")
     tr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    stub = sub.add_parser("mmtrain-stub", help="stand-in with mmtrain's CLI, to check the parity harness itself")
+    stub.add_argument("verb", choices=["train"])
+    stub.add_argument("config")
+    stub.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
+
+    if args.cmd == "mmtrain-stub":
+        # Launched by torchrun like mmtrain: rank and rendezvous come from the environment.
+        cfg = config_io.apply_overrides(config_io.load_yaml(args.config), args.set)
+        out_dir = cfg["logging"]["output_dir"]
+        os.makedirs(out_dir, exist_ok=True)
+        _fsdp_rank_main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), cfg, out_dir, "gloo",
+                        int(os.environ.get("OMP_NUM_THREADS", "1")))
+        return 0
 
     if args.cmd == "fixture":
         cfg = ModelConfig(args.vocab, args.hidden, args.layers, args.heads, args.kv_heads, args.ffn,
