@@ -6,6 +6,8 @@ Contract:
   * fixture `mmtrain_bin`: the mmtrain executable from $MMTRAIN_BIN. Tests using it SKIP only
     when the variable is unset or names no file (scripts/run_tests.sh sets it to
     build/bin/mmtrain); a file that is there but not executable fails the test.
+  * fixture `parity_report`: report(line) prints the line now and again in pytest's terminal
+    summary, so the parity figures show even in a quiet (-q, captured) run.
 """
 import os
 import sys
@@ -27,3 +29,21 @@ def mmtrain_bin() -> str:
     if not os.access(path, os.X_OK):
         pytest.fail(f"MMTRAIN_BIN={path} is not executable")
     return os.path.abspath(path)
+
+
+_REPORT_LINES: list[str] = []
+
+
+@pytest.fixture
+def parity_report():
+    def report(line: str) -> None:
+        print(line)
+        _REPORT_LINES.append(line)
+    return report
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _REPORT_LINES:
+        terminalreporter.section("parity figures")
+        for line in _REPORT_LINES:
+            terminalreporter.write_line(line)

@@ -70,7 +70,7 @@ def run_cache(mmtrain_bin, fixture_files, tmp_path_factory):
 
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("setting", list(SETTINGS))
-def test_sharded_matches_single_rank(run_cache, setting, world):
+def test_sharded_matches_single_rank(run_cache, setting, world, parity_report):
     base_metrics, base_params = run_cache(setting, 1)
     metrics, params = run_cache(setting, world)
 
@@ -81,7 +81,7 @@ def test_sharded_matches_single_rank(run_cache, setting, world):
     lr_rel = mu.step_rel_diffs(mu.column(metrics, "lr"), mu.column(base_metrics, "lr"))
     param_rel = mu.param_rel_diffs(params, base_params)
     worst = max(param_rel, key=param_rel.get)
-    print(f"\n[{setting} W={world} vs W=1] max loss rel {max(loss_rel):.3e}, max grad_norm rel "
+    parity_report(f"[mmtrain {setting}: W={world} vs W=1] max loss rel {max(loss_rel):.3e}, max grad_norm rel "
           f"{max(norm_rel):.3e}, max param rel {param_rel[worst]:.3e} ({worst})")
 
     assert max(loss_rel) <= TOL, f"loss rel per step: {loss_rel}"

@@ -7,6 +7,9 @@ Contract (skips only when $MMTRAIN_BIN is unset or missing, see conftest.py):
   * 20 steps; every step's loss within LOSS_TOL relative (1e-4 in fp32), lr equal, grad_norm
     and the final parameters (mmtrain's checkpoint vs gathered FSDP2 params) close;
   * prints sum|a-b|/sum|b| of the loss curves for each case.
+Why params and grad_norm are checked too: with the contract's N(0, 0.02) init the model starts
+near-uniform, so the loss is a blunt signal. Halving rope_theta in a stand-in trainer moved the
+loss by only 8e-6 relative (inside 1e-4), but grad_norm by 3e-4 and the final params by 2e-2.
 """
 import os
 
@@ -41,7 +44,7 @@ def fixture_files(tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_mmtrain_matches_torch_fsdp2(mmtrain_bin, fixture_files, tmp_path, case):
+def test_mmtrain_matches_torch_fsdp2(mmtrain_bin, fixture_files, tmp_path, case, parity_report):
     overrides, loss_tol, norm_tol, param_tol = CASES[case]
     model_path, tokens_path = fixture_files
     cfg = mu.mmtrain_config(model_path, tokens_path, MODEL, str(tmp_path / "mmtrain_run"),
@@ -68,7 +71,7 @@ def test_mmtrain_matches_torch_fsdp2(mmtrain_bin, fixture_files, tmp_path, case)
     lr_rel = mu.step_rel_diffs(mu.column(mm, "lr"), mu.column(ref.metrics, "lr"))
     param_rel = mu.param_rel_diffs(mm_params, ref.params)
     worst_param = max(param_rel, key=param_rel.get)
-    print(f"\n[{case}] loss curve sum|a-b|/sum|b| = {mu.curve_rel_diff(mm_loss, ref_loss):.3e}; "
+    parity_report(f"[mmtrain vs torch FSDP2, {case}] loss curve sum|a-b|/sum|b| = {mu.curve_rel_diff(mm_loss, ref_loss):.3e}; "
           f"max step loss rel {max(loss_rel):.3e}; max grad_norm rel {max(norm_rel):.3e}; "
           f"max param rel {param_rel[worst_param]:.3e} ({worst_param})")
 
