@@ -6,9 +6,10 @@ Contract:
     each model parameter under key "model.<param name>"; rank r holds a contiguous block of
     dim-0 rows, blocks in rank order (a file may lack the tensor or hold 0 rows); other key
     prefixes (optimizer state, ...) are ignored here. Optional index.json (INDEX_FORMAT):
-      {"format": "mmtrain.sharded_safetensors.v1", "world_size": W, "iteration": N,
-       "tensors": {"model.embed.weight": {"shape": [V, H], "dtype": "float32",
-                   "shards": [{"file": "rank_00000.safetensors", "row_start": 0, "rows": 33}, ...]}}}
+      {"format": "mmtrain.sharded_checkpoint", "version": 1, "world_size": W, "iteration": N,
+       "tensors": {"model.embed.weight": {"shape": [V, H], "dtype": "F32",
+                   "shards": [{"rank": 0, "file": "rank_00000.safetensors", "rows": [0, 33]}, ...]}}}
+      (the subset of docs/checkpoint_format.md this reader needs)
   load_mmtrain_params(iter_dir) -> {param name (no "model." prefix): full tensor}
       Uses index.json when present and in that format (checks shapes and row coverage), else
       concatenates the rank files in rank order.
@@ -37,7 +38,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-INDEX_FORMAT = "mmtrain.sharded_safetensors.v1"
+INDEX_FORMAT = "mmtrain.sharded_checkpoint"
 MODEL_PREFIX = "model."
 _RANK_FILE_RE = re.compile(r"^rank_(\d{5})\.safetensors$")
 _ITER_DIR_RE = re.compile(r"^iter_(\d{7})$")
@@ -69,15 +70,13 @@ def write_sharded_params(iter_dir: str, rank: int, world: int, local_params: dic
     save_file(tensors, os.path.join(iter_dir, rank_file_name(rank)))
     if rank != 0:
         return
-    index = {"format": INDEX_FORMAT, "world_size": world, "iteration": iteration, "tensors": {}}
+    index = {"format": INDEX_FORMAT, "version": 1, "world_size": world, "iteration": iteration, "tensors": {}}
     for name, shape in full_shapes.items():
         shards = []
         for r in range(world):
             start, rows = shard_rows(shape[0], r, world) if len(shape) else (0, 0)
-            shards.append({"file": rank_file_name(r), "row_start": start, "rows": rows})
-        index["tensors"][MODEL_PREFIX + name] = {
-            "shape": list(shape), "dtype": str(local_params[name].dtype).replace("torch.", ""),
-            "shards": shards}
+            shards.append({"rank": r, "file": rank_file_name(r), "rows": [start, start + rows]})
+        index["tensors"][MODEL_PREFIX + name] = {"shape": list(shape), "dtype": "F32", "shards": shards}
     with open(os.path.join(iter_dir, "index.json"), "w") as f:
         json.dump(index, f, indent=1)
 
@@ -106,9 +105,9 @@ def _load_with_index(iter_dir: str, index: dict) -> dict[str, torch.Tensor]:
             shape = [int(s) for s in entry["shape"]]
             full = None
             covered = 0
-            for shard in sorted(entry["shards"], key=lambda s: int(s["row_start"])):
-                rows = int(shard["rows"])
-                start = int(shard["row_start"])
+            for shard in sorted(entry["shards"], key=lambda s: int(s["rows"][0])):
+                start, stop = (int(v) for v in shard["rows"])
+                rows = stop - start
                 if rows == 0:
                     continue
                 if start != covered:
@@ -125,7 +124,7 @@ def _load_with_index(iter_dir: str, index: dict) -> dict[str, torch.Tensor]:
                 full[start:start + rows] = block
                 covered += rows
             if full is None and len(shape):  # zero rows in total
-                full = torch.empty(shape, dtype=getattr(torch, entry.get("dtype", "float32")))
+                full = torch.empty(shape, dtype=torch.float32)
             if len(shape) == 0:
                 first = entry["shards"][0]
                 path = os.path.join(iter_dir, first["file"])
