@@ -1,10 +1,14 @@
 // mmtrain: the command-line entry point. Subcommands:
 //   train CONFIG [--set key=value ...]   train (under torchrun for several ranks)
 //   fixture tokens --out FILE ...         synthetic token data for tests and the demo
+//   convert MODEL hf-to-ckpt | ckpt-to-hf between the public HF layout and mmtrain checkpoints
+//   debug step CONFIG --batch B --out O   one forward/backward, dumps loss, outputs and grads
 #include "core/config.h"
 #include "core/error.h"
 #include "dist/runtime.h"
 #include "tools/builtins.h"
+#include "tools/convert.h"
+#include "tools/debug.h"
 #include "tools/fixture.h"
 #include "train/trainer.h"
 
@@ -41,6 +45,33 @@ int main(int argc, char** argv) {
   bool learnable = false;
   tokens->add_flag("--learnable", learnable, "noisy affine sequences a model can learn (default: uniform noise)");
 
+  auto* convert = app.add_subcommand("convert", "convert weights between the public HF layout and mmtrain checkpoints");
+  convert->require_subcommand(1);
+  auto* convert_magihuman = convert->add_subcommand("magihuman", "MagiHuman DiT (seed spelling: MagiHumanConverter)");
+  convert_magihuman->alias("MagiHumanConverter");
+  convert_magihuman->require_subcommand(1);
+  std::string hf_dir, save_dir, load_dir, assets_dir, convert_config;
+  auto* hf_to_ckpt = convert_magihuman->add_subcommand("hf-to-ckpt", "HF base/ directory -> model-only checkpoint");
+  hf_to_ckpt->alias("hf_to_dcp");
+  hf_to_ckpt->add_option("--hf_dir", hf_dir, "HF directory (safetensors shards + index)")->required();
+  hf_to_ckpt->add_option("--save_dir", save_dir, "checkpoint root to write (iter_0000000 + latest)")->required();
+  hf_to_ckpt->add_option("--config", convert_config, "YAML whose model.config describes the model (default: full size)");
+  auto* ckpt_to_hf = convert_magihuman->add_subcommand("ckpt-to-hf", "checkpoint -> HF layout like the reference");
+  ckpt_to_hf->alias("dcp_to_hf");
+  ckpt_to_hf->add_option("--load_dir", load_dir, "checkpoint iter_N directory or save root")->required();
+  ckpt_to_hf->add_option("--save_dir", save_dir, "output HF directory")->required();
+  ckpt_to_hf->add_option("--model_assets_dir", assets_dir, "reference HF directory: shard names, key order, dtypes, other files")
+      ->required();
+
+  auto* debug = app.add_subcommand("debug", "inspection tools");
+  debug->require_subcommand(1);
+  auto* step = debug->add_subcommand("step", "one forward + backward on a batch; writes loss, outputs and HF-layout grads");
+  std::string batch_path, debug_out;
+  step->add_option("config", config_path, "YAML config")->required();
+  step->add_option("--set", overrides, "override a config key (repeatable)");
+  step->add_option("--batch", batch_path, "batch as safetensors (the collator's keys)")->required();
+  step->add_option("--out", debug_out, "output .safetensors")->required();
+
   CLI11_PARSE(app, argc, argv);
   try {
     register_builtins();
@@ -50,6 +81,12 @@ int main(int argc, char** argv) {
       auto runtime = runtime_init(LaunchEnv::from_environment(), Device::cpu);
       Trainer trainer(std::move(config), std::move(runtime));
       trainer.run();
+    } else if (hf_to_ckpt->parsed()) {
+      convert_hf_to_ckpt("magihuman", convert_config, hf_dir, save_dir);
+    } else if (ckpt_to_hf->parsed()) {
+      convert_ckpt_to_hf("magihuman", load_dir, save_dir, assets_dir);
+    } else if (step->parsed()) {
+      debug_step(config_path, overrides, batch_path, debug_out);
     } else if (tokens->parsed()) {
       fixture_tokens(out_path, samples, seq_len, vocab, seed, learnable);
       std::printf("wrote %s\n", out_path.c_str());

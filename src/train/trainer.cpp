@@ -7,6 +7,7 @@
 #include "fsdp/fully_shard.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
+#include "train/build.h"
 #include "train/metrics.h"
 #include "train/weights.h"
 
@@ -67,17 +68,8 @@ struct Trainer::State {
   void build() {
     const auto& c = config;
     config_check_world(c, comm().world_size());
-    model = model_registry().get(c.model.model_id, "config " + c.source_path + ": model.model_id")(c.model.config);
-
-    FsdpOptions options;
-    options.apply_modules = c.parallel.fsdp_plan.apply_modules;
-    options.param_dtype = c.parallel.fsdp_plan.param_dtype;
-    options.reduce_dtype = c.parallel.fsdp_plan.reduce_dtype;
-    options.reshard_after_forward = c.parallel.fsdp_plan.reshard_after_forward;
-    options.num_to_forward_prefetch = c.parallel.fsdp_plan.num_to_forward_prefetch;
-    options.num_to_backward_prefetch = c.parallel.fsdp_plan.num_to_backward_prefetch;
-    if (c.features.recompute) options.recompute_modules = c.features.recompute_plan.apply_modules;
-    fsdp = std::make_unique<Fsdp>(*model, runtime.comm, options);
+    model = build_model(c);
+    fsdp = std::make_unique<Fsdp>(*model, runtime.comm, fsdp_options(c));
 
     std::vector<at::Tensor> params, grads;
     for (auto* unit : fsdp->units()) {
@@ -108,18 +100,16 @@ struct Trainer::State {
     log(line);
   }
 
-  void load_initial_weights() {
+  void load_weights() {
     const auto& m = config.model;
     const std::string path = !m.checkpoint_path.empty() ? m.checkpoint_path : m.model_name_or_path;
+    const int64_t conversions = load_initial_weights(config, *model, *fsdp);
     if (path.empty()) {
       log("no model weights given: random init with seed " + std::to_string(config.training.seed));
-      fsdp->init_params(config.training.seed);
-      init_buffers(*model);
-      return;
+    } else {
+      std::printf("[mmtrain] rank %d loaded %s (%lld tensors with a converted layout)\n", comm().rank(), path.c_str(),
+                  static_cast<long long>(conversions));
     }
-    const int64_t conversions = load_hf_weights(*model, *fsdp, WeightSource(path));
-    std::printf("[mmtrain] rank %d loaded %s (%lld tensors with a converted layout)\n", comm().rank(), path.c_str(),
-                static_cast<long long>(conversions));
   }
 
   // Every tensor a checkpoint holds: params, buffers and AdamW moments, this rank's real rows.
@@ -281,7 +271,7 @@ Trainer::Trainer(Config config, Runtime runtime) : state_(std::make_unique<State
   if (!state_->config.training.load.empty()) {
     state_->resume(state_->config.training.load);
   } else {
-    state_->load_initial_weights();
+    state_->load_weights();
   }
 }
 

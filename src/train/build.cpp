@@ -1,0 +1,36 @@
+#include "train/build.h"
+
+#include "train/weights.h"
+
+namespace mmtrain {
+
+std::shared_ptr<Model> build_model(const Config& config) {
+  return model_registry().get(config.model.model_id, "config " + config.source_path + ": model.model_id")(
+      config.model.config);
+}
+
+FsdpOptions fsdp_options(const Config& config) {
+  const auto& plan = config.parallel.fsdp_plan;
+  FsdpOptions options;
+  options.apply_modules = plan.apply_modules;
+  options.param_dtype = plan.param_dtype;
+  options.reduce_dtype = plan.reduce_dtype;
+  options.reshard_after_forward = plan.reshard_after_forward;
+  options.num_to_forward_prefetch = plan.num_to_forward_prefetch;
+  options.num_to_backward_prefetch = plan.num_to_backward_prefetch;
+  if (config.features.recompute) options.recompute_modules = config.features.recompute_plan.apply_modules;
+  return options;
+}
+
+int64_t load_initial_weights(const Config& config, Model& model, Fsdp& fsdp) {
+  const auto& m = config.model;
+  const std::string path = !m.checkpoint_path.empty() ? m.checkpoint_path : m.model_name_or_path;
+  if (path.empty()) {
+    fsdp.init_params(config.training.seed);
+    init_buffers(model);
+    return 0;
+  }
+  return load_hf_weights(model, fsdp, WeightSource(path));
+}
+
+}  // namespace mmtrain
