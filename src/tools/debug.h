@@ -1,0 +1,23 @@
+// `mmtrain debug ...`: inspection commands that run one piece of the training pipeline alone.
+// debug collate builds the dataset and collator of a config exactly as the trainer does and
+// writes one micro-batch to a safetensors file, so a batch can be checked outside the trainer.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mmtrain {
+
+struct DebugCollateOptions {
+  int64_t step = 0;   // optimizer step (0-based) whose data to collate
+  int64_t micro = 0;  // micro-batch within the step (0 .. gradient_accumulation_steps-1)
+  int rank = 0;       // data-parallel rank and world size the sampler and generator assume
+  int world = 1;
+};
+
+// Writes the collated batch (keys sorted) to out_path, with metadata step, micro, rank, world,
+// seed and sample_indices ("3,4": the dataset indices in the batch, in order).
+void debug_collate(const std::string& config_path, const std::vector<std::string>& overrides,
+                   const std::string& out_path, const DebugCollateOptions& options);
+
+}  // namespace mmtrain
