@@ -1,5 +1,7 @@
 #include "tools/builtins.h"
 
+#include "data/magihuman/precomputed_dataset.h"
+
 #include <mutex>
 
 namespace mmtrain {
@@ -12,6 +14,7 @@ void register_builtins() {
   std::call_once(once, [] {
     register_token_file_data();
     register_magihuman_model();
+    magihuman::register_magihuman_data();
   });
 }
 

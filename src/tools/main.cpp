@@ -3,6 +3,9 @@
 //   fixture tokens --out FILE ...         synthetic token data for tests and the demo
 //   convert MODEL hf-to-ckpt | ckpt-to-hf between the public HF layout and mmtrain checkpoints
 //   debug step CONFIG --batch B --out O   one forward/backward, dumps loss, outputs and grads
+//   fixture magihuman --out DIR ...       synthetic MagiHuman precomputed samples (latents, audio, text)
+//   fixture magihuman-weights --config CFG --out DIR   random MagiHuman weights in the HF layout
+//   debug collate CONFIG --out FILE       one collated micro-batch of a config, as safetensors
 #include "core/config.h"
 #include "core/error.h"
 #include "dist/runtime.h"
@@ -45,6 +48,51 @@ int main(int argc, char** argv) {
   bool learnable = false;
   tokens->add_flag("--learnable", learnable, "noisy affine sequences a model can learn (default: uniform noise)");
 
+  auto* mh = fixture->add_subcommand("magihuman", "MagiHuman precomputed samples: DIR/{latents,audio_latents,conditions}/");
+  std::string mh_out, mh_grid = "32,8,15";
+  MagiHumanDataFixture mh_options;
+  mh->add_option("--out", mh_out, "output .precomputed directory")->required();
+  mh->add_option("--samples", mh_options.samples, "number of samples")->capture_default_str();
+  mh->add_option("--seed", mh_options.seed, "random seed of the clean latents")->capture_default_str();
+  mh->add_option("--video-grid", mh_grid, "video token grid T,H',W'")->capture_default_str();
+  mh->add_option("--audio-tokens", mh_options.audio_tokens, "audio latent rows")->capture_default_str();
+  mh->add_option("--text-tokens", mh_options.text_tokens, "text embedding rows")->capture_default_str();
+  mh->add_option("--video-channels", mh_options.video_channels, "video token width (latent channels x 4)")->capture_default_str();
+  mh->add_option("--audio-channels", mh_options.audio_channels, "audio latent width")->capture_default_str();
+  mh->add_option("--text-channels", mh_options.text_channels, "text embedding width")->capture_default_str();
+  mh->add_option("--format", mh_options.format, "pt (torch.save) or safetensors")
+      ->check(CLI::IsMember({"pt", "safetensors"}))
+      ->capture_default_str();
+
+  auto* mhw = fixture->add_subcommand("magihuman-weights", "random MagiHuman weights in the public HF layout (sharded safetensors + index)");
+  std::string mhw_config, mhw_out;
+  int64_t mhw_shards = 0;
+  uint64_t mhw_seed = 0;
+  mhw->add_option("--config", mhw_config, "YAML config whose model.config sets the dimensions")->required();
+  mhw->add_option("--out", mhw_out, "output directory")->required();
+  mhw->add_option("--shards", mhw_shards, "number of shards (default min(7, tensors))");
+  mhw->add_option("--seed", mhw_seed, "random seed")->capture_default_str();
+
+  auto* debug = app.add_subcommand("debug", "inspect one stage of the pipeline");
+  debug->require_subcommand(1);
+  auto* collate = debug->add_subcommand("collate", "write one collated micro-batch of a config as safetensors");
+  std::string collate_config, collate_out;
+  std::vector<std::string> collate_overrides;
+  DebugCollateOptions collate_options;
+  collate->add_option("config", collate_config, "YAML config file")->required();
+  collate->add_option("--out", collate_out, "output .safetensors file")->required();
+  collate->add_option("--step", collate_options.step, "0-based optimizer step")->capture_default_str();
+  collate->add_option("--micro", collate_options.micro, "micro-batch within the step")->capture_default_str();
+  collate->add_option("--rank", collate_options.rank, "data-parallel rank")->capture_default_str();
+  collate->add_option("--world", collate_options.world, "data-parallel world size")->capture_default_str();
+  collate->add_option("--set", collate_overrides, "override a config key (repeatable)");
+  auto* step = debug->add_subcommand("step", "one forward + backward on a batch; writes loss, outputs and HF-layout grads");
+  std::string batch_path, debug_out;
+  step->add_option("config", config_path, "YAML config")->required();
+  step->add_option("--set", overrides, "override a config key (repeatable)");
+  step->add_option("--batch", batch_path, "batch as safetensors (the collator's keys)")->required();
+  step->add_option("--out", debug_out, "output .safetensors")->required();
+
   auto* convert = app.add_subcommand("convert", "convert weights between the public HF layout and mmtrain checkpoints");
   convert->require_subcommand(1);
   auto* convert_magihuman = convert->add_subcommand("magihuman", "MagiHuman DiT (seed spelling: MagiHumanConverter)");
@@ -63,14 +111,6 @@ int main(int argc, char** argv) {
   ckpt_to_hf->add_option("--model_assets_dir", assets_dir, "reference HF directory: shard names, key order, dtypes, other files")
       ->required();
 
-  auto* debug = app.add_subcommand("debug", "inspection tools");
-  debug->require_subcommand(1);
-  auto* step = debug->add_subcommand("step", "one forward + backward on a batch; writes loss, outputs and HF-layout grads");
-  std::string batch_path, debug_out;
-  step->add_option("config", config_path, "YAML config")->required();
-  step->add_option("--set", overrides, "override a config key (repeatable)");
-  step->add_option("--batch", batch_path, "batch as safetensors (the collator's keys)")->required();
-  step->add_option("--out", debug_out, "output .safetensors")->required();
 
   CLI11_PARSE(app, argc, argv);
   try {
@@ -90,6 +130,16 @@ int main(int argc, char** argv) {
     } else if (tokens->parsed()) {
       fixture_tokens(out_path, samples, seq_len, vocab, seed, learnable);
       std::printf("wrote %s\n", out_path.c_str());
+    } else if (mh->parsed()) {
+      mh_options.video_grid = parse_video_grid(mh_grid);
+      fixture_magihuman_data(mh_out, mh_options);
+      std::printf("wrote %lld samples to %s\n", static_cast<long long>(mh_options.samples), mh_out.c_str());
+    } else if (mhw->parsed()) {
+      fixture_magihuman_weights(mhw_config, mhw_out, mhw_shards, mhw_seed);
+      std::printf("wrote %s\n", mhw_out.c_str());
+    } else if (collate->parsed()) {
+      debug_collate(collate_config, collate_overrides, collate_out, collate_options);
+      std::printf("wrote %s\n", collate_out.c_str());
     }
   } catch (const Error& e) {
     std::fprintf(stderr, "mmtrain: error: %s\n", e.what());

@@ -1,0 +1,319 @@
+// `magihuman_precomputed`: one sample per stem, read from three sibling directories only when
+// get() asks for it. The constructor lists the directories and checks every stem exists in all
+// three; shapes are checked per sample on read, each error naming the file.
+#include "data/magihuman/precomputed_dataset.h"
+
+#include "checkpoint/atomic_file.h"
+#include "checkpoint/safetensors.h"
+#include "core/error.h"
+#include "core/suggest.h"
+
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <set>
+
+namespace mmtrain::magihuman {
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* const kSubdirs[] = {"latents", "audio_latents", "conditions"};
+
+std::string where_key(const std::string& key) { return "data.dataset_param." + key; }
+
+template <typename T>
+T get_param(const nlohmann::json& map, const std::string& key, const std::string& path, T fallback) {
+  if (!map.contains(key) || map.at(key).is_null()) return fallback;
+  const auto& value = map.at(key);
+  try {
+    if constexpr (std::is_same_v<T, std::string>) {
+      if (!value.is_string()) throw std::runtime_error("");
+    } else if constexpr (std::is_integral_v<T>) {
+      if (!value.is_number_integer()) throw std::runtime_error("");
+    } else {
+      if (!value.is_number()) throw std::runtime_error("");
+    }
+    return value.get<T>();
+  } catch (const std::exception&) {
+    fail(where_key(path), ": expected ",
+         std::is_same_v<T, std::string> ? "a string" : std::is_integral_v<T> ? "an integer" : "a number", ", found ",
+         value.dump());
+  }
+}
+
+void check_known_keys(const nlohmann::json& map, const std::vector<std::string>& known, const std::string& prefix) {
+  if (!map.is_object()) fail(where_key(prefix.empty() ? "" : prefix), ": expected a map, found ", map.dump());
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    if (std::find(known.begin(), known.end(), it.key()) != known.end()) continue;
+    const std::string suggestion = closest_name(it.key(), known);
+    fail(where_key(prefix.empty() ? it.key() : prefix + "." + it.key()), ": unknown key for dataset magihuman_precomputed",
+         suggestion.empty() ? std::string() : " (did you mean '" + suggestion + "'?)", "; known keys: ",
+         join_names(known));
+  }
+}
+
+PrecomputedDataOptions parse_options(const nlohmann::json& p, bool need_root) {
+  check_known_keys(p,
+                   {"dataset_type", "data_root", "basic_parameters", "max_samples", "video_in_channels",
+                    "audio_in_channels", "text_in_channels", "sigma_sampling", "logit_normal_loc",
+                    "logit_normal_scale"},
+                   "");
+  PrecomputedDataOptions o;
+  o.data_root = get_param<std::string>(p, "data_root", "data_root", "");
+  o.max_samples = get_param<int64_t>(p, "max_samples", "max_samples", 0);
+  // MindSpeed-MM's layout: basic_parameters: {dataset_dir, dataset, max_samples}.
+  if (p.contains("basic_parameters") && !p.at("basic_parameters").is_null()) {
+    const auto& basic = p.at("basic_parameters");
+    check_known_keys(basic, {"dataset_dir", "dataset", "max_samples"}, "basic_parameters");
+    const auto dir = get_param<std::string>(basic, "dataset_dir", "basic_parameters.dataset_dir", "");
+    if (!dir.empty() && !o.data_root.empty() && dir != o.data_root)
+      fail(where_key("data_root"), " '", o.data_root, "' and ", where_key("basic_parameters.dataset_dir"), " '", dir,
+           "' disagree: give one");
+    if (!dir.empty()) o.data_root = dir;
+    const auto max_samples = get_param<int64_t>(basic, "max_samples", "basic_parameters.max_samples", 0);
+    if (max_samples != 0 && o.max_samples != 0 && max_samples != o.max_samples)
+      fail(where_key("max_samples"), " ", o.max_samples, " and ", where_key("basic_parameters.max_samples"), " ",
+           max_samples, " disagree: give one");
+    if (max_samples != 0) o.max_samples = max_samples;
+  }
+  if (need_root && o.data_root.empty())
+    fail(where_key("data_root"), ": required for dataset_type magihuman_precomputed (the .precomputed directory "
+         "holding latents/, audio_latents/, conditions/)");
+  if (o.max_samples < 0) fail(where_key("max_samples"), ": expected >= 0 (0 = all), found ", o.max_samples);
+  o.video_in_channels = get_param<int64_t>(p, "video_in_channels", "video_in_channels", o.video_in_channels);
+  o.audio_in_channels = get_param<int64_t>(p, "audio_in_channels", "audio_in_channels", o.audio_in_channels);
+  o.text_in_channels = get_param<int64_t>(p, "text_in_channels", "text_in_channels", o.text_in_channels);
+  if (o.video_in_channels <= 0 || o.video_in_channels % 4 != 0)
+    fail(where_key("video_in_channels"), ": expected latent channels x 4 (1x2x2 patch), a positive multiple of 4, found ",
+         o.video_in_channels);
+  if (o.audio_in_channels <= 0) fail(where_key("audio_in_channels"), ": expected >= 1, found ", o.audio_in_channels);
+  if (o.text_in_channels <= 0) fail(where_key("text_in_channels"), ": expected >= 1, found ", o.text_in_channels);
+  const auto sampling = get_param<std::string>(p, "sigma_sampling", "sigma_sampling", "logit_normal");
+  if (sampling == "logit_normal")
+    o.sigma_sampling = SigmaSampling::kLogitNormal;
+  else if (sampling == "uniform")
+    o.sigma_sampling = SigmaSampling::kUniform;
+  else
+    fail(where_key("sigma_sampling"), ": expected logit_normal|uniform, found '", sampling, "'");
+  o.logit_normal_loc = get_param<double>(p, "logit_normal_loc", "logit_normal_loc", 0.0);
+  o.logit_normal_scale = get_param<double>(p, "logit_normal_scale", "logit_normal_scale", 1.0);
+  if (!std::isfinite(o.logit_normal_loc)) fail(where_key("logit_normal_loc"), ": expected a finite number");
+  if (!(o.logit_normal_scale >= 0.0) || !std::isfinite(o.logit_normal_scale))
+    fail(where_key("logit_normal_scale"), ": expected a finite number >= 0, found ", o.logit_normal_scale);
+  return o;
+}
+
+bool is_sample_file(const fs::path& p) { return p.extension() == ".pt" || p.extension() == ".safetensors"; }
+
+// stem -> full path of every sample file in dir; two files with one stem are an error.
+std::map<std::string, std::string> list_dir(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (!entry.is_regular_file() || !is_sample_file(entry.path())) continue;
+    const auto stem = entry.path().stem().string();
+    const auto [it, inserted] = out.emplace(stem, entry.path().string());
+    if (!inserted)
+      fail(dir.string(), ": expected one file per sample, found two for stem '", stem, "': ", it->second, " and ",
+           entry.path().string());
+  }
+  return out;
+}
+
+std::vector<char> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, ": cannot open for reading");
+  return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// A list/tuple of numbers -> 1-D tensor (int64 if every element is an int); else undefined.
+at::Tensor list_to_tensor(const std::vector<c10::IValue>& items) {
+  bool all_int = true;
+  std::vector<double> values;
+  for (const auto& item : items) {
+    if (item.isInt()) {
+      values.push_back(static_cast<double>(item.toInt()));
+    } else if (item.isDouble()) {
+      values.push_back(item.toDouble());
+      all_int = false;
+    } else {
+      return {};
+    }
+  }
+  auto out = at::tensor(values, at::kDouble);
+  return all_int ? out.to(at::kLong) : out;
+}
+
+at::Tensor ivalue_to_tensor(const c10::IValue& v) {
+  if (v.isTensor()) return v.toTensor();
+  if (v.isTuple()) return list_to_tensor(v.toTupleRef().elements().vec());
+  if (v.isList()) return list_to_tensor(v.toList().vec());
+  return {};  // not a tensor: kept as a key (listed in messages), unusable as data
+}
+
+const at::Tensor& get_key(const std::map<std::string, at::Tensor>& tensors, const std::vector<std::string>& names,
+                          const std::string& path) {
+  for (const auto& name : names) {
+    const auto found = tensors.find(name);
+    if (found == tensors.end()) continue;
+    if (!found->second.defined())
+      fail(path, ": key '", name, "' must be a tensor (or a list of numbers), found another value");
+    return found->second;
+  }
+  std::string expected = "'" + names[0] + "'";
+  for (size_t i = 1; i < names.size(); ++i) expected += " (or '" + names[i] + "')";
+  std::vector<std::string> keys;
+  for (const auto& [k, _] : tensors) keys.push_back(k);
+  fail(path, ": expected key ", expected, ", found keys: ", keys.empty() ? std::string("(none)") : join_names(keys));
+}
+
+// [N, width] fp32 (a leading dim of 1 is squeezed: [1, N, width] is accepted).
+at::Tensor as_rows(at::Tensor t, int64_t width, const std::string& what, const std::string& width_key,
+                   const std::string& path) {
+  if (t.dim() == 3 && t.size(0) == 1) t = t.squeeze(0);
+  if (t.dim() != 2)
+    fail(path, ": ", what, " must be [N, ", width, "] (or [1, N, ", width, "]), found shape ", t.sizes());
+  if (!at::isFloatingType(t.scalar_type()))
+    fail(path, ": ", what, " must be a floating tensor, found ", t.scalar_type());
+  if (t.size(1) != width)
+    fail(path, ": ", what, " has ", t.size(1), " channels, expected ", width, " (", where_key(width_key),
+         ", which must equal model.config.", width_key, ")");
+  return t.to(at::kFloat).contiguous();
+}
+
+}  // namespace
+
+PrecomputedDataOptions PrecomputedDataOptions::from_json(const nlohmann::json& p) { return parse_options(p, true); }
+PrecomputedDataOptions PrecomputedDataOptions::from_json_collate(const nlohmann::json& p) {
+  return parse_options(p, false);
+}
+
+int64_t PrecomputedDataOptions::io_width() const {
+  return std::max({video_in_channels, audio_in_channels, text_in_channels});
+}
+int64_t PrecomputedDataOptions::out_width() const { return std::max(video_in_channels, audio_in_channels); }
+
+std::map<std::string, at::Tensor> read_sample_file(const std::string& path) {
+  std::map<std::string, at::Tensor> out;
+  if (fs::path(path).extension() == ".safetensors") {
+    SafetensorsFile file(path);
+    for (const auto& name : file.names()) out[name] = file.read(name);
+    return out;
+  }
+  c10::IValue value;
+  try {
+    value = torch::jit::pickle_load(read_bytes(path));
+  } catch (const c10::Error& e) {
+    fail(path, ": expected a file written by Python torch.save (zip format, torch >= 1.6 default) holding a dict "
+         "of tensors; it could not be read: ", e.what_without_backtrace());
+  }
+  if (!value.isGenericDict())
+    fail(path, ": expected a dict of tensors (torch.save({...})), found a ", value.tagKind());
+  for (const auto& item : value.toGenericDict()) {
+    if (!item.key().isString())
+      fail(path, ": expected string keys in the saved dict, found a ", item.key().tagKind(), " key");
+    out[item.key().toStringRef()] = ivalue_to_tensor(item.value());
+  }
+  return out;
+}
+
+void write_pt_file(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& [name, tensor] : tensors) dict.insert(name, tensor.contiguous());
+  // torch::jit::pickle_save, except that aggregates are not type-tagged: a tagged dict pickles a
+  // call to torch.jit._pickle.restore_type_tag, which torch.load(weights_only=True) refuses.
+  std::vector<char> pickle_bytes;
+  torch::jit::Pickler pickler([&](const char* data, size_t n) { pickle_bytes.insert(pickle_bytes.end(), data, data + n); },
+                              nullptr, nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(dict);
+  pickler.stop();
+  AtomicFile file(path);
+  {
+    caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
+      file.write(data, n);
+      return n;
+    });
+    torch::jit::writeArchiveAndTensors("data", pickle_bytes.data(), pickle_bytes.size(), pickler.tensorData(), writer);
+    writer.writeEndOfFile();
+  }
+  file.commit();
+}
+
+PrecomputedDataset::PrecomputedDataset(PrecomputedDataOptions options) : options_(std::move(options)) {
+  const fs::path root(options_.data_root);
+  if (!fs::is_directory(root))
+    fail(where_key("data_root"), ": '", root.string(), "' is not a directory (expected a .precomputed directory holding ",
+         "latents/, audio_latents/, conditions/)");
+  std::map<std::string, std::string> files[3];
+  for (int i = 0; i < 3; ++i) {
+    const auto dir = root / kSubdirs[i];
+    if (!fs::is_directory(dir))
+      fail(dir.string(), ": missing subdirectory '", kSubdirs[i], "' of data_root (expected latents/, audio_latents/, ",
+           "conditions/ with one .pt or .safetensors file per sample)");
+    files[i] = list_dir(dir);
+  }
+  // A sample needs all three modalities: a stem in any directory must be in the others.
+  std::set<std::string> stems;
+  for (const auto& f : files)
+    for (const auto& [stem, _] : f) stems.insert(stem);
+  for (const auto& stem : stems) {
+    for (int i = 0; i < 3; ++i) {
+      if (files[i].count(stem)) continue;
+      const int present = files[0].count(stem) ? 0 : files[1].count(stem) ? 1 : 2;
+      fail((root / kSubdirs[i]).string(), ": sample '", stem, "' has no file here (expected ", stem,
+           ".pt or .safetensors), but ", files[present].at(stem), " exists: every sample needs latents/, ",
+           "audio_latents/ and conditions/");
+    }
+    samples_.push_back({stem, files[0].at(stem), files[1].at(stem), files[2].at(stem)});
+  }
+  if (samples_.empty()) fail((root / "latents").string(), ": no samples (*.pt or *.safetensors)");
+  if (options_.max_samples > 0 && options_.max_samples < size()) samples_.resize(options_.max_samples);
+}
+
+const std::string& PrecomputedDataset::stem(int64_t index) const {
+  if (index < 0 || index >= size()) fail("magihuman_precomputed: sample index ", index, " outside 0..", size() - 1);
+  return samples_[index].stem;
+}
+
+Batch PrecomputedDataset::get(int64_t index) const {
+  stem(index);  // range check
+  const auto& s = samples_[index];
+  const auto& o = options_;
+
+  const auto latents = read_sample_file(s.latents);
+  auto video = as_rows(get_key(latents, {"video_latent", "latents"}, s.latents), o.video_in_channels, "video latent",
+                       "video_in_channels", s.latents);
+  auto grid = get_key(latents, {"video_grid_thw", "grid_thw"}, s.latents).flatten();
+  if (grid.numel() != 3 || at::isComplexType(grid.scalar_type()) || grid.scalar_type() == at::kBool)
+    fail(s.latents, ": video_grid_thw must be 3 numbers (T, H', W'), found ", grid.scalar_type(), " ", grid.sizes());
+  const auto grid_long = grid.to(at::kLong);
+  if (!at::equal(grid_long.to(grid.scalar_type()), grid))
+    fail(s.latents, ": video_grid_thw must hold integers, found ", grid);
+  const auto* thw = grid_long.data_ptr<int64_t>();
+  if (thw[0] <= 0 || thw[1] <= 0 || thw[2] <= 0)
+    fail(s.latents, ": video_grid_thw must be positive, found (", thw[0], ", ", thw[1], ", ", thw[2], ")");
+  if (thw[0] * thw[1] * thw[2] != video.size(0))
+    fail(s.latents, ": video_grid_thw (", thw[0], ", ", thw[1], ", ", thw[2], ") gives ", thw[0] * thw[1] * thw[2],
+         " tokens, but the video latent has ", video.size(0), " rows");
+
+  const auto audio_file = read_sample_file(s.audio_latents);
+  auto audio = as_rows(get_key(audio_file, {"audio_latent", "latents"}, s.audio_latents), o.audio_in_channels,
+                       "audio latent", "audio_in_channels", s.audio_latents);
+  const auto conditions = read_sample_file(s.conditions);
+  auto text = as_rows(get_key(conditions, {"prompt_embeds", "text_embed"}, s.conditions), o.text_in_channels,
+                      "text embedding", "text_in_channels", s.conditions);
+  return {{"video_latent", video},
+          {"video_grid_thw", grid_long.clone()},
+          {"audio_latent", audio},
+          {"text_embed", text}};
+}
+
+}  // namespace mmtrain::magihuman
