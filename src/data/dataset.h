@@ -28,8 +28,9 @@ class Collator {
   virtual Batch collate(const std::vector<Batch>& samples, at::Generator& generator) const = 0;
 };
 
-using DatasetFactory = std::function<std::shared_ptr<Dataset>(const DataConfig& data)>;
-using CollatorFactory = std::function<std::shared_ptr<Collator>(const DataConfig& data)>;
+// Factories see the whole config: a dataset may take shapes from model.config.
+using DatasetFactory = std::function<std::shared_ptr<Dataset>(const Config& config)>;
+using CollatorFactory = std::function<std::shared_ptr<Collator>(const Config& config)>;
 
 Registry<DatasetFactory>& dataset_registry();
 Registry<CollatorFactory>& collator_registry();

@@ -43,8 +43,8 @@ class CausalLmCollator : public Collator {
 }  // namespace
 
 void register_token_file_data() {
-  dataset_registry().add("token_file", [](const DataConfig& d) { return std::make_shared<TokenFileDataset>(d); });
-  collator_registry().add("causal_lm", [](const DataConfig&) { return std::make_shared<CausalLmCollator>(); });
+  dataset_registry().add("token_file", [](const Config& c) { return std::make_shared<TokenFileDataset>(c.data); });
+  collator_registry().add("causal_lm", [](const Config&) { return std::make_shared<CausalLmCollator>(); });
 }
 
 }  // namespace mmtrain

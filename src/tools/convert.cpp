@@ -4,6 +4,7 @@
 #include "checkpoint/sharded_checkpoint.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "models/magihuman/config.h"
 #include "train/build.h"
 #include "train/weights.h"
 
@@ -25,7 +26,12 @@ std::shared_ptr<Model> model_from(const std::string& model_id, const nlohmann::j
 void convert_hf_to_ckpt(const std::string& model_id, const std::string& config_path, const std::string& hf_dir,
                         const std::string& save_dir) {
   nlohmann::json model_config = nlohmann::json::object();
-  if (!config_path.empty()) {
+  WeightSource source(hf_dir);
+  if (config_path.empty() && model_id == "magihuman") {
+    std::map<std::string, std::vector<int64_t>> shapes;
+    for (const auto& name : source.names()) shapes[name] = source.info(name).shape;
+    model_config = magihuman::MagiHumanConfig::infer_from_shapes(shapes).to_json();
+  } else if (!config_path.empty()) {
     auto config = config_load(config_path);
     if (config.model.model_id != model_id)
       fail("convert ", model_id, ": ", config_path, " configures model '", config.model.model_id, "'");
@@ -34,7 +40,7 @@ void convert_hf_to_ckpt(const std::string& model_id, const std::string& config_p
   auto model = model_from(model_id, model_config);
   auto comm = std::make_shared<Comm>(nullptr, 0, 1);
   Fsdp fsdp(*model, comm, FsdpOptions{});
-  const int64_t conversions = load_hf_weights(*model, fsdp, WeightSource(hf_dir));
+  const int64_t conversions = load_hf_weights(*model, fsdp, source);
   nlohmann::json global = {{"iteration", 0}, {"model_id", model_id}, {"model_only", true},
                            {"config", {{"model", {{"model_id", model_id}, {"config", model_config}}}}},
                            {"source", hf_dir}};

@@ -8,7 +8,7 @@
 
 namespace mmtrain {
 
-// config_path may be empty: the model's default (full-size) config is used.
+// config_path may be empty: the config is read off the checkpoint's tensor shapes.
 void convert_hf_to_ckpt(const std::string& model_id, const std::string& config_path, const std::string& hf_dir,
                         const std::string& save_dir);
 void convert_ckpt_to_hf(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,

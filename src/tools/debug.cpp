@@ -25,9 +25,9 @@ void debug_collate(const std::string& config_path, const std::vector<std::string
     fail("debug collate: --micro must be in 0..", c.training.gradient_accumulation_steps - 1,
          " (training.gradient_accumulation_steps), found ", o.micro);
   // The trainer's construction (src/train/trainer.cpp): registries, sampler, generator.
-  auto dataset = dataset_registry().get(c.data.dataset_type, "config " + c.source_path + ": data.dataset_param.dataset_type")(c.data);
+  auto dataset = dataset_registry().get(c.data.dataset_type, "config " + c.source_path + ": data.dataset_param.dataset_type")(c);
   auto collator = collator_registry().get(c.data.collate_model_name,
-                                          "config " + c.source_path + ": data.dataloader_param.collate_param.model_name")(c.data);
+                                          "config " + c.source_path + ": data.dataloader_param.collate_param.model_name")(c);
   GlobalBatchSampler sampler;
   sampler.num_samples = dataset->size();
   sampler.micro_batch_size = c.training.micro_batch_size;

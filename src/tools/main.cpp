@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
   hf_to_ckpt->alias("hf_to_dcp");
   hf_to_ckpt->add_option("--hf_dir", hf_dir, "HF directory (safetensors shards + index)")->required();
   hf_to_ckpt->add_option("--save_dir", save_dir, "checkpoint root to write (iter_0000000 + latest)")->required();
-  hf_to_ckpt->add_option("--config", convert_config, "YAML whose model.config describes the model (default: full size)");
+  hf_to_ckpt->add_option("--config", convert_config, "YAML whose model.config describes the model (default: inferred from the tensor shapes)");
   auto* ckpt_to_hf = convert_magihuman->add_subcommand("ckpt-to-hf", "checkpoint -> HF layout like the reference");
   ckpt_to_hf->alias("dcp_to_hf");
   ckpt_to_hf->add_option("--load_dir", load_dir, "checkpoint iter_N directory or save root")->required();

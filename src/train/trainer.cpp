@@ -82,9 +82,9 @@ struct Trainer::State {
     schedule = LrSchedule::make(c.training.lr, c.training.lr_min, c.training.lr_warmup_ratio, c.training.train_iters,
                                 c.training.lr_decay_style);
 
-    dataset = dataset_registry().get(c.data.dataset_type, "config " + c.source_path + ": data.dataset_param.dataset_type")(c.data);
+    dataset = dataset_registry().get(c.data.dataset_type, "config " + c.source_path + ": data.dataset_param.dataset_type")(c);
     collator = collator_registry().get(c.data.collate_model_name,
-                                       "config " + c.source_path + ": data.dataloader_param.collate_param.model_name")(c.data);
+                                       "config " + c.source_path + ": data.dataloader_param.collate_param.model_name")(c);
     sampler.num_samples = dataset->size();
     sampler.micro_batch_size = c.training.micro_batch_size;
     sampler.gradient_accumulation_steps = c.training.gradient_accumulation_steps;

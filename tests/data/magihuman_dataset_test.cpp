@@ -184,10 +184,10 @@ TEST(MagiHumanDatasetTest, RegisteredNames) {
   EXPECT_TRUE(collator_registry().contains("magihuman"));
   Fixture f;
   f.write("a", 1.0f);
-  DataConfig d;
-  d.dataset_param = f.param({{"basic_parameters", {{"dataset_dir", f.root().string()}, {"max_samples", 1}}}});
-  d.dataset_param.erase("data_root");
-  EXPECT_EQ(dataset_registry().get("magihuman_precomputed")(d)->size(), 1);
+  Config c;
+  c.data.dataset_param = f.param({{"basic_parameters", {{"dataset_dir", f.root().string()}, {"max_samples", 1}}}});
+  c.data.dataset_param.erase("data_root");
+  EXPECT_EQ(dataset_registry().get("magihuman_precomputed")(c)->size(), 1);
 }
 
 }  // namespace

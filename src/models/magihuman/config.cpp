@@ -51,6 +51,42 @@ MagiHumanConfig MagiHumanConfig::from_json(const nlohmann::json& j) {
   return c;
 }
 
+MagiHumanConfig MagiHumanConfig::infer_from_shapes(const std::map<std::string, std::vector<int64_t>>& shapes) {
+  auto shape = [&](const std::string& name) -> const std::vector<int64_t>& {
+    auto it = shapes.find(name);
+    if (it == shapes.end()) fail("magihuman checkpoint: missing '", name, "', cannot infer the model config");
+    return it->second;
+  };
+  MagiHumanConfig c;
+  c.hidden_size = shape("adapter.video_embedder.weight")[0];
+  c.video_in_channels = shape("adapter.video_embedder.weight")[1];
+  c.audio_in_channels = shape("adapter.audio_embedder.weight")[1];
+  c.text_in_channels = shape("adapter.text_embedder.weight")[1];
+  c.num_layers = 0;
+  while (shapes.count("block.layers." + std::to_string(c.num_layers) + ".attention.linear_qkv.weight")) ++c.num_layers;
+  c.mm_layers.clear();
+  c.gelu7_layers.clear();
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const auto p = "block.layers." + std::to_string(i) + ".";
+    const int64_t experts = shape(p + "attention.pre_norm.weight")[0] / c.hidden_size;
+    if (experts > 1) c.mm_layers.push_back(i);
+    if (i == 0) {
+      c.head_dim = shape(p + "attention.q_norm.weight")[0] / experts;
+      const int64_t heads_q = c.hidden_size / c.head_dim;
+      const int64_t kv_rows = shape(p + "attention.linear_qkv.weight")[0] / experts - heads_q * c.head_dim;
+      c.enable_attn_gating = (kv_rows - heads_q) % (2 * c.head_dim) == 0;  // gates: one row per q head
+      c.num_query_groups = (kv_rows - (c.enable_attn_gating ? heads_q : 0)) / (2 * c.head_dim);
+    }
+    const int64_t up_rows = shape(p + "mlp.up_gate_proj.weight")[0] / experts;
+    if (up_rows == shape(p + "mlp.down_proj.weight")[1]) c.gelu7_layers.push_back(i);
+  }
+  for (const auto& spec : hf_tensor_specs(c))
+    if (shape(spec.name) != spec.shape)
+      fail("magihuman checkpoint: '", spec.name, "' has shape ", at::IntArrayRef(shape(spec.name)),
+           ", but the inferred config implies ", at::IntArrayRef(spec.shape));
+  return c;
+}
+
 nlohmann::json MagiHumanConfig::to_json() const {
   return {{"num_layers", num_layers},
           {"hidden_size", hidden_size},

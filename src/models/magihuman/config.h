@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,9 @@ struct MagiHumanConfig {
   bool fused_ops = true;               // fused CPU kernels vs reference ATen ops
 
   static MagiHumanConfig from_json(const nlohmann::json& j);
+  // The config an HF checkpoint was saved with, read off its tensor shapes (name -> shape);
+  // fails unless hf_tensor_specs of the result reproduces every name and shape.
+  static MagiHumanConfig infer_from_shapes(const std::map<std::string, std::vector<int64_t>>& shapes);
   nlohmann::json to_json() const;
 
   int64_t num_heads_q() const { return hidden_size / head_dim; }
