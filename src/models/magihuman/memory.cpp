@@ -31,7 +31,7 @@ ActivationEstimate magihuman_activation_estimate(const MagiHumanConfig& c, int64
     e.layer_inputs_bytes += 4 * l * d;  // the fp32 residual stream entering the layer
     if (bytes > e.max_layer_full_bytes) {
       e.max_layer_full_bytes = bytes;
-      e.largest_layer = "layer " + std::to_string(layer) + (c.is_gelu7_layer(layer) ? " (GELU7)" : " (SwiGLU7)");
+      e.largest_layer = "layer " + std::to_string(layer) + (c.is_gelu7_layer(layer) ? ", GELU7" : ", SwiGLU7");
       e.layer_tensors = saved;
     }
     e.backward_bytes = std::max(e.backward_bytes, 2 * 4 * l * d + 4 * l * u + 2 * l * u);
