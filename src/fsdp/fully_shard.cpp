@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/module_pattern.h"
+#include "fsdp/plan.h"
 #include "parallel/recompute.h"
 
 #include <torch/csrc/autograd/custom_function.h>
@@ -104,10 +105,6 @@ struct UnitHooks : BlockHooks {
   }
 };
 
-bool module_owns(const std::string& module_name, const std::string& param_name) {
-  return module_name.empty() || param_name.rfind(module_name + ".", 0) == 0;
-}
-
 }  // namespace
 
 Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpOptions options)
@@ -125,9 +122,6 @@ Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpOptions options)
       if (module_pattern_matches(pattern, name)) return true;
     return false;
   };
-  for (const auto& pattern : options_.apply_modules)
-    if (modules_matching({pattern}, module_names).empty())
-      fail("fsdp_plan.apply_modules: pattern '", pattern, "' matches no module of the model");
   for (const auto& pattern : options_.recompute_modules)
     if (modules_matching({pattern}, module_names).empty())
       fail("recompute_plan.apply_modules: pattern '", pattern, "' matches no module of the model");
@@ -138,30 +132,29 @@ Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpOptions options)
     if ((is_unit || is_recomputed) && !module->is_block())
       fail("module '", name, "' is selected by fsdp_plan/recompute_plan but the model does not run it "
            "as a block (Module::apply); select one of its blocks instead");
-    if (!is_unit) continue;
-    auto unit = std::make_unique<FsdpUnit>();
-    unit->name = name;
-    unit->module = module;
-    units_.push_back(std::move(unit));
   }
 
-  // Each param belongs to the deepest unit whose module contains it, else to the root.
-  for (auto& [param_name, param] : model.named_parameters()) {
-    if (!param->trainable) continue;  // buffers stay whole and untouched
-    FsdpUnit* owner = units_[0].get();
-    size_t owner_depth = 0;
-    for (auto& unit : units_) {
-      if (unit->is_root || !module_owns(unit->name, param_name)) continue;
-      if (unit->name.size() + 1 > owner_depth) {
-        owner = unit.get();
-        owner_depth = unit->name.size() + 1;
-      }
-    }
+  // Units and param ownership (deepest unit containing the param, else the root) come from the
+  // rule the memory planner shares (fsdp/plan.h), so plans and real shards cannot drift apart.
+  std::vector<std::pair<std::string, Param*>> named_params;
+  for (auto& entry : model.named_parameters())
+    if (entry.second->trainable) named_params.push_back(entry);  // buffers stay whole and untouched
+  std::vector<std::string> param_names;
+  for (auto& [param_name, param] : named_params) param_names.push_back(param_name);
+  const auto assignment = fsdp_assign_units(module_names, param_names, options_.apply_modules);
+  for (size_t u = 1; u < assignment.units.size(); ++u) {
+    auto unit = std::make_unique<FsdpUnit>();
+    unit->name = assignment.units[u];
+    for (auto& [name, module] : modules)
+      if (name == unit->name) unit->module = module;
+    units_.push_back(std::move(unit));
+  }
+  for (size_t i = 0; i < named_params.size(); ++i) {
     FsdpParam p;
-    p.name = param_name;
-    p.param = param;
-    p.layout = ShardLayout(param->shape, world);
-    owner->params.push_back(std::move(p));
+    p.name = named_params[i].first;
+    p.param = named_params[i].second;
+    p.layout = ShardLayout(p.param->shape, world);
+    units_[assignment.owner[i]]->params.push_back(std::move(p));
   }
 
   auto fp32 = at::TensorOptions().dtype(at::kFloat).device(options_.device);

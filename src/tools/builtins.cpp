@@ -1,6 +1,7 @@
 #include "tools/builtins.h"
 
 #include "data/magihuman/precomputed_dataset.h"
+#include "models/magihuman/memory.h"
 
 #include <mutex>
 
@@ -15,6 +16,7 @@ void register_builtins() {
     register_token_file_data();
     register_magihuman_model();
     magihuman::register_magihuman_data();
+    magihuman::register_magihuman_plan();  // memory-plan hooks (`mmtrain plan`)
   });
 }
 

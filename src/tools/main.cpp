@@ -6,6 +6,9 @@
 //   fixture magihuman --out DIR ...       synthetic MagiHuman precomputed samples (latents, audio, text)
 //   fixture magihuman-weights --config CFG --out DIR   random MagiHuman weights in the HF layout
 //   debug collate CONFIG --out FILE       one collated micro-batch of a config, as safetensors
+//   plan CONFIG --world-size N [--seqlen L]   per-rank memory without allocating (docs/tools.md)
+//   logs parse FILE | logs compare A B      training logs (metrics.jsonl or Megatron lines) as JSON / compared
+//   flops magihuman (--config CFG | --ckpt DIR) --seqlens ...   model FLOPs, TFLOP/s, MFU (docs/flops.md)
 #include "core/config.h"
 #include "core/error.h"
 #include "dist/runtime.h"
@@ -13,6 +16,9 @@
 #include "tools/convert.h"
 #include "tools/debug.h"
 #include "tools/fixture.h"
+#include "tools/flops.h"
+#include "tools/logs.h"
+#include "tools/plan.h"
 #include "train/trainer.h"
 
 #include <CLI/CLI.hpp>
@@ -111,6 +117,47 @@ int main(int argc, char** argv) {
   ckpt_to_hf->add_option("--model_assets_dir", assets_dir, "reference HF directory: shard names, key order, dtypes, other files")
       ->required();
 
+  auto* flops = app.add_subcommand("flops", "model FLOPs, TFLOP/s per device and MFU (docs/flops.md)");
+  flops->require_subcommand(1);
+  auto* flops_mh = flops->add_subcommand("magihuman", "MagiHuman, in the seed's flops_magihuman.py convention");
+  FlopsOptions flops_options;
+  auto* flops_config = flops_mh->add_option("--config", flops_options.config_path, "mmtrain YAML (model.config)");
+  auto* flops_ckpt = flops_mh->add_option("--ckpt", flops_options.ckpt_dir, "HF checkpoint dir (shapes from headers)");
+  flops_config->excludes(flops_ckpt);
+  flops_mh->add_option("--set", flops_options.overrides, "override a key of --config (repeatable)");
+  flops_mh->add_option("--seqlens", flops_options.seqlens, "per-sample sequence lengths")->required();
+  flops_mh->add_option("--gbs", flops_options.global_batch_size, "global batch size (samples per step)")
+      ->capture_default_str();
+  flops_mh->add_option("--device_num,--device-num", flops_options.device_num, "devices")->capture_default_str();
+  flops_mh->add_option("--step_time,--step-time", flops_options.step_time, "seconds per step (0: no throughput)")
+      ->capture_default_str();
+  flops_mh->add_option("--hardware_flops,--hardware-flops", flops_options.hardware_flops,
+                       "peak FLOP/s per device (0: no MFU)")
+      ->capture_default_str();
+  flops_mh->add_option("--attention-coefficient,--attention_coefficient", flops_options.attention_coefficient,
+                       "FLOPs per s^2*head_dim*heads*layer: the seed's 7; full bidirectional attention is ~2x")
+      ->capture_default_str();
+
+  auto* plan = app.add_subcommand("plan", "per-rank memory of a run, from shapes only (docs/tools.md)");
+  PlanOptions plan_options;
+  plan->add_option("config", plan_options.config_path, "YAML config file")->required();
+  plan->add_option("--world-size,--world_size", plan_options.world_size, "ranks")->capture_default_str();
+  plan->add_option("--seqlen", plan_options.seqlen, "tokens per sample (default: the model's)");
+  plan->add_option("--set", plan_options.overrides, "override a config key (repeatable)");
+
+  auto* logs = app.add_subcommand("logs", "training logs: metrics.jsonl or Megatron-style console lines (docs/tools.md)");
+  logs->require_subcommand(1);
+  auto* logs_parse_cmd = logs->add_subcommand("parse", "print one normalized JSON record per iteration");
+  std::string log_a, log_b;
+  logs_parse_cmd->add_option("file", log_a, "log file")->required();
+  auto* logs_compare_cmd = logs->add_subcommand("compare", "loss agreement, step time and throughput of two runs");
+  logs_compare_cmd->add_option("a", log_a, "log of run A")->required();
+  logs_compare_cmd->add_option("b", log_b, "log of run B (the reference)")->required();
+  LogStatsOptions log_stats;
+  logs_compare_cmd->add_option("--skip-first,--skip_first", log_stats.skip_first, "warm-up iterations left out of step times")
+      ->capture_default_str();
+  logs_compare_cmd->add_option("--window", log_stats.window, "also average the last W iterations (0: off)")
+      ->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
   try {
@@ -140,6 +187,14 @@ int main(int argc, char** argv) {
     } else if (collate->parsed()) {
       debug_collate(collate_config, collate_overrides, collate_out, collate_options);
       std::printf("wrote %s\n", collate_out.c_str());
+    } else if (logs_parse_cmd->parsed()) {
+      logs_parse(log_a);
+    } else if (logs_compare_cmd->parsed()) {
+      logs_compare(log_a, log_b, log_stats);
+    } else if (plan->parsed()) {
+      plan_memory(plan_options);
+    } else if (flops_mh->parsed()) {
+      flops_magihuman(flops_options);
     }
   } catch (const Error& e) {
     std::fprintf(stderr, "mmtrain: error: %s\n", e.what());

@@ -7,6 +7,7 @@
 #include "models/magihuman/model.h"
 
 #include "core/error.h"
+#include "models/magihuman/flops.h"
 #include "models/magihuman/ops.h"
 
 #include <algorithm>
@@ -329,7 +330,10 @@ class MagiHumanModel : public Model {
     return full.reshape({blocks, 2, half, full.size(1)}).transpose(1, 2).reshape(full.sizes());
   }
 
-  double train_flops(const Batch&) const override { return 0.0; }
+  // The seed's convention (docs/flops.md): 6 x active linear params x tokens + 7 s^2 attention.
+  double train_flops(const Batch& batch) const override {
+    return magihuman_train_flops_for_batch(c_, batch_get(batch, "cu_seqlens"));
+  }
 
  private:
   // Layer index when param_name is a gated (SwiGLU7) layer's up_gate_proj, else -1.

@@ -1,0 +1,158 @@
+#include "fsdp/plan.h"
+
+#include "core/error.h"
+#include "core/module_pattern.h"
+#include "nn/module.h"
+
+#include <algorithm>
+#include <set>
+
+namespace mmtrain {
+namespace {
+
+bool module_owns(const std::string& module_name, const std::string& param_name) {
+  return module_name.empty() || param_name.rfind(module_name + ".", 0) == 0;
+}
+
+int64_t elements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+}  // namespace
+
+UnitAssignment fsdp_assign_units(const std::vector<std::string>& module_names,
+                                 const std::vector<std::string>& param_names,
+                                 const std::vector<std::string>& apply_modules) {
+  std::vector<ModulePattern> patterns;
+  for (const auto& text : apply_modules) {
+    if (modules_matching({text}, module_names).empty())
+      fail("fsdp_plan.apply_modules: pattern '", text, "' matches no module of the model");
+    patterns.emplace_back(text);
+  }
+  UnitAssignment out;
+  out.units.push_back("");  // the root
+  for (const auto& name : module_names) {
+    if (name.empty()) continue;
+    for (const auto& pattern : patterns)
+      if (pattern.matches(name)) {
+        out.units.push_back(name);
+        break;
+      }
+  }
+  // Deepest owner: the longest unit name that is a dotted prefix of the param name.
+  out.owner.reserve(param_names.size());
+  for (const auto& param : param_names) {
+    size_t owner = 0, owner_depth = 0;
+    for (size_t u = 1; u < out.units.size(); ++u) {
+      if (!module_owns(out.units[u], param)) continue;
+      if (out.units[u].size() + 1 > owner_depth) {
+        owner = u;
+        owner_depth = out.units[u].size() + 1;
+      }
+    }
+    out.owner.push_back(owner);
+  }
+  return out;
+}
+
+std::vector<std::string> module_names_from_params(const std::vector<PlanParam>& params) {
+  std::vector<std::string> names = {""};
+  std::set<std::string> seen = {""};
+  for (const auto& p : params)
+    for (size_t dot = p.name.find('.'); dot != std::string::npos; dot = p.name.find('.', dot + 1)) {
+      auto prefix = p.name.substr(0, dot);
+      if (seen.insert(prefix).second) names.push_back(std::move(prefix));
+    }
+  return names;
+}
+
+FsdpMemoryPlan fsdp_memory_plan(const std::vector<PlanParam>& params, const std::vector<std::string>& module_names,
+                                const std::vector<std::string>& apply_modules, const MemoryPlanOptions& options) {
+  const int world = options.world_size;
+  if (world < 1) fail("memory plan: world size must be >= 1, found ", world);
+  if (options.num_to_forward_prefetch < 0 || options.num_to_backward_prefetch < 0)
+    fail("memory plan: prefetch counts must be >= 0, found ", options.num_to_forward_prefetch, " / ",
+         options.num_to_backward_prefetch);
+  std::vector<std::string> param_names;
+  for (const auto& p : params) {
+    if (p.shape.empty()) fail("parameter '", p.name, "' is 0-dim: FSDP shards dim 0");
+    param_names.push_back(p.name);
+  }
+  const auto assignment = fsdp_assign_units(module_names, param_names, apply_modules);
+
+  FsdpMemoryPlan plan;
+  plan.options = options;
+  for (const auto& name : assignment.units) plan.units.push_back(UnitPlan{name});
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ShardLayout layout(params[i].shape, world);
+    auto& unit = plan.units[assignment.owner[i]];
+    unit.num_params += 1;
+    unit.numel += elements(params[i].shape);
+    unit.shard_numel += layout.shard_numel();
+    unit.gathered_numel += layout.shard_numel() * world;
+  }
+
+  const int64_t p = static_cast<int64_t>(c10::elementSize(options.param_dtype));
+  const int64_t r = static_cast<int64_t>(c10::elementSize(options.reduce_dtype));
+  int64_t shard = 0;
+  for (const auto& unit : plan.units) {
+    plan.total_numel += unit.numel;
+    shard += unit.shard_numel;
+    plan.unsharded_param_bytes += unit.numel * p;
+  }
+  plan.param_bytes = 4 * shard;
+  plan.grad_bytes = 4 * shard;
+  plan.optimizer_bytes = 8 * shard;
+  plan.root_gathered_bytes = plan.units[0].gathered_numel * p;
+
+  // Gathered non-root units at once: the running one plus its prefetched neighbours, i.e. a
+  // window of k consecutive units in forward order (backward walks the same order reversed).
+  const size_t others = plan.units.size() - 1;
+  const int64_t k = options.reshard_after_forward
+                        ? 1 + std::max(options.num_to_forward_prefetch, options.num_to_backward_prefetch)
+                        : static_cast<int64_t>(others);
+  plan.units_in_flight = std::min<int64_t>(k, static_cast<int64_t>(others));
+  for (size_t begin = 1; begin + plan.units_in_flight <= plan.units.size() && plan.units_in_flight > 0; ++begin) {
+    int64_t bytes = 0;
+    for (size_t u = begin; u < begin + plan.units_in_flight; ++u) bytes += plan.units[u].gathered_numel * p;
+    if (bytes > plan.in_flight_bytes) {
+      plan.in_flight_bytes = bytes;
+      plan.in_flight_first = plan.units[begin].name;
+    }
+  }
+
+  // Backward of one unit (post_backward): autograd's grads of its params (param_dtype), and the
+  // reduce-scatter buffers of up to three units (two in flight, one being packed).
+  std::vector<int64_t> reduce_sizes;
+  int64_t largest_numel = 0;
+  for (const auto& unit : plan.units) {
+    reduce_sizes.push_back((unit.gathered_numel + unit.shard_numel) * r);
+    largest_numel = std::max(largest_numel, unit.numel);
+  }
+  std::sort(reduce_sizes.rbegin(), reduce_sizes.rend());
+  plan.reduce_bytes = largest_numel * p;
+  for (size_t i = 0; i < std::min<size_t>(3, reduce_sizes.size()); ++i) plan.reduce_bytes += reduce_sizes[i];
+  return plan;
+}
+
+FsdpMemoryPlan fsdp_memory_plan(Module& model, const std::vector<std::string>& apply_modules,
+                                const MemoryPlanOptions& options) {
+  std::vector<std::string> module_names;
+  const auto modules = model.named_modules();
+  for (const auto& [name, module] : modules) module_names.push_back(name);
+  for (const auto& [name, module] : modules) {
+    if (name.empty() || module->is_block()) continue;
+    for (const auto& pattern : apply_modules)
+      if (module_pattern_matches(pattern, name))
+        fail("module '", name, "' is selected by fsdp_plan but the model does not run it as a block "
+             "(Module::apply); select one of its blocks instead");
+  }
+  std::vector<PlanParam> params;
+  for (const auto& [name, param] : model.named_parameters())
+    if (param->trainable) params.push_back({name, param->shape});  // buffers are not sharded
+  return fsdp_memory_plan(params, module_names, apply_modules, options);
+}
+
+}  // namespace mmtrain

@@ -1,0 +1,93 @@
+// FSDP units and per-rank memory, computed from names and shapes alone: nothing is allocated, so
+// a 15B model on 8 ranks is planned in milliseconds on a laptop. fsdp_assign_units is the one rule
+// Fsdp (fully_shard.cpp) builds its units with, so the plan's shard sizes are exactly what
+// Fsdp::memory_stats reports for the same model, world size and apply_modules.
+//
+// Per rank (all fp32 unless stated; S_u = Σ padded shard numel of unit u, torch.chunk rule):
+//   params     4 · Σ_u S_u            fp32 master shards (Fsdp::shard_flat)
+//   grads      4 · Σ_u S_u            fp32 reduced grads (Fsdp::grad_flat)
+//   optimizer  8 · Σ_u S_u            AdamW exp_avg + exp_avg_sq
+//   root       W · S_root · p         the root unit, gathered for the whole step (p = param_dtype size)
+//   in flight  max over k consecutive non-root units of Σ W · S_u · p, k = 1 + max(forward,
+//              backward prefetch): the running unit plus the ones prefetched behind it
+//              (all units when reshard_after_forward is off)
+//   reduce     backward of one unit: its unsharded grads (numel · p) plus up to 3 reduce-scatter
+//              buffers [W·S_u] + [S_u] in reduce_dtype (2 in flight + the one being packed)
+// Activations are model-specific: models/model_plan.h.
+#pragma once
+#include "fsdp/shard_layout.h"
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mmtrain {
+
+class Module;
+
+// Which unit every parameter belongs to. units[0] is the root (""), then every module (other
+// than the root) matching an apply_modules pattern, in module order. A parameter belongs to the
+// deepest unit whose module name is a dotted prefix of its name, else to the root. Fails when a
+// pattern matches no module (the message names the pattern).
+struct UnitAssignment {
+  std::vector<std::string> units;
+  std::vector<size_t> owner;  // per parameter, in the order given: index into units
+};
+UnitAssignment fsdp_assign_units(const std::vector<std::string>& module_names,
+                                 const std::vector<std::string>& param_names,
+                                 const std::vector<std::string>& apply_modules);
+
+struct PlanParam {
+  std::string name;             // full dotted name
+  std::vector<int64_t> shape;   // full (unsharded) shape
+};
+
+struct MemoryPlanOptions {
+  int world_size = 1;
+  at::ScalarType param_dtype = at::kFloat;
+  at::ScalarType reduce_dtype = at::kFloat;
+  bool reshard_after_forward = true;
+  int num_to_forward_prefetch = 1;
+  int num_to_backward_prefetch = 1;
+};
+
+struct UnitPlan {
+  std::string name;               // "" for the root
+  int64_t num_params = 0;
+  int64_t numel = 0;              // full elements
+  int64_t shard_numel = 0;        // S: padded elements every rank stores
+  int64_t gathered_numel = 0;     // W · S: the gather buffer (the full params are its prefix)
+};
+
+struct FsdpMemoryPlan {
+  MemoryPlanOptions options;
+  std::vector<UnitPlan> units;    // units[0] is the root
+  int64_t total_numel = 0;        // full model elements
+  int64_t param_bytes = 0;        // per rank, as Fsdp::memory_stats().param_bytes
+  int64_t grad_bytes = 0;         // as Fsdp::memory_stats().grad_bytes
+  int64_t optimizer_bytes = 0;    // as AdamW::state_bytes()
+  int64_t unsharded_param_bytes = 0;  // every unit gathered, as memory_stats().unsharded_param_bytes
+  int64_t root_gathered_bytes = 0;
+  int64_t units_in_flight = 0;        // k
+  int64_t in_flight_bytes = 0;        // the largest window of k consecutive non-root units
+  std::string in_flight_first;        // first unit of that window
+  int64_t reduce_bytes = 0;
+  int64_t sharded_state_bytes() const { return param_bytes + grad_bytes + optimizer_bytes; }
+  int64_t transient_bytes() const { return root_gathered_bytes + in_flight_bytes + reduce_bytes; }
+};
+
+// The plan for parameters params (named_parameters order) of a model whose modules are
+// module_names (named_modules order, the root "" may be included).
+FsdpMemoryPlan fsdp_memory_plan(const std::vector<PlanParam>& params, const std::vector<std::string>& module_names,
+                                const std::vector<std::string>& apply_modules, const MemoryPlanOptions& options);
+// Same for a built model; also fails, as Fsdp does, when a selected module is not a block.
+FsdpMemoryPlan fsdp_memory_plan(Module& model, const std::vector<std::string>& apply_modules,
+                                const MemoryPlanOptions& options);
+
+// The module names a parameter table implies: every dotted prefix of every name, first
+// appearance first ("" first), i.e. the pre-order of the tree the names describe.
+std::vector<std::string> module_names_from_params(const std::vector<PlanParam>& params);
+
+}  // namespace mmtrain

@@ -1,0 +1,357 @@
+#include "tools/logs.h"
+
+#include "core/error.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+
+namespace mmtrain {
+namespace {
+
+std::string trim(const std::string& s) {
+  size_t begin = 0, end = s.size();
+  while (begin < end && std::isspace(static_cast<unsigned char>(s[begin]))) ++begin;
+  while (end > begin && std::isspace(static_cast<unsigned char>(s[end - 1]))) --end;
+  return s.substr(begin, end - begin);
+}
+
+std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// "number of skipped iterations" -> "number_of_skipped_iterations"
+std::string snake_case(const std::string& key) {
+  std::string out;
+  for (char c : lower(key)) {
+    if (std::isalnum(static_cast<unsigned char>(c))) {
+      out += c;
+    } else if (!out.empty() && out.back() != '_') {
+      out += '_';
+    }
+  }
+  while (!out.empty() && out.back() == '_') out.pop_back();
+  return out;
+}
+
+// Console keys with a fixed meaning; everything else keeps its snake_case name.
+std::string normalized_key(const std::string& key) {
+  static const std::map<std::string, std::string> known = {
+      {"consumed samples", "consumed_samples"},
+      {"elapsed time per iteration (ms)", "step_time_ms"},
+      {"learning rate", "lr"},
+      {"global batch size", "global_batch_size"},
+      {"grad norm", "grad_norm"},
+      {"tflop/s per device", "tflops_per_device"},
+      {"throughput per gpu (tflop/s/gpu)", "tflops_per_device"},
+      {"mfu", "mfu"},
+      {"loss", "loss"},
+  };
+  const auto found = known.find(lower(key));
+  return found != known.end() ? found->second : snake_case(key);
+}
+
+// Digits at s[pos...]; advances pos. nullopt when there are none.
+std::optional<int64_t> read_int(const std::string& s, size_t& pos) {
+  const size_t begin = pos;
+  while (pos < s.size() && std::isdigit(static_cast<unsigned char>(s[pos]))) ++pos;
+  if (pos == begin) return std::nullopt;
+  return std::stoll(s.substr(begin, pos - begin));
+}
+
+void skip_spaces(const std::string& s, size_t& pos) {
+  while (pos < s.size() && s[pos] == ' ') ++pos;
+}
+
+bool is_integer_key(const std::string& key) {
+  return key == "consumed_samples" || key == "global_batch_size" || key == "tokens" || key.rfind("number_of_", 0) == 0;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Linear interpolation between closest ranks (numpy's default percentile).
+double percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  const double rank = q / 100.0 * static_cast<double>(v.size() - 1);
+  const size_t low = static_cast<size_t>(std::floor(rank));
+  const size_t high = std::min(low + 1, v.size() - 1);
+  return v[low] + (rank - static_cast<double>(low)) * (v[high] - v[low]);
+}
+
+double mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return sum / static_cast<double>(v.size());
+}
+
+// Finite numbers of `key` over records (NaN losses are logged as null and are skipped).
+std::vector<double> values(const std::vector<LogRecord>& records, const char* key) {
+  std::vector<double> out;
+  for (const auto& r : records)
+    if (r.contains(key) && r[key].is_number()) out.push_back(r[key].get<double>());
+  return out;
+}
+
+void put_stats(LogRecord& out, const char* key, const std::vector<double>& v) {
+  if (v.empty()) return;
+  out[key] = {{"median", median(v)}, {"mean", mean(v)}, {"p95", percentile(v, 95)}, {"count", v.size()}};
+}
+
+}  // namespace
+
+std::optional<LogRecord> parse_log_line(const std::string& line) {
+  // "iteration N/M |" or "iteration N |", anywhere after a timestamp or rank prefix.
+  size_t pos = std::string::npos;
+  int64_t iteration = 0;
+  std::optional<int64_t> train_iters;
+  for (size_t at = line.find("iteration"); at != std::string::npos; at = line.find("iteration", at + 1)) {
+    size_t p = at + 9;
+    skip_spaces(line, p);
+    const auto n = read_int(line, p);
+    if (!n) continue;
+    skip_spaces(line, p);
+    std::optional<int64_t> m;
+    if (p < line.size() && line[p] == '/') {
+      ++p;
+      skip_spaces(line, p);
+      m = read_int(line, p);
+      if (!m) continue;
+      skip_spaces(line, p);
+    }
+    if (p < line.size() && line[p] != '|') continue;
+    iteration = *n;
+    train_iters = m;
+    pos = p;
+    break;
+  }
+  if (pos == std::string::npos) return std::nullopt;
+
+  LogRecord r;
+  r["iteration"] = iteration;
+  if (train_iters) r["train_iters"] = *train_iters;
+  std::vector<std::string> loss_keys;
+  size_t begin = pos;
+  while (begin < line.size()) {
+    size_t end = line.find('|', begin + 1);
+    if (end == std::string::npos) end = line.size();
+    const auto segment = trim(line.substr(begin + (line[begin] == '|' ? 1 : 0), end - begin - (line[begin] == '|' ? 1 : 0)));
+    begin = end;
+    const size_t colon = segment.find(':');
+    if (colon == std::string::npos) continue;  // "ETA 12 s" and other free text
+    const auto raw_key = trim(segment.substr(0, colon));
+    const auto text = trim(segment.substr(colon + 1));
+    if (raw_key.empty() || text.empty()) continue;
+    const auto key = normalized_key(raw_key);
+    char* rest = nullptr;
+    const double value = std::strtod(text.c_str(), &rest);
+    if (rest == text.c_str()) {
+      r[key] = text;  // not a number: keep the text
+      continue;
+    }
+    const bool percent = trim(rest) == "%";
+    if (key == "mfu") {
+      r[key] = percent ? value / 100.0 : value;
+    } else if (!std::isfinite(value)) {
+      r[key] = nullptr;  // nan / inf: JSON has no such numbers
+    } else if (is_integer_key(key) && value == std::floor(value)) {
+      r[key] = static_cast<int64_t>(value);
+    } else {
+      r[key] = value;
+    }
+    const auto lower_key = lower(raw_key);
+    if (lower_key.size() >= 4 && lower_key.compare(lower_key.size() - 4, 4, "loss") == 0) loss_keys.push_back(key);
+  }
+  // The run's loss: "loss" itself, else Megatron's "lm loss", else the first "... loss" term.
+  if (!r.contains("loss") && !loss_keys.empty()) {
+    const bool lm = std::find(loss_keys.begin(), loss_keys.end(), "lm_loss") != loss_keys.end();
+    r["loss"] = r[lm ? "lm_loss" : loss_keys.front()];
+  }
+  return r;
+}
+
+std::vector<LogRecord> parse_training_log(std::istream& in, const std::string& source) {
+  std::map<int64_t, LogRecord> by_iteration;
+  std::string line;
+  int64_t line_number = 0;
+  while (std::getline(in, line)) {
+    ++line_number;
+    const auto text = trim(line);
+    if (text.empty()) continue;
+    std::optional<LogRecord> record;
+    if (text.front() == '{') {
+      try {
+        auto parsed = LogRecord::parse(text);
+        if (parsed.is_object() && parsed.contains("iteration") && parsed["iteration"].is_number_integer())
+          record = std::move(parsed);
+      } catch (const nlohmann::json::exception& e) {
+        fail(source, ":", line_number, ": expected a JSON metrics record, found malformed JSON (", e.what(), ")");
+      }
+    } else {
+      record = parse_log_line(text);
+    }
+    if (!record) continue;
+    const int64_t iteration = record->at("iteration").get<int64_t>();
+    by_iteration[iteration] = std::move(*record);
+  }
+  std::vector<LogRecord> out;
+  for (auto& [iteration, record] : by_iteration) out.push_back(std::move(record));
+  return out;
+}
+
+std::vector<LogRecord> parse_training_log_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail("training log '", path, "': cannot open it for reading");
+  auto records = parse_training_log(in, path);
+  if (records.empty())
+    fail("training log '", path, "': expected metrics.jsonl records or 'iteration N/M | ...' lines, found none");
+  return records;
+}
+
+LogRecord log_summary(const std::vector<LogRecord>& records, const LogStatsOptions& o) {
+  if (records.empty()) fail("log summary: no iteration records");
+  if (o.skip_first < 0 || o.window < 0)
+    fail("log summary: --skip-first and --window must be >= 0, found ", o.skip_first, " and ", o.window);
+  LogRecord out;
+  out["iterations"] = records.size();
+  out["first_iteration"] = records.front()["iteration"];
+  out["last_iteration"] = records.back()["iteration"];
+  const size_t skip = std::min<size_t>(static_cast<size_t>(o.skip_first), records.size() - 1);
+  out["skipped_warmup"] = skip;
+  const std::vector<LogRecord> steady(records.begin() + static_cast<std::ptrdiff_t>(skip), records.end());
+
+  const auto step = values(steady, "step_time_ms");
+  put_stats(out, "step_time_ms", step);
+  if (!step.empty()) {
+    const double seconds = median(step) / 1000.0;
+    const auto gbs = values(steady, "global_batch_size");
+    if (!gbs.empty() && seconds > 0) out["samples_per_s"] = median(gbs) / seconds;
+    const auto tokens = values(steady, "tokens");
+    if (!tokens.empty() && seconds > 0) out["tokens_per_s"] = median(tokens) / seconds;
+  }
+  const auto tflops = values(steady, "tflops_per_device");
+  if (!tflops.empty()) out["tflops_per_device_median"] = median(tflops);
+  const auto mfu = values(steady, "mfu");
+  if (!mfu.empty()) out["mfu_median"] = median(mfu);
+
+  const auto loss = values(records, "loss");
+  if (!loss.empty()) {
+    out["loss_mean"] = mean(loss);
+    out["loss_last"] = loss.back();
+  }
+  const auto grad = values(records, "grad_norm");
+  if (!grad.empty()) out["grad_norm_last"] = grad.back();
+  if (o.window > 0) {
+    const size_t w = std::min<size_t>(static_cast<size_t>(o.window), records.size());
+    const std::vector<LogRecord> tail(records.end() - static_cast<std::ptrdiff_t>(w), records.end());
+    LogRecord last = {{"iterations", w}};
+    const auto tail_loss = values(tail, "loss");
+    if (!tail_loss.empty()) last["loss_mean"] = mean(tail_loss);
+    const auto tail_step = values(tail, "step_time_ms");
+    if (!tail_step.empty()) last["step_time_ms_mean"] = mean(tail_step);
+    out["last_window"] = last;
+  }
+  return out;
+}
+
+LogRecord compare_training_logs(const std::vector<LogRecord>& a, const std::vector<LogRecord>& b,
+                                const LogStatsOptions& o) {
+  std::map<int64_t, double> loss_b;
+  for (const auto& r : b)
+    if (r.contains("loss") && r["loss"].is_number()) loss_b[r["iteration"].get<int64_t>()] = r["loss"].get<double>();
+  std::vector<std::pair<int64_t, std::pair<double, double>>> common;  // iteration -> (a, b)
+  for (const auto& r : a) {
+    if (!r.contains("loss") || !r["loss"].is_number()) continue;
+    const auto found = loss_b.find(r["iteration"].get<int64_t>());
+    if (found != loss_b.end()) common.push_back({found->first, {r["loss"].get<double>(), found->second}});
+  }
+  auto loss_agreement = [](const std::vector<std::pair<int64_t, std::pair<double, double>>>& pairs) {
+    LogRecord out = {{"common_iterations", pairs.size()}};
+    if (pairs.empty()) return out;
+    double sum_diff = 0, sum_b = 0, max_diff = -1;
+    int64_t at = 0;
+    for (const auto& [iteration, ab] : pairs) {
+      const double diff = std::abs(ab.first - ab.second);
+      sum_diff += diff;
+      sum_b += std::abs(ab.second);
+      if (diff > max_diff) {
+        max_diff = diff;
+        at = iteration;
+      }
+    }
+    out["loss_rel_diff"] = sum_b > 0 ? LogRecord(sum_diff / sum_b) : LogRecord(nullptr);
+    out["loss_max_abs_diff"] = max_diff;
+    out["loss_max_abs_diff_iteration"] = at;
+    return out;
+  };
+
+  LogRecord out = loss_agreement(common);
+  if (o.window > 0 && !common.empty()) {
+    const size_t w = std::min<size_t>(static_cast<size_t>(o.window), common.size());
+    out["last_window"] = loss_agreement({common.end() - static_cast<std::ptrdiff_t>(w), common.end()});
+  }
+  out["a"] = log_summary(a, o);
+  out["b"] = log_summary(b, o);
+  if (out["a"].contains("step_time_ms") && out["b"].contains("step_time_ms")) {
+    const double ma = out["a"]["step_time_ms"]["median"].get<double>();
+    const double mb = out["b"]["step_time_ms"]["median"].get<double>();
+    if (mb > 0) out["step_time_ratio"] = ma / mb;  // a / b: below 1 means a is faster
+  }
+  return out;
+}
+
+void logs_parse(const std::string& path) {
+  for (const auto& record : parse_training_log_file(path)) std::printf("%s\n", record.dump().c_str());
+}
+
+void logs_compare(const std::string& path_a, const std::string& path_b, const LogStatsOptions& options) {
+  const auto a = parse_training_log_file(path_a);
+  const auto b = parse_training_log_file(path_b);
+  auto out = compare_training_logs(a, b, options);
+  auto describe = [&](const char* label, const std::string& path, const LogRecord& s) {
+    std::printf("%s: %s\n", label, path.c_str());
+    std::printf("   %lld iterations (%lld..%lld)", static_cast<long long>(s["iterations"].get<int64_t>()),
+                static_cast<long long>(s["first_iteration"].get<int64_t>()),
+                static_cast<long long>(s["last_iteration"].get<int64_t>()));
+    if (s.contains("step_time_ms"))
+      std::printf("; step time after %lld warm-up: median %.2f ms, mean %.2f, p95 %.2f",
+                  static_cast<long long>(s["skipped_warmup"].get<int64_t>()), s["step_time_ms"]["median"].get<double>(),
+                  s["step_time_ms"]["mean"].get<double>(), s["step_time_ms"]["p95"].get<double>());
+    std::printf("\n");
+    if (s.contains("samples_per_s")) std::printf("   throughput %.4g samples/s", s["samples_per_s"].get<double>());
+    if (s.contains("tokens_per_s")) std::printf(", %.4g tokens/s", s["tokens_per_s"].get<double>());
+    if (s.contains("tflops_per_device_median"))
+      std::printf(", %.3f TFLOP/s per device", s["tflops_per_device_median"].get<double>());
+    if (s.contains("mfu_median")) std::printf(", MFU %.2f %%", 100.0 * s["mfu_median"].get<double>());
+    if (s.contains("samples_per_s") || s.contains("tflops_per_device_median")) std::printf("\n");
+    if (s.contains("loss_mean"))
+      std::printf("   loss mean %.6f, last %.6f\n", s["loss_mean"].get<double>(), s["loss_last"].get<double>());
+    if (s.contains("last_window") && s["last_window"].contains("loss_mean"))
+      std::printf("   last %lld iterations: loss mean %.6f\n",
+                  static_cast<long long>(s["last_window"]["iterations"].get<int64_t>()),
+                  s["last_window"]["loss_mean"].get<double>());
+  };
+  describe("A", path_a, out["a"]);
+  describe("B", path_b, out["b"]);
+  if (out["common_iterations"].get<int64_t>() > 0 && out["loss_rel_diff"].is_number())
+    std::printf("loss over %lld common iterations: relative difference %.3e (sum|a-b|/sum|b|), max |a-b| %.3e at "
+                "iteration %lld\n",
+                static_cast<long long>(out["common_iterations"].get<int64_t>()), out["loss_rel_diff"].get<double>(),
+                out["loss_max_abs_diff"].get<double>(),
+                static_cast<long long>(out["loss_max_abs_diff_iteration"].get<int64_t>()));
+  else
+    std::printf("loss: no common iterations with a finite loss\n");
+  if (out.contains("step_time_ratio"))
+    std::printf("step time A/B (medians): %.4f\n", out["step_time_ratio"].get<double>());
+  std::printf("%s\n", out.dump().c_str());
+}
+
+}  // namespace mmtrain

@@ -1,0 +1,164 @@
+#include "tools/plan.h"
+
+#include "core/config.h"
+#include "core/error.h"
+#include "fsdp/plan.h"
+#include "models/model.h"
+#include "models/model_plan.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <string>
+
+namespace mmtrain {
+namespace {
+
+std::string with_commas(int64_t value) {
+  std::string digits = std::to_string(value);
+  for (int at = static_cast<int>(digits.size()) - 3; at > 0; at -= 3) digits.insert(at, ",");
+  return digits;
+}
+
+// The config's spelling (fp32, bf16, fp16).
+std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "fp32";
+    case at::kBFloat16: return "bf16";
+    case at::kHalf: return "fp16";
+    default: return c10::toString(t);
+  }
+}
+
+double gib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
+
+void row(const std::string& label, int64_t bytes) {
+  std::printf("  %-62s %9.3f GiB %17s B\n", label.c_str(), gib(bytes), with_commas(bytes).c_str());
+}
+
+}  // namespace
+
+void plan_memory(const PlanOptions& o) {
+  if (o.world_size < 1) fail("plan: --world-size must be >= 1, found ", o.world_size);
+  if (o.seqlen < 0) fail("plan: --seqlen must be >= 0, found ", o.seqlen);
+  const auto cfg = config_load(o.config_path, o.overrides);
+  const int fsdp_size = config_fsdp_size(cfg, o.world_size);  // also checks the world size
+  const auto& fp = cfg.parallel.fsdp_plan;
+  MemoryPlanOptions options;
+  options.world_size = fsdp_size;
+  options.param_dtype = fp.param_dtype;
+  options.reduce_dtype = fp.reduce_dtype;
+  options.reshard_after_forward = fp.reshard_after_forward;
+  options.num_to_forward_prefetch = fp.num_to_forward_prefetch;
+  options.num_to_backward_prefetch = fp.num_to_backward_prefetch;
+
+  // Parameters: the real Module tree when the model is registered, else the model's table.
+  const auto& id = cfg.model.model_id;
+  const std::string where = "config " + cfg.source_path + ": model.model_id";
+  const ModelPlanHooks* hooks = model_plan_registry().contains(id) ? &model_plan_registry().get(id) : nullptr;
+  FsdpMemoryPlan plan;
+  std::string shapes_from;
+  if (model_registry().contains(id) || !hooks || !hooks->param_shapes) {
+    auto model = model_registry().get(id, where)(cfg.model.config);  // fails for unknown ids
+    plan = fsdp_memory_plan(*model, fp.apply_modules, options);
+    shapes_from = "model '" + id + "' (Module tree)";
+  } else {
+    const auto params = hooks->param_shapes(cfg.model.config);
+    plan = fsdp_memory_plan(params, module_names_from_params(params), fp.apply_modules, options);
+    shapes_from = "'" + id + "' " + hooks->shapes_note + " (model not registered in this build)";
+  }
+
+  const bool recompute = cfg.features.recompute && !cfg.features.recompute_plan.apply_modules.empty();
+  const int64_t seqlen = o.seqlen > 0 ? o.seqlen : (hooks ? hooks->default_seqlen : 0);
+  const int64_t micro = cfg.training.micro_batch_size;
+  ActivationEstimate act;
+  std::string no_activations;
+  if (!hooks || !hooks->activations)
+    no_activations = "no activation estimator registered for model '" + id + "'";
+  else if (seqlen == 0)
+    no_activations = "pass --seqlen to estimate activations";
+  else
+    act = hooks->activations(ActivationQuery{cfg.model.config, seqlen, micro, fp.param_dtype});
+
+  const auto& root = plan.units[0];
+  const UnitPlan* largest = &root;
+  for (const auto& unit : plan.units)
+    if (unit.numel > largest->numel) largest = &unit;
+  const std::string p_name = dtype_name(fp.param_dtype), r_name = dtype_name(fp.reduce_dtype);
+
+  std::printf("mmtrain plan: %s on %d rank(s), FSDP shard group %d\n", cfg.source_path.c_str(), o.world_size, fsdp_size);
+  std::printf("  parameters from %s\n", shapes_from.c_str());
+  std::printf("  %s params in %zu units: root %s, largest '%s' %s; param_dtype %s, reduce_dtype %s, "
+              "prefetch fwd %d / bwd %d\n",
+              with_commas(plan.total_numel).c_str(), plan.units.size(), with_commas(root.numel).c_str(),
+              largest->name.c_str(), with_commas(largest->numel).c_str(), p_name.c_str(), r_name.c_str(),
+              fp.num_to_forward_prefetch, fp.num_to_backward_prefetch);
+  std::printf("\n  per rank\n");
+  row("fp32 param shards", plan.param_bytes);
+  row("fp32 grad shards", plan.grad_bytes);
+  row("AdamW exp_avg + exp_avg_sq (fp32)", plan.optimizer_bytes);
+  row("= sharded state", plan.sharded_state_bytes());
+  row("root unit, gathered all step (" + p_name + ")", plan.root_gathered_bytes);
+  row(std::to_string(plan.units_in_flight) + " units in flight (" + p_name + ", from '" + plan.in_flight_first + "')",
+      plan.in_flight_bytes);
+  row("backward: unit grads (" + p_name + ") + 3 reduce-scatter bufs (" + r_name + ")", plan.reduce_bytes);
+
+  nlohmann::ordered_json j = {{"config", cfg.source_path},
+                              {"model_id", id},
+                              {"world_size", o.world_size},
+                              {"fsdp_size", fsdp_size},
+                              {"param_dtype", p_name},
+                              {"reduce_dtype", r_name},
+                              {"total_params", plan.total_numel},
+                              {"units", plan.units.size()},
+                              {"param_bytes", plan.param_bytes},
+                              {"grad_bytes", plan.grad_bytes},
+                              {"optimizer_bytes", plan.optimizer_bytes},
+                              {"sharded_state_bytes", plan.sharded_state_bytes()},
+                              {"unsharded_param_bytes", plan.unsharded_param_bytes},
+                              {"root_gathered_bytes", plan.root_gathered_bytes},
+                              {"units_in_flight", plan.units_in_flight},
+                              {"in_flight_bytes", plan.in_flight_bytes},
+                              {"reduce_bytes", plan.reduce_bytes},
+                              {"recompute", recompute}};
+  const int64_t fixed = plan.sharded_state_bytes() + plan.transient_bytes();
+  if (no_activations.empty()) {
+    std::printf("\n  activations, %lld token(s) per micro-batch (%lld x %lld), %lld layers\n",
+                static_cast<long long>(act.tokens), static_cast<long long>(micro), static_cast<long long>(seqlen),
+                static_cast<long long>(act.num_layers));
+    row("recompute on: layer inputs (all layers)", act.layer_inputs_bytes);
+    row("recompute on: one layer rebuilt (" + act.largest_layer + ")", act.max_layer_full_bytes);
+    row("outside the layers (batch, embeddings, heads, loss)", act.outside_bytes);
+    row("backward working set of one layer", act.backward_bytes);
+    row("= activations, recompute on", act.with_recompute_bytes());
+    row("= activations, recompute off (every layer saved)", act.without_recompute_bytes());
+    std::printf("\n  saved by %s:\n", act.largest_layer.c_str());
+    for (const auto& [name, bytes] : act.layer_tensors) row("  " + name, bytes);
+    std::printf("\n");
+    row(std::string("= TOTAL per rank, recompute on") + (recompute ? "  (this config)" : ""),
+        fixed + act.with_recompute_bytes());
+    row(std::string("= TOTAL per rank, recompute off") + (recompute ? "" : "  (this config)"),
+        fixed + act.without_recompute_bytes());
+    j["seqlen"] = seqlen;
+    j["micro_batch_size"] = micro;
+    j["tokens"] = act.tokens;
+    j["activation_layer_inputs_bytes"] = act.layer_inputs_bytes;
+    j["activation_max_layer_bytes"] = act.max_layer_full_bytes;
+    j["activation_outside_bytes"] = act.outside_bytes;
+    j["activation_backward_bytes"] = act.backward_bytes;
+    j["activation_bytes_recompute"] = act.with_recompute_bytes();
+    j["activation_bytes_no_recompute"] = act.without_recompute_bytes();
+    j["total_bytes_recompute"] = fixed + act.with_recompute_bytes();
+    j["total_bytes_no_recompute"] = fixed + act.without_recompute_bytes();
+    j["total_bytes"] = fixed + (recompute ? act.with_recompute_bytes() : act.without_recompute_bytes());
+  } else {
+    std::printf("\n  activations: %s\n", no_activations.c_str());
+    row("= TOTAL per rank without activations", fixed);
+    j["total_bytes_without_activations"] = fixed;
+  }
+  std::printf("  (no allocator reserve, comm library buffers, kernel workspaces or runtime context: "
+              "docs/tools.md)\n");
+  std::printf("%s\n", j.dump().c_str());
+}
+
+}  // namespace mmtrain

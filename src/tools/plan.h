@@ -1,0 +1,22 @@
+// `mmtrain plan CONFIG --world-size N [--seqlen L]`: per-rank memory of a training run, computed
+// from parameter shapes and the model's activation formula without allocating anything
+// (fsdp/plan.h for the sharded and gathered parameter memory, models/model_plan.h for
+// activations). Reference: docs/tools.md.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mmtrain {
+
+struct PlanOptions {
+  std::string config_path;
+  std::vector<std::string> overrides;  // --set a.b=c
+  int world_size = 1;
+  int64_t seqlen = 0;                  // tokens per sample; 0 = the model's default
+};
+
+// Prints the table, then one JSON line with every figure (bytes) as the last line of stdout.
+void plan_memory(const PlanOptions& options);
+
+}  // namespace mmtrain

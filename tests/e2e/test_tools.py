@@ -1,0 +1,141 @@
+"""The analysis commands through the binary: `flops magihuman` reproduces the seed's figures (from
+the full config, and from an HF directory's headers), `plan` agrees with what the trainer
+allocates, `logs compare` compares two real runs (and a run's console with its metrics.jsonl)."""
+import json
+import re
+
+import torch
+from safetensors.torch import save_file
+
+from conftest import REPO, run_mmtrain, tiny_config, write_config
+
+FULL = REPO / "examples" / "magihuman" / "magihuman_config_t2av.yaml"
+SEED_ARGS = ["--seqlens", "4606", "--gbs", "8", "--device_num", "8", "--step_time", "4.6348",
+             "--hardware_flops", "2.8e14"]
+
+
+def last_json(proc):
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_flops_full_config_reproduces_the_seed():
+    proc = run_mmtrain(["flops", "magihuman", "--config", str(FULL), *SEED_ARGS])
+    got = last_json(proc)
+    assert got["active_linear_params"] == 10_933_616_640
+    assert got["flops_per_sample"] == 332_575_591_792_640
+    assert round(got["tflops_per_device"], 2) == 71.76   # seed: "71.8 TFLOP/s"
+    assert round(100 * got["mfu"], 2) == 25.63
+    assert "10,933,616,640 (10.934B" in proc.stdout
+    assert "25.63 %" in proc.stdout
+    # The coefficient only scales the attention term.
+    doubled = last_json(run_mmtrain(["flops", "magihuman", "--config", str(FULL), *SEED_ARGS,
+                                     "--attention-coefficient", "14"]))
+    assert doubled["attention_flops_per_sample"] == 2 * got["attention_flops_per_sample"]
+
+
+TINY = {"num_layers": 4, "hidden_size": 64, "head_dim": 16, "num_query_groups": 2,
+        "video_in_channels": 16, "audio_in_channels": 8, "text_in_channels": 24,
+        "mm_layers": [0, 3], "gelu7_layers": [0]}
+
+
+def tiny_hf_tensors():
+    """The HF base layout (magihuman.md §4) for TINY, zeros."""
+    d, hd, hq, hkv = 64, 16, 4, 2
+    qkv = (hq + 2 * hkv) * hd + hq
+    t = {"adapter.video_embedder.weight": [d, 16], "adapter.video_embedder.bias": [d],
+         "adapter.text_embedder.weight": [d, 24], "adapter.text_embedder.bias": [d],
+         "adapter.audio_embedder.weight": [d, 8], "adapter.audio_embedder.bias": [d],
+         "adapter.rope.bands": [hd // 8]}
+    for i in range(4):
+        e = 3 if i in (0, 3) else 1
+        inter = 4 * d if i == 0 else int(d * 4 * 2 / 3) // 4 * 4
+        up = inter if i == 0 else 2 * inter
+        p = f"block.layers.{i}."
+        t.update({p + "attention.pre_norm.weight": [d * e], p + "attention.linear_qkv.weight": [qkv * e, d],
+                  p + "attention.linear_proj.weight": [d * e, d], p + "attention.q_norm.weight": [hd * e],
+                  p + "attention.k_norm.weight": [hd * e], p + "mlp.pre_norm.weight": [d * e],
+                  p + "mlp.up_gate_proj.weight": [up * e, d], p + "mlp.down_proj.weight": [d * e, inter]})
+    t.update({"final_norm_video.weight": [d], "final_norm_audio.weight": [d],
+              "final_linear_video.weight": [16, d], "final_linear_audio.weight": [8, d]})
+    return {name: torch.zeros(shape, dtype=torch.bfloat16) for name, shape in t.items()}
+
+
+def test_flops_from_checkpoint_headers_equals_config(tmp_path):
+    tensors = tiny_hf_tensors()
+    names = list(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[:20], "model-00002-of-00002.safetensors": names[20:]}
+    for file, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, str(tmp_path / file))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {k: f for f, keys in shards.items() for k in keys}}))
+    args = ["--seqlens", "50", "70", "--gbs", "4", "--device_num", "2", "--step_time", "0.5"]
+    from_ckpt = last_json(run_mmtrain(["flops", "magihuman", "--ckpt", str(tmp_path), *args]))
+    sets = []
+    for key, value in TINY.items():
+        sets += ["--set", f"model.config.{key}={json.dumps(value)}"]
+    from_config = last_json(run_mmtrain(["flops", "magihuman", "--config", str(FULL), *sets, *args]))
+    assert from_ckpt == from_config
+    # The rule by hand: 2-D tensors, layers 0 and 3 divided by 3.
+    expected = sum(v.numel() / (3 if re.search(r"layers\.(0|3)\.", k) else 1)
+                   for k, v in tensors.items() if v.dim() == 2)
+    assert from_ckpt["active_linear_params"] == expected
+
+
+def test_flops_needs_exactly_one_source():
+    proc = run_mmtrain(["flops", "magihuman", "--seqlens", "10"], check=False)
+    assert proc.returncode == 1 and "exactly one of --config CFG or --ckpt DIR" in proc.stderr
+
+
+MIB = 1048576.0
+
+
+def test_plan_matches_what_the_trainer_allocates(tmp_path, token_file):
+    cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, iters=1))
+    plan = last_json(run_mmtrain(["plan", str(cfg), "--world-size", "2", "--seqlen", "16"]))
+    train = run_mmtrain(["train", str(cfg)], world=2)
+    m = re.search(r"rank 0 holds params ([\d.]+) MiB, grads ([\d.]+) MiB, optimizer state ([\d.]+) MiB "
+                  r"\(full model in param_dtype: ([\d.]+) MiB, (\d+) FSDP units\)", train.stdout)
+    assert m, train.stdout
+    assert float(m.group(1)) == round(plan["param_bytes"] / MIB, 2)
+    assert float(m.group(2)) == round(plan["grad_bytes"] / MIB, 2)
+    assert float(m.group(3)) == round(plan["optimizer_bytes"] / MIB, 2)
+    assert float(m.group(4)) == round(plan["unsharded_param_bytes"] / MIB, 2)
+    assert int(m.group(5)) == plan["units"]
+    assert plan["tokens"] == 2 * 16 and plan["recompute"] is True
+    assert plan["total_bytes"] == plan["total_bytes_recompute"] > 0
+
+
+def test_plan_full_magihuman_on_eight_ranks():
+    proc = run_mmtrain(["plan", str(FULL), "--world-size", "8"])
+    plan = last_json(proc)
+    assert plan["total_params"] == 15_299_419_136   # 331 tensors less the rope bands buffer
+    assert plan["param_bytes"] == 15_299_419_136 // 2  # fp32 / 8 ranks, no padding
+    assert plan["units"] == 41 and plan["units_in_flight"] == 3 and plan["seqlen"] == 4606
+    assert 40 < plan["total_bytes"] / 2**30 < 60, plan
+
+
+def test_logs_compare_two_runs(tmp_path, token_file):
+    # Same global batch (4) two ways: 1 rank x micro 2 x accum 2, and 2 ranks x micro 2 x accum 1.
+    runs = {}
+    for name, world, accum in (("one", 1, 2), ("two", 2, 1)):
+        d = tmp_path / name
+        d.mkdir()
+        cfg = write_config(d / "c.yaml", tiny_config(d, token_file, mbs=2, accum=accum, iters=12))
+        proc = run_mmtrain(["train", str(cfg)], world=world)
+        (d / "console.log").write_text(proc.stdout)
+        runs[name] = d
+    one, two = runs["one"] / "run" / "metrics.jsonl", runs["two"] / "run" / "metrics.jsonl"
+
+    parsed = [json.loads(line) for line in run_mmtrain(["logs", "parse", str(one)]).stdout.splitlines()]
+    assert [r["iteration"] for r in parsed] == list(range(1, 13))
+
+    got = last_json(run_mmtrain(["logs", "compare", str(two), str(one), "--skip-first", "2", "--window", "5"]))
+    assert got["common_iterations"] == 12
+    assert got["loss_rel_diff"] < 1e-4, got          # FSDP on 2 ranks == 1 rank (fp32)
+    assert got["a"]["step_time_ms"]["count"] == 10 and got["a"]["skipped_warmup"] == 2
+    assert got["last_window"]["common_iterations"] == 5
+    assert got["step_time_ratio"] > 0 and got["a"]["samples_per_s"] > 0
+
+    # A run's console (Megatron-style lines) against its own metrics.jsonl: only print rounding.
+    same = last_json(run_mmtrain(["logs", "compare", str(runs["one"] / "console.log"), str(one)]))
+    assert same["common_iterations"] == 12 and same["loss_rel_diff"] < 1e-6

@@ -1,0 +1,147 @@
+// The memory planner against the real engine: for the test transformer on 1, 2 and 4 thread
+// ranks, the planned units, shard sizes and bytes equal what Fsdp and AdamW allocate. Plus the
+// assignment rule on name tables, the in-flight window, and the MagiHuman figures.
+#include "fsdp/fully_shard.h"
+#include "fsdp/plan.h"
+#include "core/error.h"
+#include "models/magihuman/memory.h"
+#include "models/test_transformer.h"
+#include "multirank_harness.h"
+#include "optim/adamw.h"
+
+#include <gtest/gtest.h>
+
+#include <mutex>
+
+namespace mmtrain {
+namespace {
+
+// Odd sizes so that most dim-0 splits are padded on 2 and 4 ranks.
+const nlohmann::json kModelConfig = {{"vocab_size", 97}, {"hidden_size", 40}, {"num_layers", 3},
+                                     {"num_heads", 4},   {"num_kv_heads", 2}, {"ffn_hidden_size", 70}};
+
+class PlanVsFsdp : public ::testing::TestWithParam<int> {};
+
+TEST_P(PlanVsFsdp, ShardBytesEqualFsdpMemoryStats) {
+  const int world = GetParam();
+  FsdpOptions options;
+  options.apply_modules = {"layers.{*}"};
+  options.param_dtype = at::kBFloat16;
+  options.num_to_forward_prefetch = 1;
+  MemoryPlanOptions plan_options;
+  plan_options.world_size = world;
+  plan_options.param_dtype = at::kBFloat16;
+  auto planned_model = make_test_transformer(kModelConfig);
+  const auto plan = fsdp_memory_plan(*planned_model, options.apply_modules, plan_options);
+  ASSERT_EQ(plan.units.size(), 4u);  // root + 3 layers
+
+  std::mutex mutex;
+  testing::run_ranks(world, [&](Comm& comm_ref) {
+    std::shared_ptr<Comm> comm(&comm_ref, [](Comm*) {});
+    auto model = make_test_transformer(kModelConfig);
+    Fsdp fsdp(*model, comm, options);
+    std::vector<at::Tensor> params, grads;
+    for (auto* unit : fsdp.units()) {
+      params.push_back(unit->shard_flat);
+      grads.push_back(unit->grad_flat);
+    }
+    AdamW adamw(params, grads, {});
+    const auto stats = fsdp.memory_stats();
+    std::lock_guard<std::mutex> lock(mutex);
+    EXPECT_EQ(plan.param_bytes, stats.param_bytes) << "rank " << comm->rank();
+    EXPECT_EQ(plan.grad_bytes, stats.grad_bytes);
+    EXPECT_EQ(plan.unsharded_param_bytes, stats.unsharded_param_bytes);
+    EXPECT_EQ(plan.optimizer_bytes, adamw.state_bytes());
+    const auto units = fsdp.units();
+    ASSERT_EQ(units.size(), plan.units.size());
+    for (size_t u = 0; u < units.size(); ++u) {
+      EXPECT_EQ(units[u]->name, plan.units[u].name);
+      EXPECT_EQ(static_cast<int64_t>(units[u]->params.size()), plan.units[u].num_params);
+      EXPECT_EQ(units[u]->shard_flat.numel(), plan.units[u].shard_numel) << units[u]->name;
+      int64_t gathered = 0;
+      for (auto& p : units[u]->params) gathered += p.gathered.numel();
+      EXPECT_EQ(gathered, plan.units[u].gathered_numel) << units[u]->name;
+    }
+  });
+  // Padding only ever adds: 4 ranks hold at least a quarter each.
+  EXPECT_GE(plan.param_bytes * world, plan.total_numel * 4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, PlanVsFsdp, ::testing::Values(1, 2, 4));
+
+TEST(FsdpPlan, DeepestUnitOwnsAParam) {
+  const std::vector<PlanParam> params = {{"emb.w", {10, 4}}, {"blocks.0.attn.w", {8, 4}}, {"blocks.0.mlp.w", {8, 4}},
+                                         {"blocks.1.attn.w", {8, 4}}, {"blocks.1.mlp.w", {8, 4}}, {"head.w", {3}}};
+  const auto names = module_names_from_params(params);
+  EXPECT_EQ(names, (std::vector<std::string>{"", "emb", "blocks", "blocks.0", "blocks.0.attn", "blocks.0.mlp",
+                                             "blocks.1", "blocks.1.attn", "blocks.1.mlp", "head"}));
+  std::vector<std::string> param_names;
+  for (const auto& p : params) param_names.push_back(p.name);
+  const auto a = fsdp_assign_units(names, param_names, {"blocks.{*}.mlp", "blocks.{*}"});
+  // Units in module order, whatever the pattern order.
+  EXPECT_EQ(a.units, (std::vector<std::string>{"", "blocks.0", "blocks.0.mlp", "blocks.1", "blocks.1.mlp"}));
+  EXPECT_EQ(a.owner, (std::vector<size_t>{0, 1, 2, 3, 4, 0}));
+  EXPECT_THROW(fsdp_assign_units(names, param_names, {"layers.{*}"}), Error);
+}
+
+TEST(FsdpPlan, InFlightWindowFollowsPrefetch) {
+  // Units of 10, 50, 20, 30 rows x 1 (fp32, one rank): windows of 2 -> 50+20 = 70 from u1.
+  const std::vector<PlanParam> params = {{"u.0.w", {10}}, {"u.1.w", {50}}, {"u.2.w", {20}}, {"u.3.w", {30}}};
+  MemoryPlanOptions options;
+  options.num_to_forward_prefetch = 1;
+  options.num_to_backward_prefetch = 0;
+  auto plan = fsdp_memory_plan(params, module_names_from_params(params), {"u.{*}"}, options);
+  EXPECT_EQ(plan.units_in_flight, 2);
+  EXPECT_EQ(plan.in_flight_bytes, 70 * 4);
+  EXPECT_EQ(plan.in_flight_first, "u.1");
+  EXPECT_EQ(plan.root_gathered_bytes, 0);
+  options.num_to_backward_prefetch = 2;  // the larger of the two prefetch depths counts
+  plan = fsdp_memory_plan(params, module_names_from_params(params), {"u.{*}"}, options);
+  EXPECT_EQ(plan.in_flight_bytes, 100 * 4);
+  options.reshard_after_forward = false;  // everything stays gathered
+  plan = fsdp_memory_plan(params, module_names_from_params(params), {"u.{*}"}, options);
+  EXPECT_EQ(plan.in_flight_bytes, 110 * 4);
+  // Backward: grads of the largest unit + the 3 largest reduce buffers ([W S] + [S], W = 1).
+  EXPECT_EQ(plan.reduce_bytes, 50 * 4 + (100 + 60 + 40) * 4);
+}
+
+TEST(FsdpPlan, BlocksOnly) {
+  auto model = make_test_transformer(kModelConfig);
+  EXPECT_THROW(fsdp_memory_plan(*model, {"layers.0.attn"}, {}), Error);  // not a block: Fsdp refuses it too
+}
+
+TEST(FsdpPlan, MagiHumanFullModelOnEightRanks) {
+  const magihuman::MagiHumanConfig full;
+  const auto params = magihuman::magihuman_plan_params(full);
+  EXPECT_EQ(params.size(), 330u);  // 331 checkpoint tensors less the rope bands buffer
+  MemoryPlanOptions options;
+  options.world_size = 8;
+  options.param_dtype = at::kBFloat16;
+  options.num_to_forward_prefetch = 2;
+  options.num_to_backward_prefetch = 2;
+  const auto plan = fsdp_memory_plan(params, module_names_from_params(params), {"dit.block.layers.{*}"}, options);
+  EXPECT_EQ(plan.units.size(), 41u);
+  EXPECT_EQ(plan.total_numel, 15299419152 - 16);
+  EXPECT_EQ(plan.param_bytes, (15299419152 - 16) / 2);  // every dim 0 divides by 8: no padding
+  EXPECT_EQ(plan.optimizer_bytes, 2 * plan.param_bytes);
+  EXPECT_EQ(plan.units_in_flight, 3);
+  EXPECT_EQ(plan.in_flight_first, "dit.block.layers.0");  // the GELU7 expert layers are the largest
+}
+
+TEST(FsdpPlan, MagiHumanActivations) {
+  const magihuman::MagiHumanConfig full;
+  const auto a = magihuman::magihuman_activation_estimate(full, 4606);
+  // Per token: 257,872 B in a SwiGLU7 layer, 244,232 B in a GELU7 one (memory.h).
+  EXPECT_EQ(a.max_layer_full_bytes, 257872LL * 4606);
+  EXPECT_EQ(a.layers_full_bytes, (36 * 257872LL + 4 * 244232LL) * 4606);
+  EXPECT_EQ(a.layer_inputs_bytes, 40LL * 4 * 5120 * 4606);
+  EXPECT_EQ(a.with_recompute_bytes(),
+            a.layer_inputs_bytes + a.max_layer_full_bytes + a.outside_bytes + a.backward_bytes);
+  EXPECT_LT(a.with_recompute_bytes(), a.without_recompute_bytes() / 5);
+  // Linear in tokens (block-diagonal flash-style attention keeps no L x L matrix).
+  const auto half = magihuman::magihuman_activation_estimate(full, 2303);
+  EXPECT_EQ(2 * half.layers_full_bytes, a.layers_full_bytes);
+}
+
+}  // namespace
+}  // namespace mmtrain
