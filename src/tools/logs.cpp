@@ -312,6 +312,10 @@ void logs_parse(const std::string& path) {
   for (const auto& record : parse_training_log_file(path)) std::printf("%s\n", record.dump().c_str());
 }
 
+void logs_summary(const std::string& path, const LogStatsOptions& options) {
+  std::printf("%s\n", log_summary(parse_training_log_file(path), options).dump().c_str());
+}
+
 void logs_compare(const std::string& path_a, const std::string& path_b, const LogStatsOptions& options) {
   const auto a = parse_training_log_file(path_a);
   const auto b = parse_training_log_file(path_b);

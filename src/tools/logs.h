@@ -49,6 +49,8 @@ LogRecord compare_training_logs(const std::vector<LogRecord>& a, const std::vect
 // CLI: `logs parse` prints one JSON line per iteration; `logs compare` prints a human summary and
 // the comparison as the last JSON line.
 void logs_parse(const std::string& path);
+// `logs summary` prints one run's log_summary as JSON.
+void logs_summary(const std::string& path, const LogStatsOptions& options);
 void logs_compare(const std::string& path_a, const std::string& path_b, const LogStatsOptions& options);
 
 }  // namespace mmtrain

@@ -7,8 +7,9 @@
 //   fixture magihuman-weights --config CFG --out DIR   random MagiHuman weights in the HF layout
 //   debug collate CONFIG --out FILE       one collated micro-batch of a config, as safetensors
 //   plan CONFIG --world-size N [--seqlen L]   per-rank memory without allocating (docs/tools.md)
-//   logs parse FILE | logs compare A B      training logs (metrics.jsonl or Megatron lines) as JSON / compared
+//   logs parse FILE | summary FILE | compare A B     training logs (metrics.jsonl or Megatron lines) as JSON / compared
 //   flops magihuman (--config CFG | --ckpt DIR) --seqlens ...   model FLOPs, TFLOP/s, MFU (docs/flops.md)
+//   measure gemm [--size N --threads T --dtype fp32|bf16]   GEMM FLOP/s reached here (CPU peak for MFU)
 #include "core/config.h"
 #include "core/error.h"
 #include "dist/runtime.h"
@@ -16,6 +17,7 @@
 #include "tools/convert.h"
 #include "tools/debug.h"
 #include "tools/fixture.h"
+#include "tools/gemm_peak.h"
 #include "tools/flops.h"
 #include "tools/logs.h"
 #include "tools/plan.h"
@@ -23,14 +25,37 @@
 
 #include <CLI/CLI.hpp>
 
+#include <execinfo.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <cstdio>
 
 namespace mmtrain {
 void register_test_models();
 }
 
+namespace {
+
+// A crash in a multi-rank job otherwise shows up only as the peers' "connection reset": print
+// where this rank died before the default handler ends it.
+void print_backtrace_and_die(int signal_number) {
+  void* frames[64];
+  const int count = backtrace(frames, 64);
+  const char header[] = "mmtrain: fatal signal, backtrace:\n";
+  (void)!write(STDERR_FILENO, header, sizeof(header) - 1);
+  backtrace_symbols_fd(frames, count, STDERR_FILENO);
+  std::signal(signal_number, SIG_DFL);
+  std::raise(signal_number);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace mmtrain;
+  std::signal(SIGSEGV, print_backtrace_and_die);
+  std::signal(SIGBUS, print_backtrace_and_die);
+  std::signal(SIGABRT, print_backtrace_and_die);
   CLI::App app{"mmtrain: FSDP2 training for large multimodal models"};
   app.require_subcommand(1);
 
@@ -150,14 +175,30 @@ int main(int argc, char** argv) {
   auto* logs_parse_cmd = logs->add_subcommand("parse", "print one normalized JSON record per iteration");
   std::string log_a, log_b;
   logs_parse_cmd->add_option("file", log_a, "log file")->required();
+  LogStatsOptions log_stats;
+  auto* logs_summary_cmd = logs->add_subcommand("summary", "one run: steady-state step time, throughput, MFU, loss");
+  logs_summary_cmd->add_option("file", log_a, "log file")->required();
+  logs_summary_cmd->add_option("--skip-first,--skip_first", log_stats.skip_first, "warm-up iterations left out")
+      ->capture_default_str();
   auto* logs_compare_cmd = logs->add_subcommand("compare", "loss agreement, step time and throughput of two runs");
   logs_compare_cmd->add_option("a", log_a, "log of run A")->required();
   logs_compare_cmd->add_option("b", log_b, "log of run B (the reference)")->required();
-  LogStatsOptions log_stats;
   logs_compare_cmd->add_option("--skip-first,--skip_first", log_stats.skip_first, "warm-up iterations left out of step times")
       ->capture_default_str();
   logs_compare_cmd->add_option("--window", log_stats.window, "also average the last W iterations (0: off)")
       ->capture_default_str();
+
+  auto* measure = app.add_subcommand("measure", "measure this machine");
+  measure->require_subcommand(1);
+  auto* gemm = measure->add_subcommand("gemm", "GEMM FLOP/s reached here (the CPU stand-in for a peak, for MFU)");
+  int64_t gemm_size = 1024;
+  int gemm_threads = 1, gemm_repeats = 10;
+  std::string gemm_dtype = "fp32";
+  gemm->add_option("--size", gemm_size, "square matrix size")->capture_default_str();
+  gemm->add_option("--threads", gemm_threads, "intra-op threads (a torchrun rank here uses OMP_NUM_THREADS)")
+      ->capture_default_str();
+  gemm->add_option("--repeats", gemm_repeats, "timed repeats (the median is reported)")->capture_default_str();
+  gemm->add_option("--dtype", gemm_dtype, "fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
   try {
@@ -174,6 +215,10 @@ int main(int argc, char** argv) {
       convert_ckpt_to_hf("magihuman", load_dir, save_dir, assets_dir);
     } else if (step->parsed()) {
       debug_step(config_path, overrides, batch_path, debug_out);
+    } else if (gemm->parsed()) {
+      auto peak = measure_gemm_peak(gemm_size, gemm_dtype == "bf16" ? at::kBFloat16 : at::kFloat, gemm_threads, gemm_repeats);
+      std::printf("{\"gemm_flops\": %.6g, \"size\": %lld, \"threads\": %d, \"dtype\": \"%s\"}\n",
+                  peak.flops_per_second, static_cast<long long>(peak.size), peak.threads, gemm_dtype.c_str());
     } else if (tokens->parsed()) {
       fixture_tokens(out_path, samples, seq_len, vocab, seed, learnable);
       std::printf("wrote %s\n", out_path.c_str());
@@ -189,6 +234,8 @@ int main(int argc, char** argv) {
       std::printf("wrote %s\n", collate_out.c_str());
     } else if (logs_parse_cmd->parsed()) {
       logs_parse(log_a);
+    } else if (logs_summary_cmd->parsed()) {
+      logs_summary(log_a, log_stats);
     } else if (logs_compare_cmd->parsed()) {
       logs_compare(log_a, log_b, log_stats);
     } else if (plan->parsed()) {
@@ -198,6 +245,10 @@ int main(int argc, char** argv) {
     }
   } catch (const Error& e) {
     std::fprintf(stderr, "mmtrain: error: %s\n", e.what());
+    return 1;
+  } catch (const c10::Error& e) {
+    // From LibTorch or c10d (e.g. a peer rank died): the message without LibTorch's C++ frames.
+    std::fprintf(stderr, "mmtrain: error: %s\n", e.what_without_backtrace());
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mmtrain: internal error: %s\n", e.what());

@@ -82,24 +82,31 @@ def check_complete(ckpt_root: Path) -> int:
 
 
 def test_kill_during_saves_never_breaks_latest(tmp_path, token_file):
-    """Saves every step; SIGKILL the whole job at several moments; `latest` must always be
-    complete and resumable."""
+    """Saves every step; SIGKILL the whole job at several moments while it is saving; `latest`
+    must always name a complete, resumable checkpoint."""
     cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, iters=100000, save_interval=1))
     torchrun = Path(sys.executable).parent / "torchrun"
+    latest = tmp_path / "ckpt" / "latest"
     seen = set()
-    for delay in (2.0, 2.7, 3.4, 4.1):
+    for delay in (0.0, 0.05, 0.13, 0.21, 0.34):
+        resume = ["--set", f"training.load={tmp_path / 'ckpt'}"] if latest.exists() else []
+        before = latest.read_text() if latest.exists() else ""
         proc = subprocess.Popen(
             [str(torchrun), "--nproc-per-node", "2", "--master-port", str(free_port()), "--no-python",
-             str(mmtrain_bin()), "train", str(cfg)] + (["--set", f"training.load={tmp_path / 'ckpt'}"]
-                                                         if (tmp_path / "ckpt" / "latest").exists() else []),
+             str(mmtrain_bin()), "train", str(cfg), *resume],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"),
             start_new_session=True)
+        # Wait until this run has committed a checkpoint of its own (a loaded machine may take a
+        # while to start), then kill it `delay` seconds into the following saves.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and (not latest.exists() or latest.read_text() == before):
+            assert proc.poll() is None, "training exited before its first save"
+            time.sleep(0.02)
         time.sleep(delay)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        if (tmp_path / "ckpt" / "latest").exists():
-            seen.add(check_complete(tmp_path / "ckpt"))
-    assert seen, "no checkpoint was ever completed"
+        seen.add(check_complete(tmp_path / "ckpt"))
+    assert len(seen) >= 2, f"kills did not land at different points of the run: {seen}"
     # The newest complete checkpoint resumes.
     last = check_complete(tmp_path / "ckpt")
     run_mmtrain(["train", str(cfg), "--set", f"training.load={tmp_path / 'ckpt'}",
