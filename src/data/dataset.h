@@ -1,8 +1,10 @@
 // Datasets, collators and the sampler: how samples become micro-batches.
 //
 // Randomness in collation (noise, sigma) is counter-based: a collator gets a generator seeded
-// from (seed, step, micro-batch, rank), so the data position is the whole data state and
-// resuming at step t reproduces the uninterrupted run exactly.
+// from (seed, position in the sample stream of its micro-batch's first sample). The data
+// position is therefore the whole data state (resuming at step t reproduces the uninterrupted
+// run exactly), and a micro-batch draws the same noise whichever rank and accumulation step it
+// lands on (2 ranks x 2 micro-batches train exactly like 1 rank x 4).
 #pragma once
 #include "core/config.h"
 #include "core/registry.h"
@@ -46,11 +48,12 @@ struct GlobalBatchSampler {
   int dp_rank = 0;
 
   int64_t global_batch_size() const { return micro_batch_size * gradient_accumulation_steps * dp_world; }
+  // Position in the sample stream (before the modulo) of micro-batch `micro`'s first sample.
+  int64_t first_position(int64_t step, int64_t micro) const;
   std::vector<int64_t> indices(int64_t step, int64_t micro) const;
 };
 
-// The generator a collator uses for (step, micro, rank): independent of how many steps ran
-// before in this process.
-at::Generator collate_generator(uint64_t seed, int64_t step, int64_t micro, int rank);
+// The generator a collator uses for the micro-batch starting at stream position `position`.
+at::Generator collate_generator(uint64_t seed, int64_t position);
 
 }  // namespace mmtrain

@@ -40,7 +40,7 @@ void debug_collate(const std::string& config_path, const std::vector<std::string
     samples.push_back(dataset->get(index));
     indices += (indices.empty() ? "" : ",") + std::to_string(index);
   }
-  auto generator = collate_generator(c.training.seed, o.step, o.micro, o.rank);
+  auto generator = collate_generator(c.training.seed, sampler.first_position(o.step, o.micro));
   const auto batch = collator->collate(samples, generator);
 
   std::vector<std::pair<std::string, at::Tensor>> tensors(batch.begin(), batch.end());  // std::map: sorted

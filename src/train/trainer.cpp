@@ -216,7 +216,7 @@ struct Trainer::State {
       for (int m = 0; m < accum; ++m) {
         std::vector<Batch> samples;
         for (int64_t index : sampler.indices(step, m)) samples.push_back(dataset->get(index));
-        auto generator = collate_generator(t.seed, step, m, comm().rank());
+        auto generator = collate_generator(t.seed, sampler.first_position(step, m));
         auto batch = collator->collate(samples, generator);
         fsdp->begin_forward();
         auto out = model->forward(batch);
