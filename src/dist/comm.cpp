@@ -16,8 +16,8 @@ void CommWork::wait() {
   }
 }
 
-Comm::Comm(c10::intrusive_ptr<c10d::Backend> backend, int rank, int world_size)
-    : backend_(std::move(backend)), rank_(rank), world_size_(world_size) {
+Comm::Comm(c10::intrusive_ptr<c10d::Backend> backend, int rank, int world_size, at::Device device)
+    : backend_(std::move(backend)), rank_(rank), world_size_(world_size), device_(device) {
   if (world_size_ > 1 && !backend_) fail("Comm: world size ", world_size_, " needs a backend");
   native_reduce_scatter_ = backend_ && backend_->getBackendName() == "nccl";
 }
@@ -125,11 +125,18 @@ void Comm::barrier() {
   backend_->barrier()->wait();
 }
 
-double Comm::all_reduce_sum(double value) {
-  if (world_size_ == 1) return value;
-  auto t = at::full({1}, value, at::kDouble);
-  all_reduce_sum(t).wait();
-  return t.item<double>();
+double Comm::all_reduce_sum(double value) { return all_reduce_sum(std::vector<double>{value})[0]; }
+
+static std::vector<double> reduce_doubles(Comm& comm, const std::vector<double>& values, bool max) {
+  if (comm.world_size() == 1) return values;
+  auto t = at::tensor(values, at::kDouble).to(comm.device());
+  (max ? comm.all_reduce_max(t) : comm.all_reduce_sum(t)).wait();
+  t = t.cpu();
+  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
 }
+
+std::vector<double> Comm::all_reduce_sum(const std::vector<double>& values) { return reduce_doubles(*this, values, false); }
+
+std::vector<double> Comm::all_reduce_max(const std::vector<double>& values) { return reduce_doubles(*this, values, true); }
 
 }  // namespace mmtrain

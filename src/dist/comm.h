@@ -30,11 +30,13 @@ class CommWork {
 
 class Comm {
  public:
-  // backend may be null only when world_size == 1.
-  Comm(c10::intrusive_ptr<c10d::Backend> backend, int rank, int world_size);
+  // backend may be null only when world_size == 1. device: where collective tensors live (NCCL
+  // needs CUDA tensors; the scalar helpers below allocate there).
+  Comm(c10::intrusive_ptr<c10d::Backend> backend, int rank, int world_size, at::Device device = at::kCPU);
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
+  at::Device device() const { return device_; }
   const c10::intrusive_ptr<c10d::Backend>& backend() const { return backend_; }
 
   // out [W * n] <- concat over ranks of in [n] (rank order). Same dtype.
@@ -56,11 +58,15 @@ class Comm {
 
   // Convenience: blocking sum of a double across ranks (metrics, grad norms).
   double all_reduce_sum(double value);
+  // Blocking sum / max of a few doubles across ranks (one collective for all of them).
+  std::vector<double> all_reduce_sum(const std::vector<double>& values);
+  std::vector<double> all_reduce_max(const std::vector<double>& values);
 
  private:
   c10::intrusive_ptr<c10d::Backend> backend_;
   int rank_ = 0;
   int world_size_ = 1;
+  at::Device device_ = at::kCPU;
   bool native_reduce_scatter_ = false;
 };
 

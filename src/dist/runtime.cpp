@@ -2,6 +2,8 @@
 
 #include "core/error.h"
 
+#include <ATen/Context.h>
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -34,6 +36,19 @@ int env_int(const char* name, int fallback) {
 }
 
 }  // namespace
+
+Device default_device() {
+  if (const char* name = env_or_null("MMTRAIN_DEVICE")) {
+    const std::string value = name;
+    if (value == "cpu") return Device::cpu;
+    if (value == "cuda") return Device::cuda;
+    fail("MMTRAIN_DEVICE='", value, "': expected cpu or cuda");
+  }
+#ifdef MMTRAIN_CUDA
+  if (at::hasCUDA()) return Device::cuda;
+#endif
+  return Device::cpu;
+}
 
 LaunchEnv LaunchEnv::from_environment() {
   LaunchEnv env;
@@ -82,8 +97,10 @@ Runtime runtime_init(const LaunchEnv& env, Device device, std::chrono::milliseco
 #ifdef MMTRAIN_CUDA
   if (device == Device::cuda) c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank));
 #endif
+  const at::Device comm_device = device == Device::cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank))
+                                                       : at::Device(at::kCPU);
   if (env.world_size == 1) {
-    rt.comm = std::make_shared<Comm>(nullptr, 0, 1);
+    rt.comm = std::make_shared<Comm>(nullptr, 0, 1, comm_device);
     return rt;
   }
   c10d::TCPStoreOptions opts;
@@ -104,7 +121,7 @@ Runtime runtime_init(const LaunchEnv& env, Device device, std::chrono::milliseco
   }
   rt.store = c10::make_intrusive<c10d::PrefixStore>("mmtrain_default_pg", store);
   rt.comm = std::make_shared<Comm>(make_backend(rt.store, env.rank, env.world_size, device, timeout),
-                                   env.rank, env.world_size);
+                                   env.rank, env.world_size, comm_device);
   return rt;
 }
 

@@ -32,6 +32,9 @@ struct LaunchEnv {
 
 enum class Device { cpu, cuda };
 
+// MMTRAIN_DEVICE=cpu|cuda if set; else cuda when this build has CUDA and a GPU is visible.
+Device default_device();
+
 struct Runtime {
   LaunchEnv env;
   Device device = Device::cpu;

@@ -206,7 +206,7 @@ int main(int argc, char** argv) {
     register_test_models();
     if (train->parsed()) {
       auto config = config_load(config_path, overrides);
-      auto runtime = runtime_init(LaunchEnv::from_environment(), Device::cpu);
+      auto runtime = runtime_init(LaunchEnv::from_environment(), default_device());
       Trainer trainer(std::move(config), std::move(runtime));
       trainer.run();
     } else if (hf_to_ckpt->parsed()) {

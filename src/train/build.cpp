@@ -27,7 +27,7 @@ int64_t load_initial_weights(const Config& config, Model& model, Fsdp& fsdp) {
   const std::string path = !m.checkpoint_path.empty() ? m.checkpoint_path : m.model_name_or_path;
   if (path.empty()) {
     fsdp.init_params(config.training.seed);
-    init_buffers(model);
+    init_buffers(model, fsdp.options().device);
     return 0;
   }
   return load_hf_weights(model, fsdp, WeightSource(path));

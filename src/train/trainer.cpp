@@ -69,7 +69,9 @@ struct Trainer::State {
     const auto& c = config;
     config_check_world(c, comm().world_size());
     model = build_model(c);
-    fsdp = std::make_unique<Fsdp>(*model, runtime.comm, fsdp_options(c));
+    auto options = fsdp_options(c);
+    options.device = comm().device();
+    fsdp = std::make_unique<Fsdp>(*model, runtime.comm, options);
 
     std::vector<at::Tensor> params, grads;
     for (auto* unit : fsdp->units()) {
@@ -218,6 +220,7 @@ struct Trainer::State {
         for (int64_t index : sampler.indices(step, m)) samples.push_back(dataset->get(index));
         auto generator = collate_generator(t.seed, sampler.first_position(step, m));
         auto batch = collator->collate(samples, generator);
+        for (auto& [key, tensor] : batch) tensor = tensor.to(comm().device());
         fsdp->begin_forward();
         auto out = model->forward(batch);
         (out.loss / accum).backward();
@@ -229,24 +232,22 @@ struct Trainer::State {
       const double grad_norm = fsdp->clip_grad_norm(t.clip_grad);
       if (!std::isfinite(grad_norm)) fail("iteration ", step + 1, ": grad norm is ", grad_norm, " (NaN/Inf): stopping");
       adamw->step(lr);
-      auto totals = at::tensor({loss_sum, flops, tokens}, at::kDouble);
-      comm().all_reduce_sum(totals).wait();
-      auto rss = at::full({1}, peak_rss_mb(), at::kDouble);
-      comm().all_reduce_max(rss).wait();
+      const auto totals = comm().all_reduce_sum(std::vector<double>{loss_sum, flops, tokens});
+      const double rss_mb = comm().all_reduce_max(std::vector<double>{peak_rss_mb()})[0];
       const double step_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
 
       nlohmann::json record = {{"iteration", step + 1},
                                {"consumed_samples", (step + 1) * sampler.global_batch_size()},
                                {"global_batch_size", sampler.global_batch_size()},
-                               {"loss", totals[0].item<double>() / (accum * world)},
+                               {"loss", totals[0] / (accum * world)},
                                {"grad_norm", grad_norm},
                                {"lr", lr},
                                {"step_time_ms", step_ms},
-                               {"tokens", static_cast<int64_t>(totals[2].item<double>())},
-                               {"peak_rss_mb", rss.item<double>()}};
-      if (totals[1].item<double>() > 0) {
-        const double tflops = totals[1].item<double>() / world / (step_ms / 1000.0) / 1e12;
+                               {"tokens", static_cast<int64_t>(totals[2])},
+                               {"peak_rss_mb", rss_mb}};
+      if (totals[1] > 0) {
+        const double tflops = totals[1] / world / (step_ms / 1000.0) / 1e12;
         record["tflops_per_device"] = tflops;
         if (config.logging.hardware_flops > 0) record["mfu"] = tflops * 1e12 / config.logging.hardware_flops;
       }

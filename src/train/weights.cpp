@@ -68,16 +68,16 @@ int64_t load_hf_weights(Model& model, Fsdp& fsdp, const WeightSource& source) {
   for (auto& [name, param] : model.named_parameters()) {
     if (param->trainable) continue;
     const int64_t rows = param->shape.empty() ? 1 : param->shape[0];
-    param->value = source.read_rows(model.hf_key(name), 0, rows).to(at::kFloat);
+    param->value = source.read_rows(model.hf_key(name), 0, rows).to(fsdp.options().device, at::kFloat);
   }
   return conversions;
 }
 
-void init_buffers(Model& model) {
+void init_buffers(Model& model, at::Device device) {
   for (auto& [name, param] : model.named_parameters()) {
     if (param->trainable) continue;
     if (!param->init_value) fail("buffer '", name, "' has no init rule and no weights were given");
-    param->value = param->init_value();
+    param->value = param->init_value().to(device);
   }
 }
 
@@ -103,7 +103,7 @@ void load_checkpoint_model(Model& model, Fsdp& fsdp, const CheckpointReader& rea
     if (reader.global_shape(key) != param->shape)
       fail("checkpoint ", reader.dir(), ": '", key, "' has shape ", at::IntArrayRef(reader.global_shape(key)),
            ", the model expects ", at::IntArrayRef(param->shape));
-    if (!param->trainable) param->value = reader.read_full(key).to(at::kFloat);
+    if (!param->trainable) param->value = reader.read_full(key).to(fsdp.options().device, at::kFloat);
   }
   fsdp.load_params([&](const std::string& name, int64_t b, int64_t e) { return reader.read_rows("model." + name, b, e); });
 }

@@ -35,8 +35,8 @@ class WeightSource {
 // number (each rank logs it).
 int64_t load_hf_weights(Model& model, Fsdp& fsdp, const WeightSource& source);
 
-// Buffers of a fresh model from their init rule.
-void init_buffers(Model& model);
+// Buffers of a fresh model from their init rule, on device.
+void init_buffers(Model& model, at::Device device);
 
 // Params ("model.<name>": this rank's real rows) and buffers (whole, on rank 0) for a checkpoint.
 std::vector<ShardedTensor> model_sharded_tensors(Model& model, Fsdp& fsdp, int rank);

@@ -111,7 +111,7 @@ class TestTransformer : public Model {
     auto inputs = tokens.narrow(1, 0, tokens.size(1) - 1);
     auto labels = tokens.narrow(1, 1, tokens.size(1) - 1);
     const int64_t s = inputs.size(1);
-    auto [cos, sin] = rope_tables(at::arange(s, at::kFloat), config_.hidden_size / config_.num_heads,
+    auto [cos, sin] = rope_tables(at::arange(s, tokens.options().dtype(at::kFloat)), config_.hidden_size / config_.num_heads,
                                   config_.rope_theta);
     auto x = at::embedding(embed->weight.value, inputs);
     for (auto& layer : layers->layers) {

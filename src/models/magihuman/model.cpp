@@ -231,7 +231,7 @@ class MagiHumanModel : public Model {
       rows.index[k] = (modality == k).nonzero().view(-1);
       rows.count[k] = rows.index[k].numel();
     }
-    auto cu = cu_seqlens.to(at::kLong);
+    auto cu = cu_seqlens.to(at::kCPU, at::kLong);
     std::vector<int64_t> seq_begins(cu.data_ptr<int64_t>(), cu.data_ptr<int64_t>() + cu.numel());
     if (seq_begins.size() < 2 || seq_begins.front() != 0 || seq_begins.back() != L)
       fail("batch 'cu_seqlens' must run from 0 to L = ", L, ", got ", cu_seqlens);
