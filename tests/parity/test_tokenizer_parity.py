@@ -14,6 +14,9 @@ Contract:
     3.x shipped, ByteLevel, ignore_merges, merges generated from the ranks), compared with the
     `tokenizers` library: as is, with fix_mistral_regex (pre_tokenizer[0] replaced exactly as
     transformers does), and with split_special_tokens (tokenizers' encode_special_tokens).
+  * Wide corpus: make_wide_corpus() adds 3000 strings of random code points over planes 0-3
+    (unassigned ones and odd spaces such as U+0085, U+180E, U+200B, U+001C included), to catch
+    regex-engine and Unicode-table differences (PCRE2 vs Rust regex vs Oniguruma).
   * Every comparison must have 0 mismatches; the figures go to the parity summary.
 The C++ side runs through the hidden `mmtrain debug tokenize` subcommand ($MMTRAIN_BIN).
 """
@@ -95,6 +98,21 @@ def make_corpus(count: int = 1200, seed: int = 0) -> list[str]:
             specials = DEFAULT_SPECIALS + V13_EXTRA_SPECIALS + ["<SPECIAL_999>"]
             corpus.append(rng.choice(FRAGMENTS) + rng.choice(specials) + rng.choice(FRAGMENTS) +
                           rng.choice(["", " "]) + rng.choice(specials))
+    return corpus
+
+
+def make_wide_corpus(count: int = 3000, seed: int = 1) -> list[str]:
+    rng = random.Random(seed)
+    odd = [0x85, 0xA0, 0x180E, 0x200B, 0x2028, 0x1C, 0x1D, 0x1E, 0x1F, 0x0B, 0x0C, 0x20, 0x0A, 0x0D, 0x09, 0x3000,
+           0xFEFF, 0x2060]
+    corpus = []
+    for _ in range(count):
+        chars = []
+        for _ in range(rng.randint(1, 40)):
+            r = rng.random()
+            cp = rng.randint(0x20, 0xFFFF) if r < 0.5 else rng.randint(0x10000, 0x3FFFF) if r < 0.8 else rng.choice(odd)
+            chars.append(chr(0x41 if 0xD800 <= cp <= 0xDFFF else cp))  # no lone surrogates
+        corpus.append("".join(chars))
     return corpus
 
 
@@ -241,6 +259,21 @@ def test_hf_bpe_matches_tokenizers(mmtrain_bin, corpus, hf_file, tmp_path, parit
         lambda ids: ref.decode(ids, skip_special_tokens=True))
     parity_report(f"tokenizer hf ({mode}): {len(corpus)} strings, id mismatches {bad_ids}, decode mismatches {bad_text}")
     assert (bad_ids, bad_text) == (0, 0), examples
+
+
+def test_wide_code_points(mmtrain_bin, hf_file, tmp_path, parity_report):
+    corpus = make_wide_corpus()
+    tk = Tekkenizer.from_file(TEKKEN_FILE)
+    rows = run_cpp(mmtrain_bin, TEKKEN_FILE, corpus, tmp_path, "wide_tekken", "--format", "tekken")
+    tekken_bad = compare(corpus, rows, lambda s: tk.encode(s, bos=False, eos=False), tk.decode)
+    rows = run_cpp(mmtrain_bin, hf_file, corpus, tmp_path, "wide_hf", "--format", "hf", "--fix-mistral-regex")
+    ref = hf_reference(hf_file, fix_mistral_regex=True)
+    hf_bad = compare(corpus, rows, lambda s: ref.encode(s, add_special_tokens=False).ids,
+                     lambda ids: ref.decode(ids, skip_special_tokens=True))
+    parity_report(f"tokenizer wide code points: {len(corpus)} strings, tekken id/decode mismatches "
+                  f"{tekken_bad[0]}/{tekken_bad[1]}, hf (fix_mistral_regex) {hf_bad[0]}/{hf_bad[1]}")
+    assert tekken_bad[:2] == (0, 0), tekken_bad[2]
+    assert hf_bad[:2] == (0, 0), hf_bad[2]
 
 
 def test_fix_mistral_regex_agrees_with_tekken(mmtrain_bin, corpus, hf_file, tekken_v13, tmp_path, parity_report):
