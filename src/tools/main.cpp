@@ -21,6 +21,7 @@
 #include "tools/flops.h"
 #include "tools/logs.h"
 #include "tools/plan.h"
+#include "tools/tokenize.h"
 #include "train/trainer.h"
 
 #include <CLI/CLI.hpp>
@@ -123,6 +124,18 @@ int main(int argc, char** argv) {
   step->add_option("--set", overrides, "override a config key (repeatable)");
   step->add_option("--batch", batch_path, "batch as safetensors (the collator's keys)")->required();
   step->add_option("--out", debug_out, "output .safetensors")->required();
+
+  // Hidden (empty group): the tokenizer parity tests' entry point.
+  auto* tokenize = debug->add_subcommand("tokenize", "tokenize a JSONL of strings (parity tests)")->group("");
+  DebugTokenizeOptions tokenize_options;
+  tokenize->add_option("--tokenizer", tokenize_options.tokenizer_path, "tekken.json or tokenizer.json")->required();
+  tokenize->add_option("--format", tokenize_options.format, "tekken | hf | auto")
+      ->check(CLI::IsMember({"tekken", "hf", "auto"}))
+      ->capture_default_str();
+  tokenize->add_flag("--fix-mistral-regex", tokenize_options.fix_mistral_regex, "hf: transformers' fix_mistral_regex");
+  tokenize->add_flag("--split-special-tokens", tokenize_options.split_special_tokens, "hf: no added special tokens from text");
+  tokenize->add_option("--in", tokenize_options.in_path, "JSONL, one JSON string per line")->required();
+  tokenize->add_option("--out", tokenize_options.out_path, "JSONL, one {ids, text} per line")->required();
 
   auto* convert = app.add_subcommand("convert", "convert weights between the public HF layout and mmtrain checkpoints");
   convert->require_subcommand(1);
@@ -232,6 +245,8 @@ int main(int argc, char** argv) {
     } else if (collate->parsed()) {
       debug_collate(collate_config, collate_overrides, collate_out, collate_options);
       std::printf("wrote %s\n", collate_out.c_str());
+    } else if (tokenize->parsed()) {
+      debug_tokenize(tokenize_options);
     } else if (logs_parse_cmd->parsed()) {
       logs_parse(log_a);
     } else if (logs_summary_cmd->parsed()) {
