@@ -15,6 +15,7 @@
 #include "tools/builtins.h"
 #include "tools/convert.h"
 #include "tools/debug.h"
+#include "tools/debug_image.h"
 #include "tools/fixture.h"
 #include "tools/flops.h"
 #include "tools/logs.h"
@@ -98,6 +99,15 @@ int main(int argc, char** argv) {
   step->add_option("--set", overrides, "override a config key (repeatable)");
   step->add_option("--batch", batch_path, "batch as safetensors (the collator's keys)")->required();
   step->add_option("--out", debug_out, "output .safetensors")->required();
+
+  // Hidden (group ""): the Pixtral image pipeline on one file, for the parity tests.
+  auto* debug_img = debug->add_subcommand("image", "Pixtral image pipeline on one image (tools/debug_image.h)")->group("");
+  std::string image_in, image_out;
+  DebugImageOptions image_options;
+  debug_img->add_option("--in", image_in, "image file (PNG, JPEG, ...)")->required();
+  debug_img->add_option("--out", image_out, "output .safetensors")->required();
+  debug_img->add_flag("--align-to-patch", image_options.align_to_patch, "multiples of patch_size (LLaMA-Factory), not patch*merge");
+  debug_img->add_flag("--with-decoded", image_options.with_decoded, "also write the decoded RGB image");
 
   auto* convert = app.add_subcommand("convert", "convert weights between the public HF layout and mmtrain checkpoints");
   convert->require_subcommand(1);
@@ -184,6 +194,8 @@ int main(int argc, char** argv) {
     } else if (mhw->parsed()) {
       fixture_magihuman_weights(mhw_config, mhw_out, mhw_shards, mhw_seed);
       std::printf("wrote %s\n", mhw_out.c_str());
+    } else if (debug_img->parsed()) {
+      debug_image(image_in, image_out, image_options);
     } else if (collate->parsed()) {
       debug_collate(collate_config, collate_overrides, collate_out, collate_options);
       std::printf("wrote %s\n", collate_out.c_str());
