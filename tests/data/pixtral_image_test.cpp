@@ -124,7 +124,7 @@ TEST(PixtralImage, BicubicMatchesPillowBytes) {
   // Expected bytes: np.array(Image.fromarray(src).resize((W, H), Image.BICUBIC)) with Pillow 13.
   std::vector<int> src(5 * 3 * 3);
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<int>(i * 17 % 256);
-  const auto up = resize_bicubic_pil(image_from(src, 5, 3), 4, 7);  // down rows, up cols
+  const auto up = resize_bicubic_pil(image_from(src, 5, 3), 4, 7);  // Pillow 13: vertical pass first here
   const std::vector<int> up_expected = {
       29,  46,  63,  38,  56,  73,  59,  80,  97,  85,  102, 119, 111, 101, 118, 132, 93,  110, 141, 91,  108,
       104, 120, 137, 113, 133, 150, 133, 171, 188, 160, 192, 209, 192, 146, 163, 220, 89,  106, 232, 67,  84,
@@ -139,6 +139,17 @@ TEST(PixtralImage, BicubicMatchesPillowBytes) {
                                           133, 136, 110, 121, 138, 127, 121, 118, 140, 140, 126, 121,
                                           110, 145, 133, 128, 117, 133, 139, 123, 125, 125, 116, 118};
   EXPECT_EQ(bytes_of(down), std::vector<uint8_t>(down_expected.begin(), down_expected.end()));
+
+  // Pillow <= 12 pass order (horizontal first) on the same vertical-first case: expected bytes from
+  // a Python port of the algorithm (that port matches Pillow 13 on 400 random size pairs), not
+  // from an old Pillow.
+  const auto legacy = resize_bicubic_pil(image_from(src, 5, 3), 4, 7, PillowPassOrder::always_horizontal_first);
+  const std::vector<int> legacy_expected = {
+      33,  46,  63,  38,  56,  73,  59,  80,  97,  85,  102, 119, 111, 101, 118, 132, 93,  110, 140, 92,  108,
+      104, 120, 137, 113, 133, 150, 133, 170, 187, 160, 192, 209, 193, 146, 163, 221, 90,  107, 229, 69,  84,
+      136, 169, 185, 147, 146, 163, 177, 90,  107, 192, 44,  61,  145, 66,  83,  89,  103, 120, 67,  116, 133,
+      122, 145, 162, 132, 143, 160, 156, 135, 152, 178, 134, 151, 177, 156, 173, 170, 180, 197, 167, 190, 207};
+  EXPECT_EQ(bytes_of(legacy), std::vector<uint8_t>(legacy_expected.begin(), legacy_expected.end()));
 
   const auto same = image_from(src, 5, 3);
   EXPECT_TRUE(at::equal(resize_bicubic_pil(same, 5, 3), same));
