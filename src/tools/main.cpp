@@ -16,6 +16,7 @@
 #include "tools/builtins.h"
 #include "tools/convert.h"
 #include "tools/debug.h"
+#include "tools/debug_image.h"
 #include "tools/fixture.h"
 #include "tools/gemm_peak.h"
 #include "tools/flops.h"
@@ -136,6 +137,14 @@ int main(int argc, char** argv) {
   tokenize->add_flag("--split-special-tokens", tokenize_options.split_special_tokens, "hf: no added special tokens from text");
   tokenize->add_option("--in", tokenize_options.in_path, "JSONL, one JSON string per line")->required();
   tokenize->add_option("--out", tokenize_options.out_path, "JSONL, one {ids, text} per line")->required();
+  // Hidden (group ""): the Pixtral image pipeline on one file, for the parity tests.
+  auto* debug_img = debug->add_subcommand("image", "Pixtral image pipeline on one image (tools/debug_image.h)")->group("");
+  std::string image_in, image_out;
+  DebugImageOptions image_options;
+  debug_img->add_option("--in", image_in, "image file (PNG, JPEG, ...)")->required();
+  debug_img->add_option("--out", image_out, "output .safetensors")->required();
+  debug_img->add_flag("--align-to-patch", image_options.align_to_patch, "multiples of patch_size (LLaMA-Factory), not patch*merge");
+  debug_img->add_flag("--with-decoded", image_options.with_decoded, "also write the decoded RGB image");
 
   auto* convert = app.add_subcommand("convert", "convert weights between the public HF layout and mmtrain checkpoints");
   convert->require_subcommand(1);
@@ -242,6 +251,8 @@ int main(int argc, char** argv) {
     } else if (mhw->parsed()) {
       fixture_magihuman_weights(mhw_config, mhw_out, mhw_shards, mhw_seed);
       std::printf("wrote %s\n", mhw_out.c_str());
+    } else if (debug_img->parsed()) {
+      debug_image(image_in, image_out, image_options);
     } else if (collate->parsed()) {
       debug_collate(collate_config, collate_overrides, collate_out, collate_options);
       std::printf("wrote %s\n", collate_out.c_str());

@@ -1,0 +1,77 @@
+// stb_image decoding into RGB uint8 [H, W, 3]; see image_decode.h. Links Debian's libstb.so
+// (its implementation is compiled there, so no STB_IMAGE_IMPLEMENTATION here).
+#include "data/image/image_decode.h"
+
+#include "core/error.h"
+
+#include <stb/stb_image.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <vector>
+
+namespace mmtrain::image {
+
+at::Tensor composite_on_white(const at::Tensor& rgba) {
+  if (rgba.dim() != 3 || rgba.size(2) != 4 || rgba.scalar_type() != at::kByte)
+    fail("composite_on_white: expected uint8 [H, W, 4], found ", rgba.scalar_type(), " ", rgba.sizes());
+  const auto src = rgba.contiguous();
+  const int64_t pixels = src.size(0) * src.size(1);
+  auto out = at::empty({src.size(0), src.size(1), 3}, at::kByte);
+  const uint8_t* in = src.data_ptr<uint8_t>();
+  uint8_t* o = out.data_ptr<uint8_t>();
+  // Pillow AlphaComposite.c with dst = (255, 255, 255, 255), PRECISION_BITS 7: the output alpha
+  // is 255, coef1 = a*255*255*128 / (255*255) = a*128, coef2 = (255-a)*128, and each channel is
+  // ((t >> 8) + t) >> 8 >> 7 of t = src*coef1 + 255*coef2 + (0x80 << 7): a rounded division by 255.
+  constexpr uint32_t kBits = 7;
+  for (int64_t i = 0; i < pixels; ++i, in += 4, o += 3) {
+    const uint32_t a = in[3];
+    if (a == 0) {  // Pillow copies dst for a fully transparent source pixel
+      o[0] = o[1] = o[2] = 255;
+      continue;
+    }
+    const uint32_t out_a255 = a * 255 + 255 * (255 - a);
+    const uint32_t coef1 = a * 255 * 255 * (1u << kBits) / out_a255;
+    const uint32_t coef2 = 255 * (1u << kBits) - coef1;
+    for (int c = 0; c < 3; ++c) {
+      const uint32_t t = in[c] * coef1 + 255u * coef2 + (0x80u << kBits);
+      o[c] = static_cast<uint8_t>((((t >> 8) + t) >> 8) >> kBits);
+    }
+  }
+  return out;
+}
+
+at::Tensor decode_image_bytes(const uint8_t* data, size_t size, const std::string& label) {
+  if (size == 0) fail("image ", label, ": empty (0 bytes), expected an encoded image (PNG, JPEG, ...)");
+  if (size > static_cast<size_t>(INT32_MAX)) fail("image ", label, ": ", size, " bytes, stb_image reads at most 2 GiB");
+  int width = 0, height = 0, channels = 0;
+  // Ask for 4 channels always; `channels` still reports the source's (2 and 4 = transparency,
+  // which includes a PNG tRNS chunk).
+  std::unique_ptr<stbi_uc, void (*)(void*)> pixels(
+      stbi_load_from_memory(data, static_cast<int>(size), &width, &height, &channels, 4), stbi_image_free);
+  if (!pixels) {
+    const char* reason = stbi_failure_reason();
+    fail("image ", label, ": cannot decode (", reason ? reason : "unknown reason",
+         "); expected a PNG, JPEG, BMP, GIF, TGA, PSD or PNM image");
+  }
+  if (width <= 0 || height <= 0) fail("image ", label, ": decoded to ", height, "x", width, " pixels, expected at least 1x1");
+  auto rgba = at::empty({height, width, 4}, at::kByte);
+  std::memcpy(rgba.data_ptr<uint8_t>(), pixels.get(), static_cast<size_t>(height) * width * 4);
+  if (channels == 2 || channels == 4) return composite_on_white(rgba);
+  return rgba.narrow(2, 0, 3).contiguous();
+}
+
+at::Tensor decode_image_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) fail("image ", path, ": no such file");
+  if (std::filesystem::is_directory(path, ec)) fail("image ", path, ": is a directory, expected an image file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("image ", path, ": cannot open for reading");
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) fail("image ", path, ": read error");
+  return decode_image_bytes(bytes.data(), bytes.size(), path);
+}
+
+}  // namespace mmtrain::image
