@@ -4,6 +4,8 @@
 
 #include "core/error.h"
 
+#include "test_util.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -13,18 +15,8 @@
 namespace mmtrain {
 namespace {
 
-// gmock is not installed; IsSubstring gives the same failure text as HasSubstr.
-#define EXPECT_CONTAINS(haystack, needle) EXPECT_PRED_FORMAT2(::testing::IsSubstring, needle, haystack)
 
-// The message of the Error fn throws; "" (which then fails every EXPECT_CONTAINS) if none.
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using mmtrain::testing::error_of;
 
 // The seed's examples/magihuman/magihuman_config_t2av.yaml (seed 000 §3.4 and §5), with its
 // anchor/alias, plus a logging section.

@@ -4,6 +4,8 @@
 
 #include "core/error.h"
 
+#include "test_util.h"
+
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -11,16 +13,8 @@
 namespace mmtrain {
 namespace {
 
-#define EXPECT_CONTAINS(haystack, needle) EXPECT_PRED_FORMAT2(::testing::IsSubstring, needle, haystack)
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using mmtrain::testing::error_of;
 
 struct PatternCase {
   std::string pattern;

@@ -4,6 +4,8 @@
 
 #include "core/suggest.h"
 
+#include "test_util.h"
+
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -12,18 +14,10 @@
 namespace mmtrain {
 namespace {
 
-#define EXPECT_CONTAINS(haystack, needle) EXPECT_PRED_FORMAT2(::testing::IsSubstring, needle, haystack)
 
 using Factory = std::function<int(int)>;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using mmtrain::testing::error_of;
 
 TEST(RegistryTest, AddGetNames) {
   Registry<Factory> registry("model");

@@ -8,6 +8,8 @@
 #include "core/error.h"
 #include "tools/builtins.h"
 
+#include "test_util.h"
+
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
@@ -52,16 +54,7 @@ struct Fixture {
   }
 };
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-#define EXPECT_CONTAINS(haystack, needle) EXPECT_PRED_FORMAT2(::testing::IsSubstring, needle, haystack)
+using mmtrain::testing::error_of;
 
 TEST(MagiHumanDatasetTest, ReadsPtAndSafetensorsSortedByStem) {
   Fixture f;

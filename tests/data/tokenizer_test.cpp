@@ -10,6 +10,8 @@
 #include "checkpoint/checkpoint_test_util.h"
 #include "core/error.h"
 
+#include "test_util.h"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -19,16 +21,8 @@
 namespace mmtrain::tokenizer {
 namespace {
 
-#define EXPECT_CONTAINS(haystack, needle) EXPECT_PRED_FORMAT2(::testing::IsSubstring, needle, haystack)
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using mmtrain::testing::error_of;
 
 std::string base64(const std::string& bytes) {
   static const char* alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
