@@ -242,13 +242,14 @@ struct GluLayout {
   int64_t linear_offset() const { return interleaved ? 1 : width; }
 };
 
+// The gate stride gs (2: interleaved, else 1) is a template argument so the loops vectorise.
 // Runs fn(u_row, out_row_index, j0, n, s) over the flat output elements [0, rows * I) in blocks of
 // kSigmoidBlock, where s[0..n) = sigmoid(alpha * min(gate, 7)) for the segment of n elements
 // starting at output column j0 of row out_row_index; the segments of a block share one sigmoid call.
-template <typename scalar_t, typename Fn>
+template <typename scalar_t, int64_t gs, typename Fn>
 void for_each_glu_block(const scalar_t* u, int64_t rows, const GluLayout& g, const Fn& fn) {
   using acc_t = at::opmath_type<scalar_t>;
-  const int64_t total = rows * g.width, blocks = divup(total, kSigmoidBlock), gs = g.gate_stride();
+  const int64_t total = rows * g.width, blocks = divup(total, kSigmoidBlock);
   const acc_t limit = static_cast<acc_t>(kLimit), alpha = static_cast<acc_t>(kAlpha);
   at::parallel_for(0, blocks, 1, [&](int64_t bb, int64_t be) {
     std::vector<acc_t> s(kSigmoidBlock);
@@ -275,13 +276,13 @@ void for_each_glu_block(const scalar_t* u, int64_t rows, const GluLayout& g, con
 }
 
 // out = a * s * (b + 1), a = min(gate, 7), b = clamp(linear, -7, 7) (gelu7: out = a * s)
-template <typename scalar_t>
+template <typename scalar_t, int64_t gs>
 void glu_forward_kernel(const at::Tensor& u, const GluLayout& g, at::Tensor& out) {
   using acc_t = at::opmath_type<scalar_t>;
   const acc_t limit = static_cast<acc_t>(kLimit);
-  const int64_t gs = g.gate_stride(), lo = g.linear_offset();
+  const int64_t lo = g.linear_offset();
   acc_t* op = out.mutable_data_ptr<acc_t>();
-  for_each_glu_block(u.const_data_ptr<scalar_t>(), out.numel() / std::max<int64_t>(1, g.width), g,
+  for_each_glu_block<scalar_t, gs>(u.const_data_ptr<scalar_t>(), out.numel() / std::max<int64_t>(1, g.width), g,
                      [&](const scalar_t* ur, int64_t row, int64_t j0, int64_t n, const acc_t* s) {
     acc_t* o = op + row * g.width + j0;
     const scalar_t* gate = ur + j0 * gs;
@@ -306,15 +307,15 @@ void glu_forward_kernel(const at::Tensor& u, const GluLayout& g, at::Tensor& out
 //   dP = go * (b + 1), db = go * P, da = dP * s + ((dP * a) * (1 - s)) * s * alpha
 //   dgate = gate <= 7 ? da : 0 (clamp_max's backward), dlinear = -7 <= linear <= 7 ? db : 0
 // gelu7: dP is go itself and there is no linear.
-template <typename scalar_t>
+template <typename scalar_t, int64_t gs>
 void glu_backward_kernel(const at::Tensor& u, const GluLayout& g, const at::Tensor& go, at::Tensor& du) {
   using acc_t = at::opmath_type<scalar_t>;
   const acc_t limit = static_cast<acc_t>(kLimit), alpha = static_cast<acc_t>(kAlpha), one(1), zero(0);
-  const int64_t gs = g.gate_stride(), lo = g.linear_offset();
+  const int64_t lo = g.linear_offset();
   const scalar_t* up = u.const_data_ptr<scalar_t>();
   const acc_t* gop = go.const_data_ptr<acc_t>();
   scalar_t* dup = du.mutable_data_ptr<scalar_t>();
-  for_each_glu_block(up, go.numel() / std::max<int64_t>(1, g.width), g,
+  for_each_glu_block<scalar_t, gs>(up, go.numel() / std::max<int64_t>(1, g.width), g,
                      [&](const scalar_t* ur, int64_t row, int64_t j0, int64_t n, const acc_t* s) {
     const acc_t* gor = gop + row * g.width + j0;
     const scalar_t* gate = ur + j0 * gs;
@@ -359,7 +360,10 @@ struct GluFunction : torch::autograd::Function<GluFunction> {
     at::Tensor out;
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, u.scalar_type(), "fused_glu7", [&] {
       out = at::empty(shape, u.options().dtype(opmath_dtype<scalar_t>()));
-      glu_forward_kernel<scalar_t>(u, g, out);
+      if (g.gate_stride() == 2)
+        glu_forward_kernel<scalar_t, 2>(u, g, out);
+      else
+        glu_forward_kernel<scalar_t, 1>(u, g, out);
     });
     ctx->save_for_backward({u});
     ctx->saved_data["gated"] = gated;
@@ -375,7 +379,10 @@ struct GluFunction : torch::autograd::Function<GluFunction> {
     auto du = at::empty_like(u);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, u.scalar_type(), "fused_glu7_backward", [&] {
       auto go = grads[0].to(opmath_dtype<scalar_t>()).contiguous();
-      glu_backward_kernel<scalar_t>(u, g, go, du);
+      if (g.gate_stride() == 2)
+        glu_backward_kernel<scalar_t, 2>(u, g, go, du);
+      else
+        glu_backward_kernel<scalar_t, 1>(u, g, go, du);
     });
     return {du, at::Tensor(), at::Tensor()};
   }
