@@ -162,6 +162,18 @@ TEST(FusedRmsNorm1p, GradientsMatchTheReferenceAutograd) {
   }
 }
 
+TEST(FusedRmsNorm1p, Bf16WeightGetsABf16Gradient) {
+  // bf16 parameters (param_dtype bf16): dw is reduced in fp32/double and rounded once to bf16
+  at::manual_seed(6);
+  auto x = at::randn({200, 128}), w = (at::randn({128}) * 0.1).to(at::kBFloat16), gy = at::randn({200, 128});
+  auto fused = grads_of([](const auto& in) { return fused_rms_norm_1p(in[0], in[1], 1e-6); }, {x, w}, gy);
+  auto ref = grads_of([](const auto& in) { return rms_norm_1p(in[0], in[1], 1e-6); }, {x, w}, gy);
+  ASSERT_EQ(fused[1].scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::equal(fused_rms_norm_1p(x, w, 1e-6), rms_norm_1p(x, w, 1e-6)));
+  EXPECT_LT(rel_l2(fused[0], ref[0]), 1e-6);
+  EXPECT_LE(max_ulp(fused[1], ref[1]), 1);
+}
+
 TEST(FusedRmsNorm1p, Float64CentralDifferences) {
   auto x = smooth_double({3, 2, 8}, 4), w = smooth_double({8}, 5) * 0.05;
   expect_gradcheck([](const auto& in) { return fused_rms_norm_1p(in[0], in[1], 1e-6); }, {x, w}, "rms_norm_1p");

@@ -191,26 +191,29 @@ void rms_norm_backward_kernel(const at::Tensor& x, const RowLayout& layout, cons
 }
 
 struct RmsNorm1pFunction : torch::autograd::Function<RmsNorm1pFunction> {
+  // Saves x and (1 + w) in opmath, not w itself, as the reference graph does: a parameter that
+  // FSDP reshards after forward is never held by the graph.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
     RowLayout layout;
     auto xr = addressable_rows(x, layout);
     auto y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-    at::Tensor rstd;
+    at::Tensor rstd, gamma;
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "fused_rms_norm_1p", [&] {
       const auto acc = opmath_dtype<scalar_t>();
-      auto gamma = (weight.to(acc) + 1.0).contiguous();  // (1 + w), as the reference: w.float() + 1
+      gamma = (weight.to(acc) + 1.0).contiguous();  // (1 + w), as the reference: w.float() + 1
       rstd = at::empty({x.numel() / std::max<int64_t>(1, x.size(-1))}, x.options().dtype(acc));
       rms_norm_forward_kernel<scalar_t>(xr, layout, gamma, eps, y, rstd);
     });
-    ctx->save_for_backward({x, weight});
+    ctx->save_for_backward({x});
+    ctx->saved_data["gamma"] = gamma;
     ctx->saved_data["rstd"] = rstd;
+    ctx->saved_data["weight_dtype"] = weight.scalar_type();
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const auto& x = saved[0];
-    const auto& weight = saved[1];
+    const auto x = ctx->get_saved_variables()[0];
+    const auto gamma = ctx->saved_data["gamma"].toTensor();
     const auto rstd = ctx->saved_data["rstd"].toTensor();
     const bool need_dx = ctx->needs_input_grad(0), need_dw = ctx->needs_input_grad(1);
     at::Tensor dx, dw;
@@ -221,10 +224,9 @@ struct RmsNorm1pFunction : torch::autograd::Function<RmsNorm1pFunction> {
     if (need_dx) dx = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
     auto dw_acc = need_dw ? at::empty({x.size(-1)}, x.options().dtype(at::kDouble)) : at::Tensor();
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "fused_rms_norm_1p_backward", [&] {
-      auto gamma = (weight.to(opmath_dtype<scalar_t>()) + 1.0).contiguous();
       rms_norm_backward_kernel<scalar_t>(xr, layout, gamma, rstd, gy, dx, dw_acc, need_dx, need_dw);
     });
-    if (need_dw) dw = dw_acc.to(weight.scalar_type()).view(weight.sizes());
+    if (need_dw) dw = dw_acc.to(ctx->saved_data["weight_dtype"].toScalarType());
     return {dx, dw, at::Tensor()};
   }
 };
