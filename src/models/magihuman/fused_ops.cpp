@@ -83,10 +83,11 @@ at::Tensor addressable_rows(const at::Tensor& x, RowLayout& layout) {
 }
 
 // y = (x * rsqrt(mean(x^2) + eps)) * (1 + w); rstd [rows] keeps the rsqrt for the backward.
-// Rows go in blocks of about kNormBlock elements, still in cache for their second read: the
-// squares into a scratch block, then ATen's own mean, + eps and rsqrt over the block (the same
-// per-row summation order as the reference, which does not depend on the rows around it, and
-// MKL's vsInvSqrt, which is not 1 / sqrt), then the scaling.
+// Two passes over x. First, rows in blocks of about kNormBlock elements: their squares into a
+// scratch block and ATen's own mean over it (the reference's per-row summation order, which
+// does not depend on the rows around it). Then + eps and ATen's rsqrt over all rows at once (MKL's
+// vsInvSqrt, not 1 / sqrt) outside any parallel region: MKL called from inside one stalled the
+// threads under CPU contention (forwards 10-40x slower). Then the scaling.
 template <typename scalar_t>
 void rms_norm_forward_kernel(const at::Tensor& x, const RowLayout& layout, const at::Tensor& gamma,
                              double eps, at::Tensor& y, at::Tensor& rstd) {
@@ -110,15 +111,17 @@ void rms_norm_forward_kernel(const at::Tensor& x, const RowLayout& layout, const
           sq[i] = v * v;  // pow(2)
         }
       }
-      auto rs = at::from_blob(rp + r0, {n}, acc_options);
-      at::mean_out(rs, at::from_blob(squares.data(), {n, d}, acc_options), {1});
-      rs.add_(eps).rsqrt_();
-      for (int64_t r = 0; r < n; ++r) {
-        const scalar_t* xr = xp + layout.offset(r0 + r);
-        const acc_t s = rp[r0 + r];
-        scalar_t* yr = yp + (r0 + r) * d;
-        for (int64_t i = 0; i < d; ++i) yr[i] = static_cast<scalar_t>(static_cast<acc_t>(xr[i]) * s * gp[i]);
-      }
+      auto mean = at::from_blob(rp + r0, {n}, acc_options);
+      at::mean_out(mean, at::from_blob(squares.data(), {n, d}, acc_options), {1});
+    }
+  });
+  rstd.add_(eps).rsqrt_();
+  at::parallel_for(0, rows, row_grain(d), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const scalar_t* xr = xp + layout.offset(r);
+      const acc_t s = rp[r];
+      scalar_t* yr = yp + r * d;
+      for (int64_t i = 0; i < d; ++i) yr[i] = static_cast<scalar_t>(static_cast<acc_t>(xr[i]) * s * gp[i]);
     }
   });
 }
