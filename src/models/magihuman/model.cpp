@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "models/magihuman/flops.h"
+#include "models/magihuman/fused_ops.h"
 #include "models/magihuman/ops.h"
 
 #include <algorithm>
@@ -67,6 +68,21 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& w) {
   return at::linear(x.to(w.scalar_type()), w).to(at::kFloat);
 }
 
+// model.config.fused_ops picks the fused CPU kernels (fused_ops.h) or the reference ATen ops
+// (ops.h, the oracle); tensors off the CPU always take the reference ops.
+at::Tensor norm_1p(const MagiHumanConfig& c, const at::Tensor& x, const at::Tensor& w) {
+  return c.fused_ops && x.is_cpu() ? fused_rms_norm_1p(x, w, c.norm_eps) : rms_norm_1p(x, w, c.norm_eps);
+}
+at::Tensor partial_rope(const MagiHumanConfig& c, const at::Tensor& x, const at::Tensor& rope) {
+  return c.fused_ops && x.is_cpu() ? fused_partial_rope(x, rope) : apply_partial_rope(x, rope);
+}
+// u [L, up_gate_rows] fp32 -> [L, mlp_width] fp32
+at::Tensor mlp_activation(const MagiHumanConfig& c, const at::Tensor& u, bool gelu7_layer) {
+  const bool interleaved = !c.deinterleave_mlp;
+  if (c.fused_ops && u.is_cpu()) return gelu7_layer ? fused_gelu7(u) : fused_swiglu7(u, interleaved);
+  return gelu7_layer ? gelu7(u) : swiglu7(u, interleaved);
+}
+
 class Attention : public Module {
  public:
   Attention(const MagiHumanConfig& c, int64_t experts) : c_(c), experts_(experts) {
@@ -83,20 +99,20 @@ class Attention : public Module {
     const auto& c = c_;
     const int64_t L = h.size(0), hq = c.num_heads_q(), hkv = c.num_query_groups, hd = c.head_dim;
     auto qkv = per_expert(h, rows, experts_, [&](int64_t k, const at::Tensor& part) {
-      auto a = rms_norm_1p(part, expert_slice(pre_norm->weight.value, experts_, k), c.norm_eps);
+      auto a = norm_1p(c, part, expert_slice(pre_norm->weight.value, experts_, k));
       return block_linear(a, expert_slice(linear_qkv->weight.value, experts_, k));
     });                                                                               // [L, qkv] fp32
     auto q = qkv.slice(1, 0, hq * hd).view({L, hq, hd});
     auto key = qkv.slice(1, hq * hd, (hq + hkv) * hd).view({L, hkv, hd});
     auto v = qkv.slice(1, (hq + hkv) * hd, (hq + 2 * hkv) * hd).view({L, hkv, hd});
     q = per_expert(q, rows, experts_, [&](int64_t k, const at::Tensor& part) {
-      return rms_norm_1p(part, expert_slice(q_norm->weight.value, experts_, k), c.norm_eps);
+      return norm_1p(c, part, expert_slice(q_norm->weight.value, experts_, k));
     });
     key = per_expert(key, rows, experts_, [&](int64_t k, const at::Tensor& part) {
-      return rms_norm_1p(part, expert_slice(k_norm->weight.value, experts_, k), c.norm_eps);
+      return norm_1p(c, part, expert_slice(k_norm->weight.value, experts_, k));
     });
-    q = apply_partial_rope(q, rope);
-    key = apply_partial_rope(key, rope);
+    q = partial_rope(c, q, rope);
+    key = partial_rope(c, key, rope);
 
     // Full attention within each packed sample, none across samples (cu_seqlens).
     const auto compute = linear_qkv->weight.value.scalar_type();
@@ -141,9 +157,9 @@ class Mlp : public Module {
   // h [L, D] fp32 -> [L, D] fp32
   at::Tensor forward(const at::Tensor& h, const ModalityRows& rows) {
     return per_expert(h, rows, experts_, [&](int64_t k, const at::Tensor& part) {
-      auto b = rms_norm_1p(part, expert_slice(pre_norm->weight.value, experts_, k), c_.norm_eps);
+      auto b = norm_1p(c_, part, expert_slice(pre_norm->weight.value, experts_, k));
       auto u = block_linear(b, expert_slice(up_gate_proj->weight.value, experts_, k));
-      auto z = gelu7_ ? gelu7(u) : swiglu7(u, /*interleaved=*/!c_.deinterleave_mlp);
+      auto z = mlp_activation(c_, u, gelu7_);
       return block_linear(z, expert_slice(down_proj->weight.value, experts_, k));
     });
   }
@@ -265,7 +281,7 @@ class MagiHumanModel : public Model {
         {kVideo, {final_norm_video, final_linear_video}}, {kAudio, {final_norm_audio, final_linear_audio}}};
     for (const auto& [k, head] : heads) {
       if (rows.count[k] == 0) continue;
-      auto part = rms_norm_1p(h.index_select(0, rows.index[k]), head.first->weight.value, c.norm_eps);
+      auto part = norm_1p(c, h.index_select(0, rows.index[k]), head.first->weight.value);
       const auto& w = head.second->weight.value;
       auto out = at::linear(part.to(w.scalar_type()), w).to(at::kFloat);
       out = at::constant_pad_nd(out, {0, c.out_width() - out.size(1)});
