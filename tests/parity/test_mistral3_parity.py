@@ -280,3 +280,41 @@ def test_vision_attention_is_per_image(m3):
     assert torch.equal(got["vision_features"][pa + pb:], base["vision_features"][pa + pb:])
     assert rel_l2(base["vision_features"], torch.cat([alone[0], alone[1], base["vision_features"][pa + pb:]])) < RTOL
 
+
+
+def test_image_token_mismatch_is_an_error(m3):
+    """One [IMG] fewer than the images give: an error naming both counts, as HF's ValueError."""
+    bad = dict(m3["batch"])
+    bad["input_ids"] = bad["input_ids"].clone()
+    bad["input_ids"][0, 2] = 50  # the first [IMG] of image A
+    path = m3["tmp"] / "batch_mismatch.safetensors"
+    save_file({k: v.contiguous() for k, v in bad.items()}, str(path))
+    m3["step"](m3["tmp"] / "new.safetensors", True, "mismatch_cfg")  # writes the config
+    proc = run_mmtrain(["debug", "step", str(m3["tmp"] / "mismatch_cfg.yaml"), "--batch", str(path),
+                        "--out", str(m3["tmp"] / "mismatch.out.safetensors")], check=False)
+    assert proc.returncode != 0
+    assert "14 [IMG] tokens" in proc.stderr + proc.stdout and "15 features" in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize("path,value,message", [
+    (("tie_word_embeddings",), True, "tie_word_embeddings"),
+    (("text_config", "tie_word_embeddings"), True, "tie_word_embeddings"),
+    (("text_config", "sliding_window"), 4096, "sliding_window"),
+    (("text_config", "rope_parameters"), {"rope_theta": 1e6, "rope_type": "yarn"}, "rope_type"),
+    (("vision_config", "hidden_act"), "relu", "hidden_act"),
+    (("text_config", "bogus_key"), 1, "unknown key 'bogus_key'"),
+])
+def test_config_values_that_change_the_math_are_refused(m3, path, value, message):
+    config = json.loads(Path(m3["tmp"], "hf", "config.json").read_text())
+    node = config
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    text = config_yaml(m3["tmp"], m3["tmp"] / "new.safetensors", True)
+    text = "\n".join(f"  config: {json.dumps(config)}" if line.startswith("  config:") else line
+                     for line in text.splitlines())
+    cfg = write_config(m3["tmp"] / "bad_config.yaml", text)
+    proc = run_mmtrain(["debug", "step", str(cfg), "--batch", str(m3["tmp"] / "batch.safetensors"),
+                        "--out", str(m3["tmp"] / "bad.out.safetensors")], check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr + proc.stdout, proc.stderr[-2000:]
