@@ -1,0 +1,114 @@
+// mistral3 under FSDP on 2 thread ranks (vision and text layers as units, frozen vision tower and
+// projector) equals 1 rank: every rank trains on the same batch, so the averaged grads equal the
+// single-rank ones. Frozen params stay bitwise unchanged, the trainable ones move.
+#include "fsdp/fully_shard.h"
+#include "models/mistral3/model.h"
+#include "multirank_harness.h"
+#include "optim/adamw.h"
+
+#include <gtest/gtest.h>
+
+#include <mutex>
+
+namespace mmtrain {
+namespace {
+
+const nlohmann::json kConfig = nlohmann::json::parse(R"({
+  "text_config": {"vocab_size": 48, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                  "num_key_value_heads": 2, "head_dim": 12, "intermediate_size": 40, "rope_theta": 1000.0},
+  "vision_config": {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 24,
+                    "patch_size": 4, "image_size": 32, "hidden_act": "silu"},
+  "image_token_index": 10, "spatial_merge_size": 2, "freeze_vision": true})");
+
+Batch make_batch() {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  auto ids = at::randint(14, 48, {1, 16}, gen, at::kLong);
+  ids.narrow(1, 2, 4).fill_(10);  // one 16x16 image: 4x4 patches -> 2x2 = 4 [IMG]
+  auto labels = ids.clone();
+  labels.narrow(1, 0, 7).fill_(-100);
+  auto pixels = at::zeros({1, 3, 20, 16});  // padded below
+  pixels.narrow(2, 0, 16).normal_(0.0, 1.0, gen);
+  return {{"input_ids", ids}, {"labels", labels}, {"pixel_values", pixels},
+          {"image_sizes", at::tensor(std::vector<int64_t>{16, 16}, at::kLong).view({1, 2})}};
+}
+
+struct Result {
+  std::vector<double> losses;
+  std::map<std::string, at::Tensor> params;
+};
+
+Result train(int world) {
+  Result result;
+  std::mutex mutex;
+  const auto batch = make_batch();
+  testing::run_ranks(world, [&](Comm& comm_ref) {
+    std::shared_ptr<Comm> comm(&comm_ref, [](Comm*) {});
+    auto model = mistral3::make_mistral3(kConfig);
+    FsdpOptions options;
+    options.apply_modules = {"model.vision_tower.transformer.layers.{*}", "model.language_model.layers.{*}"};
+    Fsdp fsdp(*model, comm, options);
+    fsdp.init_params(5);
+    std::vector<at::Tensor> params, grads;
+    for (auto* unit : fsdp.units()) {
+      params.push_back(unit->shard_flat);
+      grads.push_back(unit->grad_flat);
+    }
+    AdamW adamw(params, grads, {0.9, 0.95, 1e-8, 0.1});
+    auto units = fsdp.units();
+    for (size_t u = 0; u < units.size(); ++u) adamw.set_update_mask(u, fsdp_trainable_mask(*units[u]));
+    std::vector<double> losses;
+    for (int step = 0; step < 3; ++step) {
+      fsdp.zero_grad();
+      fsdp.begin_forward();
+      auto out = model->forward(batch);
+      out.loss.backward();
+      fsdp.finish_backward();
+      fsdp.clip_grad_norm(1.0);
+      adamw.step(1e-2);
+      losses.push_back(out.loss.item<double>());
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    if (comm->rank() == 0) result.losses = losses;
+    for (auto* unit : units)
+      for (auto& p : unit->params) {
+        auto& full = result.params[p.name];
+        if (!full.defined()) full = at::zeros(p.param->shape);
+        const int64_t rows = p.layout.rows(comm->rank());
+        if (rows > 0) full.narrow(0, p.layout.row_begin(comm->rank()), rows).copy_(p.shard.narrow(0, 0, rows));
+      }
+  });
+  return result;
+}
+
+TEST(Mistral3Fsdp, TwoRanksEqualOneRankWithFrozenVision) {
+  const auto one = train(1), two = train(2);
+  ASSERT_EQ(one.losses.size(), two.losses.size());
+  for (size_t i = 0; i < one.losses.size(); ++i) EXPECT_NEAR(one.losses[i], two.losses[i], 1e-5 * std::abs(one.losses[i]));
+  EXPECT_LT(one.losses.back(), one.losses.front());
+
+  // Fresh params (the same init) to tell frozen from trained.
+  auto model = mistral3::make_mistral3(kConfig);
+  Fsdp fresh(*model, std::make_shared<Comm>(nullptr, 0, 1), FsdpOptions{});
+  fresh.init_params(5);
+  int frozen = 0, trained = 0;
+  for (auto* unit : fresh.units())
+    for (auto& p : unit->params) {
+      const auto& a = one.params.at(p.name);
+      const auto& b = two.params.at(p.name);
+      EXPECT_LE((a - b).norm().item<double>(), 1e-5 * a.norm().item<double>() + 1e-12) << p.name;
+      const auto init = p.shard.narrow(0, 0, p.layout.dim0);
+      if (!p.param->requires_grad) {
+        ++frozen;
+        EXPECT_TRUE(at::equal(a, init)) << p.name << " changed although frozen (1 rank)";
+        EXPECT_TRUE(at::equal(b, init)) << p.name << " changed although frozen (2 ranks)";
+      } else {
+        ++trained;
+        EXPECT_FALSE(at::equal(a, init)) << p.name << " did not train";
+      }
+    }
+  EXPECT_EQ(frozen, 2 + 2 * 9 + 4);  // patch_conv, ln_pre, 2 vision layers x 9, projector 4
+  EXPECT_EQ(trained, 1 + 2 * 9 + 1 + 1);  // embed, 2 text layers x 9, norm, lm_head
+}
+
+}  // namespace
+}  // namespace mmtrain
