@@ -113,3 +113,30 @@ TEST(Mistral3Fsdp, TwoRanksWithRecomputeEqualOneRankWithFrozenVision) {
 
 }  // namespace
 }  // namespace mmtrain
+
+namespace mmtrain {
+namespace {
+
+// The spec's worked figures (magistral.md §9) for the 24B config.
+TEST(Mistral3Flops, SpecFigures) {
+  const auto c = mistral3::Mistral3Config::from_json(nlohmann::json::parse(R"({
+    "text_config": {"vocab_size": 131072, "hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads": 32,
+                    "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 32768, "rope_theta": 1e9},
+    "vision_config": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
+                      "intermediate_size": 4096, "patch_size": 14, "image_size": 1540, "hidden_act": "silu"},
+    "image_token_index": 10, "spatial_merge_size": 2})"));
+  // S = 2048 unpacked: 137.41 GFLOP (6 N_mm, N_mm = 22,900,899,840) + 1,966,080 * 1024.5 per token.
+  const double per_token = mistral3::mistral3_train_flops(c, 1, 2048, {}) / 2048;
+  EXPECT_NEAR(per_token, 6.0 * 22900899840.0 + 1966080.0 * 1024.5, 1.0);
+  EXPECT_NEAR(per_token / 1e9, 139.4, 0.05);
+  // One 504x644 image, vision and projector frozen: 1656 patches -> 1.61 TFLOP, 414 merged -> 29.5 GFLOP.
+  const double image = mistral3::mistral3_train_flops(c, 1, 1, {{504, 644}}) - mistral3::mistral3_train_flops(c, 1, 1, {});
+  const double vision = 1656 * (2.0 * (24 * 16777216.0 + 602112.0) + 98304.0 * 1656);
+  const double projector = 414 * 2.0 * 35651584.0;  // projector matmuls: 4,194,304 + 5,242,880 + 26,214,400
+  EXPECT_NEAR(image, vision + projector, 1.0);
+  EXPECT_NEAR(vision / 1e12, 1.61, 0.01);
+  EXPECT_NEAR(projector / 1e9, 29.5, 0.05);
+}
+
+}  // namespace
+}  // namespace mmtrain

@@ -199,6 +199,33 @@ class TextLayer : public Module {
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 
+}  // namespace
+
+double mistral3_train_flops(const Mistral3Config& c, int64_t rows, int64_t seq_len,
+                            const std::vector<std::pair<int64_t, int64_t>>& image_sizes) {
+  const double H = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  const double text_matmul = c.num_layers * (H * q + 2 * H * kv + q * H + 3 * H * c.intermediate_size) +
+                             static_cast<double>(c.vocab_size) * H;  // + lm_head; the embedding is a lookup
+  const double tokens = static_cast<double>(rows) * seq_len;
+  const double causal_keys = static_cast<double>(rows) * seq_len * (seq_len + 1) / 2.0;  // sum of keys per query
+  double flops = 6.0 * text_matmul * tokens + 3.0 * 4.0 * c.num_layers * q * causal_keys;
+  const double Dv = c.vision_hidden_size, p = c.patch_size, m = c.spatial_merge_size;
+  const double vision_matmul = c.vision_num_layers * (4 * Dv * Dv + 3 * Dv * c.vision_intermediate_size) + Dv * c.num_channels * p * p;
+  const double projector_matmul = Dv * m * m * Dv + Dv * H + H * H;
+  const double mult = c.freeze_vision ? 1.0 : 3.0;  // frozen: forward only
+  for (const auto& [height, width] : image_sizes) {
+    const int64_t h = height / c.patch_size, w = width / c.patch_size;
+    const double patches = static_cast<double>(h) * w;
+    const double merged = static_cast<double>(h / c.spatial_merge_size) * (w / c.spatial_merge_size);
+    const double forward = 2.0 * vision_matmul * patches + 4.0 * c.vision_num_layers * Dv * patches * patches +
+                           2.0 * projector_matmul * merged;
+    flops += mult * forward;
+  }
+  return flops;
+}
+
+namespace {
+
 class Mistral3Model : public Model {
  public:
   explicit Mistral3Model(const Mistral3Config& config) : c_(config) {
@@ -279,6 +306,17 @@ class Mistral3Model : public Model {
     result.tokens = B * S;
     result.tensors["logits"] = logits;
     return result;
+  }
+
+  double train_flops(const Batch& batch) const override {
+    const auto& ids = batch_get(batch, "input_ids");
+    std::vector<std::pair<int64_t, int64_t>> image_hw;
+    if (auto it = batch.find("pixel_values"); it != batch.end() && it->second.size(0) > 0) {
+      const auto sizes = batch_get(batch, "image_sizes").to(at::kLong).contiguous();
+      for (int64_t i = 0; i < sizes.size(0); ++i)
+        image_hw.emplace_back(sizes[i][0].item<int64_t>(), sizes[i][1].item<int64_t>());
+    }
+    return mistral3_train_flops(c_, ids.size(0), ids.size(1), image_hw);
   }
 
   std::string hf_key(const std::string& param_name) const override { return param_name; }

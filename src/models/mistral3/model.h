@@ -28,9 +28,20 @@
 #include "models/mistral3/config.h"
 #include "models/model.h"
 
+#include <utility>
+#include <vector>
+
 namespace mmtrain::mistral3 {
 
 std::shared_ptr<Model> make_mistral3(const nlohmann::json& model_config);
+
+// Model FLOPs of forward + backward (spec magistral.md §9): text 6 * matmul params (layers +
+// lm_head) * tokens + 3 * 4 * layers * q_dim * sum of causal keys (rows of seq_len, unpacked);
+// per image (H, W): vision 2 * matmul params * patches + 4 * layers * Dv * patches^2 (full
+// attention inside the image) + projector 2 * matmul params * merged tokens, times 1 when
+// freeze_vision (forward only) else 3.
+double mistral3_train_flops(const Mistral3Config& c, int64_t rows, int64_t seq_len,
+                            const std::vector<std::pair<int64_t, int64_t>>& image_sizes);
 
 }  // namespace mmtrain::mistral3
 
