@@ -37,10 +37,21 @@ struct Result {
   std::map<std::string, at::Tensor> params;
 };
 
-Result train(int world, bool recompute = false) {
+Batch text_only_batch() {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(12);
+  auto ids = at::randint(14, 48, {1, 16}, gen, at::kLong);
+  auto labels = ids.clone();
+  labels.narrow(1, 0, 3).fill_(-100);
+  return {{"input_ids", ids}, {"labels", labels}};
+}
+
+// mixed: rank r of 2 trains on batch r (with / without an image); on 1 rank, the two batches
+// are accumulated with loss / 2 each, which is the same global step.
+Result train(int world, bool recompute = false, bool mixed = false) {
   Result result;
   std::mutex mutex;
   const auto batch = make_batch();
+  const std::vector<Batch> mixed_batches = {make_batch(), text_only_batch()};
   testing::run_ranks(world, [&](Comm& comm_ref) {
     std::shared_ptr<Comm> comm(&comm_ref, [](Comm*) {});
     auto model = mistral3::make_mistral3(kConfig);
@@ -60,13 +71,26 @@ Result train(int world, bool recompute = false) {
     std::vector<double> losses;
     for (int step = 0; step < 3; ++step) {
       fsdp.zero_grad();
-      fsdp.begin_forward();
-      auto out = model->forward(batch);
-      out.loss.backward();
-      fsdp.finish_backward();
+      double loss = 0;
+      if (!mixed) {
+        fsdp.begin_forward();
+        auto out = model->forward(batch);
+        out.loss.backward();
+        fsdp.finish_backward();
+        loss = out.loss.item<double>();
+      } else {
+        for (int m = 0; m < 2 / world; ++m) {
+          fsdp.begin_forward();
+          auto out = model->forward(mixed_batches[world == 1 ? m : comm->rank()]);
+          (out.loss * (world == 1 ? 0.5 : 1.0)).backward();
+          fsdp.finish_backward();
+          loss += out.loss.item<double>() / 2;
+        }
+        loss = comm->all_reduce_sum(loss);
+      }
       fsdp.clip_grad_norm(1.0);
       adamw.step(1e-2);
-      losses.push_back(out.loss.item<double>());
+      losses.push_back(loss);
     }
     std::lock_guard<std::mutex> lock(mutex);
     if (comm->rank() == 0) result.losses = losses;
@@ -81,8 +105,18 @@ Result train(int world, bool recompute = false) {
   return result;
 }
 
+void expect_equal_runs(const Result& one, const Result& two);
+
 TEST(Mistral3Fsdp, TwoRanksWithRecomputeEqualOneRankWithFrozenVision) {
-  const auto one = train(1), two = train(2, /*recompute=*/true);
+  expect_equal_runs(train(1), train(2, /*recompute=*/true));
+}
+
+// One rank has an image, the other none: the blank-image path keeps the collectives matched.
+TEST(Mistral3Fsdp, RanksWithAndWithoutImagesEqualOneRankAccumulating) {
+  expect_equal_runs(train(1, false, /*mixed=*/true), train(2, false, /*mixed=*/true));
+}
+
+void expect_equal_runs(const Result& one, const Result& two) {
   ASSERT_EQ(one.losses.size(), two.losses.size());
   for (size_t i = 0; i < one.losses.size(); ++i) EXPECT_NEAR(one.losses[i], two.losses[i], 1e-5 * std::abs(one.losses[i]));
   EXPECT_LT(one.losses.back(), one.losses.front());

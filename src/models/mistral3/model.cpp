@@ -278,6 +278,15 @@ class Mistral3Model : public Model {
       embeds = embeds.masked_scatter(image_mask.unsqueeze(-1), features.to(embeds.scalar_type()));
     } else if (image_tokens > 0) {
       fail("mistral3: input_ids hold ", image_tokens, " [IMG] tokens but the batch has no pixel_values");
+    } else if (!vision->layers.empty()) {
+      // No image here: run the tower on one blank image anyway, so every rank issues the same
+      // collectives (the vision units' all-gathers, and their reduce-scatters when trained),
+      // as LLaMA-Factory's dummy image does. It adds exactly zero to the embeddings.
+      const int64_t side = c.patch_size * c.spatial_merge_size;
+      ModelOutput discard;
+      auto dummy = image_features(at::zeros({1, c.num_channels, side, side}, embeds.options()),
+                                  at::tensor(std::vector<int64_t>{side, side}, at::kLong).view({1, 2}), discard);
+      embeds = embeds + dummy.sum().to(embeds.scalar_type()) * 0.0;
     }
 
     // RoPE tables in fp32, [B, S, hd]; cast to the activation dtype in apply_rope.
@@ -299,7 +308,7 @@ class Mistral3Model : public Model {
 
     // HF ForCausalLMLoss: position t predicts labels[t + 1]; mean over supervised tokens.
     auto shift_logits = logits.narrow(1, 0, S - 1).reshape({-1, c.vocab_size});
-    auto shift_labels = labels.narrow(1, 1, S - 1).reshape({-1});
+    auto shift_labels = labels.narrow(1, 1, S - 1).reshape({-1}).to(at::kLong);
     const int64_t supervised = (shift_labels != -100).sum().item<int64_t>();
     result.loss = supervised > 0 ? at::cross_entropy_loss(shift_logits, shift_labels, {}, at::Reduction::Mean, -100)
                                  : logits.sum() * 0.0;  // nothing supervised: zero loss and grads
