@@ -160,11 +160,11 @@ TEST(Mistral3Flops, SpecFigures) {
                       "intermediate_size": 4096, "patch_size": 14, "image_size": 1540, "hidden_act": "silu"},
     "image_token_index": 10, "spatial_merge_size": 2})"));
   // S = 2048 unpacked: 137.41 GFLOP (6 N_mm, N_mm = 22,900,899,840) + 1,966,080 * 1024.5 per token.
-  const double per_token = mistral3::mistral3_train_flops(c, 1, 2048, {}) / 2048;
+  const double per_token = mistral3::mistral3_train_flops(c, {2048}, {}) / 2048;
   EXPECT_NEAR(per_token, 6.0 * 22900899840.0 + 1966080.0 * 1024.5, 1.0);
   EXPECT_NEAR(per_token / 1e9, 139.4, 0.05);
   // One 504x644 image, vision and projector frozen: 1656 patches -> 1.61 TFLOP, 414 merged -> 29.5 GFLOP.
-  const double image = mistral3::mistral3_train_flops(c, 1, 1, {{504, 644}}) - mistral3::mistral3_train_flops(c, 1, 1, {});
+  const double image = mistral3::mistral3_train_flops(c, {1}, {{504, 644}}) - mistral3::mistral3_train_flops(c, {1}, {});
   const double vision = 1656 * (2.0 * (24 * 16777216.0 + 602112.0) + 98304.0 * 1656);
   const double projector = 414 * 2.0 * 35651584.0;  // projector matmuls: 4,194,304 + 5,242,880 + 26,214,400
   EXPECT_NEAR(image, vision + projector, 1.0);

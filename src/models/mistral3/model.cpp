@@ -177,14 +177,29 @@ class TextLayer : public Module {
     mark_block();
   }
 
-  // x [B, S, H]; cos/sin [B, S, hd]; causal GQA attention over each row.
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
+  // x [B, S, H]; cos/sin [B, S, hd]; causal GQA attention over each row, or (seq_begins, B = 1)
+  // within each packed sample [seq_begins[i], seq_begins[i+1]) only.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     const std::vector<int64_t>& seq_begins) const {
     const int64_t B = x.size(0), S = x.size(1), nh = c_.num_heads, nkv = c_.num_kv_heads, hd = c_.head_dim;
     auto n1 = rms_norm(x, input_layernorm->weight.value, c_.rms_norm_eps);
     auto q = apply_rope(lin(n1, self_attn->q_proj).view({B, S, nh, hd}), cos, sin).transpose(1, 2);
     auto k = apply_rope(lin(n1, self_attn->k_proj).view({B, S, nkv, hd}), cos, sin).transpose(1, 2);
     auto v = lin(n1, self_attn->v_proj).view({B, S, nkv, hd}).transpose(1, 2);
-    auto o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, std::nullopt, /*enable_gqa=*/true);
+    auto attend = [](const at::Tensor& qs, const at::Tensor& ks, const at::Tensor& vs) {
+      return at::scaled_dot_product_attention(qs, ks, vs, {}, 0.0, /*is_causal=*/true, std::nullopt, /*enable_gqa=*/true);
+    };
+    at::Tensor o;
+    if (seq_begins.empty()) {
+      o = attend(q, k, v);
+    } else {
+      std::vector<at::Tensor> parts;
+      for (size_t i = 0; i + 1 < seq_begins.size(); ++i) {
+        const int64_t b = seq_begins[i], n = seq_begins[i + 1] - b;
+        parts.push_back(attend(q.narrow(2, b, n), k.narrow(2, b, n), v.narrow(2, b, n)));
+      }
+      o = parts.size() == 1 ? parts[0] : at::cat(parts, 2);
+    }
     auto h = x + lin(o.transpose(1, 2).reshape({B, S, nh * hd}), self_attn->o_proj);
     return h + mlp->forward(rms_norm(h, post_attention_layernorm->weight.value, c_.rms_norm_eps), /*silu=*/true);
   }
@@ -201,13 +216,16 @@ bool starts_with(const std::string& s, const std::string& prefix) { return s.rfi
 
 }  // namespace
 
-double mistral3_train_flops(const Mistral3Config& c, int64_t rows, int64_t seq_len,
+double mistral3_train_flops(const Mistral3Config& c, const std::vector<int64_t>& seqlens,
                             const std::vector<std::pair<int64_t, int64_t>>& image_sizes) {
   const double H = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
   const double text_matmul = c.num_layers * (H * q + 2 * H * kv + q * H + 3 * H * c.intermediate_size) +
                              static_cast<double>(c.vocab_size) * H;  // + lm_head; the embedding is a lookup
-  const double tokens = static_cast<double>(rows) * seq_len;
-  const double causal_keys = static_cast<double>(rows) * seq_len * (seq_len + 1) / 2.0;  // sum of keys per query
+  double tokens = 0, causal_keys = 0;  // sum over queries of the keys each attends to
+  for (int64_t s : seqlens) {
+    tokens += s;
+    causal_keys += static_cast<double>(s) * (s + 1) / 2.0;
+  }
   double flops = 6.0 * text_matmul * tokens + 3.0 * 4.0 * c.num_layers * q * causal_keys;
   const double Dv = c.vision_hidden_size, p = c.patch_size, m = c.spatial_merge_size;
   const double vision_matmul = c.vision_num_layers * (4 * Dv * Dv + 3 * Dv * c.vision_intermediate_size) + Dv * c.num_channels * p * p;
@@ -256,11 +274,25 @@ class Mistral3Model : public Model {
     if (labels.sizes() != input_ids.sizes())
       fail("batch 'labels' must be [B, S] = ", input_ids.sizes(), ", got ", labels.sizes());
     const int64_t B = input_ids.size(0), S = input_ids.size(1);
+    std::vector<int64_t> seq_begins;  // packed samples of the single row; empty: one sample per row
+    if (auto it = batch.find("cu_seqlens"); it != batch.end()) {
+      auto cu = it->second.to(at::kLong).contiguous();
+      seq_begins.assign(cu.data_ptr<int64_t>(), cu.data_ptr<int64_t>() + cu.numel());
+      bool increasing = true;
+      for (size_t i = 1; i < seq_begins.size(); ++i) increasing = increasing && seq_begins[i] > seq_begins[i - 1];
+      if (B != 1 || seq_begins.size() < 2 || seq_begins.front() != 0 || seq_begins.back() != S || !increasing)
+        fail("batch 'cu_seqlens' must run strictly increasing from 0 to S = ", S, " with input_ids [1, S] (packed), got ",
+             it->second, " with input_ids ", input_ids.sizes());
+    }
     at::Tensor positions;
     if (auto it = batch.find("position_ids"); it != batch.end()) {
       positions = it->second;
       if (positions.sizes() != input_ids.sizes())
         fail("batch 'position_ids' must be [B, S] = ", input_ids.sizes(), ", got ", positions.sizes());
+    } else if (!seq_begins.empty()) {  // positions restart in every packed sample
+      std::vector<at::Tensor> parts;
+      for (size_t i = 0; i + 1 < seq_begins.size(); ++i) parts.push_back(at::arange(seq_begins[i + 1] - seq_begins[i], at::kLong));
+      positions = at::cat(parts).unsqueeze(0);
     } else {
       positions = at::arange(S, at::kLong).unsqueeze(0).expand({B, S});
     }
@@ -299,8 +331,8 @@ class Mistral3Model : public Model {
     auto h = embeds;
     for (auto& layer : layers) {
       auto layer_ptr = layer;  // may run again in backward (recompute): capture by value
-      h = layer->apply({h, cos, sin}, [layer_ptr](const std::vector<at::Tensor>& in) {
-        return layer_ptr->forward(in[0], in[1], in[2]);
+      h = layer->apply({h, cos, sin}, [layer_ptr, seq_begins](const std::vector<at::Tensor>& in) {
+        return layer_ptr->forward(in[0], in[1], in[2], seq_begins);
       });
     }
     h = rms_norm(h, norm->weight.value, c.rms_norm_eps);
@@ -325,7 +357,14 @@ class Mistral3Model : public Model {
       for (int64_t i = 0; i < sizes.size(0); ++i)
         image_hw.emplace_back(sizes[i][0].item<int64_t>(), sizes[i][1].item<int64_t>());
     }
-    return mistral3_train_flops(c_, ids.size(0), ids.size(1), image_hw);
+    std::vector<int64_t> seqlens;
+    if (auto it = batch.find("cu_seqlens"); it != batch.end()) {
+      auto cu = it->second.to(at::kLong).contiguous();
+      for (int64_t i = 0; i + 1 < cu.numel(); ++i) seqlens.push_back(cu[i + 1].item<int64_t>() - cu[i].item<int64_t>());
+    } else {
+      seqlens.assign(ids.size(0), ids.size(1));
+    }
+    return mistral3_train_flops(c_, seqlens, image_hw);
   }
 
   std::string hf_key(const std::string& param_name) const override { return param_name; }

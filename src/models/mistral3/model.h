@@ -6,8 +6,12 @@
 //   input_ids     int64 [B, S]
 //   labels        int64 [B, S]; -100 = not supervised. loss = mean over supervised tokens of
 //                 CE(logits[:, t], labels[:, t + 1]) (HF ForCausalLMLoss without num_items_in_batch)
-//   position_ids  int64 [B, S], optional (default arange(S) per row); RoPE positions only: the
-//                 attention is plain causal over the row (packing is not supported yet)
+//   position_ids  int64 [B, S], optional (default arange(S) per row, or per packed sample);
+//                 RoPE positions only: attention follows cu_seqlens
+//   cu_seqlens    int [k + 1], optional: packing. B must be 1; samples [cu[i], cu[i+1]) attend
+//                 causally within themselves only. The loss shifts over the whole row, so the
+//                 first label of every sample must be -100 (it is prompt) or it is predicted
+//                 from the previous sample's last token
 //   pixel_values  float [N_img, C, H_max, W_max], optional: images zero-padded bottom/right, in
 //                 batch-sample order then in-sample order (the order of the [IMG] tokens)
 //   image_sizes   int64 [N_img, 2] (H_i, W_i), required with pixel_values: the sizes before padding
@@ -35,12 +39,12 @@ namespace mmtrain::mistral3 {
 
 std::shared_ptr<Model> make_mistral3(const nlohmann::json& model_config);
 
-// Model FLOPs of forward + backward (spec magistral.md §9): text 6 * matmul params (layers +
-// lm_head) * tokens + 3 * 4 * layers * q_dim * sum of causal keys (rows of seq_len, unpacked);
+// Model FLOPs of forward + backward (spec magistral.md §9) for samples of lengths seqlens: text
+// 6 * matmul params (layers + lm_head) * tokens + 3 * 4 * layers * q_dim * sum_s s(s+1)/2 (causal);
 // per image (H, W): vision 2 * matmul params * patches + 4 * layers * Dv * patches^2 (full
 // attention inside the image) + projector 2 * matmul params * merged tokens, times 1 when
 // freeze_vision (forward only) else 3.
-double mistral3_train_flops(const Mistral3Config& c, int64_t rows, int64_t seq_len,
+double mistral3_train_flops(const Mistral3Config& c, const std::vector<int64_t>& seqlens,
                             const std::vector<std::pair<int64_t, int64_t>>& image_sizes);
 
 }  // namespace mmtrain::mistral3
