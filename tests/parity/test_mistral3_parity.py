@@ -16,6 +16,8 @@ One batch: sample 0 holds two images of different sizes, sample 1 a third one; l
   4. Vision attention is per image: the two images of sample 0 encoded in one batch equal each
      encoded alone (HF), mmtrain's features equal those, and image A's features do not change when
      only image B's pixels do (so no gradient crosses images either).
+  5. The two samples packed into one row (cu_seqlens) equal HF on the unpacked batch.
+  6. An [IMG] count mismatch and config values that would change the math are errors.
 
 Skips when the binary (MMTRAIN_BIN, default build/bin/mmtrain) or transformers is missing.
 """
