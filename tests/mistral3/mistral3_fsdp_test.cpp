@@ -152,13 +152,38 @@ namespace mmtrain {
 namespace {
 
 // The spec's worked figures (magistral.md §9) for the 24B config.
-TEST(Mistral3Flops, SpecFigures) {
-  const auto c = mistral3::Mistral3Config::from_json(nlohmann::json::parse(R"({
+const char* kMagistral = R"({
     "text_config": {"vocab_size": 131072, "hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads": 32,
                     "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 32768, "rope_theta": 1e9},
     "vision_config": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
                       "intermediate_size": 4096, "patch_size": 14, "image_size": 1540, "hidden_act": "silu"},
-    "image_token_index": 10, "spatial_merge_size": 2})"));
+    "image_token_index": 10, "spatial_merge_size": 2})";
+
+// Shapes only (nothing allocated): the spec's §5.1 parameter counts.
+TEST(Mistral3Shapes, SpecParameterCounts) {
+  auto model = mistral3::make_mistral3(nlohmann::json::parse(kMagistral));
+  int64_t total = 0, vision = 0, projector = 0, tensors = 0;
+  for (auto& [name, p] : model->named_parameters()) {
+    int64_t n = 1;
+    for (int64_t d : p->shape) n *= d;
+    total += n;
+    ++tensors;
+    if (name.rfind("model.vision_tower.", 0) == 0) vision += n;
+    if (name.rfind("model.multi_modal_projector.", 0) == 0) projector += n;
+    EXPECT_EQ(model->hf_key(name), name);
+  }
+  EXPECT_EQ(total, 24011361280);
+  EXPECT_EQ(vision, 403305472);
+  EXPECT_EQ(projector, 35652608);
+  EXPECT_EQ(tensors, 40 * 9 + 3 + 24 * 9 + 2 + 4);
+  EXPECT_EQ(model->hf_key_aliases("lm_head.weight"), std::vector<std::string>{"language_model.lm_head.weight"});
+  EXPECT_EQ(model->hf_key_aliases("model.language_model.norm.weight"),
+            std::vector<std::string>{"language_model.model.norm.weight"});
+  EXPECT_EQ(model->hf_key_aliases("model.vision_tower.ln_pre.weight"), std::vector<std::string>{"vision_tower.ln_pre.weight"});
+}
+
+TEST(Mistral3Flops, SpecFigures) {
+  const auto c = mistral3::Mistral3Config::from_json(nlohmann::json::parse(kMagistral));
   // S = 2048 unpacked: 137.41 GFLOP (6 N_mm, N_mm = 22,900,899,840) + 1,966,080 * 1024.5 per token.
   const double per_token = mistral3::mistral3_train_flops(c, {2048}, {}) / 2048;
   EXPECT_NEAR(per_token, 6.0 * 22900899840.0 + 1966080.0 * 1024.5, 1.0);
