@@ -125,15 +125,16 @@ class VisionTower : public Module {
 // Pixtral's axial 2D RoPE for a patch at (row, col): with f = theta^(-2j/hd), j < hd/2, the
 // angles are [row * f[0::2], col * f[1::2]] (hd/2), repeated twice (rotate-half layout).
 std::pair<at::Tensor, at::Tensor> vision_rope(const std::vector<std::pair<int64_t, int64_t>>& grids, int64_t head_dim,
-                                              double theta) {
+                                              double theta, at::Device device) {
+  const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
   std::vector<at::Tensor> rows, cols;
   for (const auto& [h, w] : grids) {
-    auto r = at::arange(h, at::kLong).view({h, 1}).expand({h, w}).reshape(-1);
-    auto c = at::arange(w, at::kLong).view({1, w}).expand({h, w}).reshape(-1);
+    auto r = at::arange(h, longs).view({h, 1}).expand({h, w}).reshape(-1);
+    auto c = at::arange(w, longs).view({1, w}).expand({h, w}).reshape(-1);
     rows.push_back(r);
     cols.push_back(c);
   }
-  auto exponents = at::arange(0, head_dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(head_dim);
+  auto exponents = at::arange(0, head_dim, 2, longs).to(at::kFloat) / static_cast<double>(head_dim);
   auto inv_freq = 1.0 / at::pow(theta, exponents);  // [hd/2]
   auto even = inv_freq.slice(0, 0, inv_freq.size(0), 2), odd = inv_freq.slice(0, 1, inv_freq.size(0), 2);
   auto ang = at::cat({at::cat(rows).to(at::kFloat).unsqueeze(1) * even, at::cat(cols).to(at::kFloat).unsqueeze(1) * odd}, 1);
@@ -276,7 +277,7 @@ class Mistral3Model : public Model {
     const int64_t B = input_ids.size(0), S = input_ids.size(1);
     std::vector<int64_t> seq_begins;  // packed samples of the single row; empty: one sample per row
     if (auto it = batch.find("cu_seqlens"); it != batch.end()) {
-      auto cu = it->second.to(at::kLong).contiguous();
+      auto cu = it->second.to(at::kCPU).to(at::kLong).contiguous();
       seq_begins.assign(cu.data_ptr<int64_t>(), cu.data_ptr<int64_t>() + cu.numel());
       bool increasing = true;
       for (size_t i = 1; i < seq_begins.size(); ++i) increasing = increasing && seq_begins[i] > seq_begins[i - 1];
@@ -291,10 +292,10 @@ class Mistral3Model : public Model {
         fail("batch 'position_ids' must be [B, S] = ", input_ids.sizes(), ", got ", positions.sizes());
     } else if (!seq_begins.empty()) {  // positions restart in every packed sample
       std::vector<at::Tensor> parts;
-      for (size_t i = 0; i + 1 < seq_begins.size(); ++i) parts.push_back(at::arange(seq_begins[i + 1] - seq_begins[i], at::kLong));
+      for (size_t i = 0; i + 1 < seq_begins.size(); ++i) parts.push_back(at::arange(seq_begins[i + 1] - seq_begins[i], input_ids.options()));
       positions = at::cat(parts).unsqueeze(0);
     } else {
-      positions = at::arange(S, at::kLong).unsqueeze(0).expand({B, S});
+      positions = at::arange(S, input_ids.options()).unsqueeze(0).expand({B, S});
     }
 
     ModelOutput result;
@@ -322,7 +323,7 @@ class Mistral3Model : public Model {
     }
 
     // RoPE tables in fp32, [B, S, hd]; cast to the activation dtype in apply_rope.
-    auto exponents = at::arange(0, c.head_dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(c.head_dim);
+    auto exponents = at::arange(0, c.head_dim, 2, input_ids.options()).to(at::kFloat) / static_cast<double>(c.head_dim);
     auto inv_freq = 1.0 / at::pow(c.rope_theta, exponents);
     auto angles = positions.to(at::kFloat).unsqueeze(-1) * inv_freq;
     auto emb = at::cat({angles, angles}, -1);
@@ -389,7 +390,7 @@ class Mistral3Model : public Model {
       fail("batch 'pixel_values' must be [N_img, ", c.num_channels, ", H_max, W_max], got ", pixel_values.sizes());
     if (image_sizes.sizes() != at::IntArrayRef({N, 2}))
       fail("batch 'image_sizes' must be [N_img, 2] = [", N, ", 2], got ", image_sizes.sizes());
-    const auto sizes = image_sizes.to(at::kLong).contiguous();
+    const auto sizes = image_sizes.to(at::kCPU).to(at::kLong).contiguous();
     const int64_t* hw = sizes.data_ptr<int64_t>();
     const int64_t max_grid = c.image_size / p;
     std::vector<std::pair<int64_t, int64_t>> grids;  // patch grid (h_i, w_i) per image, before the merge
@@ -419,7 +420,7 @@ class Mistral3Model : public Model {
     }
     auto x = at::linear(at::cat(flat, 0), conv.reshape({c.vision_hidden_size, -1}));  // [P, Dv]
     x = rms_norm(x, vision->ln_pre->weight.value, kVisionEps);
-    auto [cos, sin] = vision_rope(grids, c.vision_head_dim(), c.vision_rope_theta);
+    auto [cos, sin] = vision_rope(grids, c.vision_head_dim(), c.vision_rope_theta, pixel_values.device());
     for (auto& layer : vision->layers) {
       auto layer_ptr = layer;
       auto counts = patches;
