@@ -192,6 +192,16 @@ Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpOptions options)
   }
 }
 
+at::Tensor fsdp_trainable_mask(const FsdpUnit& unit) {
+  bool any_frozen = false;
+  for (const auto& p : unit.params) any_frozen = any_frozen || !p.param->requires_grad;
+  if (!any_frozen) return {};
+  auto mask = at::ones({unit.shard_flat.numel()}, unit.shard_flat.options().dtype(at::kBool));
+  for (const auto& p : unit.params)
+    if (!p.param->requires_grad) mask.narrow(0, p.offset, p.layout.shard_numel()).fill_(false);
+  return mask;
+}
+
 std::vector<FsdpUnit*> Fsdp::units() {
   std::vector<FsdpUnit*> out;
   for (auto& u : units_) out.push_back(u.get());
@@ -310,7 +320,7 @@ void Fsdp::post_backward(FsdpUnit& unit, const std::vector<at::Tensor>& grads) {
     const auto& layout = p.layout;
     auto dst = reduce_input.narrow(1, p.offset, layout.shard_numel())
                    .view({world, layout.padded_rows, layout.row_numel});
-    if (!grads[i].defined()) {
+    if (!grads[i].defined() || !p.param->requires_grad) {  // frozen params reduce zeros
       dst.zero_();
       continue;
     }

@@ -69,6 +69,10 @@ struct FsdpMemoryStats {
   int64_t unsharded_param_bytes = 0;  // what all units would take gathered (param_dtype)
 };
 
+// Which elements of unit.shard_flat the optimizer may update: undefined when every param of
+// the unit requires grad, else a bool [S] that is false over frozen params (Param::requires_grad).
+at::Tensor fsdp_trainable_mask(const FsdpUnit& unit);
+
 class Fsdp {
  public:
   // Builds units over model and allocates zeroed fp32 shards; no full tensor is materialized.

@@ -35,6 +35,9 @@ class Model : public Module {
   // its own names and row layouts inside; these translate at load and export only.
   // HF key of a parameter; default: its own name.
   virtual std::string hf_key(const std::string& param_name) const { return param_name; }
+  // Older HF names the loader also accepts for a parameter when hf_key is absent from the
+  // checkpoint (e.g. pre-4.52 transformers prefixes); export always writes hf_key.
+  virtual std::vector<std::string> hf_key_aliases(const std::string& param_name) const { return {}; }
   // Whether the parameter's rows are re-laid out between HF and training (gated-MLP halves).
   virtual bool hf_layout_differs(const std::string& param_name) const { return false; }
   // Rows [begin, end) of the parameter in the training layout, read from the HF tensor.

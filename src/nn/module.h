@@ -28,6 +28,11 @@ struct Param {
   // trained; `value` always holds the full tensor. init_value computes it for a fresh model.
   bool trainable = true;
   std::function<at::Tensor()> init_value;
+  // Frozen (trainable but requires_grad = false): sharded, gathered and checkpointed like any
+  // parameter, but FSDP reduces no gradient for it (its grad shard stays zero) and the
+  // optimizer leaves it unchanged (fsdp_trainable_mask). The model should not build a graph
+  // through it (e.g. run a frozen tower under at::NoGradGuard).
+  bool requires_grad = true;
 };
 
 class Module;

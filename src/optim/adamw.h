@@ -25,6 +25,10 @@ class AdamW {
   // params and grads are parallel lists of fp32 tensors that stay the same objects all run.
   AdamW(std::vector<at::Tensor> params, std::vector<at::Tensor> grads, AdamWOptions options);
 
+  // Restricts updates of params[i] to where mask (bool, like the param) is true; elsewhere the
+  // param stays bitwise unchanged (frozen params: no decay either). Undefined: update all.
+  void set_update_mask(size_t i, at::Tensor mask);
+
   void step(double lr);
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t step) { step_count_ = step; }
@@ -35,6 +39,7 @@ class AdamW {
   std::vector<at::Tensor> params_;
   std::vector<at::Tensor> grads_;
   std::vector<AdamWState> states_;
+  std::vector<at::Tensor> masks_;  // per param, undefined = update everything
   AdamWOptions options_;
   int64_t step_count_ = 0;
 };

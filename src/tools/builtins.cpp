@@ -9,12 +9,14 @@ namespace mmtrain {
 
 void register_token_file_data();
 void register_magihuman_model();
+void register_mistral3_model();
 
 void register_builtins() {
   static std::once_flag once;
   std::call_once(once, [] {
     register_token_file_data();
     register_magihuman_model();
+    register_mistral3_model();
     magihuman::register_magihuman_data();
     magihuman::register_magihuman_plan();  // memory-plan hooks (`mmtrain plan`)
   });

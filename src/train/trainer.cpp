@@ -81,6 +81,8 @@ struct Trainer::State {
     adamw = std::make_unique<AdamW>(params, grads,
                                     AdamWOptions{c.training.adam_beta1, c.training.adam_beta2, c.training.adam_eps,
                                                  c.training.weight_decay});
+    auto units = fsdp->units();
+    for (size_t u = 0; u < units.size(); ++u) adamw->set_update_mask(u, fsdp_trainable_mask(*units[u]));
     schedule = LrSchedule::make(c.training.lr, c.training.lr_min, c.training.lr_warmup_ratio, c.training.train_iters,
                                 c.training.lr_decay_style);
 

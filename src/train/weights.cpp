@@ -3,6 +3,7 @@
 #include "core/error.h"
 
 #include <filesystem>
+#include <map>
 #include <set>
 
 namespace mmtrain {
@@ -36,8 +37,16 @@ int64_t load_hf_weights(Model& model, Fsdp& fsdp, const WeightSource& source) {
   std::set<std::string> expected;
   std::vector<std::string> missing;
   int64_t conversions = 0;
+  std::map<std::string, std::string> source_key;  // hf_key -> the name in this checkpoint
   for (auto& [name, param] : model.named_parameters()) {
-    const auto key = model.hf_key(name);
+    auto key = model.hf_key(name);
+    if (!source.contains(key))
+      for (const auto& alias : model.hf_key_aliases(name))
+        if (source.contains(alias)) {
+          source_key[key] = alias;
+          key = alias;
+          break;
+        }
     expected.insert(key);
     if (!source.contains(key)) {
       missing.push_back(key);
@@ -63,12 +72,15 @@ int64_t load_hf_weights(Model& model, Fsdp& fsdp, const WeightSource& source) {
     fail("model weights ", path, ": converted the layout of ", conversions, " tensors, the config expects ",
          model.expected_layout_conversions(), " (gated layers): refusing to train on a half-converted model");
 
-  auto read = [&](const std::string& key, int64_t b, int64_t e) { return source.read_rows(key, b, e); };
+  auto read = [&](const std::string& key, int64_t b, int64_t e) {
+    auto it = source_key.find(key);
+    return source.read_rows(it == source_key.end() ? key : it->second, b, e);
+  };
   fsdp.load_params([&](const std::string& name, int64_t b, int64_t e) { return model.hf_load_rows(name, b, e, read); });
   for (auto& [name, param] : model.named_parameters()) {
     if (param->trainable) continue;
     const int64_t rows = param->shape.empty() ? 1 : param->shape[0];
-    param->value = source.read_rows(model.hf_key(name), 0, rows).to(fsdp.options().device, at::kFloat);
+    param->value = read(model.hf_key(name), 0, rows).to(fsdp.options().device, at::kFloat);
   }
   return conversions;
 }

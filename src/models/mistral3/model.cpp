@@ -1,0 +1,473 @@
+// Mistral3 forward and loss as HF transformers' Mistral3ForConditionalGeneration (spec:
+// magistral.md §2-4). Precision follows HF: activations in the parameter dtype, RMSNorm in fp32
+// then cast back before the weight multiply, RoPE tables in fp32 cast to the activation dtype,
+// logits upcast to fp32 for the loss.
+#include "models/mistral3/model.h"
+
+#include "core/error.h"
+#include "nn/ops.h"
+
+#include <ATen/core/Reduction.h>
+
+#include <mutex>
+#include <optional>
+
+namespace mmtrain::mistral3 {
+namespace {
+
+// A module holding one parameter named "weight": a bias-free linear, a norm or an embedding.
+class Weight : public Module {
+ public:
+  Weight(std::vector<int64_t> shape, bool is_norm) : weight(add_param("weight", std::move(shape))) {
+    if (is_norm) {  // RMSNorm gamma starts at 1
+      weight.init_normal = false;
+      weight.init_constant = 1.0;
+    }
+  }
+  Param& weight;
+};
+
+std::shared_ptr<Weight> linear_module(int64_t out, int64_t in) {
+  return std::make_shared<Weight>(std::vector<int64_t>{out, in}, false);
+}
+std::shared_ptr<Weight> norm_module(int64_t width) { return std::make_shared<Weight>(std::vector<int64_t>{width}, true); }
+
+at::Tensor lin(const at::Tensor& x, const std::shared_ptr<Weight>& w) { return at::linear(x, w->weight.value); }
+
+// q/k/v/o projections under one parent, named as HF.
+class Projections : public Module {
+ public:
+  Projections(int64_t hidden, int64_t q_dim, int64_t kv_dim) {
+    q_proj = add_child("q_proj", linear_module(q_dim, hidden));
+    k_proj = add_child("k_proj", linear_module(kv_dim, hidden));
+    v_proj = add_child("v_proj", linear_module(kv_dim, hidden));
+    o_proj = add_child("o_proj", linear_module(hidden, q_dim));
+  }
+  std::shared_ptr<Weight> q_proj, k_proj, v_proj, o_proj;
+};
+
+class GatedMlp : public Module {
+ public:
+  GatedMlp(int64_t hidden, int64_t intermediate) {
+    gate_proj = add_child("gate_proj", linear_module(intermediate, hidden));
+    up_proj = add_child("up_proj", linear_module(intermediate, hidden));
+    down_proj = add_child("down_proj", linear_module(hidden, intermediate));
+  }
+  // down(act(gate x) * up x), act = silu or exact gelu
+  at::Tensor forward(const at::Tensor& x, bool silu) const {
+    auto g = lin(x, gate_proj);
+    return lin((silu ? at::silu(g) : at::gelu(g)) * lin(x, up_proj), down_proj);
+  }
+  std::shared_ptr<Weight> gate_proj, up_proj, down_proj;
+};
+
+// ---------------------------------------------------------------------------------- vision
+
+constexpr double kVisionEps = 1e-5;  // hard-coded in Pixtral (attention_norm, ffn_norm, ln_pre)
+
+class VisionLayer : public Module {
+ public:
+  explicit VisionLayer(const Mistral3Config& c) : c_(c) {
+    attention_norm = add_child("attention_norm", norm_module(c.vision_hidden_size));
+    attention = add_child("attention", std::make_shared<Projections>(c.vision_hidden_size, c.vision_hidden_size,
+                                                                      c.vision_hidden_size));
+    ffn_norm = add_child("ffn_norm", norm_module(c.vision_hidden_size));
+    feed_forward = add_child("feed_forward", std::make_shared<GatedMlp>(c.vision_hidden_size, c.vision_intermediate_size));
+    mark_block();
+  }
+
+  // x [P, D]; cos/sin [P, hd]; patches[i] = patch count of image i (x holds them in order).
+  // Attention is full inside each image and absent across images (block-diagonal).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     const std::vector<int64_t>& patches) const {
+    const int64_t P = x.size(0), nh = c_.vision_num_heads, hd = c_.vision_head_dim();
+    auto n1 = rms_norm(x, attention_norm->weight.value, kVisionEps);
+    auto q = apply_rope(lin(n1, attention->q_proj).view({P, nh, hd}), cos, sin);
+    auto k = apply_rope(lin(n1, attention->k_proj).view({P, nh, hd}), cos, sin);
+    auto v = lin(n1, attention->v_proj).view({P, nh, hd});
+    std::vector<at::Tensor> outputs;
+    int64_t begin = 0;
+    for (int64_t n : patches) {
+      auto to_heads = [&](const at::Tensor& t) { return t.narrow(0, begin, n).transpose(0, 1).unsqueeze(0); };
+      auto o = at::scaled_dot_product_attention(to_heads(q), to_heads(k), to_heads(v), {}, 0.0, /*is_causal=*/false);
+      outputs.push_back(o.squeeze(0).transpose(0, 1));  // [n, nh, hd]
+      begin += n;
+    }
+    auto attn = (outputs.size() == 1 ? outputs[0] : at::cat(outputs, 0)).reshape({P, nh * hd});
+    auto h = x + lin(attn, attention->o_proj);
+    return h + feed_forward->forward(rms_norm(h, ffn_norm->weight.value, kVisionEps), c_.vision_act == "silu");
+  }
+
+  std::shared_ptr<Weight> attention_norm, ffn_norm;
+  std::shared_ptr<Projections> attention;
+  std::shared_ptr<GatedMlp> feed_forward;
+
+ private:
+  Mistral3Config c_;
+};
+
+class VisionTower : public Module {
+ public:
+  explicit VisionTower(const Mistral3Config& c) {
+    patch_conv = add_child("patch_conv", std::make_shared<Weight>(
+                                             std::vector<int64_t>{c.vision_hidden_size, c.num_channels, c.patch_size, c.patch_size},
+                                             false));
+    ln_pre = add_child("ln_pre", norm_module(c.vision_hidden_size));
+    auto transformer = add_child("transformer", std::make_shared<ModuleGroup>());
+    auto layer_list = transformer->add_child("layers", std::make_shared<ModuleGroup>());
+    for (int64_t i = 0; i < c.vision_num_layers; ++i)
+      layers.push_back(layer_list->add_child(std::to_string(i), std::make_shared<VisionLayer>(c)));
+  }
+  std::shared_ptr<Weight> patch_conv, ln_pre;
+  std::vector<std::shared_ptr<VisionLayer>> layers;
+};
+
+// Pixtral's axial 2D RoPE for a patch at (row, col): with f = theta^(-2j/hd), j < hd/2, the
+// angles are [row * f[0::2], col * f[1::2]] (hd/2), repeated twice (rotate-half layout).
+std::pair<at::Tensor, at::Tensor> vision_rope(const std::vector<std::pair<int64_t, int64_t>>& grids, int64_t head_dim,
+                                              double theta, at::Device device) {
+  const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
+  std::vector<at::Tensor> rows, cols;
+  for (const auto& [h, w] : grids) {
+    auto r = at::arange(h, longs).view({h, 1}).expand({h, w}).reshape(-1);
+    auto c = at::arange(w, longs).view({1, w}).expand({h, w}).reshape(-1);
+    rows.push_back(r);
+    cols.push_back(c);
+  }
+  auto exponents = at::arange(0, head_dim, 2, longs).to(at::kFloat) / static_cast<double>(head_dim);
+  auto inv_freq = 1.0 / at::pow(theta, exponents);  // [hd/2]
+  auto even = inv_freq.slice(0, 0, inv_freq.size(0), 2), odd = inv_freq.slice(0, 1, inv_freq.size(0), 2);
+  auto ang = at::cat({at::cat(rows).to(at::kFloat).unsqueeze(1) * even, at::cat(cols).to(at::kFloat).unsqueeze(1) * odd}, 1);
+  auto emb = at::cat({ang, ang}, 1);  // [P, hd]
+  return {emb.cos(), emb.sin()};
+}
+
+// -------------------------------------------------------------------------------- projector
+
+class PatchMerger : public Module {
+ public:
+  explicit PatchMerger(const Mistral3Config& c) {
+    const int64_t m = c.spatial_merge_size;
+    merging_layer = add_child("merging_layer", linear_module(c.vision_hidden_size, c.vision_hidden_size * m * m));
+  }
+  std::shared_ptr<Weight> merging_layer;
+};
+
+class Projector : public Module {
+ public:
+  explicit Projector(const Mistral3Config& c) {
+    norm = add_child("norm", norm_module(c.vision_hidden_size));
+    patch_merger = add_child("patch_merger", std::make_shared<PatchMerger>(c));
+    linear_1 = add_child("linear_1", linear_module(c.hidden_size, c.vision_hidden_size));
+    linear_2 = add_child("linear_2", linear_module(c.hidden_size, c.hidden_size));
+  }
+  std::shared_ptr<Weight> norm, linear_1, linear_2;
+  std::shared_ptr<PatchMerger> patch_merger;
+};
+
+// ------------------------------------------------------------------------------------- text
+
+class TextLayer : public Module {
+ public:
+  explicit TextLayer(const Mistral3Config& c) : c_(c) {
+    input_layernorm = add_child("input_layernorm", norm_module(c.hidden_size));
+    self_attn = add_child("self_attn", std::make_shared<Projections>(c.hidden_size, c.num_heads * c.head_dim,
+                                                                      c.num_kv_heads * c.head_dim));
+    post_attention_layernorm = add_child("post_attention_layernorm", norm_module(c.hidden_size));
+    mlp = add_child("mlp", std::make_shared<GatedMlp>(c.hidden_size, c.intermediate_size));
+    mark_block();
+  }
+
+  // x [B, S, H]; cos/sin [B, S, hd]; causal GQA attention over each row, or (seq_begins, B = 1)
+  // within each packed sample [seq_begins[i], seq_begins[i+1]) only.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     const std::vector<int64_t>& seq_begins) const {
+    const int64_t B = x.size(0), S = x.size(1), nh = c_.num_heads, nkv = c_.num_kv_heads, hd = c_.head_dim;
+    auto n1 = rms_norm(x, input_layernorm->weight.value, c_.rms_norm_eps);
+    auto q = apply_rope(lin(n1, self_attn->q_proj).view({B, S, nh, hd}), cos, sin).transpose(1, 2);
+    auto k = apply_rope(lin(n1, self_attn->k_proj).view({B, S, nkv, hd}), cos, sin).transpose(1, 2);
+    auto v = lin(n1, self_attn->v_proj).view({B, S, nkv, hd}).transpose(1, 2);
+    auto attend = [](const at::Tensor& qs, const at::Tensor& ks, const at::Tensor& vs) {
+      return at::scaled_dot_product_attention(qs, ks, vs, {}, 0.0, /*is_causal=*/true, std::nullopt, /*enable_gqa=*/true);
+    };
+    at::Tensor o;
+    if (seq_begins.empty()) {
+      o = attend(q, k, v);
+    } else {
+      std::vector<at::Tensor> parts;
+      for (size_t i = 0; i + 1 < seq_begins.size(); ++i) {
+        const int64_t b = seq_begins[i], n = seq_begins[i + 1] - b;
+        parts.push_back(attend(q.narrow(2, b, n), k.narrow(2, b, n), v.narrow(2, b, n)));
+      }
+      o = parts.size() == 1 ? parts[0] : at::cat(parts, 2);
+    }
+    auto h = x + lin(o.transpose(1, 2).reshape({B, S, nh * hd}), self_attn->o_proj);
+    return h + mlp->forward(rms_norm(h, post_attention_layernorm->weight.value, c_.rms_norm_eps), /*silu=*/true);
+  }
+
+  std::shared_ptr<Weight> input_layernorm, post_attention_layernorm;
+  std::shared_ptr<Projections> self_attn;
+  std::shared_ptr<GatedMlp> mlp;
+
+ private:
+  Mistral3Config c_;
+};
+
+bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+
+}  // namespace
+
+double mistral3_train_flops(const Mistral3Config& c, const std::vector<int64_t>& seqlens,
+                            const std::vector<std::pair<int64_t, int64_t>>& image_sizes) {
+  const double H = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  const double text_matmul = c.num_layers * (H * q + 2 * H * kv + q * H + 3 * H * c.intermediate_size) +
+                             static_cast<double>(c.vocab_size) * H;  // + lm_head; the embedding is a lookup
+  double tokens = 0, causal_keys = 0;  // sum over queries of the keys each attends to
+  for (int64_t s : seqlens) {
+    tokens += s;
+    causal_keys += static_cast<double>(s) * (s + 1) / 2.0;
+  }
+  double flops = 6.0 * text_matmul * tokens + 3.0 * 4.0 * c.num_layers * q * causal_keys;
+  const double Dv = c.vision_hidden_size, p = c.patch_size, m = c.spatial_merge_size;
+  const double vision_matmul = c.vision_num_layers * (4 * Dv * Dv + 3 * Dv * c.vision_intermediate_size) + Dv * c.num_channels * p * p;
+  const double projector_matmul = Dv * m * m * Dv + Dv * H + H * H;
+  const double mult = c.freeze_vision ? 1.0 : 3.0;  // frozen: forward only
+  for (const auto& [height, width] : image_sizes) {
+    const int64_t h = height / c.patch_size, w = width / c.patch_size;
+    const double patches = static_cast<double>(h) * w;
+    const double merged = static_cast<double>(h / c.spatial_merge_size) * (w / c.spatial_merge_size);
+    const double forward = 2.0 * vision_matmul * patches + 4.0 * c.vision_num_layers * Dv * patches * patches +
+                           2.0 * projector_matmul * merged;
+    flops += mult * forward;
+  }
+  return flops;
+}
+
+namespace {
+
+class Mistral3Model : public Model {
+ public:
+  explicit Mistral3Model(const Mistral3Config& config) : c_(config) {
+    const auto& c = c_;
+    // HF module order (vision, projector, text): FSDP units follow it, so forward prefetch does too.
+    auto model = add_child("model", std::make_shared<ModuleGroup>());
+    vision = model->add_child("vision_tower", std::make_shared<VisionTower>(c));
+    projector = model->add_child("multi_modal_projector", std::make_shared<Projector>(c));
+    auto text = model->add_child("language_model", std::make_shared<ModuleGroup>());
+    embed_tokens = text->add_child("embed_tokens", linear_module(c.vocab_size, c.hidden_size));
+    auto layer_list = text->add_child("layers", std::make_shared<ModuleGroup>());
+    for (int64_t i = 0; i < c.num_layers; ++i)
+      layers.push_back(layer_list->add_child(std::to_string(i), std::make_shared<TextLayer>(c)));
+    norm = text->add_child("norm", norm_module(c.hidden_size));
+    lm_head = add_child("lm_head", linear_module(c.vocab_size, c.hidden_size));
+    if (c.freeze_vision) {
+      for (auto& [name, p] : vision->named_parameters()) p->requires_grad = false;
+      for (auto& [name, p] : projector->named_parameters()) p->requires_grad = false;
+    }
+  }
+
+  ModelOutput forward(const Batch& batch) override {
+    const auto& c = c_;
+    const auto& input_ids = batch_get(batch, "input_ids");
+    const auto& labels = batch_get(batch, "labels");
+    if (input_ids.dim() != 2 || input_ids.scalar_type() != at::kLong)
+      fail("batch 'input_ids' must be int64 [B, S], got ", input_ids.scalar_type(), " ", input_ids.sizes());
+    if (labels.sizes() != input_ids.sizes())
+      fail("batch 'labels' must be [B, S] = ", input_ids.sizes(), ", got ", labels.sizes());
+    const int64_t B = input_ids.size(0), S = input_ids.size(1);
+    std::vector<int64_t> seq_begins;  // packed samples of the single row; empty: one sample per row
+    if (auto it = batch.find("cu_seqlens"); it != batch.end()) {
+      auto cu = it->second.to(at::kCPU).to(at::kLong).contiguous();
+      seq_begins.assign(cu.data_ptr<int64_t>(), cu.data_ptr<int64_t>() + cu.numel());
+      bool increasing = true;
+      for (size_t i = 1; i < seq_begins.size(); ++i) increasing = increasing && seq_begins[i] > seq_begins[i - 1];
+      if (B != 1 || seq_begins.size() < 2 || seq_begins.front() != 0 || seq_begins.back() != S || !increasing)
+        fail("batch 'cu_seqlens' must run strictly increasing from 0 to S = ", S, " with input_ids [1, S] (packed), got ",
+             it->second, " with input_ids ", input_ids.sizes());
+    }
+    at::Tensor positions;
+    if (auto it = batch.find("position_ids"); it != batch.end()) {
+      positions = it->second;
+      if (positions.sizes() != input_ids.sizes())
+        fail("batch 'position_ids' must be [B, S] = ", input_ids.sizes(), ", got ", positions.sizes());
+    } else if (!seq_begins.empty()) {  // positions restart in every packed sample
+      std::vector<at::Tensor> parts;
+      for (size_t i = 0; i + 1 < seq_begins.size(); ++i) parts.push_back(at::arange(seq_begins[i + 1] - seq_begins[i], input_ids.options()));
+      positions = at::cat(parts).unsqueeze(0);
+    } else {
+      positions = at::arange(S, input_ids.options()).unsqueeze(0).expand({B, S});
+    }
+
+    ModelOutput result;
+    auto embeds = at::embedding(embed_tokens->weight.value, input_ids);  // [B, S, H]
+    const auto image_mask = input_ids == c.image_token_index;
+    const int64_t image_tokens = image_mask.sum().item<int64_t>();
+    auto pixels = batch.find("pixel_values");
+    if (pixels != batch.end() && pixels->second.size(0) > 0) {
+      auto features = image_features(pixels->second, batch_get(batch, "image_sizes"), result);
+      if (features.size(0) != image_tokens)
+        fail("mistral3: ", image_tokens, " [IMG] tokens (id ", c.image_token_index, ") in input_ids but the images give ",
+             features.size(0), " features: image tokens and image_sizes do not match");
+      embeds = embeds.masked_scatter(image_mask.unsqueeze(-1), features.to(embeds.scalar_type()));
+    } else if (image_tokens > 0) {
+      fail("mistral3: input_ids hold ", image_tokens, " [IMG] tokens but the batch has no pixel_values");
+    } else if (!vision->layers.empty()) {
+      // No image here: run the tower on one blank image anyway, so every rank issues the same
+      // collectives (the vision units' all-gathers, and their reduce-scatters when trained),
+      // as LLaMA-Factory's dummy image does. It adds exactly zero to the embeddings.
+      const int64_t side = c.patch_size * c.spatial_merge_size;
+      ModelOutput discard;
+      auto dummy = image_features(at::zeros({1, c.num_channels, side, side}, embeds.options()),
+                                  at::tensor(std::vector<int64_t>{side, side}, at::kLong).view({1, 2}), discard);
+      embeds = embeds + dummy.sum().to(embeds.scalar_type()) * 0.0;
+    }
+
+    // RoPE tables in fp32, [B, S, hd]; cast to the activation dtype in apply_rope.
+    auto exponents = at::arange(0, c.head_dim, 2, input_ids.options()).to(at::kFloat) / static_cast<double>(c.head_dim);
+    auto inv_freq = 1.0 / at::pow(c.rope_theta, exponents);
+    auto angles = positions.to(at::kFloat).unsqueeze(-1) * inv_freq;
+    auto emb = at::cat({angles, angles}, -1);
+    auto cos = emb.cos(), sin = emb.sin();
+
+    auto h = embeds;
+    for (auto& layer : layers) {
+      auto layer_ptr = layer;  // may run again in backward (recompute): capture by value
+      h = layer->apply({h, cos, sin}, [layer_ptr, seq_begins](const std::vector<at::Tensor>& in) {
+        return layer_ptr->forward(in[0], in[1], in[2], seq_begins);
+      });
+    }
+    h = rms_norm(h, norm->weight.value, c.rms_norm_eps);
+    auto logits = lin(h, lm_head).to(at::kFloat);  // [B, S, V]
+
+    // HF ForCausalLMLoss: position t predicts labels[t + 1]; mean over supervised tokens.
+    auto shift_logits = logits.narrow(1, 0, S - 1).reshape({-1, c.vocab_size});
+    auto shift_labels = labels.narrow(1, 1, S - 1).reshape({-1}).to(at::kLong);
+    const int64_t supervised = (shift_labels != -100).sum().item<int64_t>();
+    result.loss = supervised > 0 ? at::cross_entropy_loss(shift_logits, shift_labels, {}, at::Reduction::Mean, -100)
+                                 : logits.sum() * 0.0;  // nothing supervised: zero loss and grads
+    result.tokens = B * S;
+    result.tensors["logits"] = logits;
+    return result;
+  }
+
+  double train_flops(const Batch& batch) const override {
+    const auto& ids = batch_get(batch, "input_ids");
+    std::vector<std::pair<int64_t, int64_t>> image_hw;
+    if (auto it = batch.find("pixel_values"); it != batch.end() && it->second.size(0) > 0) {
+      const auto sizes = batch_get(batch, "image_sizes").to(at::kLong).contiguous();
+      for (int64_t i = 0; i < sizes.size(0); ++i)
+        image_hw.emplace_back(sizes[i][0].item<int64_t>(), sizes[i][1].item<int64_t>());
+    }
+    std::vector<int64_t> seqlens;
+    if (auto it = batch.find("cu_seqlens"); it != batch.end()) {
+      auto cu = it->second.to(at::kLong).contiguous();
+      for (int64_t i = 0; i + 1 < cu.numel(); ++i) seqlens.push_back(cu[i + 1].item<int64_t>() - cu[i].item<int64_t>());
+    } else {
+      seqlens.assign(ids.size(0), ids.size(1));
+    }
+    return mistral3_train_flops(c_, seqlens, image_hw);
+  }
+
+  std::string hf_key(const std::string& param_name) const override { return param_name; }
+
+  std::vector<std::string> hf_key_aliases(const std::string& name) const override {
+    static const std::pair<std::string, std::string> renames[] = {
+        {"model.language_model.", "language_model.model."},
+        {"lm_head.", "language_model.lm_head."},
+        {"model.vision_tower.", "vision_tower."},
+        {"model.multi_modal_projector.", "multi_modal_projector."}};
+    for (const auto& [current, legacy] : renames)
+      if (starts_with(name, current)) return {legacy + name.substr(current.size())};
+    return {};
+  }
+
+ private:
+  // Vision tower + projector for all images of the batch: [sum_i L_i, H] in the text order.
+  at::Tensor image_features(const at::Tensor& pixel_values, const at::Tensor& image_sizes, ModelOutput& result) {
+    const auto& c = c_;
+    const int64_t N = pixel_values.size(0), p = c.patch_size, m = c.spatial_merge_size;
+    if (pixel_values.dim() != 4 || pixel_values.size(1) != c.num_channels)
+      fail("batch 'pixel_values' must be [N_img, ", c.num_channels, ", H_max, W_max], got ", pixel_values.sizes());
+    if (image_sizes.sizes() != at::IntArrayRef({N, 2}))
+      fail("batch 'image_sizes' must be [N_img, 2] = [", N, ", 2], got ", image_sizes.sizes());
+    const auto sizes = image_sizes.to(at::kCPU).to(at::kLong).contiguous();
+    const int64_t* hw = sizes.data_ptr<int64_t>();
+    const int64_t max_grid = c.image_size / p;
+    std::vector<std::pair<int64_t, int64_t>> grids;  // patch grid (h_i, w_i) per image, before the merge
+    std::vector<int64_t> patches;
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t H = hw[2 * i], W = hw[2 * i + 1];
+      if (H < p || W < p || H > pixel_values.size(2) || W > pixel_values.size(3))
+        fail("batch 'image_sizes'[", i, "] = (", H, ", ", W, ") must be >= patch_size ", p, " and <= the padded size (",
+             pixel_values.size(2), ", ", pixel_values.size(3), ")");
+      if (H / p > max_grid || W / p > max_grid)
+        fail("batch 'image_sizes'[", i, "] = (", H, ", ", W, ") exceeds vision_config.image_size ", c.image_size);
+      grids.emplace_back(H / p, W / p);
+      patches.push_back((H / p) * (W / p));
+    }
+
+    std::optional<at::NoGradGuard> frozen;
+    if (c.freeze_vision) frozen.emplace();  // no graph through the frozen tower and projector
+
+    // patch_conv (stride = kernel, no bias) as a linear over (c, kh, kw)-flattened patches.
+    const auto& conv = vision->patch_conv->weight.value;
+    const auto pixels = pixel_values.to(conv.scalar_type());
+    std::vector<at::Tensor> flat;
+    for (int64_t i = 0; i < N; ++i) {
+      const auto [h, w] = grids[i];
+      auto img = pixels[i].narrow(1, 0, h * p).narrow(2, 0, w * p);  // [C, h p, w p]
+      flat.push_back(img.reshape({c.num_channels, h, p, w, p}).permute({1, 3, 0, 2, 4}).reshape({h * w, -1}));
+    }
+    auto x = at::linear(at::cat(flat, 0), conv.reshape({c.vision_hidden_size, -1}));  // [P, Dv]
+    x = rms_norm(x, vision->ln_pre->weight.value, kVisionEps);
+    auto [cos, sin] = vision_rope(grids, c.vision_head_dim(), c.vision_rope_theta, pixel_values.device());
+    for (auto& layer : vision->layers) {
+      auto layer_ptr = layer;
+      auto counts = patches;
+      x = layer->apply({x, cos, sin}, [layer_ptr, counts](const std::vector<at::Tensor>& in) {
+        return layer_ptr->forward(in[0], in[1], in[2], counts);
+      });
+    }
+    result.tensors["vision_features"] = x;
+
+    // Projector: RMSNorm, PatchMerger (unfold m x m: feature = ch*m*m + ki*m + kj; an odd last
+    // row/column is dropped), linear_1, exact GELU, linear_2.
+    auto normed = rms_norm(x, projector->norm->weight.value, c.rms_norm_eps);
+    std::vector<at::Tensor> merged;
+    int64_t begin = 0;
+    for (int64_t i = 0; i < N; ++i) {
+      const auto [h, w] = grids[i];
+      auto grid = normed.narrow(0, begin, h * w).view({h, w, -1}).permute({2, 0, 1}).unsqueeze(0);  // [1, Dv, h, w]
+      auto cols = at::im2col(grid, {m, m}, {1, 1}, {0, 0}, {m, m});                                  // [1, Dv m m, L]
+      merged.push_back(cols.view({cols.size(1), -1}).t());
+      begin += h * w;
+    }
+    auto features = lin(at::cat(merged, 0), projector->patch_merger->merging_layer);
+    features = lin(at::gelu(lin(features, projector->linear_1)), projector->linear_2);
+    result.tensors["projected_features"] = features;
+    return features;
+  }
+
+  Mistral3Config c_;
+  std::shared_ptr<VisionTower> vision;
+  std::shared_ptr<Projector> projector;
+  std::shared_ptr<Weight> embed_tokens, norm, lm_head;
+  std::vector<std::shared_ptr<TextLayer>> layers;
+};
+
+}  // namespace
+
+std::shared_ptr<Model> make_mistral3(const nlohmann::json& model_config) {
+  return std::make_shared<Mistral3Model>(Mistral3Config::from_json(model_config));
+}
+
+}  // namespace mmtrain::mistral3
+
+namespace mmtrain {
+
+void register_mistral3_model() {
+  static std::once_flag once;
+  std::call_once(once, [] { model_registry().add("mistral3", mistral3::make_mistral3); });
+}
+
+}  // namespace mmtrain

@@ -1,0 +1,54 @@
+// Mistral3 (Magistral-Small-2509) as a trainable model (model_id "mistral3"): Pixtral vision
+// encoder -> projector (RMSNorm, PatchMerger, linear-GELU-linear) -> features scattered into the
+// text embeddings at [IMG] tokens -> Mistral LM -> shifted cross-entropy (spec: magistral.md §1-5).
+//
+// Batch keys:
+//   input_ids     int64 [B, S]
+//   labels        int64 [B, S]; -100 = not supervised. loss = mean over supervised tokens of
+//                 CE(logits[:, t], labels[:, t + 1]) (HF ForCausalLMLoss without num_items_in_batch)
+//   position_ids  int64 [B, S], optional (default arange(S) per row, or per packed sample);
+//                 RoPE positions only: attention follows cu_seqlens
+//   cu_seqlens    int [k + 1], optional: packing. B must be 1; samples [cu[i], cu[i+1]) attend
+//                 causally within themselves only. The loss shifts over the whole row, so the
+//                 first label of every sample must be -100 (it is prompt) or it is predicted
+//                 from the previous sample's last token
+//   pixel_values  float [N_img, C, H_max, W_max], optional: images zero-padded bottom/right, in
+//                 batch-sample order then in-sample order (the order of the [IMG] tokens)
+//   image_sizes   int64 [N_img, 2] (H_i, W_i), required with pixel_values: the sizes before padding
+// The number of [IMG] tokens (config image_token_index) must equal sum_i (H_i/p/m)*(W_i/p/m)
+// (p = patch_size, m = spatial_merge_size, floor); a mismatch is an error.
+//
+// Outputs (ModelOutput::tensors): "vision_features" [P_tot, Dv] (the last Pixtral layer, all
+// images as one sequence), "projected_features" [N_[IMG], H], "logits" [B, S, V].
+//
+// Parameter names are the HF names of transformers >= 4.52 (model.language_model.*,
+// model.vision_tower.*, model.multi_modal_projector.*, lm_head.weight); the legacy names
+// (language_model.model.*, language_model.lm_head.weight, vision_tower.*,
+// multi_modal_projector.*) load too. Blocks for fsdp/recompute plans:
+// model.language_model.layers.{*} and model.vision_tower.transformer.layers.{*}.
+// With freeze_vision (default), vision tower and projector params have requires_grad = false
+// and run under no-grad: no grads, no reduce-scatter for vision units, no optimizer updates.
+#pragma once
+#include "models/mistral3/config.h"
+#include "models/model.h"
+
+#include <utility>
+#include <vector>
+
+namespace mmtrain::mistral3 {
+
+std::shared_ptr<Model> make_mistral3(const nlohmann::json& model_config);
+
+// Model FLOPs of forward + backward (spec magistral.md §9) for samples of lengths seqlens: text
+// 6 * matmul params (layers + lm_head) * tokens + 3 * 4 * layers * q_dim * sum_s s(s+1)/2 (causal);
+// per image (H, W): vision 2 * matmul params * patches + 4 * layers * Dv * patches^2 (full
+// attention inside the image) + projector 2 * matmul params * merged tokens, times 1 when
+// freeze_vision (forward only) else 3.
+double mistral3_train_flops(const Mistral3Config& c, const std::vector<int64_t>& seqlens,
+                            const std::vector<std::pair<int64_t, int64_t>>& image_sizes);
+
+}  // namespace mmtrain::mistral3
+
+namespace mmtrain {
+void register_mistral3_model();
+}
