@@ -22,6 +22,18 @@ FsdpOptions fsdp_options(const Config& config) {
   return options;
 }
 
+std::unique_ptr<AdamW> make_fsdp_adamw(Fsdp& fsdp, const AdamWOptions& options) {
+  std::vector<at::Tensor> params, grads;
+  const auto units = fsdp.units();
+  for (auto* unit : units) {
+    params.push_back(unit->shard_flat);
+    grads.push_back(unit->grad_flat);
+  }
+  auto adamw = std::make_unique<AdamW>(params, grads, options);
+  for (size_t u = 0; u < units.size(); ++u) adamw->set_update_mask(u, fsdp_trainable_mask(*units[u]));
+  return adamw;
+}
+
 int64_t load_initial_weights(const Config& config, Model& model, Fsdp& fsdp) {
   const auto& m = config.model;
   const std::string path = !m.checkpoint_path.empty() ? m.checkpoint_path : m.model_name_or_path;

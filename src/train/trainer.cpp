@@ -73,16 +73,8 @@ struct Trainer::State {
     options.device = comm().device();
     fsdp = std::make_unique<Fsdp>(*model, runtime.comm, options);
 
-    std::vector<at::Tensor> params, grads;
-    for (auto* unit : fsdp->units()) {
-      params.push_back(unit->shard_flat);
-      grads.push_back(unit->grad_flat);
-    }
-    adamw = std::make_unique<AdamW>(params, grads,
-                                    AdamWOptions{c.training.adam_beta1, c.training.adam_beta2, c.training.adam_eps,
-                                                 c.training.weight_decay});
-    auto units = fsdp->units();
-    for (size_t u = 0; u < units.size(); ++u) adamw->set_update_mask(u, fsdp_trainable_mask(*units[u]));
+    adamw = make_fsdp_adamw(*fsdp, AdamWOptions{c.training.adam_beta1, c.training.adam_beta2, c.training.adam_eps,
+                                                c.training.weight_decay});
     schedule = LrSchedule::make(c.training.lr, c.training.lr_min, c.training.lr_warmup_ratio, c.training.train_iters,
                                 c.training.lr_decay_style);
 

@@ -4,6 +4,7 @@
 #include "fsdp/fully_shard.h"
 #include "models/test_transformer.h"
 #include "multirank_harness.h"
+#include "train/build.h"
 #include "optim/adamw.h"
 
 #include <gtest/gtest.h>
@@ -41,12 +42,8 @@ RunResult train(int world, int accum, FsdpOptions options, int steps) {
     auto model = make_test_transformer(kModelConfig);
     Fsdp fsdp(*model, comm, options);
     fsdp.init_params(7);
-    std::vector<at::Tensor> params, grads;
-    for (auto* unit : fsdp.units()) {
-      params.push_back(unit->shard_flat);
-      grads.push_back(unit->grad_flat);
-    }
-    AdamW adamw(params, grads, {0.9, 0.95, 1e-8, 0.1});
+    auto adamw_ptr = make_fsdp_adamw(fsdp, AdamWOptions{0.9, 0.95, 1e-8, 0.1});
+    auto& adamw = *adamw_ptr;
     const int micro = kGlobalBatch / (world * accum);
     std::vector<double> losses;
     for (int step = 0; step < steps; ++step) {

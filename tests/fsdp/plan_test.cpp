@@ -7,6 +7,7 @@
 #include "models/magihuman/memory.h"
 #include "models/test_transformer.h"
 #include "multirank_harness.h"
+#include "train/build.h"
 #include "optim/adamw.h"
 
 #include <gtest/gtest.h>
@@ -40,12 +41,8 @@ TEST_P(PlanVsFsdp, ShardBytesEqualFsdpMemoryStats) {
     std::shared_ptr<Comm> comm(&comm_ref, [](Comm*) {});
     auto model = make_test_transformer(kModelConfig);
     Fsdp fsdp(*model, comm, options);
-    std::vector<at::Tensor> params, grads;
-    for (auto* unit : fsdp.units()) {
-      params.push_back(unit->shard_flat);
-      grads.push_back(unit->grad_flat);
-    }
-    AdamW adamw(params, grads, {});
+    auto adamw_ptr = make_fsdp_adamw(fsdp, AdamWOptions{});
+    auto& adamw = *adamw_ptr;
     const auto stats = fsdp.memory_stats();
     std::lock_guard<std::mutex> lock(mutex);
     EXPECT_EQ(plan.param_bytes, stats.param_bytes) << "rank " << comm->rank();

@@ -4,6 +4,7 @@
 #include "fsdp/fully_shard.h"
 #include "models/mistral3/model.h"
 #include "multirank_harness.h"
+#include "train/build.h"
 #include "optim/adamw.h"
 
 #include <gtest/gtest.h>
@@ -60,14 +61,8 @@ Result train(int world, bool recompute = false, bool mixed = false) {
     if (recompute) options.recompute_modules = options.apply_modules;  // frozen vision blocks: no-op
     Fsdp fsdp(*model, comm, options);
     fsdp.init_params(5);
-    std::vector<at::Tensor> params, grads;
-    for (auto* unit : fsdp.units()) {
-      params.push_back(unit->shard_flat);
-      grads.push_back(unit->grad_flat);
-    }
-    AdamW adamw(params, grads, {0.9, 0.95, 1e-8, 0.1});
-    auto units = fsdp.units();
-    for (size_t u = 0; u < units.size(); ++u) adamw.set_update_mask(u, fsdp_trainable_mask(*units[u]));
+    auto adamw_ptr = make_fsdp_adamw(fsdp, AdamWOptions{0.9, 0.95, 1e-8, 0.1});
+    auto& adamw = *adamw_ptr;
     std::vector<double> losses;
     for (int step = 0; step < 3; ++step) {
       fsdp.zero_grad();
@@ -94,7 +89,7 @@ Result train(int world, bool recompute = false, bool mixed = false) {
     }
     std::lock_guard<std::mutex> lock(mutex);
     if (comm->rank() == 0) result.losses = losses;
-    for (auto* unit : units)
+    for (auto* unit : fsdp.units())
       for (auto& p : unit->params) {
         auto& full = result.params[p.name];
         if (!full.defined()) full = at::zeros(p.param->shape);
