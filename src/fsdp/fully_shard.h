@@ -40,6 +40,12 @@ struct FsdpParam {
   int64_t offset = 0;          // into the unit's flat shard
   at::Tensor shard;            // fp32 view [padded_rows, ...] of the unit's flat shard
   at::Tensor gathered;         // param_dtype [W * padded_rows, ...]; storage freed while sharded
+
+  // This param's [padded_rows, ...] view of a flat tensor laid out like its unit's shard_flat
+  // (the shards, their grads, AdamW moments).
+  at::Tensor view_of(const at::Tensor& flat) const {
+    return flat.narrow(0, offset, layout.shard_numel()).view(shard.sizes());
+  }
 };
 
 class Fsdp;

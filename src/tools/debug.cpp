@@ -76,7 +76,7 @@ void debug_step(const std::string& config_path, const std::vector<std::string>& 
   for (auto* unit : fsdp.units())
     for (auto& p : unit->params) {
       if (!p.param->requires_grad) continue;  // frozen: no grad by construction
-      auto grad = unit->grad_flat.narrow(0, p.offset, p.layout.shard_numel()).view(p.shard.sizes()).narrow(0, 0, p.layout.dim0);
+      auto grad = p.view_of(unit->grad_flat).narrow(0, 0, p.layout.dim0);
       tensors.emplace_back("grad." + model->hf_key(p.name), model->to_hf_layout(p.name, grad).contiguous());
     }
   safetensors_write(out_path, tensors);

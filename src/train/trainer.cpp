@@ -117,7 +117,7 @@ struct Trainer::State {
       auto& state = adamw->states()[u];
       for (auto& p : units[u]->params) {
         auto rows_of = [&](const at::Tensor& flat) {
-          return flat.narrow(0, p.offset, p.layout.shard_numel()).view(p.shard.sizes()).narrow(0, 0, p.layout.rows(rank));
+          return p.view_of(flat).narrow(0, 0, p.layout.rows(rank));
         };
         const int64_t begin = p.layout.row_begin(rank);
         out.push_back({"optim.exp_avg." + p.name, p.param->shape, begin, rows_of(state.exp_avg)});
@@ -181,7 +181,7 @@ struct Trainer::State {
           const int64_t rows = p.layout.rows(rank), begin = p.layout.row_begin(rank);
           for (auto& [prefix, flat] : {std::pair<std::string, at::Tensor>{"optim.exp_avg.", state.exp_avg},
                                        std::pair<std::string, at::Tensor>{"optim.exp_avg_sq.", state.exp_avg_sq}}) {
-            auto view = flat.narrow(0, p.offset, p.layout.shard_numel()).view(p.shard.sizes());
+            auto view = p.view_of(flat);
             view.zero_();
             if (rows > 0) view.narrow(0, 0, rows).copy_(read_prefixed(prefix)(p.name, begin, begin + rows));
           }
