@@ -86,7 +86,13 @@ c10::intrusive_ptr<c10d::Backend> make_backend(const c10::intrusive_ptr<c10d::St
   } else {
     opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
   }
-  opts->threads = 2;
+  // One worker thread: collectives run one at a time, in the order this rank issued them, as
+  // NCCL runs them on one stream. Communication still overlaps compute (the worker is not the
+  // training thread); two workers would let an all-gather and a reduce-scatter of different
+  // units share one Gloo context concurrently, which buys nothing on one host and is where Gloo
+  // has had races (pytorch/gloo#427). A rank aborting mid-run in CI (not reproduced here) was
+  // seen with two workers.
+  opts->threads = 1;
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
 }
 

@@ -309,5 +309,18 @@ def run_mmtrain(mmtrain_bin: str, cfg_path: str, world: int, log_path: str,
             rc = f"timeout after {timeout}s"
     if rc != 0:
         with open(log_path, errors="replace") as f:
-            tail = f.read()[-4000:]
-        raise MmtrainFailed(f"mmtrain (W={world}) exited with {rc}; log {log_path}:\n{tail}")
+            text = f.read()
+        raise MmtrainFailed(f"mmtrain (W={world}) exited with {rc}; log {log_path}:\n"
+                            f"{crash_reports(text)}{text[-4000:]}")
+
+
+def crash_reports(log_text: str) -> str:
+    """The backtraces mmtrain prints on a fatal signal (and glibc's heap messages): the log tail
+    alone loses them behind the other ranks' connection errors."""
+    lines = log_text.splitlines()
+    marks = ("mmtrain: fatal signal", "terminate called", "free():", "corrupted", "double free")
+    picked = []
+    for i, line in enumerate(lines):
+        if any(m in line for m in marks):
+            picked += lines[max(0, i - 2):i + 40] + ["..."]
+    return ("--- crash reports ---\n" + "\n".join(picked) + "\n--- log tail ---\n") if picked else ""
