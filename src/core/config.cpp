@@ -584,6 +584,14 @@ void derive_data_names(Config& config) {
     config.data.collate_model_name = optional_string(loader["collate_param"], "model_name",
                                                      "data.dataloader_param.collate_param.model_name");
   }
+  // The seed's spelling (MindSpeed-MM FSDP configs): dataloader_param.collator_id.
+  const auto collator_id = optional_string(loader, "collator_id", "data.dataloader_param.collator_id");
+  if (!collator_id.empty()) {
+    if (!config.data.collate_model_name.empty() && config.data.collate_model_name != collator_id)
+      fail(where("data.dataloader_param.collator_id"), ": '", collator_id, "' disagrees with ",
+           "data.dataloader_param.collate_param.model_name '", config.data.collate_model_name, "': give one");
+    config.data.collate_model_name = collator_id;
+  }
 }
 
 // auto (0) resolves to all ranks outside tensor parallelism, as MindSpeed's ParallelArguments.

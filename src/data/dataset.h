@@ -13,6 +13,7 @@
 #include <ATen/core/Generator.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace mmtrain {
@@ -22,6 +23,8 @@ class Dataset {
   virtual ~Dataset() = default;
   virtual int64_t size() const = 0;
   virtual Batch get(int64_t index) const = 0;  // one sample as named tensors
+  // What the trainer logs once at start (e.g. records read and dropped); empty for nothing.
+  virtual std::string summary() const { return {}; }
 };
 
 class Collator {

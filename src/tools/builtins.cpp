@@ -1,6 +1,7 @@
 #include "tools/builtins.h"
 
 #include "data/magihuman/precomputed_dataset.h"
+#include "data/mistral3/pixtral_collator.h"
 #include "models/magihuman/memory.h"
 
 #include <mutex>
@@ -18,6 +19,7 @@ void register_builtins() {
     register_magihuman_model();
     register_mistral3_model();
     magihuman::register_magihuman_data();
+    mistral3::register_mistral3_data();
     magihuman::register_magihuman_plan();  // memory-plan hooks (`mmtrain plan`)
   });
 }

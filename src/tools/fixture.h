@@ -43,4 +43,20 @@ std::array<int64_t, 3> parse_video_grid(const std::string& text);
 void fixture_magihuman_weights(const std::string& config_path, const std::string& out_dir, int64_t shards,
                                uint64_t seed);
 
+// A tiny image-text SFT set for mistral3 in the "huggingface" dataset layout: out_dir/tekken.json
+// (byte-level: 20 control tokens + 256 bytes, vocab 276), out_dir/images/*.png (solid colours,
+// sides in [min_side, max_side]), out_dir/conversations.json (LLaVA style; a quarter of the
+// records hold two images). bad_records appends one record per drop reason (missing image,
+// corrupt image, no assistant turn, <image> count mismatch, malformed, and an image after a
+// prompt of long_prompt_bytes that truncation cuts).
+struct Mistral3DataFixture {
+  int64_t samples = 64;
+  int64_t min_side = 8;
+  int64_t max_side = 40;
+  bool bad_records = false;
+  int64_t long_prompt_bytes = 600;
+  uint64_t seed = 0;
+};
+void fixture_mistral3_data(const std::string& out_dir, const Mistral3DataFixture& options);
+
 }  // namespace mmtrain

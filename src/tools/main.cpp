@@ -5,6 +5,7 @@
 //   debug step CONFIG --batch B --out O   one forward/backward, dumps loss, outputs and grads
 //   fixture magihuman --out DIR ...       synthetic MagiHuman precomputed samples (latents, audio, text)
 //   fixture magihuman-weights --config CFG --out DIR   random MagiHuman weights in the HF layout
+//   fixture mistral3 --out DIR ...       image-text SFT set for tiny mistral3 configs
 //   debug collate CONFIG --out FILE       one collated micro-batch of a config, as safetensors
 //   plan CONFIG --world-size N [--seqlen L]   per-rank memory without allocating (docs/tools.md)
 //   logs parse FILE | summary FILE | compare A B     training logs (metrics.jsonl or Megatron lines) as JSON / compared
@@ -222,6 +223,16 @@ int main(int argc, char** argv) {
   gemm->add_option("--repeats", gemm_repeats, "timed repeats (the median is reported)")->capture_default_str();
   gemm->add_option("--dtype", gemm_dtype, "fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
 
+  auto* m3 = fixture->add_subcommand("mistral3", "image-text SFT set for mistral3: tekken.json, images/, conversations.json");
+  std::string m3_out;
+  Mistral3DataFixture m3_options;
+  m3->add_option("--out", m3_out, "output directory")->required();
+  m3->add_option("--samples", m3_options.samples, "number of good records")->capture_default_str();
+  m3->add_option("--seed", m3_options.seed, "random seed")->capture_default_str();
+  m3->add_option("--min-side", m3_options.min_side, "smallest image side in pixels")->capture_default_str();
+  m3->add_option("--max-side", m3_options.max_side, "largest image side in pixels")->capture_default_str();
+  m3->add_flag("--bad-records", m3_options.bad_records, "append one record per reason the dataset drops");
+
   CLI11_PARSE(app, argc, argv);
   try {
     register_builtins();
@@ -231,6 +242,8 @@ int main(int argc, char** argv) {
       auto runtime = runtime_init(LaunchEnv::from_environment(), default_device());
       Trainer trainer(std::move(config), std::move(runtime));
       trainer.run();
+    } else if (m3->parsed()) {
+      fixture_mistral3_data(m3_out, m3_options);
     } else if (hf_to_ckpt->parsed()) {
       convert_hf_to_ckpt("magihuman", convert_config, hf_dir, save_dir);
     } else if (ckpt_to_hf->parsed()) {

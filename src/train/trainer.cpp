@@ -81,6 +81,7 @@ struct Trainer::State {
     dataset = dataset_registry().get(c.data.dataset_type, "config " + c.source_path + ": data.dataset_param.dataset_type")(c);
     collator = collator_registry().get(c.data.collate_model_name,
                                        "config " + c.source_path + ": data.dataloader_param.collate_param.model_name")(c);
+    if (const auto summary = dataset->summary(); !summary.empty()) log(summary);
     sampler.num_samples = dataset->size();
     sampler.micro_batch_size = c.training.micro_batch_size;
     sampler.gradient_accumulation_steps = c.training.gradient_accumulation_steps;

@@ -74,4 +74,18 @@ at::Tensor decode_image_file(const std::string& path) {
   return decode_image_bytes(bytes.data(), bytes.size(), path);
 }
 
+ImageDims read_image_dims(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) fail("image ", path, ": no such file");
+  if (std::filesystem::is_directory(path, ec)) fail("image ", path, ": is a directory, expected an image file");
+  int width = 0, height = 0, channels = 0;
+  if (!stbi_info(path.c_str(), &width, &height, &channels)) {
+    const char* reason = stbi_failure_reason();
+    fail("image ", path, ": cannot read the header (", reason ? reason : "unknown reason",
+         "); expected a PNG, JPEG, BMP, GIF, TGA, PSD or PNM image");
+  }
+  if (width <= 0 || height <= 0) fail("image ", path, ": header gives ", height, "x", width, " pixels, expected at least 1x1");
+  return {height, width};
+}
+
 }  // namespace mmtrain::image

@@ -27,6 +27,16 @@ at::Tensor decode_image_file(const std::string& path);
 // Decodes `size` bytes of an encoded image; `label` names the source in errors.
 at::Tensor decode_image_bytes(const uint8_t* data, size_t size, const std::string& label);
 
+struct ImageDims {
+  int64_t height = 0;
+  int64_t width = 0;
+};
+
+// The pixel size from the file's header alone (no decode). Fails like decode_image_file for a
+// missing file or an unrecognised/corrupt header; a file whose pixel data is damaged passes here
+// and fails at decode.
+ImageDims read_image_dims(const std::string& path);
+
 // RGBA uint8 [H, W, 4] -> RGB uint8 [H, W, 3] over opaque white, bit-exact with Pillow's
 // Image.alpha_composite(white, rgba).convert("RGB").
 at::Tensor composite_on_white(const at::Tensor& rgba);

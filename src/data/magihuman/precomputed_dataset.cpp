@@ -7,6 +7,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "core/suggest.h"
+#include "data/dataset_params.h"
 
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/export.h>
@@ -29,85 +30,52 @@ const char* const kSubdirs[] = {"latents", "audio_latents", "conditions"};
 
 std::string where_key(const std::string& key) { return "data.dataset_param." + key; }
 
-template <typename T>
-T get_param(const nlohmann::json& map, const std::string& key, const std::string& path, T fallback) {
-  if (!map.contains(key) || map.at(key).is_null()) return fallback;
-  const auto& value = map.at(key);
-  try {
-    if constexpr (std::is_same_v<T, std::string>) {
-      if (!value.is_string()) throw std::runtime_error("");
-    } else if constexpr (std::is_integral_v<T>) {
-      if (!value.is_number_integer()) throw std::runtime_error("");
-    } else {
-      if (!value.is_number()) throw std::runtime_error("");
-    }
-    return value.get<T>();
-  } catch (const std::exception&) {
-    fail(where_key(path), ": expected ",
-         std::is_same_v<T, std::string> ? "a string" : std::is_integral_v<T> ? "an integer" : "a number", ", found ",
-         value.dump());
-  }
-}
-
-void check_known_keys(const nlohmann::json& map, const std::vector<std::string>& known, const std::string& prefix) {
-  if (!map.is_object()) fail(where_key(prefix.empty() ? "" : prefix), ": expected a map, found ", map.dump());
-  for (auto it = map.begin(); it != map.end(); ++it) {
-    if (std::find(known.begin(), known.end(), it.key()) != known.end()) continue;
-    const std::string suggestion = closest_name(it.key(), known);
-    fail(where_key(prefix.empty() ? it.key() : prefix + "." + it.key()), ": unknown key for dataset magihuman_precomputed",
-         suggestion.empty() ? std::string() : " (did you mean '" + suggestion + "'?)", "; known keys: ",
-         join_names(known));
-  }
-}
-
-PrecomputedDataOptions parse_options(const nlohmann::json& p, bool need_root) {
-  check_known_keys(p,
-                   {"dataset_type", "data_root", "basic_parameters", "max_samples", "video_in_channels",
-                    "audio_in_channels", "text_in_channels", "sigma_sampling", "logit_normal_loc",
-                    "logit_normal_scale"},
-                   "");
+PrecomputedDataOptions parse_options(const nlohmann::json& map, bool need_root) {
+  const DatasetParams p(map, "magihuman_precomputed");
+  p.check_known_keys({"dataset_type", "data_root", "basic_parameters", "max_samples", "video_in_channels",
+                      "audio_in_channels", "text_in_channels", "sigma_sampling", "logit_normal_loc",
+                      "logit_normal_scale"});
   PrecomputedDataOptions o;
-  o.data_root = get_param<std::string>(p, "data_root", "data_root", "");
-  o.max_samples = get_param<int64_t>(p, "max_samples", "max_samples", 0);
+  o.data_root = p.get_string("data_root", "");
+  o.max_samples = p.get_int("max_samples", 0);
   // MindSpeed-MM's layout: basic_parameters: {dataset_dir, dataset, max_samples}.
-  if (p.contains("basic_parameters") && !p.at("basic_parameters").is_null()) {
-    const auto& basic = p.at("basic_parameters");
-    check_known_keys(basic, {"dataset_dir", "dataset", "max_samples"}, "basic_parameters");
-    const auto dir = get_param<std::string>(basic, "dataset_dir", "basic_parameters.dataset_dir", "");
+  if (p.has("basic_parameters")) {
+    const auto basic = p.child("basic_parameters");
+    basic.check_known_keys({"dataset_dir", "dataset", "max_samples"});
+    const auto dir = basic.get_string("dataset_dir", "");
     if (!dir.empty() && !o.data_root.empty() && dir != o.data_root)
-      fail(where_key("data_root"), " '", o.data_root, "' and ", where_key("basic_parameters.dataset_dir"), " '", dir,
-           "' disagree: give one");
+      fail(p.where("data_root"), " '", o.data_root, "' and ", basic.where("dataset_dir"), " '", dir, "' disagree: give one");
     if (!dir.empty()) o.data_root = dir;
-    const auto max_samples = get_param<int64_t>(basic, "max_samples", "basic_parameters.max_samples", 0);
+    const auto max_samples = basic.get_int("max_samples", 0);
     if (max_samples != 0 && o.max_samples != 0 && max_samples != o.max_samples)
-      fail(where_key("max_samples"), " ", o.max_samples, " and ", where_key("basic_parameters.max_samples"), " ",
-           max_samples, " disagree: give one");
+      fail(p.where("max_samples"), " ", o.max_samples, " and ", basic.where("max_samples"), " ", max_samples,
+           " disagree: give one");
     if (max_samples != 0) o.max_samples = max_samples;
   }
   if (need_root && o.data_root.empty())
-    fail(where_key("data_root"), ": required for dataset_type magihuman_precomputed (the .precomputed directory "
+    fail(p.where("data_root"), ": required for dataset_type magihuman_precomputed (the .precomputed directory "
          "holding latents/, audio_latents/, conditions/)");
-  if (o.max_samples < 0) fail(where_key("max_samples"), ": expected >= 0 (0 = all), found ", o.max_samples);
-  o.video_in_channels = get_param<int64_t>(p, "video_in_channels", "video_in_channels", o.video_in_channels);
-  o.audio_in_channels = get_param<int64_t>(p, "audio_in_channels", "audio_in_channels", o.audio_in_channels);
-  o.text_in_channels = get_param<int64_t>(p, "text_in_channels", "text_in_channels", o.text_in_channels);
+  if (o.max_samples < 0) fail(p.where("max_samples"), ": expected >= 0 (0 = all), found ", o.max_samples);
+  o.video_in_channels = p.get_int("video_in_channels", o.video_in_channels);
+  o.audio_in_channels = p.get_int("audio_in_channels", o.audio_in_channels);
+  o.text_in_channels = p.get_int("text_in_channels", o.text_in_channels);
   if (o.video_in_channels <= 0 || o.video_in_channels % 4 != 0)
-    fail(where_key("video_in_channels"), ": expected latent channels x 4 (1x2x2 patch), a positive multiple of 4, found ",
+    fail(p.where("video_in_channels"), ": expected latent channels x 4 (1x2x2 patch), a positive multiple of 4, found ",
          o.video_in_channels);
-  if (o.audio_in_channels <= 0) fail(where_key("audio_in_channels"), ": expected >= 1, found ", o.audio_in_channels);
-  if (o.text_in_channels <= 0) fail(where_key("text_in_channels"), ": expected >= 1, found ", o.text_in_channels);
-  const auto sampling = get_param<std::string>(p, "sigma_sampling", "sigma_sampling", "logit_normal");
+  if (o.audio_in_channels <= 0) fail(p.where("audio_in_channels"), ": expected >= 1, found ", o.audio_in_channels);
+  if (o.text_in_channels <= 0) fail(p.where("text_in_channels"), ": expected >= 1, found ", o.text_in_channels);
+  const auto sampling = p.get_string("sigma_sampling", "logit_normal");
   if (sampling == "logit_normal")
     o.sigma_sampling = SigmaSampling::kLogitNormal;
   else if (sampling == "uniform")
     o.sigma_sampling = SigmaSampling::kUniform;
   else
-    fail(where_key("sigma_sampling"), ": expected logit_normal|uniform, found '", sampling, "'");
-  o.logit_normal_loc = get_param<double>(p, "logit_normal_loc", "logit_normal_loc", 0.0);
-  o.logit_normal_scale = get_param<double>(p, "logit_normal_scale", "logit_normal_scale", 1.0);
-  if (!std::isfinite(o.logit_normal_loc)) fail(where_key("logit_normal_loc"), ": expected a finite number");
+    fail(p.where("sigma_sampling"), ": expected logit_normal|uniform, found '", sampling, "'");
+  o.logit_normal_loc = p.get_double("logit_normal_loc", 0.0);
+  o.logit_normal_scale = p.get_double("logit_normal_scale", 1.0);
+  if (!std::isfinite(o.logit_normal_loc)) fail(p.where("logit_normal_loc"), ": expected a finite number");
   if (!(o.logit_normal_scale >= 0.0) || !std::isfinite(o.logit_normal_scale))
-    fail(where_key("logit_normal_scale"), ": expected a finite number >= 0, found ", o.logit_normal_scale);
+    fail(p.where("logit_normal_scale"), ": expected a finite number >= 0, found ", o.logit_normal_scale);
   return o;
 }
 

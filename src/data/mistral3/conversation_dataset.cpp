@@ -1,0 +1,356 @@
+#include "data/mistral3/conversation_dataset.h"
+
+#include "core/error.h"
+#include "data/dataset_params.h"
+#include "data/image/image_decode.h"
+#include "models/mistral3/config.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <variant>
+
+namespace mmtrain::mistral3 {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kDatasetType = "huggingface";
+
+// A record that cannot become a training sample: the reason is counted, the record skipped.
+struct Rejected {
+  std::string reason;
+};
+
+// The records of a JSON list or a JSONL file; a syntax error fails naming the file (and line).
+std::vector<nlohmann::json> read_records(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail("data.dataset_param.basic_parameters.dataset: cannot open '", path, "'");
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string text = buffer.str();
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos) fail("dataset ", path, ": empty file, expected a JSON list or JSONL records");
+  std::vector<nlohmann::json> records;
+  if (text[first] == '[') {
+    nlohmann::json list;
+    try {
+      list = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::parse_error& e) {
+      fail("dataset ", path, ": invalid JSON (", e.what(), ")");
+    }
+    for (auto& record : list) records.push_back(std::move(record));
+    return records;
+  }
+  std::istringstream lines(text);
+  std::string line;
+  for (int64_t number = 1; std::getline(lines, line); ++number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      records.push_back(nlohmann::json::parse(line));
+    } catch (const nlohmann::json::parse_error& e) {
+      fail("dataset ", path, " line ", number, ": invalid JSON (", e.what(), ")");
+    }
+  }
+  return records;
+}
+
+enum class Role { user, assistant, system };
+
+// LLaVA / sharegpt ("conversations", from/value) or LLaMA-Factory ("messages", role/content)
+// -> conversation + image paths, or why not (LLaMA-Factory's converter rules: an optional first
+// system message, then user/assistant alternating, an even count).
+std::variant<std::pair<chat::Conversation, std::vector<std::string>>, Rejected> parse_record(const nlohmann::json& r) {
+  if (!r.is_object()) return Rejected{"malformed record (not a JSON object)"};
+  const bool sharegpt = r.contains("conversations");
+  const char* list_key = sharegpt ? "conversations" : "messages";
+  const char* role_key = sharegpt ? "from" : "role";
+  const char* content_key = sharegpt ? "value" : "content";
+  if (!r.contains(list_key) || !r.at(list_key).is_array())
+    return Rejected{"malformed record (no \"conversations\" or \"messages\" list)"};
+  std::vector<std::pair<Role, std::string>> messages;
+  for (const auto& m : r.at(list_key)) {
+    if (!m.is_object() || !m.contains(role_key) || !m.at(role_key).is_string() || !m.contains(content_key) ||
+        !m.at(content_key).is_string())
+      return Rejected{"malformed record (a message without a string role and content)"};
+    const auto role = m.at(role_key).get<std::string>();
+    Role parsed;
+    if (role == "human" || role == "user")
+      parsed = Role::user;
+    else if (role == "gpt" || role == "assistant")
+      parsed = Role::assistant;
+    else if (role == "system")
+      parsed = Role::system;
+    else
+      return Rejected{"malformed record (unknown role \"" + role + "\")"};
+    messages.emplace_back(parsed, m.at(content_key).get<std::string>());
+  }
+  chat::Conversation conversation;
+  size_t begin = 0;
+  if (!messages.empty() && messages[0].first == Role::system) {
+    conversation.system = messages[0].second;
+    begin = 1;
+  }
+  bool any_assistant = false;
+  for (size_t i = begin; i < messages.size(); ++i) any_assistant = any_assistant || messages[i].first == Role::assistant;
+  if (!any_assistant) return Rejected{"no assistant turn"};
+  if ((messages.size() - begin) % 2 != 0) return Rejected{"roles do not alternate user/assistant"};
+  for (size_t i = begin; i < messages.size(); i += 2) {
+    if (messages[i].first != Role::user || messages[i + 1].first != Role::assistant)
+      return Rejected{"roles do not alternate user/assistant"};
+    conversation.turns.push_back({messages[i].second, messages[i + 1].second});
+  }
+
+  std::vector<std::string> images;
+  for (const char* key : {"image", "images"}) {
+    if (!r.contains(key) || r.at(key).is_null()) continue;
+    const auto& value = r.at(key);
+    if (value.is_string()) {
+      images.push_back(value.get<std::string>());
+    } else if (value.is_array()) {
+      for (const auto& item : value) {
+        if (!item.is_string()) return Rejected{"malformed record (an image entry that is not a path)"};
+        images.push_back(item.get<std::string>());
+      }
+    } else {
+      return Rejected{"malformed record (\"" + std::string(key) + "\" is neither a path nor a list)"};
+    }
+  }
+  if (conversation.image_placeholders() != static_cast<int64_t>(images.size()))
+    return Rejected{"<image> count differs from the image list"};
+  return std::make_pair(std::move(conversation), std::move(images));
+}
+
+std::string record_label(const nlohmann::json& r, size_t index) {
+  if (r.is_object() && r.contains("id") && (r.at("id").is_string() || r.at("id").is_number()))
+    return "record " + std::to_string(index) + " (id " + (r.at("id").is_string() ? r.at("id").get<std::string>() : r.at("id").dump()) + ")";
+  return "record " + std::to_string(index);
+}
+
+}  // namespace
+
+ConversationDataOptions ConversationDataOptions::from_config(const Config& config) {
+  const DatasetParams p(config.data.dataset_param, kDatasetType);
+  p.check_known_keys({"dataset_type", "basic_parameters", "preprocess_parameters"});
+  const auto basic = p.child("basic_parameters");
+  basic.check_known_keys({"template", "dataset", "dataset_dir", "cutoff_len", "max_samples", "packing", "default_system"});
+  const auto pre = p.child("preprocess_parameters");
+  pre.check_known_keys({"model_name_or_path", "fix_mistral_regex", "split_special_tokens", "image_longest_edge",
+                        "align_to_merged_patch"});
+
+  const auto template_name = basic.get_string("template", "mistral");
+  if (template_name != "mistral")
+    fail(basic.where("template"), ": '", template_name, "' is not implemented; dataset ", kDatasetType,
+         " knows 'mistral' (Mistral v7+ / tekken chat format)");
+  ConversationDataOptions o;
+  o.dataset_file = basic.get_string("dataset", "");
+  if (o.dataset_file.empty()) fail(basic.where("dataset"), ": required (a JSON list or JSONL file of conversations)");
+  o.dataset_dir = basic.get_string("dataset_dir", fs::path(o.dataset_file).parent_path().string());
+  o.default_system = basic.get_string("default_system", "");
+  o.cutoff_len = basic.get_int("cutoff_len", o.cutoff_len);
+  o.max_samples = basic.get_int("max_samples", 0);
+  if (o.max_samples < 0) fail(basic.where("max_samples"), ": expected >= 0 (0 = all), found ", o.max_samples);
+  o.packing = basic.get_bool("packing", false);
+  if (o.packing && o.cutoff_len <= 0)
+    fail(basic.where("packing"), ": packing needs a positive ", basic.where("cutoff_len"), " (the bin size)");
+  o.tokenizer_path = pre.get_string("model_name_or_path", config.model.model_name_or_path);
+  if (o.tokenizer_path.empty())
+    fail(pre.where("model_name_or_path"), ": required when model.model_name_or_path is empty (the directory or "
+         "file of tekken.json / tokenizer.json)");
+  o.tokenizer.fix_mistral_regex = pre.get_bool("fix_mistral_regex", false);
+  o.tokenizer.split_special_tokens = pre.get_bool("split_special_tokens", false);
+
+  const auto model = Mistral3Config::from_json(config.model.config);
+  o.image.patch_size = model.patch_size;
+  o.image.spatial_merge_size = model.spatial_merge_size;
+  o.image.longest_edge = pre.get_int("image_longest_edge", model.image_size);
+  o.image.align_to_merged_patch = pre.get_bool("align_to_merged_patch", true);
+  o.image.validate();
+  return o;
+}
+
+ConversationDataset::ConversationDataset(const ConversationDataOptions& options) : options_(options) {
+  auto tokenizer = tokenizer::load_text_tokenizer(options_.tokenizer_path, options_.tokenizer);
+  image_ids_.image = tokenizer->special_id("[IMG]");
+  image_ids_.row_break = tokenizer->special_id("[IMG_BREAK]");
+  image_ids_.end = tokenizer->special_id("[IMG_END]");
+  template_ = std::make_unique<chat::MistralChatTemplate>(std::move(tokenizer), options_.default_system);
+
+  auto records = read_records(options_.dataset_file);
+  if (options_.max_samples > 0 && static_cast<int64_t>(records.size()) > options_.max_samples)
+    records.resize(options_.max_samples);
+  records_ = static_cast<int64_t>(records.size());
+  for (size_t i = 0; i < records.size(); ++i) {
+    const std::string label = record_label(records[i], i);
+    auto parsed = parse_record(records[i]);
+    if (auto* rejected = std::get_if<Rejected>(&parsed)) {
+      drop(rejected->reason, label);
+      continue;
+    }
+    auto& [conversation, images] = std::get<0>(parsed);
+    Sample sample;
+    sample.conversation = std::move(conversation);
+    std::string image_problem;
+    for (const auto& relative : images) {
+      const fs::path path = fs::path(relative).is_absolute() ? fs::path(relative) : fs::path(options_.dataset_dir) / relative;
+      std::error_code ec;
+      if (!fs::is_regular_file(path, ec)) {
+        image_problem = "image file missing";
+        drop(image_problem, label + ": " + path.string());
+        break;
+      }
+      image::ImageDims dims;
+      try {
+        dims = image::read_image_dims(path.string());
+      } catch (const Error& e) {
+        image_problem = "image file unreadable";
+        drop(image_problem, label + ": " + e.what());
+        break;
+      }
+      sample.image_paths.push_back(path.string());
+      sample.resized.push_back(image::pixtral_resize_size(dims.height, dims.width, options_.image));
+    }
+    if (!image_problem.empty()) continue;
+    const auto encoded = encode(sample);
+    if (!encoded.problem.empty()) {
+      drop(encoded.problem, label);
+      continue;
+    }
+    sample.length = static_cast<int64_t>(encoded.sequence.input_ids.size());
+    samples_.push_back(std::move(sample));
+  }
+  if (samples_.empty())
+    fail("dataset ", options_.dataset_file, ": none of its ", records_, " records is usable (", summary(), ")");
+  if (options_.packing) {
+    std::vector<int64_t> lengths;
+    for (const auto& s : samples_) lengths.push_back(s.length);
+    bins_ = greedy_knapsack(lengths, options_.cutoff_len);
+  }
+}
+
+void ConversationDataset::drop(const std::string& reason, const std::string& example) {
+  ++dropped_[reason];
+  first_example_.emplace(reason, example);
+}
+
+ConversationDataset::Encoded ConversationDataset::encode(const Sample& sample) const {
+  std::vector<std::vector<int32_t>> image_tokens;
+  std::vector<image::ImageTokenLayout> layouts;
+  for (const auto& size : sample.resized) {
+    layouts.push_back(image::image_token_layout(size.height, size.width, options_.image));
+    const auto ids = layouts.back().token_ids(image_ids_.image, image_ids_.row_break, image_ids_.end);
+    image_tokens.emplace_back(ids.begin(), ids.end());
+  }
+  Encoded out;
+  out.sequence = chat::truncate_turns(template_->encode(sample.conversation, image_tokens), options_.cutoff_len);
+  const auto& seq = out.sequence;
+  if (auto problem = check_image_tokens(seq.input_ids, seq.labels, layouts, image_ids_); !problem.empty()) {
+    out.problem = "image tokens cut by truncation";
+  } else if (std::all_of(seq.labels.begin(), seq.labels.end(), [](int32_t l) { return l == -100; })) {
+    out.problem = "no supervised token left after truncation";
+  }
+  return out;
+}
+
+int64_t ConversationDataset::size() const {
+  return options_.packing ? static_cast<int64_t>(bins_.size()) : static_cast<int64_t>(samples_.size());
+}
+
+Batch ConversationDataset::build(const Sample& sample) const {
+  const auto encoded = encode(sample);
+  if (!encoded.problem.empty())  // the constructor kept it, and encoding is deterministic
+    fail("dataset ", options_.dataset_file, ": a kept sample no longer encodes (", encoded.problem, ")");
+  const auto& seq = encoded.sequence;
+  Batch out;
+  out["input_ids"] = at::tensor(std::vector<int64_t>(seq.input_ids.begin(), seq.input_ids.end()), at::kLong);
+  out["labels"] = at::tensor(std::vector<int64_t>(seq.labels.begin(), seq.labels.end()), at::kLong);
+  if (sample.image_paths.empty()) return out;
+  std::vector<at::Tensor> pixels;
+  int64_t max_h = 0, max_w = 0;
+  std::vector<int64_t> sizes;
+  for (const auto& path : sample.image_paths) {
+    pixels.push_back(image::pixtral_preprocess(image::decode_image_file(path), options_.image));
+    max_h = std::max(max_h, pixels.back().size(1));
+    max_w = std::max(max_w, pixels.back().size(2));
+    sizes.push_back(pixels.back().size(1));
+    sizes.push_back(pixels.back().size(2));
+  }
+  auto padded = at::zeros({static_cast<int64_t>(pixels.size()), 3, max_h, max_w}, at::kFloat);
+  for (size_t i = 0; i < pixels.size(); ++i)
+    padded[i].narrow(1, 0, pixels[i].size(1)).narrow(2, 0, pixels[i].size(2)).copy_(pixels[i]);
+  out["pixel_values"] = padded;
+  out["image_sizes"] = at::tensor(sizes, at::kLong).view({-1, 2});
+  return out;
+}
+
+Batch ConversationDataset::get(int64_t index) const {
+  if (index < 0 || index >= size()) fail("dataset ", options_.dataset_file, ": index ", index, " out of range [0, ", size(), ")");
+  if (!options_.packing) return build(samples_[index]);
+  std::vector<at::Tensor> ids, labels, positions, pixels, sizes;
+  std::vector<int64_t> cu{0};
+  int64_t max_h = 0, max_w = 0;
+  for (int64_t s : bins_[index]) {
+    auto item = build(samples_[s]);
+    const int64_t length = item["input_ids"].size(0);
+    ids.push_back(item["input_ids"]);
+    labels.push_back(item["labels"]);
+    positions.push_back(at::arange(length, at::kLong));
+    cu.push_back(cu.back() + length);
+    if (item.count("pixel_values")) {
+      pixels.push_back(item["pixel_values"]);
+      sizes.push_back(item["image_sizes"]);
+      max_h = std::max(max_h, item["pixel_values"].size(2));
+      max_w = std::max(max_w, item["pixel_values"].size(3));
+    }
+  }
+  Batch out{{"input_ids", at::cat(ids)}, {"labels", at::cat(labels)}, {"position_ids", at::cat(positions)},
+            {"cu_seqlens", at::tensor(cu, at::kLong)}};
+  if (!pixels.empty()) {
+    for (auto& p : pixels) p = at::constant_pad_nd(p, {0, max_w - p.size(3), 0, max_h - p.size(2)});
+    out["pixel_values"] = at::cat(pixels);
+    out["image_sizes"] = at::cat(sizes);
+  }
+  return out;
+}
+
+std::string ConversationDataset::summary() const {
+  int64_t dropped = 0;
+  for (const auto& [reason, count] : dropped_) dropped += count;
+  std::ostringstream s;
+  s << "dataset " << kDatasetType << " " << options_.dataset_file << ": " << records_ << " records, "
+    << samples_.size() << " kept, " << dropped << " dropped";
+  for (const auto& [reason, count] : dropped_) s << "; " << count << " " << reason << " (first: " << first_example_.at(reason) << ")";
+  if (options_.packing) s << "; packed into " << bins_.size() << " rows of <= " << options_.cutoff_len << " tokens";
+  return s.str();
+}
+
+std::vector<std::vector<int64_t>> greedy_knapsack(const std::vector<int64_t>& lengths, int64_t capacity) {
+  std::multiset<std::pair<int64_t, int64_t>> remaining;  // (length, index): ties go to the lower index
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    if (lengths[i] > capacity) fail("greedy_knapsack: length ", lengths[i], " of item ", i, " exceeds the capacity ", capacity);
+    remaining.emplace(lengths[i], static_cast<int64_t>(i));
+  }
+  std::vector<std::vector<int64_t>> bins;
+  while (!remaining.empty()) {
+    std::vector<int64_t> bin;
+    int64_t room = capacity;
+    while (!remaining.empty()) {
+      // The longest length <= room, the lowest index among equals.
+      auto it = remaining.upper_bound({room, INT64_MAX});
+      if (it == remaining.begin()) break;
+      --it;
+      it = remaining.lower_bound({it->first, INT64_MIN});
+      room -= it->first;
+      bin.push_back(it->second);
+      remaining.erase(it);
+    }
+    bins.push_back(std::move(bin));
+  }
+  return bins;
+}
+
+}  // namespace mmtrain::mistral3

@@ -1,0 +1,97 @@
+// dataset_type "huggingface" (the seed's name) with template "mistral": LLaVA-Instruct / sharegpt
+// style image-text conversations for Mistral3 SFT.
+//
+// Input: basic_parameters.dataset is a JSON list or a JSONL file of records, each either
+//   {"conversations": [{"from": "human"|"gpt"|"system", "value": "..."}...], "image": "a.jpg"}
+// (LLaVA-Instruct; "images": [...] also accepted) or
+//   {"messages": [{"role": "user"|"assistant"|"system", "content": "..."}...], "images": [...]}
+// (LLaMA-Factory's mllm_demo). Image paths are relative to basic_parameters.dataset_dir unless
+// absolute. Each "<image>" in a user message is one image of the record, in order.
+//
+// The constructor reads every record once and keeps the usable ones; the rest are dropped and
+// counted by reason (summary()): malformed record, no assistant turn, roles that do not alternate
+// user/assistant after an optional first system message, "<image>" count != images, image file
+// missing or unreadable (header check), image tokens cut by truncation, nothing supervised left.
+// get(i) encodes sample i again (chat template, cutoff_len truncation, image expansion) and
+// decodes its images, so memory holds conversations, not tokens or pixels. A file whose header
+// reads but whose pixels do not decode fails in get() with an error naming it.
+//
+// packing: true turns the samples into bins of at most cutoff_len tokens (LLaMA-Factory's
+// greedy_knapsack over the sample lengths); an item is then a whole bin with position_ids
+// restarting per sample and cu_seqlens.
+//
+// One item (a Batch): input_ids, labels int64 [S]; pixel_values float32 [N, 3, H_max, W_max]
+// (zero-padded bottom/right) and image_sizes int64 [N, 2] when the item has images; packed items
+// add position_ids int64 [S] and cu_seqlens int64 [k + 1].
+#pragma once
+#include "core/config.h"
+#include "data/chat/mistral_chat.h"
+#include "data/dataset.h"
+#include "data/image/pixtral_image.h"
+#include "data/mistral3/image_token_check.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mmtrain::mistral3 {
+
+struct ConversationDataOptions {
+  std::string dataset_file;    // basic_parameters.dataset
+  std::string dataset_dir;     // basic_parameters.dataset_dir: root of relative image paths
+  std::string tokenizer_path;  // preprocess_parameters.model_name_or_path (default model.model_name_or_path)
+  std::string default_system;  // basic_parameters.default_system
+  int64_t cutoff_len = 2048;   // basic_parameters.cutoff_len; <= 0: no truncation
+  int64_t max_samples = 0;     // basic_parameters.max_samples: first N records; 0 = all
+  bool packing = false;        // basic_parameters.packing
+  tokenizer::TextTokenizerOptions tokenizer;  // preprocess_parameters.{fix_mistral_regex, split_special_tokens}
+  image::PixtralImageConfig image;            // patch/merge from model.config; preprocess_parameters.{image_longest_edge, align_to_merged_patch}
+
+  static ConversationDataOptions from_config(const Config& config);
+};
+
+class ConversationDataset : public Dataset {
+ public:
+  explicit ConversationDataset(const ConversationDataOptions& options);
+
+  int64_t size() const override;
+  Batch get(int64_t index) const override;
+  std::string summary() const override;
+
+  // Per-reason counts of dropped records, and how many records were read.
+  const std::map<std::string, int64_t>& dropped() const { return dropped_; }
+  int64_t records() const { return records_; }
+
+ private:
+  struct Sample {
+    chat::Conversation conversation;
+    std::vector<std::string> image_paths;
+    std::vector<image::ImageSize> resized;  // per image, after the Pixtral resize
+    int64_t length = 0;                     // tokens after truncation
+  };
+  struct Encoded {
+    chat::TrainingSequence sequence;
+    std::string problem;  // empty when usable
+  };
+
+  Encoded encode(const Sample& sample) const;
+  Batch build(const Sample& sample) const;
+  void drop(const std::string& reason, const std::string& example);
+
+  ConversationDataOptions options_;
+  std::unique_ptr<chat::MistralChatTemplate> template_;
+  ImageTokenIds image_ids_;
+  std::vector<Sample> samples_;
+  std::vector<std::vector<int64_t>> bins_;  // packing: sample indices per item
+  int64_t records_ = 0;
+  std::map<std::string, int64_t> dropped_;
+  std::map<std::string, std::string> first_example_;  // reason -> first record that hit it
+};
+
+// LLaMA-Factory's greedy_knapsack: lengths sorted ascending; each bin repeatedly takes the
+// longest remaining length that still fits in `capacity`. Returns indices into `lengths` per
+// bin. Every length must be <= capacity.
+std::vector<std::vector<int64_t>> greedy_knapsack(const std::vector<int64_t>& lengths, int64_t capacity);
+
+}  // namespace mmtrain::mistral3

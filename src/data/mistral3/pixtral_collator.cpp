@@ -1,0 +1,100 @@
+#include "data/mistral3/pixtral_collator.h"
+
+#include "core/error.h"
+#include "data/dataset_params.h"
+#include "data/mistral3/conversation_dataset.h"
+
+#include <algorithm>
+
+namespace mmtrain::mistral3 {
+namespace {
+
+// Mistral's <pad> (tekken id 11). Any valid id would do: padded positions carry label -100 and
+// follow every real token of their row.
+constexpr int64_t kDefaultPadTokenId = 11;
+
+void append_images(const Batch& sample, std::vector<at::Tensor>& pixels, std::vector<at::Tensor>& sizes) {
+  auto it = sample.find("pixel_values");
+  if (it == sample.end()) return;
+  pixels.push_back(it->second);
+  sizes.push_back(batch_get(sample, "image_sizes"));
+}
+
+void put_images(std::vector<at::Tensor>& pixels, const std::vector<at::Tensor>& sizes, Batch& out) {
+  if (pixels.empty()) return;
+  int64_t max_h = 0, max_w = 0;
+  for (const auto& p : pixels) {
+    max_h = std::max(max_h, p.size(2));
+    max_w = std::max(max_w, p.size(3));
+  }
+  for (auto& p : pixels) p = at::constant_pad_nd(p, {0, max_w - p.size(3), 0, max_h - p.size(2)});
+  out["pixel_values"] = at::cat(pixels);
+  out["image_sizes"] = at::cat(sizes);
+}
+
+}  // namespace
+
+Batch PixtralCollator::collate(const std::vector<Batch>& samples, at::Generator&) const {
+  if (samples.empty()) fail("pixtral collator: empty micro-batch");
+  std::vector<at::Tensor> pixels, sizes;
+  Batch out;
+  if (samples[0].count("cu_seqlens")) {
+    if (samples.size() != 1)
+      fail("pixtral collator: packed rows need training.micro_batch_size 1 (one packed row per micro-batch), got ",
+           samples.size(), " rows");
+    const auto& s = samples[0];
+    const auto cu = batch_get(s, "cu_seqlens");
+    const int64_t length = batch_get(s, "input_ids").size(0);
+    auto segments = at::empty({length}, at::kLong);
+    for (int64_t i = 0; i + 1 < cu.size(0); ++i) {
+      const int64_t begin = cu[i].item<int64_t>(), end = cu[i + 1].item<int64_t>();
+      segments.narrow(0, begin, end - begin).fill_(i + 1);
+    }
+    out = {{"input_ids", batch_get(s, "input_ids").unsqueeze(0)},
+           {"labels", batch_get(s, "labels").unsqueeze(0)},
+           {"position_ids", batch_get(s, "position_ids").unsqueeze(0)},
+           {"attention_mask", segments.unsqueeze(0)},
+           {"cu_seqlens", cu}};
+    append_images(s, pixels, sizes);
+    put_images(pixels, sizes, out);
+    return out;
+  }
+  int64_t longest = 0;
+  for (const auto& s : samples) longest = std::max(longest, batch_get(s, "input_ids").size(0));
+  const int64_t rows = static_cast<int64_t>(samples.size());
+  auto ids = at::full({rows, longest}, pad_token_id_, at::kLong);
+  auto labels = at::full({rows, longest}, -100, at::kLong);
+  auto mask = at::zeros({rows, longest}, at::kLong);
+  auto positions = at::zeros({rows, longest}, at::kLong);
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto& s = samples[r];
+    const int64_t length = batch_get(s, "input_ids").size(0);
+    ids[r].narrow(0, 0, length).copy_(batch_get(s, "input_ids"));
+    labels[r].narrow(0, 0, length).copy_(batch_get(s, "labels"));
+    mask[r].narrow(0, 0, length).fill_(1);
+    positions[r].narrow(0, 0, length).copy_(at::arange(length, at::kLong));
+    append_images(s, pixels, sizes);
+  }
+  out = {{"input_ids", ids}, {"labels", labels}, {"attention_mask", mask}, {"position_ids", positions}};
+  put_images(pixels, sizes, out);
+  return out;
+}
+
+void register_mistral3_data() {
+  dataset_registry().add("huggingface", [](const Config& c) {
+    return std::make_shared<ConversationDataset>(ConversationDataOptions::from_config(c));
+  });
+  collator_registry().add("pixtral", [](const Config& c) {
+    const auto& loader = c.data.dataloader_param;
+    int64_t pad = kDefaultPadTokenId;
+    if (loader.contains("collate_param") && loader["collate_param"].contains("pad_token_id")) {
+      const auto& v = loader["collate_param"]["pad_token_id"];
+      if (!v.is_number_integer() || v.get<int64_t>() < 0)
+        fail("data.dataloader_param.collate_param.pad_token_id: expected an integer >= 0, found ", v.dump());
+      pad = v.get<int64_t>();
+    }
+    return std::make_shared<PixtralCollator>(pad);
+  });
+}
+
+}  // namespace mmtrain::mistral3

@@ -1,0 +1,27 @@
+// collator_id "pixtral": micro-batches for mistral3 from "huggingface" conversation items.
+//
+// Unpacked items: the B rows are right-padded to the longest together -- input_ids with
+// pad_token_id, labels with -100, attention_mask 1 on tokens / 0 on padding, position_ids
+// 0..len-1 then 0 -- so all four share one length [B, S]. Padding sits after every real token
+// of its row, so under causal attention it changes nothing that is supervised.
+// Packed items (with cu_seqlens) need micro_batch_size 1 and pass through as one row [1, S] with
+// attention_mask = segment ids 1..k (LLaMA-Factory's neat packing) next to cu_seqlens.
+// Images of all rows are concatenated in row order, zero-padded to the largest: pixel_values
+// [N, 3, H_max, W_max] and image_sizes [N, 2]; absent when the micro-batch has no image.
+#pragma once
+#include "data/dataset.h"
+
+namespace mmtrain::mistral3 {
+
+class PixtralCollator : public Collator {
+ public:
+  explicit PixtralCollator(int64_t pad_token_id) : pad_token_id_(pad_token_id) {}
+  Batch collate(const std::vector<Batch>& samples, at::Generator& generator) const override;
+
+ private:
+  int64_t pad_token_id_;
+};
+
+void register_mistral3_data();
+
+}  // namespace mmtrain::mistral3

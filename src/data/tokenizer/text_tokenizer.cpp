@@ -1,0 +1,62 @@
+#include "data/tokenizer/text_tokenizer.h"
+
+#include "core/error.h"
+#include "data/tokenizer/hf_bpe.h"
+#include "data/tokenizer/tekken.h"
+
+#include <filesystem>
+
+namespace mmtrain::tokenizer {
+namespace {
+
+class Tekken final : public TextTokenizer {
+ public:
+  explicit Tekken(const std::string& path) : path_(path), tok_(TekkenTokenizer::load(path)) {}
+  std::vector<int32_t> encode(const std::string& text) const override { return tok_.encode(text); }
+  int32_t special_id(const std::string& name) const override { return tok_.special_id(name); }
+  int32_t vocab_size() const override { return tok_.vocab_size(); }
+  const std::string& path() const override { return path_; }
+
+ private:
+  std::string path_;
+  TekkenTokenizer tok_;
+};
+
+class HfJson final : public TextTokenizer {
+ public:
+  HfJson(const std::string& path, const HfBpeOptions& options) : path_(path), tok_(HfBpeTokenizer::load(path, options)) {}
+  std::vector<int32_t> encode(const std::string& text) const override { return tok_.encode(text); }
+  int32_t special_id(const std::string& name) const override { return tok_.special_id(name); }
+  int32_t vocab_size() const override { return tok_.vocab_size(); }
+  const std::string& path() const override { return path_; }
+
+ private:
+  std::string path_;
+  HfBpeTokenizer tok_;
+};
+
+}  // namespace
+
+std::shared_ptr<TextTokenizer> load_text_tokenizer(const std::string& path, const TextTokenizerOptions& options) {
+  namespace fs = std::filesystem;
+  fs::path file = path;
+  if (fs::is_directory(file)) {
+    if (fs::exists(file / "tekken.json"))
+      file /= "tekken.json";
+    else if (fs::exists(file / "tokenizer.json"))
+      file /= "tokenizer.json";
+    else
+      fail("tokenizer: directory ", path, " holds neither tekken.json nor tokenizer.json");
+  } else if (!fs::exists(file)) {
+    fail("tokenizer: ", path, " does not exist (expected tekken.json, tokenizer.json or a directory holding one)");
+  }
+  if (file.filename() == "tokenizer.json") {
+    HfBpeOptions hf;
+    hf.fix_mistral_regex = options.fix_mistral_regex;
+    hf.split_special_tokens = options.split_special_tokens;
+    return std::make_shared<HfJson>(file.string(), hf);
+  }
+  return std::make_shared<Tekken>(file.string());
+}
+
+}  // namespace mmtrain::tokenizer

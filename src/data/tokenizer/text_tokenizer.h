@@ -1,0 +1,33 @@
+// One interface over the two tokenizer file formats a Mistral checkpoint may ship: tekken.json
+// (TekkenTokenizer) and HF tokenizer.json (HfBpeTokenizer). The chat template only needs text ->
+// ids and control-token ids by name, so that is all this offers.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mmtrain::tokenizer {
+
+class TextTokenizer {
+ public:
+  virtual ~TextTokenizer() = default;
+  // Ids of plain text, without BOS/EOS. Tekken never turns control-token strings in the text into
+  // control ids; tokenizer.json does unless split_special_tokens (the `tokenizers` behaviour).
+  virtual std::vector<int32_t> encode(const std::string& text) const = 0;
+  // Id of a control token ("<s>", "[INST]", "[IMG]", ...); fails naming the file when absent.
+  virtual int32_t special_id(const std::string& name) const = 0;
+  virtual int32_t vocab_size() const = 0;
+  virtual const std::string& path() const = 0;
+};
+
+struct TextTokenizerOptions {
+  bool fix_mistral_regex = false;     // tokenizer.json only (HfBpeOptions)
+  bool split_special_tokens = false;  // tokenizer.json only
+};
+
+// `path` is a tekken.json / tokenizer.json file, or a directory holding one (tekken.json is
+// preferred: it is Mistral's own format). Fails naming what was looked for.
+std::shared_ptr<TextTokenizer> load_text_tokenizer(const std::string& path, const TextTokenizerOptions& options = {});
+
+}  // namespace mmtrain::tokenizer

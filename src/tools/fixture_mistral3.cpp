@@ -1,0 +1,141 @@
+// `mmtrain fixture mistral3`: a self-contained image-text SFT set for tiny mistral3 configs. The
+// tokenizer is byte-level (no merges): the 20 mistral-common control tokens then the 256 bytes,
+// in the tekken.json format, so it loads through the same TekkenTokenizer as a real file. Images
+// are solid colour rectangles of random sizes; each answer names the colour (and for two-image
+// records, which is wider), so a model that reads its images can lower the loss well below a
+// model that cannot.
+#include "tools/fixture.h"
+
+#include "core/error.h"
+#include "data/tokenizer/byte_bpe.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <nlohmann/json.hpp>
+#include <stb/stb_image_write.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace mmtrain {
+namespace {
+namespace fs = std::filesystem;
+
+const char* const kControlTokens[] = {
+    "<unk>", "<s>",      "</s>",      "[INST]",          "[/INST]",          "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+    "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]", "[IMG_END]",
+    "[PREFIX]", "[MIDDLE]", "[SUFFIX]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[TOOL_CONTENT]"};
+
+struct Colour {
+  const char* name;
+  uint8_t rgb[3];
+};
+const Colour kColours[] = {{"red", {220, 30, 30}},   {"green", {30, 200, 60}}, {"blue", {40, 60, 220}},
+                           {"yellow", {230, 220, 40}}, {"black", {10, 10, 10}}, {"white", {250, 250, 250}}};
+
+std::string base64_encode(const std::string& bytes) {
+  static const char* const table = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  size_t i = 0;
+  for (; i + 2 < bytes.size(); i += 3) {
+    const uint32_t v = (uint8_t(bytes[i]) << 16) | (uint8_t(bytes[i + 1]) << 8) | uint8_t(bytes[i + 2]);
+    for (int s = 18; s >= 0; s -= 6) out += table[(v >> s) & 63];
+  }
+  if (i + 1 == bytes.size()) {
+    const uint32_t v = uint8_t(bytes[i]) << 16;
+    out += table[(v >> 18) & 63];
+    out += table[(v >> 12) & 63];
+    out += "==";
+  } else if (i + 2 == bytes.size()) {
+    const uint32_t v = (uint8_t(bytes[i]) << 16) | (uint8_t(bytes[i + 1]) << 8);
+    for (int s = 18; s >= 6; s -= 6) out += table[(v >> s) & 63];
+    out += "=";
+  }
+  return out;
+}
+
+void write_tekken(const fs::path& path) {
+  nlohmann::json specials = nlohmann::json::array();
+  const int64_t num_special = std::size(kControlTokens);
+  for (int64_t i = 0; i < num_special; ++i)
+    specials.push_back({{"rank", i}, {"token_str", kControlTokens[i]}, {"is_control", true}});
+  nlohmann::json vocab = nlohmann::json::array();
+  for (int b = 0; b < 256; ++b) vocab.push_back({{"rank", b}, {"token_bytes", base64_encode(std::string(1, char(b)))}, {"token_str", nullptr}});
+  nlohmann::json file = {
+      {"config",
+       {{"pattern", tokenizer::kTekkenPattern}, {"num_vocab_tokens", 256}, {"default_vocab_size", num_special + 256},
+        {"default_num_special_tokens", num_special}, {"version", "v7"}}},
+      {"vocab", vocab},
+      {"special_tokens", specials}};
+  std::ofstream(path) << file.dump();
+}
+
+void write_png(const fs::path& path, int64_t height, int64_t width, const uint8_t rgb[3]) {
+  std::vector<uint8_t> pixels(static_cast<size_t>(height * width * 3));
+  for (size_t i = 0; i < pixels.size(); i += 3) std::copy(rgb, rgb + 3, pixels.begin() + i);
+  if (!stbi_write_png(path.c_str(), int(width), int(height), 3, pixels.data(), int(width * 3)))
+    fail("fixture mistral3: cannot write ", path.string());
+}
+
+}  // namespace
+
+void fixture_mistral3_data(const std::string& out_dir, const Mistral3DataFixture& o) {
+  if (o.samples < 1) fail("fixture mistral3: --samples must be >= 1, found ", o.samples);
+  if (o.min_side < 1 || o.max_side < o.min_side)
+    fail("fixture mistral3: need 1 <= --min-side <= --max-side, found ", o.min_side, " and ", o.max_side);
+  const fs::path root(out_dir);
+  fs::create_directories(root / "images");
+  write_tekken(root / "tekken.json");
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
+  auto draw = [&](int64_t low, int64_t high) { return at::randint(low, high + 1, {1}, gen, at::kLong).item<int64_t>(); };
+  const int64_t colours = std::size(kColours);
+  nlohmann::json records = nlohmann::json::array();
+  for (int64_t i = 0; i < o.samples; ++i) {
+    const bool two_images = draw(0, 3) == 0;
+    std::vector<std::string> files;
+    std::vector<int64_t> widths, picked;
+    for (int k = 0; k < (two_images ? 2 : 1); ++k) {
+      const int64_t c = draw(0, colours - 1), h = draw(o.min_side, o.max_side), w = draw(o.min_side, o.max_side);
+      const std::string name = "img_" + std::to_string(i) + "_" + std::to_string(k) + ".png";
+      write_png(root / "images" / name, h, w, kColours[c].rgb);
+      files.push_back("images/" + name);
+      widths.push_back(w);
+      picked.push_back(c);
+    }
+    nlohmann::json turns;
+    if (two_images) {
+      const char* wider = widths[0] >= widths[1] ? "first" : "second";
+      turns = {{{"from", "human"}, {"value", "Compare <image> and <image>."}},
+               {{"from", "gpt"},
+                {"value", std::string("The first is ") + kColours[picked[0]].name + ", the second is " +
+                              kColours[picked[1]].name + "; the " + wider + " is wider."}}};
+    } else {
+      turns = {{{"from", "human"}, {"value", "<image>\nWhat colour is this picture?"}},
+               {{"from", "gpt"}, {"value", std::string("It is ") + kColours[picked[0]].name + "."}}};
+    }
+    nlohmann::json record = {{"id", "sample_" + std::to_string(i)}, {"conversations", turns}};
+    if (two_images)
+      record["images"] = files;
+    else
+      record["image"] = files[0];
+    records.push_back(record);
+  }
+  if (o.bad_records) {
+    std::ofstream(root / "images" / "corrupt.png") << "this is not a png";
+    const nlohmann::json ask = {{"from", "human"}, {"value", "<image>\nWhat colour is this picture?"}};
+    const nlohmann::json answer = {{"from", "gpt"}, {"value", "It is red."}};
+    records.push_back({{"id", "bad_missing_image"}, {"image", "images/does_not_exist.png"}, {"conversations", {ask, answer}}});
+    records.push_back({{"id", "bad_corrupt_image"}, {"image", "images/corrupt.png"}, {"conversations", {ask, answer}}});
+    records.push_back({{"id", "bad_no_assistant"}, {"image", "images/img_0_0.png"}, {"conversations", {ask}}});
+    records.push_back({{"id", "bad_image_count"}, {"images", {"images/img_0_0.png", "images/img_0_0.png"}},
+                       {"conversations", {ask, answer}}});
+    records.push_back({{"id", "bad_malformed"}, {"conversations", "not a list"}});
+    // A long prompt before a trailing image: truncation to a short cutoff_len cuts the image block.
+    const std::string long_prompt(o.long_prompt_bytes, 'x');
+    records.push_back({{"id", "bad_truncated_image"}, {"image", "images/img_0_0.png"},
+                       {"conversations", {{{"from", "human"}, {"value", long_prompt + "\n<image>"}}, answer}}});
+  }
+  std::ofstream(root / "conversations.json") << records.dump(1);
+}
+
+}  // namespace mmtrain

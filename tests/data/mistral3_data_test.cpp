@@ -1,0 +1,249 @@
+// The Magistral data path: chat template + labels, LLaMA-Factory truncation, the image-token check,
+// greedy_knapsack, and the "huggingface" dataset + "pixtral" collator on `fixture mistral3` data
+// (byte-level tekken: an ordinary byte b has id 20 + b).
+#include "core/config.h"
+#include "data/chat/mistral_chat.h"
+#include "data/mistral3/conversation_dataset.h"
+#include "data/mistral3/pixtral_collator.h"
+#include "test_util.h"
+#include "tools/fixture.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+namespace mmtrain {
+namespace {
+namespace fs = std::filesystem;
+using mmtrain::testing::error_of;
+
+constexpr int32_t kBos = 1, kEos = 2, kInst = 3, kInstEnd = 4, kImg = 10, kBreak = 12, kEnd = 13, kSys = 17, kSysEnd = 18;
+
+std::vector<int32_t> bytes(const std::string& text) {
+  std::vector<int32_t> out;
+  for (unsigned char c : text) out.push_back(20 + c);
+  return out;
+}
+
+std::vector<int32_t> cat(std::initializer_list<std::vector<int32_t>> parts) {
+  std::vector<int32_t> out;
+  for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+// One fixture directory per test binary run.
+const fs::path& fixture_dir() {
+  static const fs::path dir = [] {
+    fs::path d = fs::temp_directory_path() / ("mmtrain_m3_data_" + std::to_string(::getpid()));
+    Mistral3DataFixture o;
+    o.samples = 12;
+    o.bad_records = true;
+    fixture_mistral3_data(d.string(), o);
+    return d;
+  }();
+  return dir;
+}
+
+std::shared_ptr<const tokenizer::TextTokenizer> fixture_tokenizer() {
+  return tokenizer::load_text_tokenizer((fixture_dir() / "tekken.json").string());
+}
+
+TEST(MistralChat, EncodesSystemTurnsImagesAndLabels) {
+  chat::MistralChatTemplate tmpl(fixture_tokenizer());
+  chat::Conversation conv{"Be brief.", {{"<image>\nQ?", "A.  "}, {"More", "B"}}};
+  const std::vector<int32_t> image = {kImg, kImg, kBreak, kImg, kImg, kEnd};
+  const auto turns = tmpl.encode(conv, {image});
+  ASSERT_EQ(turns.size(), 2u);
+  EXPECT_EQ(turns[0].source, cat({{kBos, kSys}, bytes("Be brief."), {kSysEnd, kInst}, image, bytes("\nQ?"), {kInstEnd}}));
+  EXPECT_EQ(turns[0].target, cat({bytes("A."), {kEos}}));  // trailing spaces stripped
+  EXPECT_EQ(turns[1].source, cat({{kInst}, bytes("More"), {kInstEnd}}));
+  EXPECT_EQ(turns[1].target, cat({bytes("B"), {kEos}}));
+
+  const auto seq = chat::truncate_turns(turns, 0);
+  ASSERT_EQ(seq.input_ids.size(), seq.labels.size());
+  std::vector<int32_t> expected_labels(turns[0].source.size(), -100);
+  expected_labels.insert(expected_labels.end(), turns[0].target.begin(), turns[0].target.end());
+  expected_labels.insert(expected_labels.end(), turns[1].source.size(), -100);
+  expected_labels.insert(expected_labels.end(), turns[1].target.begin(), turns[1].target.end());
+  EXPECT_EQ(seq.labels, expected_labels);
+
+  // No system message and no default: no system block; a default system fills in.
+  EXPECT_EQ(tmpl.encode({"", {{"x", "y"}}}, {})[0].source, cat({{kBos, kInst}, bytes("x"), {kInstEnd}}));
+  chat::MistralChatTemplate with_default(fixture_tokenizer(), "D");
+  EXPECT_EQ(with_default.encode({"", {{"x", "y"}}}, {})[0].source,
+            cat({{kBos, kSys}, bytes("D"), {kSysEnd, kInst}, bytes("x"), {kInstEnd}}));
+  // Control-token text in user content stays text (tekken never parses it).
+  EXPECT_EQ(tmpl.encode({"", {{"[INST]", "y"}}}, {})[0].source, cat({{kBos, kInst}, bytes("[INST]"), {kInstEnd}}));
+}
+
+TEST(MistralChat, RefusesPlaceholderImageMismatch) {
+  chat::MistralChatTemplate tmpl(fixture_tokenizer());
+  EXPECT_CONTAINS(error_of([&] { tmpl.encode({"", {{"<image><image>", "a"}}}, {{kImg, kEnd}}); }),
+                  "2 \"<image>\" placeholders but 1 images");
+}
+
+TEST(MistralChat, TruncatesLikeLlamaFactoryInferSeqlen) {
+  std::vector<chat::EncodedTurn> turns(2);
+  turns[0].source.assign(10, 100);
+  turns[0].target.assign(4, 200);
+  turns[1].source.assign(3, 300);
+  turns[1].target.assign(3, 400);
+  // c = 8: 4*2 < 8 no, 10*2 < 8 no -> max_target = int(8 * 4 / 14) = 2, source = 6; turn 2 dropped.
+  auto seq = chat::truncate_turns(turns, 8);
+  EXPECT_EQ(seq.input_ids, std::vector<int32_t>({100, 100, 100, 100, 100, 100, 200, 200}));
+  EXPECT_EQ(seq.dropped_turns, 1);
+  // c = 30: everything fits, nothing cut.
+  seq = chat::truncate_turns(turns, 30);
+  EXPECT_EQ(seq.input_ids.size(), 20u);
+  EXPECT_EQ(seq.dropped_turns, 0);
+  // c = 16: turn 1 whole (14, since 4*2 < 16), turn 2 gets c = 2: 3*2 < 2 no, 3*2 < 2 no ->
+  // max_target = int(2 * 3 / 6) = 1, source = 1.
+  seq = chat::truncate_turns(turns, 16);
+  ASSERT_EQ(seq.input_ids.size(), 16u);
+  EXPECT_EQ(seq.input_ids[14], 300);
+  EXPECT_EQ(seq.input_ids[15], 400);
+  EXPECT_EQ(seq.labels[14], -100);
+  EXPECT_EQ(seq.labels[15], 400);
+}
+
+TEST(ImageTokenCheck, AcceptsWholeBlocksOnly) {
+  const std::vector<image::ImageTokenLayout> layouts = {{2, 2}, {1, 3}};
+  const std::vector<int32_t> a = {kImg, kImg, kBreak, kImg, kImg, kEnd}, b = {kImg, kImg, kImg, kEnd};
+  const auto ids = cat({{kBos, kInst}, a, {50}, b, {kInstEnd, 60, kEos}});
+  std::vector<int32_t> labels(ids.size(), -100);
+  labels[labels.size() - 2] = 60;
+  const mistral3::ImageTokenIds tok;
+  EXPECT_EQ(mistral3::check_image_tokens(ids, labels, layouts, tok), "");
+  // Cut inside the second block (truncation at the tail).
+  std::vector<int32_t> cut(ids.begin(), ids.begin() + 2 + 6 + 1 + 2);
+  EXPECT_EQ(mistral3::check_image_tokens(cut, std::vector<int32_t>(cut.size(), -100), layouts, tok),
+            "image 2 block cut after 2 of 4 tokens");
+  // The second image's block is gone entirely.
+  std::vector<int32_t> one(ids.begin(), ids.begin() + 2 + 6);
+  EXPECT_EQ(mistral3::check_image_tokens(one, std::vector<int32_t>(one.size(), -100), layouts, tok),
+            "1 of 2 image blocks left in the sequence");
+  // A supervised image token.
+  auto bad_labels = labels;
+  bad_labels[3] = kImg;
+  EXPECT_EQ(mistral3::check_image_tokens(ids, bad_labels, layouts, tok), "image 1 tokens are supervised");
+  // A stray [IMG] beyond the images.
+  auto extra = cat({ids, {kImg}});
+  EXPECT_CONTAINS(mistral3::check_image_tokens(extra, std::vector<int32_t>(extra.size(), -100), layouts, tok),
+                  "beyond the 2 image blocks");
+}
+
+TEST(GreedyKnapsack, FillsBinsLikeLlamaFactory) {
+  // Sorted [2, 3, 5, 7, 8]: bin 1 takes 8 then 2; bin 2 takes 7 then 3; bin 3 takes 5.
+  EXPECT_EQ(mistral3::greedy_knapsack({5, 3, 8, 2, 7}, 10),
+            (std::vector<std::vector<int64_t>>{{2, 3}, {4, 1}, {0}}));
+  EXPECT_CONTAINS(error_of([] { mistral3::greedy_knapsack({11}, 10); }), "exceeds the capacity 10");
+}
+
+Config data_config(const std::string& extra_basic = "", int64_t cutoff = 256) {
+  const auto dir = fixture_dir().string();
+  return config_from_yaml_string(R"(
+model:
+  model_id: mistral3
+  config:
+    text_config: {vocab_size: 288, hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 8, intermediate_size: 48}
+    vision_config: {hidden_size: 16, num_hidden_layers: 1, num_attention_heads: 2, intermediate_size: 24, patch_size: 4, image_size: 32, hidden_act: silu}
+data:
+  dataset_param:
+    dataset_type: huggingface
+    preprocess_parameters: {model_name_or_path: )" + dir + R"(/tekken.json}
+    basic_parameters:
+      dataset: )" + dir + R"(/conversations.json
+      cutoff_len: )" + std::to_string(cutoff) + "\n" + extra_basic + R"(
+  dataloader_param:
+    collator_id: pixtral
+training: {micro_batch_size: 3, train_iters: 1}
+)", "test");
+}
+
+TEST(ConversationDataset, DropsEachBadRecordForItsReason) {
+  mistral3::ConversationDataset ds(mistral3::ConversationDataOptions::from_config(data_config()));
+  EXPECT_EQ(ds.records(), 18);
+  EXPECT_EQ(ds.size(), 12);
+  const std::map<std::string, int64_t> expected = {
+      {"<image> count differs from the image list", 1}, {"image file missing", 1}, {"image file unreadable", 1},
+      {"image tokens cut by truncation", 1}, {"malformed record (no \"conversations\" or \"messages\" list)", 1},
+      {"no assistant turn", 1}};
+  EXPECT_EQ(ds.dropped(), expected);
+  EXPECT_CONTAINS(ds.summary(), "18 records, 12 kept, 6 dropped");
+  // Without truncation the long-prompt record is whole and kept.
+  mistral3::ConversationDataset uncut(mistral3::ConversationDataOptions::from_config(data_config("", 0)));
+  EXPECT_EQ(uncut.size(), 13);
+}
+
+// Every [IMG] of a sample has a feature: sum over images of (H/8)*(W/8) for patch 4, merge 2.
+int64_t expected_image_tokens(const at::Tensor& image_sizes) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < image_sizes.size(0); ++i)
+    n += (image_sizes[i][0].item<int64_t>() / 8) * (image_sizes[i][1].item<int64_t>() / 8);
+  return n;
+}
+
+TEST(PixtralCollator, PadsFourKeysTogetherAndKeepsImagesInOrder) {
+  const auto config = data_config();
+  mistral3::ConversationDataset ds(mistral3::ConversationDataOptions::from_config(config));
+  mistral3::PixtralCollator collator(11);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
+  std::vector<Batch> samples = {ds.get(0), ds.get(1), ds.get(2)};
+  auto batch = collator.collate(samples, gen);
+  const auto& ids = batch.at("input_ids");
+  ASSERT_EQ(ids.dim(), 2);
+  for (const char* key : {"labels", "attention_mask", "position_ids"}) EXPECT_EQ(batch.at(key).sizes(), ids.sizes()) << key;
+  int64_t images = 0;
+  for (int64_t r = 0; r < 3; ++r) {
+    const int64_t length = samples[r].at("input_ids").size(0);
+    EXPECT_EQ(batch.at("attention_mask")[r].sum().item<int64_t>(), length);
+    EXPECT_TRUE(batch.at("labels")[r].narrow(0, length, ids.size(1) - length).eq(-100).all().item<bool>());
+    EXPECT_TRUE(batch.at("position_ids")[r].narrow(0, 0, length).equal(at::arange(length, at::kLong)));
+    images += samples[r].count("image_sizes") ? samples[r].at("image_sizes").size(0) : 0;
+  }
+  ASSERT_TRUE(batch.count("pixel_values"));
+  EXPECT_EQ(batch.at("pixel_values").size(0), images);
+  EXPECT_EQ(ids.eq(kImg).sum().item<int64_t>(), expected_image_tokens(batch.at("image_sizes")));
+}
+
+TEST(PixtralCollator, PackedRowsRestartPositionsPerSample) {
+  const auto config = data_config("      packing: true", 128);
+  mistral3::ConversationDataset ds(mistral3::ConversationDataOptions::from_config(config));
+  EXPECT_LT(ds.size(), 12);  // several samples per row
+  EXPECT_CONTAINS(ds.summary(), "packed into");
+  mistral3::PixtralCollator collator(11);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
+  int64_t samples = 0;
+  for (int64_t i = 0; i < ds.size(); ++i) {
+    auto batch = collator.collate({ds.get(i)}, gen);
+    const auto cu = batch.at("cu_seqlens");
+    const int64_t length = batch.at("input_ids").size(1);
+    EXPECT_LE(length, 128);
+    EXPECT_EQ(cu[-1].item<int64_t>(), length);
+    for (int64_t k = 0; k + 1 < cu.size(0); ++k) {
+      const int64_t begin = cu[k].item<int64_t>(), end = cu[k + 1].item<int64_t>();
+      EXPECT_TRUE(batch.at("position_ids")[0].narrow(0, begin, end - begin).equal(at::arange(end - begin, at::kLong)));
+      EXPECT_TRUE(batch.at("attention_mask")[0].narrow(0, begin, end - begin).eq(k + 1).all().item<bool>());
+      EXPECT_EQ(batch.at("input_ids")[0][begin].item<int64_t>(), kBos);
+      EXPECT_EQ(batch.at("labels")[0][begin].item<int64_t>(), -100);
+      ++samples;
+    }
+    if (batch.count("image_sizes"))
+      EXPECT_EQ(batch.at("input_ids").eq(kImg).sum().item<int64_t>(), expected_image_tokens(batch.at("image_sizes")));
+  }
+  EXPECT_EQ(samples, 12);
+  EXPECT_CONTAINS(error_of([&] { collator.collate({ds.get(0), ds.get(1)}, gen); }), "micro_batch_size 1");
+}
+
+TEST(ConversationDataset, ConfigErrorsNameTheKey) {
+  EXPECT_CONTAINS(error_of([] { mistral3::ConversationDataOptions::from_config(data_config("      templte: mistral")); }),
+                  "data.dataset_param.basic_parameters.templte: unknown key for dataset huggingface (did you mean 'template'?)");
+  EXPECT_CONTAINS(error_of([] { mistral3::ConversationDataOptions::from_config(data_config("      template: llama3")); }),
+                  "data.dataset_param.basic_parameters.template: 'llama3' is not implemented");
+  EXPECT_CONTAINS(error_of([] { mistral3::ConversationDataOptions::from_config(data_config("      packing: yes please")); }),
+                  "data.dataset_param.basic_parameters.packing: expected true or false");
+}
+
+}  // namespace
+}  // namespace mmtrain
