@@ -10,12 +10,24 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <set>
 
 namespace mmtrain {
 namespace {
 
 namespace fs = std::filesystem;
+
+nlohmann::json read_hf_config(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) fail("convert: cannot read ", path.string());
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fail("convert: ", path.string(), " is not valid JSON (", e.what(), ")");
+  }
+}
 
 std::shared_ptr<Model> model_from(const std::string& model_id, const nlohmann::json& model_config) {
   return model_registry().get(model_id, "convert")(model_config);
@@ -36,6 +48,10 @@ void convert_hf_to_ckpt(const std::string& model_id, const std::string& config_p
     if (config.model.model_id != model_id)
       fail("convert ", model_id, ": ", config_path, " configures model '", config.model.model_id, "'");
     model_config = config.model.config;
+  } else if (fs::exists(fs::path(hf_dir) / "config.json")) {  // an HF model directory describes itself
+    model_config = read_hf_config(fs::path(hf_dir) / "config.json");
+  } else {
+    fail("convert ", model_id, " hf-to-ckpt: ", hf_dir, " has no config.json; give --config with the model's model.config");
   }
   auto model = model_from(model_id, model_config);
   auto comm = std::make_shared<Comm>(nullptr, 0, 1);
@@ -59,13 +75,22 @@ void convert_ckpt_to_hf(const std::string& model_id, const std::string& load_dir
   auto model = model_from(model_id, global.at("config").at("model").at("config"));
   SafetensorsIndex reference(model_assets_dir);
 
-  std::map<std::string, std::string> param_of_key;  // HF key -> parameter name
-  for (auto& [name, param] : model->named_parameters()) param_of_key[model->hf_key(name)] = name;
-  for (const auto& key : reference.names())
+  // HF key -> parameter name, under every naming scheme the model loads (e.g. mistral3's legacy
+  // language_model.model.* keys): the output keeps the reference's own names.
+  std::map<std::string, std::string> param_of_key;
+  const auto params = model->named_parameters();
+  for (auto& [name, param] : params) {
+    param_of_key[model->hf_key(name)] = name;
+    for (const auto& alias : model->hf_key_aliases(name)) param_of_key[alias] = name;
+  }
+  std::set<std::string> written;
+  for (const auto& key : reference.names()) {
     if (!param_of_key.count(key)) fail("ckpt-to-hf: reference ", model_assets_dir, " has key '", key, "' the model lacks");
-  if (reference.names().size() != param_of_key.size())
-    fail("ckpt-to-hf: reference ", model_assets_dir, " has ", reference.names().size(), " tensors, the model ",
-         param_of_key.size());
+    if (!written.insert(param_of_key.at(key)).second)
+      fail("ckpt-to-hf: reference ", model_assets_dir, " names parameter '", param_of_key.at(key), "' twice (key '", key, "')");
+  }
+  if (written.size() != params.size())
+    fail("ckpt-to-hf: reference ", model_assets_dir, " has ", reference.names().size(), " tensors, the model ", params.size());
 
   fs::create_directories(save_dir);
   int64_t conversions = 0;

@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <tuple>
 #include <cstdio>
 
 namespace mmtrain {
@@ -149,21 +150,36 @@ int main(int argc, char** argv) {
 
   auto* convert = app.add_subcommand("convert", "convert weights between the public HF layout and mmtrain checkpoints");
   convert->require_subcommand(1);
-  auto* convert_magihuman = convert->add_subcommand("magihuman", "MagiHuman DiT (seed spelling: MagiHumanConverter)");
-  convert_magihuman->alias("MagiHumanConverter");
-  convert_magihuman->require_subcommand(1);
+  // One hf-to-ckpt / ckpt-to-hf pair per model (seed spellings: MagiHumanConverter,
+  // Mistral3Converter with hf_to_dcp / dcp_to_hf).
   std::string hf_dir, save_dir, load_dir, assets_dir, convert_config;
-  auto* hf_to_ckpt = convert_magihuman->add_subcommand("hf-to-ckpt", "HF base/ directory -> model-only checkpoint");
-  hf_to_ckpt->alias("hf_to_dcp");
-  hf_to_ckpt->add_option("--hf_dir", hf_dir, "HF directory (safetensors shards + index)")->required();
-  hf_to_ckpt->add_option("--save_dir", save_dir, "checkpoint root to write (iter_0000000 + latest)")->required();
-  hf_to_ckpt->add_option("--config", convert_config, "YAML whose model.config describes the model (default: inferred from the tensor shapes)");
-  auto* ckpt_to_hf = convert_magihuman->add_subcommand("ckpt-to-hf", "checkpoint -> HF layout like the reference");
-  ckpt_to_hf->alias("dcp_to_hf");
-  ckpt_to_hf->add_option("--load_dir", load_dir, "checkpoint iter_N directory or save root")->required();
-  ckpt_to_hf->add_option("--save_dir", save_dir, "output HF directory")->required();
-  ckpt_to_hf->add_option("--model_assets_dir", assets_dir, "reference HF directory: shard names, key order, dtypes, other files")
-      ->required();
+  struct ConvertCommands {
+    std::string model_id;
+    CLI::App* hf_to_ckpt;
+    CLI::App* ckpt_to_hf;
+  };
+  std::vector<ConvertCommands> converters;
+  for (const auto& [model_id, seed_name, what] :
+       {std::tuple<std::string, std::string, std::string>{"magihuman", "MagiHumanConverter", "MagiHuman DiT"},
+        {"mistral3", "Mistral3Converter", "Mistral3 (Magistral-Small-2509)"}}) {
+    auto* model_cmd = convert->add_subcommand(model_id, what + " (seed spelling: " + seed_name + ")");
+    model_cmd->alias(seed_name);
+    model_cmd->require_subcommand(1);
+    auto* to_ckpt = model_cmd->add_subcommand("hf-to-ckpt", "HF directory -> model-only checkpoint");
+    to_ckpt->alias("hf_to_dcp");
+    to_ckpt->add_option("--hf_dir", hf_dir, "HF directory (safetensors shards + index)")->required();
+    to_ckpt->add_option("--save_dir", save_dir, "checkpoint root to write (iter_0000000 + latest)")->required();
+    to_ckpt->add_option("--config", convert_config,
+                        "YAML whose model.config describes the model (default: the directory's config.json; "
+                        "MagiHuman: inferred from the tensor shapes)");
+    auto* to_hf = model_cmd->add_subcommand("ckpt-to-hf", "checkpoint -> HF layout like the reference");
+    to_hf->alias("dcp_to_hf");
+    to_hf->add_option("--load_dir", load_dir, "checkpoint iter_N directory or save root")->required();
+    to_hf->add_option("--save_dir", save_dir, "output HF directory")->required();
+    to_hf->add_option("--model_assets_dir", assets_dir, "reference HF directory: shard names, key order, dtypes, other files")
+        ->required();
+    converters.push_back({model_id, to_ckpt, to_hf});
+  }
 
   auto* flops = app.add_subcommand("flops", "model FLOPs, TFLOP/s per device and MFU (docs/flops.md)");
   flops->require_subcommand(1);
@@ -244,10 +260,11 @@ int main(int argc, char** argv) {
       trainer.run();
     } else if (m3->parsed()) {
       fixture_mistral3_data(m3_out, m3_options);
-    } else if (hf_to_ckpt->parsed()) {
-      convert_hf_to_ckpt("magihuman", convert_config, hf_dir, save_dir);
-    } else if (ckpt_to_hf->parsed()) {
-      convert_ckpt_to_hf("magihuman", load_dir, save_dir, assets_dir);
+    } else if (convert->parsed()) {
+      for (const auto& c : converters) {
+        if (c.hf_to_ckpt->parsed()) convert_hf_to_ckpt(c.model_id, convert_config, hf_dir, save_dir);
+        if (c.ckpt_to_hf->parsed()) convert_ckpt_to_hf(c.model_id, load_dir, save_dir, assets_dir);
+      }
     } else if (step->parsed()) {
       debug_step(config_path, overrides, batch_path, debug_out);
     } else if (gemm->parsed()) {

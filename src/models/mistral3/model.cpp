@@ -362,6 +362,10 @@ class Mistral3Model : public Model {
     if (auto it = batch.find("cu_seqlens"); it != batch.end()) {
       auto cu = it->second.to(at::kLong).contiguous();
       for (int64_t i = 0; i + 1 < cu.numel(); ++i) seqlens.push_back(cu[i + 1].item<int64_t>() - cu[i].item<int64_t>());
+    } else if (auto mask = batch.find("attention_mask"); mask != batch.end()) {
+      // Padded rows (pixtral collator): count each row's real tokens, not its padding.
+      auto lengths = (mask->second != 0).sum(1).to(at::kCPU).to(at::kLong).contiguous();
+      seqlens.assign(lengths.data_ptr<int64_t>(), lengths.data_ptr<int64_t>() + lengths.numel());
     } else {
       seqlens.assign(ids.size(0), ids.size(1));
     }

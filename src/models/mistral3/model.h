@@ -12,6 +12,9 @@
 //                 causally within themselves only. The loss shifts over the whole row, so the
 //                 first label of every sample must be -100 (it is prompt) or it is predicted
 //                 from the previous sample's last token
+//   attention_mask  int [B, S], optional: 1 on tokens, 0 on right padding (pixtral collator).
+//                 Causal attention already keeps padding out of every real token's context, so
+//                 the forward ignores it; FLOPs count only masked-in tokens
 //   pixel_values  float [N_img, C, H_max, W_max], optional: images zero-padded bottom/right, in
 //                 batch-sample order then in-sample order (the order of the [IMG] tokens)
 //   image_sizes   int64 [N_img, 2] (H_i, W_i), required with pixel_values: the sizes before padding
