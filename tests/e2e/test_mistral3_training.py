@@ -4,9 +4,11 @@ conversations through the "huggingface" dataset and the "pixtral" collator, unde
   * resume from a mid-run checkpoint equals the uninterrupted run bitwise (loss, grad norm);
   * 200 steps: the loss falls (last-20 mean below half the first-20 mean), no NaN;
   * bad records are dropped and counted by reason in the log, training goes on;
-  * packed rows (packing: true, micro_batch_size 1) train with finite loss.
+  * packed rows (packing: true, micro_batch_size 1) train with finite loss;
+  * an image whose pixels do not decode stops the run with one clear error naming the file.
 """
 import math
+import shutil
 import sys
 from pathlib import Path
 
@@ -115,3 +117,17 @@ def test_packed_rows_train(tmp_path, data):
     metrics, proc = train(tmp_path / "packed", data, 2, mbs=1, iters=6, basic_extra=", packing: true")
     assert "packed into" in proc.stdout
     assert all(math.isfinite(m["loss"]) for m in metrics) and len(metrics) == 6
+
+
+def test_image_with_damaged_pixels_is_a_clear_error(tmp_path, data):
+    """A PNG whose header reads but whose pixel data is cut passes the start-up check and fails
+    when its sample is built: one error line naming the file, exit code 1, no crash."""
+    damaged = tmp_path / "data"
+    shutil.copytree(data, damaged)
+    image = damaged / "images" / "img_0_0.png"
+    image.write_bytes(image.read_bytes()[:60])
+    cfg = write_config(tmp_path / "c.yaml", config(tmp_path, damaged, iters=2))
+    proc = run_mmtrain(["train", str(cfg)], check=False)
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
+    assert f"image {image}: cannot decode" in proc.stderr, proc.stderr[-2000:]
+    assert "fatal signal" not in proc.stderr and "internal error" not in proc.stderr
