@@ -10,6 +10,7 @@
 //   plan CONFIG --world-size N [--seqlen L]   per-rank memory without allocating (docs/tools.md)
 //   logs parse FILE | summary FILE | compare A B     training logs (metrics.jsonl or Megatron lines) as JSON / compared
 //   flops magihuman (--config CFG | --ckpt DIR) --seqlens ...   model FLOPs, TFLOP/s, MFU (docs/flops.md)
+//   flops mistral3 --config CFG --seqlens ... [--images HxW,...]   the same for Magistral (docs/flops.md)
 //   measure gemm [--size N --threads T --dtype fp32|bf16]   GEMM FLOP/s reached here (CPU peak for MFU)
 #include "core/config.h"
 #include "core/error.h"
@@ -201,6 +202,23 @@ int main(int argc, char** argv) {
   flops_mh->add_option("--attention-coefficient,--attention_coefficient", flops_options.attention_coefficient,
                        "FLOPs per s^2*head_dim*heads*layer: the seed's 7; full bidirectional attention is ~2x")
       ->capture_default_str();
+  auto* flops_m3 = flops->add_subcommand("mistral3", "Mistral3 / Magistral, spec magistral.md §9 (causal attention)");
+  FlopsOptions flops_m3_options;
+  flops_m3->add_option("--config", flops_m3_options.config_path, "mmtrain YAML (model.config)")->required();
+  flops_m3->add_option("--set", flops_m3_options.overrides, "override a key of --config (repeatable)");
+  flops_m3->add_option("--seqlens", flops_m3_options.seqlens, "per-sample sequence lengths, [IMG] tokens included")
+      ->required()
+      ->delimiter(',');
+  flops_m3->add_option("--images", flops_m3_options.images, "HxW in pixels of every image of those samples")
+      ->delimiter(',');
+  flops_m3->add_option("--gbs", flops_m3_options.global_batch_size, "global batch size (samples per step)")
+      ->capture_default_str();
+  flops_m3->add_option("--device_num,--device-num", flops_m3_options.device_num, "devices")->capture_default_str();
+  flops_m3->add_option("--step_time,--step-time", flops_m3_options.step_time, "seconds per step (0: no throughput)")
+      ->capture_default_str();
+  flops_m3->add_option("--hardware_flops,--hardware-flops", flops_m3_options.hardware_flops,
+                       "peak FLOP/s per device (0: no MFU)")
+      ->capture_default_str();
 
   auto* plan = app.add_subcommand("plan", "per-rank memory of a run, from shapes only (docs/tools.md)");
   PlanOptions plan_options;
@@ -298,6 +316,8 @@ int main(int argc, char** argv) {
       plan_memory(plan_options);
     } else if (flops_mh->parsed()) {
       flops_magihuman(flops_options);
+    } else if (flops_m3->parsed()) {
+      flops_mistral3(flops_m3_options);
     }
   } catch (const Error& e) {
     std::fprintf(stderr, "mmtrain: error: %s\n", e.what());

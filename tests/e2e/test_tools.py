@@ -1,5 +1,6 @@
 """The analysis commands through the binary: `flops magihuman` reproduces the seed's figures (from
-the full config, and from an HF directory's headers), `plan` agrees with what the trainer
+the full config, and from an HF directory's headers), `flops mistral3` the spec's (magistral.md
+§9), `plan` agrees with what the trainer
 allocates, `logs compare` compares two real runs (and a run's console with its metrics.jsonl)."""
 import json
 import re
@@ -84,6 +85,46 @@ def test_flops_from_checkpoint_headers_equals_config(tmp_path):
 def test_flops_needs_exactly_one_source():
     proc = run_mmtrain(["flops", "magihuman", "--seqlens", "10"], check=False)
     assert proc.returncode == 1 and "exactly one of --config CFG or --ckpt DIR" in proc.stderr
+
+
+MAGISTRAL = REPO / "examples" / "mistral3" / "magistral_small_2509.yaml"
+MAGISTRAL_TEXT_MATMUL = 22_900_899_840  # spec §9: 40 layers x 555,745,280 + lm_head 671,088,640
+MAGISTRAL_VISION_MATMUL = 403_255_296  # 24 x 16,777,216 + patch_conv 602,112
+
+
+def test_flops_mistral3_reproduces_the_spec():
+    """magistral.md §9, causal attention: S = 2048 unpacked is 139.4 GFLOP per token; one 504x644
+    image is 1656 patches, ~1.61 TFLOP vision forward + ~29.5 GFLOP projector, x1 while frozen."""
+    text = last_json(run_mmtrain(["flops", "mistral3", "--config", str(MAGISTRAL), "--seqlens", "2048"]))
+    assert text["text_matmul_params"] == MAGISTRAL_TEXT_MATMUL
+    assert text["text_flops_per_token"] == 6 * MAGISTRAL_TEXT_MATMUL + 3 * 4 * 40 * 4096 * 2049 / 2
+    assert round(text["text_flops_per_token"] / 1e9, 1) == 139.4
+    assert text["vision_flops"] == 0 and text["flops_per_sample"] == 2048 * text["text_flops_per_token"]
+
+    args = ["flops", "mistral3", "--config", str(MAGISTRAL), "--seqlens", "2048", "--images", "504x644",
+            "--gbs", "8", "--device_num", "8", "--step_time", "2.5", "--hardware_flops", "989e12"]
+    proc = run_mmtrain(args)
+    got = last_json(proc)
+    assert (got["patches"], got["merged_tokens"]) == (1656, 414)
+    vision = 1656 * (2 * MAGISTRAL_VISION_MATMUL + 4 * 24 * 1024 * 1656)
+    projector = 414 * 2 * (4_194_304 + 5_242_880 + 26_214_400)
+    assert got["vision_forward_flops"] == vision and round(vision / 1e12, 2) == 1.61
+    assert got["projector_forward_flops"] == projector and round(projector / 1e9, 1) == 29.5
+    assert got["vision_multiplier"] == 1 and got["vision_flops"] == vision + projector
+    assert got["flops_per_sample"] == text["flops_per_sample"] + vision + projector
+    assert got["tflops_per_device"] == got["flops_per_sample"] * 8 / 2.5 / 8 / 1e12
+    assert got["mfu"] == got["tflops_per_device"] * 1e12 / 989e12
+    assert "139.42 GFLOP per token" in proc.stdout and "504x644 (1656 patches -> 414 [IMG])" in proc.stdout
+
+    # A trained tower and projector run forward and backward: x3.
+    trained = last_json(run_mmtrain([*args, "--set", "model.config.freeze_vision=false"]))
+    assert trained["vision_multiplier"] == 3 and trained["vision_flops"] == 3 * (vision + projector)
+
+
+def test_flops_mistral3_rejects_a_malformed_image_size():
+    proc = run_mmtrain(["flops", "mistral3", "--config", str(MAGISTRAL), "--seqlens", "2048", "--images", "504*644"],
+                       check=False)
+    assert proc.returncode == 1 and "--images expects HxW in pixels (e.g. 504x644), found '504*644'" in proc.stderr
 
 
 MIB = 1048576.0

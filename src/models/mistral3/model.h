@@ -50,6 +50,23 @@ std::shared_ptr<Model> make_mistral3(const nlohmann::json& model_config);
 double mistral3_train_flops(const Mistral3Config& c, const std::vector<int64_t>& seqlens,
                             const std::vector<std::pair<int64_t, int64_t>>& image_sizes);
 
+// The terms of mistral3_train_flops, for reporting them apart (`mmtrain flops mistral3`).
+struct Mistral3Flops {
+  double text_matmul_params = 0;       // layers + lm_head (the embedding is a lookup: 0 FLOPs)
+  double vision_matmul_params = 0;     // patch_conv + layers
+  double projector_matmul_params = 0;  // merging_layer + linear_1 + linear_2
+  double text_matmul = 0;              // forward + backward
+  double text_attention = 0;           // forward + backward, causal
+  double vision_forward = 0;           // all images: matmuls + attention inside each image
+  double projector_forward = 0;
+  double vision_multiplier = 1;        // 1 when freeze_vision (forward only), else 3
+  double total() const {
+    return text_matmul + text_attention + vision_multiplier * (vision_forward + projector_forward);
+  }
+};
+Mistral3Flops mistral3_flops_terms(const Mistral3Config& c, const std::vector<int64_t>& seqlens,
+                                   const std::vector<std::pair<int64_t, int64_t>>& image_sizes);
+
 }  // namespace mmtrain::mistral3
 
 namespace mmtrain {
