@@ -87,7 +87,7 @@ def test_flops_needs_exactly_one_source():
     assert proc.returncode == 1 and "exactly one of --config CFG or --ckpt DIR" in proc.stderr
 
 
-MAGISTRAL = REPO / "examples" / "mistral3" / "magistral_small_2509.yaml"
+MAGISTRAL = REPO / "examples" / "magistral" / "magistral_small_2509.yaml"
 MAGISTRAL_TEXT_MATMUL = 22_900_899_840  # spec §9: 40 layers x 555,745,280 + lm_head 671,088,640
 MAGISTRAL_VISION_MATMUL = 403_255_296  # 24 x 16,777,216 + patch_conv 602,112
 
