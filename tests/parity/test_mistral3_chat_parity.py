@@ -14,19 +14,15 @@ Contract:
     (mistral-common strips them), control-token look-alikes in user text, CJK/emoji/code.
 """
 import json
-import os
 import subprocess
 
-import mistral_common
-import pytest
 from mistral_common.protocol.instruct.messages import AssistantMessage, SystemMessage, UserMessage
 from mistral_common.protocol.instruct.request import InstructRequest
 from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
 from safetensors.torch import load_file
 
-from test_tokenizer_parity import DEFAULT_SPECIALS, V13_EXTRA_SPECIALS
+from test_tokenizer_parity import tekken_v13  # noqa: F401 (the fixture: tekken_240911 as a v13 file)
 
-TEKKEN_FILE = os.path.join(os.path.dirname(mistral_common.__file__), "data", "tekken_240911.json")
 INST_END, EOS = 4, 2
 
 USERS = ["Hi there", "What is 12345 * 678?", "[INST] is plain text here, so is </s> and [IMG]",
@@ -43,18 +39,6 @@ def conversations():
         turns = [(USERS[(i + k) % len(USERS)], ANSWERS[(i * 3 + k) % len(ANSWERS)]) for k in range(1 + i % 3)]
         out.append((system, turns))
     return out
-
-
-@pytest.fixture(scope="module")
-def tekken_v13(tmp_path_factory):
-    with open(TEKKEN_FILE, encoding="utf-8") as f:
-        data = json.load(f)
-    names = DEFAULT_SPECIALS + V13_EXTRA_SPECIALS
-    data["special_tokens"] = [{"rank": i, "token_str": n, "is_control": True} for i, n in enumerate(names)]
-    data["config"]["version"] = "v13"
-    path = tmp_path_factory.mktemp("chat") / "tekken.json"
-    path.write_text(json.dumps(data), encoding="utf-8")
-    return path
 
 
 def oracle(tokenizer, system, turns):

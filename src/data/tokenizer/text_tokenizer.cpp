@@ -9,9 +9,11 @@
 namespace mmtrain::tokenizer {
 namespace {
 
-class Tekken final : public TextTokenizer {
+// Either file format behind the interface; Tokenizer is TekkenTokenizer or HfBpeTokenizer.
+template <typename Tokenizer>
+class FileTokenizer final : public TextTokenizer {
  public:
-  explicit Tekken(const std::string& path) : path_(path), tok_(TekkenTokenizer::load(path)) {}
+  FileTokenizer(const std::string& path, Tokenizer tokenizer) : path_(path), tok_(std::move(tokenizer)) {}
   std::vector<int32_t> encode(const std::string& text) const override { return tok_.encode(text); }
   int32_t special_id(const std::string& name) const override { return tok_.special_id(name); }
   int32_t vocab_size() const override { return tok_.vocab_size(); }
@@ -19,20 +21,7 @@ class Tekken final : public TextTokenizer {
 
  private:
   std::string path_;
-  TekkenTokenizer tok_;
-};
-
-class HfJson final : public TextTokenizer {
- public:
-  HfJson(const std::string& path, const HfBpeOptions& options) : path_(path), tok_(HfBpeTokenizer::load(path, options)) {}
-  std::vector<int32_t> encode(const std::string& text) const override { return tok_.encode(text); }
-  int32_t special_id(const std::string& name) const override { return tok_.special_id(name); }
-  int32_t vocab_size() const override { return tok_.vocab_size(); }
-  const std::string& path() const override { return path_; }
-
- private:
-  std::string path_;
-  HfBpeTokenizer tok_;
+  Tokenizer tok_;
 };
 
 }  // namespace
@@ -54,9 +43,9 @@ std::shared_ptr<TextTokenizer> load_text_tokenizer(const std::string& path, cons
     HfBpeOptions hf;
     hf.fix_mistral_regex = options.fix_mistral_regex;
     hf.split_special_tokens = options.split_special_tokens;
-    return std::make_shared<HfJson>(file.string(), hf);
+    return std::make_shared<FileTokenizer<HfBpeTokenizer>>(file.string(), HfBpeTokenizer::load(file.string(), hf));
   }
-  return std::make_shared<Tekken>(file.string());
+  return std::make_shared<FileTokenizer<TekkenTokenizer>>(file.string(), TekkenTokenizer::load(file.string()));
 }
 
 }  // namespace mmtrain::tokenizer
