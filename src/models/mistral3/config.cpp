@@ -72,11 +72,13 @@ Mistral3Config Mistral3Config::from_json(const nlohmann::json& j) {
   Reader top(j, "model.config",
              {"text_config", "vision_config", "image_token_index", "image_token_id", "spatial_merge_size",
               "projector_hidden_act", "multimodal_projector_bias", "vision_feature_layer", "tie_word_embeddings",
-              "freeze_vision"});
+              "freeze_vision", "loss_chunk_size"});
   top.get("image_token_index", c.image_token_index);
   top.get("image_token_id", c.image_token_index);
   top.get("spatial_merge_size", c.spatial_merge_size);
   top.get("freeze_vision", c.freeze_vision);
+  top.get("loss_chunk_size", c.loss_chunk_size);
+  if (c.loss_chunk_size < 0) fail("model.config.loss_chunk_size: expected >= 0 (0 = whole logits), got ", c.loss_chunk_size);
   std::string act = "gelu";
   top.get("projector_hidden_act", act);
   if (act != "gelu") fail("model.config.projector_hidden_act: only 'gelu' (exact) is supported, got '", act, "'");

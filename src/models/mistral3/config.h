@@ -11,6 +11,7 @@
 //     image_token_index (or image_token_id), spatial_merge_size, projector_hidden_act: gelu,
 //     multimodal_projector_bias: false, vision_feature_layer: -1, tie_word_embeddings: false,
 //     freeze_vision: true   (mmtrain: vision tower + projector get no grads, no updates)
+//     loss_chunk_size: 0    (mmtrain: > 0 = chunked lm_head + cross-entropy, no full logits)
 //
 // Unknown keys are errors, except HF metadata that does not change the math (model_type,
 // architectures, dtype, token ids, max_position_embeddings, ...), which is ignored. Values that
@@ -49,6 +50,10 @@ struct Mistral3Config {
   int64_t image_token_index = 10;
   int64_t spatial_merge_size = 2;
   bool freeze_vision = true;
+  // mmtrain: > 0 computes lm_head + cross-entropy over this many tokens at a time without keeping
+  // the [tokens, vocab] logits (nn/chunked_cross_entropy.h; the "logits" output is then absent);
+  // 0 = whole logits, as HF.
+  int64_t loss_chunk_size = 0;
 
   int64_t vision_head_dim() const { return vision_hidden_size / vision_num_heads; }
 

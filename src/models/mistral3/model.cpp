@@ -5,6 +5,7 @@
 #include "models/mistral3/model.h"
 
 #include "core/error.h"
+#include "nn/chunked_cross_entropy.h"
 #include "nn/ops.h"
 
 #include <ATen/core/Reduction.h>
@@ -343,15 +344,20 @@ class Mistral3Model : public Model {
       });
     }
     h = rms_norm(h, norm->weight.value, c.rms_norm_eps);
-    auto logits = lin(h, lm_head).to(at::kFloat);  // [B, S, V]
 
     // HF ForCausalLMLoss: position t predicts labels[t + 1]; mean over supervised tokens.
-    auto shift_logits = logits.narrow(1, 0, S - 1).reshape({-1, c.vocab_size});
     auto shift_labels = labels.narrow(1, 1, S - 1).reshape({-1}).to(at::kLong);
+    result.tokens = B * S;
+    if (c.loss_chunk_size > 0) {
+      auto shift_h = h.narrow(1, 0, S - 1).reshape({-1, c.hidden_size});
+      result.loss = chunked_linear_cross_entropy(shift_h, lm_head->weight.value, shift_labels, c.loss_chunk_size);
+      return result;
+    }
+    auto logits = lin(h, lm_head).to(at::kFloat);  // [B, S, V]
+    auto shift_logits = logits.narrow(1, 0, S - 1).reshape({-1, c.vocab_size});
     const int64_t supervised = (shift_labels != -100).sum().item<int64_t>();
     result.loss = supervised > 0 ? at::cross_entropy_loss(shift_logits, shift_labels, {}, at::Reduction::Mean, -100)
                                  : logits.sum() * 0.0;  // nothing supervised: zero loss and grads
-    result.tokens = B * S;
     result.tensors["logits"] = logits;
     return result;
   }

@@ -1,0 +1,21 @@
+// Output projection + cross-entropy without the [N, V] logits: for a 131072-token vocabulary the
+// fp32 logits of a 2048-token sample are 1 GiB, and autograd keeps them (and their softmax) for
+// backward. Here forward and backward walk the N rows in chunks, recomputing each chunk's logits
+// in backward, so the extra memory is one [chunk, V] block (the seed's chunked loss).
+//
+// loss = mean over rows with labels != ignore_index of CE(float(hidden @ weight^T), label): the
+// same value as at::cross_entropy_loss(at::linear(hidden, weight).to(kFloat), labels) with
+// ignore_index and mean reduction, and 0 (with zero grads) when no row is supervised.
+// Logits are computed in hidden's dtype and upcast, as the unchunked path does; softmax, the
+// grad of the logits and the weight-grad accumulation run in fp32, the grads are returned in the
+// inputs' dtypes. In fp32 it matches the unchunked loss and grads to rounding (tested at 1e-6).
+#pragma once
+#include <ATen/ATen.h>
+
+namespace mmtrain {
+
+// hidden [N, H], weight [V, H] (same dtype), labels int64 [N]; chunk_rows >= 1.
+at::Tensor chunked_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+                                        int64_t chunk_rows, int64_t ignore_index = -100);
+
+}  // namespace mmtrain
