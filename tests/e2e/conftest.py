@@ -36,8 +36,18 @@ def run_mmtrain(args, world=1, check=True, timeout=300, env_extra=None):
                "--no-python", str(mmtrain_bin()), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{crash_lines(proc.stderr)}"
+                             f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc
+
+
+def crash_lines(stderr: str) -> str:
+    """A rank's fatal-signal backtrace, which the other ranks' connection errors push out of the tail."""
+    lines = stderr.splitlines()
+    for i, line in enumerate(lines):
+        if "mmtrain: fatal signal" in line or "terminate called" in line:
+            return "--- crash report ---\n" + "\n".join(lines[max(0, i - 2):i + 40]) + "\n--- tails ---\n"
+    return ""
 
 
 def read_metrics(run_dir: Path):
