@@ -337,7 +337,6 @@ const std::vector<Field>& field_table() {
       MMTRAIN_FIELD("features.enable_activation_offload", features.enable_activation_offload, BoolCodec),
       MMTRAIN_FIELD("features.activation_offload_plan.apply_modules", features.activation_offload_modules,
                     StringListCodec),
-      MMTRAIN_FIELD("features.fused_ops", features.fused_ops, BoolCodec),
 
       MMTRAIN_FIELD("training.micro_batch_size", training.micro_batch_size, IntCodec),
       MMTRAIN_FIELD("training.gradient_accumulation_steps", training.gradient_accumulation_steps, IntCodec),
@@ -775,6 +774,30 @@ void config_check_world(const Config& c, int world_size) {
     fail(where, "training.global_batch_size: expected 0 (derived) or micro_batch_size * gradient_accumulation_steps * ",
          "data-parallel size = ", t.micro_batch_size, " * ", t.gradient_accumulation_steps, " * ", dp, " = ", global,
          ", found ", t.global_batch_size);
+}
+
+void config_check_supported(const Config& c, int world_size) {
+  config_check_world(c, world_size);
+  const std::string where = "config " + c.source_path + ": ";
+  auto refuse = [&](const std::string& key, const std::string& value, const std::string& what) {
+    fail(where, key, ": ", value, " needs ", what, ", which mmtrain does not implement yet; use the default");
+  };
+  const auto& p = c.parallel;
+  if (p.tensor_parallel_size != 1) refuse("parallel.tensor_parallel_size", std::to_string(p.tensor_parallel_size), "tensor parallelism");
+  if (p.ulysses_parallel_size != 1)
+    refuse("parallel.ulysses_parallel_size", std::to_string(p.ulysses_parallel_size), "Ulysses context parallelism");
+  if (p.ring_attention_size != 1) refuse("parallel.ring_attention_size", std::to_string(p.ring_attention_size), "ring attention");
+  if (p.expert_parallel_size != 1) refuse("parallel.expert_parallel_size", std::to_string(p.expert_parallel_size), "expert parallelism");
+  if (fsdp_size_from(c, world_size) != world_size)
+    refuse("parallel.fully_shard_parallel_size", std::to_string(p.fully_shard_parallel_size),
+           "HSDP (replicated shard groups; FSDP here shards over all " + std::to_string(world_size) + " ranks)");
+  if (!p.fsdp_plan.ignored_modules.empty()) refuse("parallel.fsdp_plan.ignored_modules", "a non-empty list", "unsharded modules");
+  if (p.fsdp_plan.cpu_offload) refuse("parallel.fsdp_plan.cpu_offload", "true", "parameter/optimizer offload to the host");
+  if (c.features.enable_activation_offload) refuse("features.enable_activation_offload", "true", "activation offload");
+  if (c.features.loss_type != "raw")
+    refuse("features.loss_cfg.loss_type", "'" + c.features.loss_type + "'", "a loss reduction other than the model's own ('raw')");
+  if (c.model.enable_gradient_checkpointing)
+    refuse("model.enable_gradient_checkpointing", "true", "model-internal checkpointing (features.recompute does this)");
 }
 
 int config_fsdp_size(const Config& config, int world_size) {

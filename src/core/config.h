@@ -61,7 +61,6 @@ struct FeaturesConfig {
   RecomputePlanConfig recompute_plan;
   bool enable_activation_offload = false;      // saved activations of the selected blocks go to the host
   std::vector<std::string> activation_offload_modules;   // activation_offload_plan.apply_modules
-  bool fused_ops = true;                       // model kernels: fused vs reference ops
 };
 
 struct TrainingConfig {
@@ -126,6 +125,11 @@ nlohmann::json config_to_json(const Config& config);
 // ulysses * ring; data_parallel_size and global_batch_size, when set, equal what world implies;
 // world divisible by expert_parallel_size * expert_fully_shard_parallel_size.
 void config_check_world(const Config& config, int world_size);
+// config_check_world, then refuses (naming the key) what the seed's config can express but
+// mmtrain does not implement yet: tensor/context/expert parallelism, HSDP, ignored_modules,
+// parameter and activation offload, loss types other than raw, model-internal checkpointing.
+// `train` and `debug step` call it; `plan` does not (it can plan layouts mmtrain cannot run).
+void config_check_supported(const Config& config, int world_size);
 // Ranks in one FSDP shard group (the dp_shard x ulysses x ring mesh): auto -> world / tp.
 // Checks the world first.
 int config_fsdp_size(const Config& config, int world_size);

@@ -58,6 +58,7 @@ void debug_collate(const std::string& config_path, const std::vector<std::string
 void debug_step(const std::string& config_path, const std::vector<std::string>& overrides,
                 const std::string& batch_path, const std::string& out_path) {
   auto config = config_load(config_path, overrides);
+  config_check_supported(config, 1);  // one process, like the trainer at world size 1
   auto model = build_model(config);
   Fsdp fsdp(*model, std::make_shared<Comm>(nullptr, 0, 1), fsdp_options(config));
   load_initial_weights(config, *model, fsdp);

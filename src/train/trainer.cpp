@@ -12,6 +12,7 @@
 #include "train/weights.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 
 #include <chrono>
 #include <cstdio>
@@ -67,7 +68,10 @@ struct Trainer::State {
 
   void build() {
     const auto& c = config;
-    config_check_world(c, comm().world_size());
+    config_check_supported(c, comm().world_size());
+    // Deterministic kernels only (an op without one raises); the CPU kernels and the Gloo sums
+    // used here are deterministic anyway, this matters on CUDA.
+    if (c.training.use_deter_comp) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
     model = build_model(c);
     auto options = fsdp_options(c);
     options.device = comm().device();
