@@ -8,6 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -184,7 +187,17 @@ ConversationDataset::ConversationDataset(const ConversationDataOptions& options)
   if (options_.max_samples > 0 && static_cast<int64_t>(records.size()) > options_.max_samples)
     records.resize(options_.max_samples);
   records_ = static_cast<int64_t>(records.size());
+  // Large sets take a while (every record is encoded and every image header read): rank 0 says
+  // how far it is every few seconds.
+  const char* rank = std::getenv("RANK");
+  const bool report = rank == nullptr || std::string(rank) == "0";
+  auto last_report = std::chrono::steady_clock::now();
   for (size_t i = 0; i < records.size(); ++i) {
+    if (report && std::chrono::steady_clock::now() - last_report > std::chrono::seconds(5)) {
+      last_report = std::chrono::steady_clock::now();
+      std::printf("[mmtrain] dataset %s: checked %zu of %zu records\n", options_.dataset_file.c_str(), i, records.size());
+      std::fflush(stdout);
+    }
     const std::string label = record_label(records[i], i);
     auto parsed = parse_record(records[i]);
     if (auto* rejected = std::get_if<Rejected>(&parsed)) {
