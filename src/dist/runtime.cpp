@@ -12,6 +12,10 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <cstdlib>
 
 namespace mmtrain {
@@ -96,7 +100,23 @@ c10::intrusive_ptr<c10d::Backend> make_backend(const c10::intrusive_ptr<c10d::St
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
 }
 
+namespace {
+
+// Under torchrun, die with the agent. torchrun starts each rank in a session of its own, so a
+// SIGKILL of torchrun (an OOM killer, a scheduler's kill, kill -9 on the launcher) would
+// otherwise leave the ranks training on as orphans and writing checkpoints, with nobody to stop
+// them. A normal torchrun exit already stops its ranks; this covers the abrupt one.
+void exit_with_launcher() {
+  if (!env_or_null("TORCHELASTIC_RUN_ID")) return;
+  const pid_t launcher = getppid();
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) return;  // best effort: no worse than before
+  if (getppid() != launcher) std::_Exit(1);  // the launcher died before prctl took effect
+}
+
+}  // namespace
+
 Runtime runtime_init(const LaunchEnv& env, Device device, std::chrono::milliseconds timeout) {
+  exit_with_launcher();
   Runtime rt;
   rt.env = env;
   rt.device = device;

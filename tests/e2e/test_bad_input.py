@@ -81,6 +81,25 @@ def check_complete(ckpt_root: Path) -> int:
     return int(name.split("_")[1])
 
 
+def ranks_gone(config_path: str, timeout: float = 20.0) -> bool:
+    """True once no process runs `mmtrain train <config_path>` (Linux /proc)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if b"train" in argv and config_path.encode() in argv and any(a.endswith(b"mmtrain") for a in argv):
+                alive.append(pid)
+        if not alive:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def test_kill_during_saves_never_breaks_latest(tmp_path, token_file):
     """Saves every step; SIGKILL the whole job at several moments while it is saving; `latest`
     must always name a complete, resumable checkpoint."""
@@ -105,6 +124,9 @@ def test_kill_during_saves_never_breaks_latest(tmp_path, token_file):
         time.sleep(delay)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        # torchrun puts each rank in a session of its own: the ranks must die with it (they
+        # would otherwise train on, and save into this directory, behind the next run's back).
+        assert ranks_gone(str(cfg)), "ranks outlived their killed torchrun"
         seen.add(check_complete(tmp_path / "ckpt"))
     assert len(seen) >= 2, f"kills did not land at different points of the run: {seen}"
     # The newest complete checkpoint resumes.
