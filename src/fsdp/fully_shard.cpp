@@ -23,20 +23,6 @@ using torch::autograd::variable_list;
 int64_t to_handle(FsdpUnit* unit) { return reinterpret_cast<int64_t>(unit); }
 FsdpUnit& from_handle(int64_t handle) { return *reinterpret_cast<FsdpUnit*>(handle); }
 
-void storage_allocate(const at::Tensor& t) {
-  auto* storage = t.storage().unsafeGetStorageImpl();
-  const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
-  if (storage->nbytes() == nbytes) return;
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
-  storage->set_nbytes(nbytes);
-}
-
-void storage_free(const at::Tensor& t) {
-  auto* storage = t.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
-  storage->set_nbytes(0);
-}
-
 // Outputs: one tensor per param of the unit, each a fresh TensorImpl over the unit's gather
 // buffer (not an autograd view), so freeing and refilling the buffer is invisible to autograd.
 struct UnitGather : torch::autograd::Function<UnitGather> {
@@ -178,7 +164,7 @@ Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpOptions options)
       std::vector<int64_t> gathered_shape = p.param->shape;
       gathered_shape[0] = p.layout.padded_rows * world;
       p.gathered = at::empty(gathered_shape, fp32.dtype(options_.param_dtype));
-      storage_free(p.gathered);
+      release_gather_storage(p.gathered);
     }
   }
 
@@ -249,12 +235,38 @@ void Fsdp::fill_shard(FsdpParam& p, const RowReader& read_rows) {
   p.shard.narrow(0, 0, rows).copy_(values);
 }
 
+void Fsdp::acquire_gather_storage(const at::Tensor& t) {
+  auto* storage = t.storage().unsafeGetStorageImpl();
+  const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
+  if (storage->nbytes() == nbytes) return;
+  auto& free_list = free_gather_storage_[nbytes];
+  if (free_list.empty()) {
+    storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
+  } else {
+    storage->set_data_ptr_noswap(std::move(free_list.back()));
+    free_list.pop_back();
+  }
+  storage->set_nbytes(nbytes);
+}
+
+void Fsdp::release_gather_storage(const at::Tensor& t) {
+  auto* storage = t.storage().unsafeGetStorageImpl();
+  const size_t nbytes = storage->nbytes();
+  auto released = storage->set_data_ptr(at::DataPtr(nullptr, t.device()));
+  storage->set_nbytes(0);
+  // Keep as many buffers of a size as can be in flight at once (the unit in use, its prefetches
+  // and one being freed); the rest go back to the allocator.
+  auto& free_list = free_gather_storage_[nbytes];
+  const size_t keep = 2 + std::max(options_.num_to_forward_prefetch, options_.num_to_backward_prefetch);
+  if (nbytes > 0 && free_list.size() < keep) free_list.push_back(std::move(released));
+}
+
 void Fsdp::unshard_async(FsdpUnit& unit) {
   if (unit.state != FsdpUnit::State::sharded) return;
   std::vector<at::Tensor> outs, ins;
   unit.gather_inputs.clear();
   for (auto& p : unit.params) {
-    storage_allocate(p.gathered);
+    acquire_gather_storage(p.gathered);
     outs.push_back(p.gathered.view(-1));
     ins.push_back(p.shard.view(-1).to(options_.param_dtype));
   }
@@ -280,7 +292,7 @@ void Fsdp::unshard_and_materialize(FsdpUnit& unit) {
 void Fsdp::reshard(FsdpUnit& unit) {
   if (unit.state == FsdpUnit::State::sharded) return;
   wait_unshard(unit);
-  for (auto& p : unit.params) storage_free(p.gathered);
+  for (auto& p : unit.params) release_gather_storage(p.gathered);
   unit.state = FsdpUnit::State::sharded;
 }
 

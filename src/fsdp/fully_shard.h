@@ -18,6 +18,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace mmtrain {
@@ -117,6 +118,11 @@ class Fsdp {
 
  private:
   void fill_shard(FsdpParam& p, const RowReader& read_rows);
+  // A gather buffer's memory comes from, and goes back to, a small per-size free list: every
+  // unit of a transformer gathers the same sizes, and a fresh allocation of tens of MB per
+  // gather costs page faults (glibc hands such sizes back to the kernel on free).
+  void acquire_gather_storage(const at::Tensor& t);
+  void release_gather_storage(const at::Tensor& t);
   void unshard_async(FsdpUnit& unit);
   void wait_unshard(FsdpUnit& unit);
   void drain_reductions(size_t keep_in_flight);
@@ -131,6 +137,7 @@ class Fsdp {
   FsdpOptions options_;
   std::vector<std::unique_ptr<FsdpUnit>> units_;  // forward order; the root first
   std::deque<PendingReduction> pending_;
+  std::unordered_map<size_t, std::vector<at::DataPtr>> free_gather_storage_;  // nbytes -> buffers
 };
 
 }  // namespace mmtrain
