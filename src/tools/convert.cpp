@@ -1,5 +1,6 @@
 #include "tools/convert.h"
 
+#include "checkpoint/atomic_file.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "core/config.h"
@@ -10,7 +11,6 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
 
@@ -20,10 +20,9 @@ namespace {
 namespace fs = std::filesystem;
 
 nlohmann::json read_hf_config(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) fail("convert: cannot read ", path.string());
+  const std::string text = file_read_text(path.string());
   try {
-    return nlohmann::json::parse(in);
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail("convert: ", path.string(), " is not valid JSON (", e.what(), ")");
   }

@@ -94,4 +94,18 @@ ImageTokenLayout image_token_layout(int64_t height, int64_t width, const Pixtral
   return layout;
 }
 
+at::Tensor concat_padded_images(const std::vector<at::Tensor>& images) {
+  if (images.empty()) fail("concat_padded_images: no images");
+  int64_t max_h = 0, max_w = 0;
+  for (const auto& batch : images) {
+    if (batch.dim() != 4) fail("concat_padded_images: expected [n, C, H, W], found ", batch.sizes());
+    max_h = std::max(max_h, batch.size(2));
+    max_w = std::max(max_w, batch.size(3));
+  }
+  std::vector<at::Tensor> padded;
+  for (const auto& batch : images)
+    padded.push_back(at::constant_pad_nd(batch, {0, max_w - batch.size(3), 0, max_h - batch.size(2)}));
+  return at::cat(padded);
+}
+
 }  // namespace mmtrain::image

@@ -79,4 +79,8 @@ constexpr int64_t kImageTokenId = 10, kImageBreakTokenId = 12, kImageEndTokenId 
 // image smaller than one merged patch gives no features) or a side is < 1.
 ImageTokenLayout image_token_layout(int64_t height, int64_t width, const PixtralImageConfig& config);
 
+// Batches of images [n_i, C, H_i, W_i] -> one [sum n_i, C, max H_i, max W_i], each zero-padded
+// at the bottom and right: the pixel_values layout the model reads with image_sizes.
+at::Tensor concat_padded_images(const std::vector<at::Tensor>& images);
+
 }  // namespace mmtrain::image

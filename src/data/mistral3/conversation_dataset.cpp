@@ -1,5 +1,6 @@
 #include "data/mistral3/conversation_dataset.h"
 
+#include "checkpoint/atomic_file.h"
 #include "core/error.h"
 #include "data/dataset_params.h"
 #include "data/image/image_decode.h"
@@ -12,7 +13,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <sstream>
 #include <variant>
@@ -31,11 +31,8 @@ struct Rejected {
 
 // The records of a JSON list or a JSONL file; a syntax error fails naming the file (and line).
 std::vector<nlohmann::json> read_records(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) fail("data.dataset_param.basic_parameters.dataset: cannot open '", path, "'");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  const std::string text = buffer.str();
+  if (!fs::is_regular_file(path)) fail("data.dataset_param.basic_parameters.dataset: no file '", path, "'");
+  const std::string text = file_read_text(path);
   const size_t first = text.find_first_not_of(" \t\r\n");
   if (first == std::string::npos) fail("dataset ", path, ": empty file, expected a JSON list or JSONL records");
   std::vector<nlohmann::json> records;
@@ -283,19 +280,13 @@ Batch ConversationDataset::build(const Sample& sample) const {
   out["labels"] = at::tensor(std::vector<int64_t>(seq.labels.begin(), seq.labels.end()), at::kLong);
   if (sample.image_paths.empty()) return out;
   std::vector<at::Tensor> pixels;
-  int64_t max_h = 0, max_w = 0;
   std::vector<int64_t> sizes;
   for (const auto& path : sample.image_paths) {
-    pixels.push_back(image::pixtral_preprocess(image::decode_image_file(path), options_.image));
-    max_h = std::max(max_h, pixels.back().size(1));
-    max_w = std::max(max_w, pixels.back().size(2));
-    sizes.push_back(pixels.back().size(1));
+    pixels.push_back(image::pixtral_preprocess(image::decode_image_file(path), options_.image).unsqueeze(0));
     sizes.push_back(pixels.back().size(2));
+    sizes.push_back(pixels.back().size(3));
   }
-  auto padded = at::zeros({static_cast<int64_t>(pixels.size()), 3, max_h, max_w}, at::kFloat);
-  for (size_t i = 0; i < pixels.size(); ++i)
-    padded[i].narrow(1, 0, pixels[i].size(1)).narrow(2, 0, pixels[i].size(2)).copy_(pixels[i]);
-  out["pixel_values"] = padded;
+  out["pixel_values"] = image::concat_padded_images(pixels);
   out["image_sizes"] = at::tensor(sizes, at::kLong).view({-1, 2});
   return out;
 }
@@ -305,7 +296,6 @@ Batch ConversationDataset::get(int64_t index) const {
   if (!options_.packing) return build(samples_[index]);
   std::vector<at::Tensor> ids, labels, positions, pixels, sizes;
   std::vector<int64_t> cu{0};
-  int64_t max_h = 0, max_w = 0;
   for (int64_t s : bins_[index]) {
     auto item = build(samples_[s]);
     const int64_t length = item["input_ids"].size(0);
@@ -316,15 +306,12 @@ Batch ConversationDataset::get(int64_t index) const {
     if (item.count("pixel_values")) {
       pixels.push_back(item["pixel_values"]);
       sizes.push_back(item["image_sizes"]);
-      max_h = std::max(max_h, item["pixel_values"].size(2));
-      max_w = std::max(max_w, item["pixel_values"].size(3));
     }
   }
   Batch out{{"input_ids", at::cat(ids)}, {"labels", at::cat(labels)}, {"position_ids", at::cat(positions)},
             {"cu_seqlens", at::tensor(cu, at::kLong)}};
   if (!pixels.empty()) {
-    for (auto& p : pixels) p = at::constant_pad_nd(p, {0, max_w - p.size(3), 0, max_h - p.size(2)});
-    out["pixel_values"] = at::cat(pixels);
+    out["pixel_values"] = image::concat_padded_images(pixels);
     out["image_sizes"] = at::cat(sizes);
   }
   return out;

@@ -1,7 +1,7 @@
 #include "data/mistral3/pixtral_collator.h"
 
 #include "core/error.h"
-#include "data/dataset_params.h"
+#include "data/image/pixtral_image.h"
 #include "data/mistral3/conversation_dataset.h"
 
 #include <algorithm>
@@ -20,15 +20,9 @@ void append_images(const Batch& sample, std::vector<at::Tensor>& pixels, std::ve
   sizes.push_back(batch_get(sample, "image_sizes"));
 }
 
-void put_images(std::vector<at::Tensor>& pixels, const std::vector<at::Tensor>& sizes, Batch& out) {
+void put_images(const std::vector<at::Tensor>& pixels, const std::vector<at::Tensor>& sizes, Batch& out) {
   if (pixels.empty()) return;
-  int64_t max_h = 0, max_w = 0;
-  for (const auto& p : pixels) {
-    max_h = std::max(max_h, p.size(2));
-    max_w = std::max(max_w, p.size(3));
-  }
-  for (auto& p : pixels) p = at::constant_pad_nd(p, {0, max_w - p.size(3), 0, max_h - p.size(2)});
-  out["pixel_values"] = at::cat(pixels);
+  out["pixel_values"] = image::concat_padded_images(pixels);
   out["image_sizes"] = at::cat(sizes);
 }
 
