@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "data/tokenizer/byte_bpe.h"
+#include "data/tokenizer/tekken.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -21,11 +22,6 @@ namespace mmtrain {
 namespace {
 namespace fs = std::filesystem;
 
-const char* const kControlTokens[] = {
-    "<unk>", "<s>",      "</s>",      "[INST]",          "[/INST]",          "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
-    "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]", "[IMG_END]",
-    "[PREFIX]", "[MIDDLE]", "[SUFFIX]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[TOOL_CONTENT]"};
-
 struct Colour {
   const char* name;
   uint8_t rgb[3];
@@ -33,34 +29,15 @@ struct Colour {
 const Colour kColours[] = {{"red", {220, 30, 30}},   {"green", {30, 200, 60}}, {"blue", {40, 60, 220}},
                            {"yellow", {230, 220, 40}}, {"black", {10, 10, 10}}, {"white", {250, 250, 250}}};
 
-std::string base64_encode(const std::string& bytes) {
-  static const char* const table = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  size_t i = 0;
-  for (; i + 2 < bytes.size(); i += 3) {
-    const uint32_t v = (uint8_t(bytes[i]) << 16) | (uint8_t(bytes[i + 1]) << 8) | uint8_t(bytes[i + 2]);
-    for (int s = 18; s >= 0; s -= 6) out += table[(v >> s) & 63];
-  }
-  if (i + 1 == bytes.size()) {
-    const uint32_t v = uint8_t(bytes[i]) << 16;
-    out += table[(v >> 18) & 63];
-    out += table[(v >> 12) & 63];
-    out += "==";
-  } else if (i + 2 == bytes.size()) {
-    const uint32_t v = (uint8_t(bytes[i]) << 16) | (uint8_t(bytes[i + 1]) << 8);
-    for (int s = 18; s >= 6; s -= 6) out += table[(v >> s) & 63];
-    out += "=";
-  }
-  return out;
-}
-
 void write_tekken(const fs::path& path) {
+  const auto& control_tokens = tokenizer::tekken_default_special_tokens();
+  const int64_t num_special = static_cast<int64_t>(control_tokens.size());
   nlohmann::json specials = nlohmann::json::array();
-  const int64_t num_special = std::size(kControlTokens);
   for (int64_t i = 0; i < num_special; ++i)
-    specials.push_back({{"rank", i}, {"token_str", kControlTokens[i]}, {"is_control", true}});
+    specials.push_back({{"rank", i}, {"token_str", control_tokens[i]}, {"is_control", true}});
   nlohmann::json vocab = nlohmann::json::array();
-  for (int b = 0; b < 256; ++b) vocab.push_back({{"rank", b}, {"token_bytes", base64_encode(std::string(1, char(b)))}, {"token_str", nullptr}});
+  for (int b = 0; b < 256; ++b)
+    vocab.push_back({{"rank", b}, {"token_bytes", tokenizer::base64_encode(std::string(1, char(b)))}, {"token_str", nullptr}});
   nlohmann::json file = {
       {"config",
        {{"pattern", tokenizer::kTekkenPattern}, {"num_vocab_tokens", 256}, {"default_vocab_size", num_special + 256},

@@ -24,20 +24,6 @@ namespace {
 
 using mmtrain::testing::error_of;
 
-std::string base64(const std::string& bytes) {
-  static const char* alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  uint32_t buffer = 0;
-  int bits = 0;
-  for (const unsigned char c : bytes) {
-    buffer = (buffer << 8) | c;
-    bits += 8;
-    while (bits >= 6) out += alphabet[(buffer >> (bits -= 6)) & 63];
-  }
-  if (bits) out += alphabet[(buffer << (6 - bits)) & 63];
-  while (out.size() % 4) out += '=';
-  return out;
-}
 
 void write(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
@@ -47,11 +33,11 @@ void write(const std::string& path, const std::string& text) {
 nlohmann::json tiny_tekken(bool with_specials = true, const std::string& version = "v13") {
   nlohmann::json vocab = nlohmann::json::array();
   for (int b = 0; b < 256; ++b) {
-    vocab.push_back({{"rank", b}, {"token_bytes", base64(std::string(1, static_cast<char>(b)))}, {"token_str", nullptr}});
+    vocab.push_back({{"rank", b}, {"token_bytes", base64_encode(std::string(1, static_cast<char>(b)))}, {"token_str", nullptr}});
   }
   int rank = 256;
   for (const char* merged : {"ab", "bc", "abc", "cd"}) {
-    vocab.push_back({{"rank", rank++}, {"token_bytes", base64(merged)}, {"token_str", merged}});
+    vocab.push_back({{"rank", rank++}, {"token_bytes", base64_encode(merged)}, {"token_str", merged}});
   }
   nlohmann::json file = {{"config",
                           {{"pattern", kTekkenPattern},
@@ -161,7 +147,7 @@ TEST(TekkenTokenizer, LoadErrorsSayWhatAndWhere) {
   write(dir / "rank.json", file.dump());
   EXPECT_CONTAINS(error_of([&] { TekkenTokenizer::load(dir / "rank.json"); }), "vocab[257]: expected rank 257, found 3");
   file = tiny_tekken();
-  file["vocab"][65]["token_bytes"] = base64("B");
+  file["vocab"][65]["token_bytes"] = base64_encode("B");
   write(dir / "byte.json", file.dump());
   EXPECT_CONTAINS(error_of([&] { TekkenTokenizer::load(dir / "byte.json"); }), "vocab[65]: expected the single byte 65");
   file = tiny_tekken();
@@ -286,6 +272,14 @@ TEST(ByteBpe, WhiteSpaceRewriteAndHelpers) {
   const PieceSplitter space(R"(\s)", "test");
   EXPECT_TRUE(space.matches("\xE1\xA0\x8E").empty());
   EXPECT_EQ(space.matches("\xE3\x80\x80").size(), 1u);  // U+3000 ideographic space
+  // RFC 4648 section 10 vectors, both ways.
+  const std::pair<const char*, const char*> rfc4648[] = {{"", ""},         {"f", "Zg=="},         {"fo", "Zm8="},
+                                                         {"foo", "Zm9v"}, {"foob", "Zm9vYg=="}, {"fooba", "Zm9vYmE="},
+                                                         {"foobar", "Zm9vYmFy"}};
+  for (const auto& [plain, encoded] : rfc4648) {
+    EXPECT_EQ(base64_encode(plain), encoded);
+    EXPECT_EQ(base64_decode(encoded, "t"), plain);
+  }
   EXPECT_EQ(base64_decode("aGVsbG8=", "t"), "hello");
   EXPECT_EQ(base64_decode("AA==", "t"), std::string(1, '\0'));
   EXPECT_CONTAINS(error_of([] { base64_decode("a*b=", "where"); }), "where: expected base64");

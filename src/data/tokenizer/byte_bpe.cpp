@@ -265,6 +265,24 @@ std::string base64_decode(std::string_view text, const std::string& where) {
   return out;
 }
 
+std::string base64_encode(std::string_view bytes) {
+  static const char* const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  uint32_t buffer = 0;
+  int bits = 0;
+  for (unsigned char c : bytes) {
+    buffer = (buffer << 8) | c;
+    bits += 8;
+    while (bits >= 6) {
+      bits -= 6;
+      out += alphabet[(buffer >> bits) & 63];
+    }
+  }
+  if (bits > 0) out += alphabet[(buffer << (6 - bits)) & 63];
+  while (out.size() % 4 != 0) out += '=';
+  return out;
+}
+
 std::string utf8_decode_lossy(std::string_view bytes) {
   std::string out;
   out.reserve(bytes.size());

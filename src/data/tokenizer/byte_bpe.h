@@ -54,6 +54,7 @@ void bpe_by_rank(std::string_view piece, const RankMap& ranks, std::vector<int32
 
 // Standard base64 (RFC 4648, with padding); fails naming `where` on bad input.
 std::string base64_decode(std::string_view text, const std::string& where);
+std::string base64_encode(std::string_view bytes);
 
 // Decodes UTF-8 bytes, replacing each maximal invalid subsequence with U+FFFD exactly as
 // Python's bytes.decode("utf-8", errors="replace") does (the references decode this way).

@@ -12,8 +12,6 @@ namespace mmtrain::tokenizer {
 
 namespace {
 
-// mistral-common Tekkenizer.DEPRECATED_SPECIAL_TOKENS: the ids files up to v7 imply when they
-// carry no `special_tokens` list.
 const char* const kDefaultSpecialTokens[] = {
     "<unk>",   "<s>",        "</s>",          "[INST]",          "[/INST]",
     "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]",
@@ -32,6 +30,11 @@ int version_number(const std::string& version, const std::string& where) {
 }
 
 }  // namespace
+
+const std::vector<std::string>& tekken_default_special_tokens() {
+  static const std::vector<std::string> names(std::begin(kDefaultSpecialTokens), std::end(kDefaultSpecialTokens));
+  return names;
+}
 
 TekkenTokenizer TekkenTokenizer::load(const std::string& path, const TekkenOptions& options) {
   const nlohmann::json file = read_json_file(path);
@@ -68,7 +71,7 @@ TekkenTokenizer TekkenTokenizer::load(const std::string& path, const TekkenOptio
     fail(where, ": expected a special_tokens list (required for tokenizer versions after v7), found none in version ",
          tok.version_);
   } else {
-    tok.special_names_.assign(std::begin(kDefaultSpecialTokens), std::end(kDefaultSpecialTokens));
+    tok.special_names_ = tekken_default_special_tokens();
   }
   if (static_cast<int64_t>(tok.special_names_.size()) > num_special) {
     fail(where, ": expected at most default_num_special_tokens=", num_special, " special tokens, found ",

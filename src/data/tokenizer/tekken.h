@@ -18,6 +18,10 @@
 
 namespace mmtrain::tokenizer {
 
+// mistral-common's Tekkenizer.DEPRECATED_SPECIAL_TOKENS: ids 0..19 ("<unk>", "<s>", "</s>",
+// "[INST]", ...) of files up to v7 that carry no special_tokens list.
+const std::vector<std::string>& tekken_default_special_tokens();
+
 struct TekkenOptions {
   // Total vocabulary (special + ordinary). <= 0: the file's config.default_vocab_size, as
   // mistral-common's Tekkenizer.from_file uses.
