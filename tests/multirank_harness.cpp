@@ -33,4 +33,14 @@ void run_ranks(int world_size, const std::function<void(Comm&)>& fn) {
   if (first_error) std::rethrow_exception(first_error);
 }
 
+void add_shard_rows(Fsdp& fsdp, int rank, std::map<std::string, at::Tensor>& full) {
+  for (auto* unit : fsdp.units())
+    for (auto& p : unit->params) {
+      auto& param = full[p.name];
+      if (!param.defined()) param = at::zeros(p.param->shape);
+      const int64_t rows = p.layout.rows(rank);
+      if (rows > 0) param.narrow(0, p.layout.row_begin(rank), rows).copy_(p.shard.narrow(0, 0, rows));
+    }
+}
+
 }  // namespace mmtrain::testing

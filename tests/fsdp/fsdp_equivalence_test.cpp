@@ -68,13 +68,7 @@ RunResult train(int world, int accum, FsdpOptions options, int steps) {
       result.rank0_stats = fsdp.memory_stats();
       result.rank0_optimizer_bytes = adamw.state_bytes();
     }
-    for (auto* unit : fsdp.units())
-      for (auto& p : unit->params) {
-        auto& full = result.params[p.name];
-        if (!full.defined()) full = at::zeros(p.param->shape);
-        const int64_t rows = p.layout.rows(comm->rank());
-        if (rows > 0) full.narrow(0, p.layout.row_begin(comm->rank()), rows).copy_(p.shard.narrow(0, 0, rows));
-      }
+    testing::add_shard_rows(fsdp, comm->rank(), result.params);
   });
   return result;
 }

@@ -89,13 +89,7 @@ Result train(int world, bool recompute = false, bool mixed = false) {
     }
     std::lock_guard<std::mutex> lock(mutex);
     if (comm->rank() == 0) result.losses = losses;
-    for (auto* unit : fsdp.units())
-      for (auto& p : unit->params) {
-        auto& full = result.params[p.name];
-        if (!full.defined()) full = at::zeros(p.param->shape);
-        const int64_t rows = p.layout.rows(comm->rank());
-        if (rows > 0) full.narrow(0, p.layout.row_begin(comm->rank()), rows).copy_(p.shard.narrow(0, 0, rows));
-      }
+    testing::add_shard_rows(fsdp, comm->rank(), result.params);
   });
   return result;
 }
