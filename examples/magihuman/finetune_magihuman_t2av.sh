@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Full-parameter MagiHuman training through torchrun (seed 000 §6).
+# Full-parameter MagiHuman training through torchrun (the seed's launch script).
 #   NPROC_PER_NODE   ranks on this node (default 8)
 #   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT   multi-node rendezvous (defaults: one node)
 #   CONFIG           YAML (default: the full-size config beside this script)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Magistral-Small-2509 SFT through torchrun (MindSpeed-MM examples/magistral-2509 recipe, spec §10).
+# Magistral-Small-2509 SFT through torchrun (MindSpeed-MM examples/magistral-2509 recipe).
 #   NPROC_PER_NODE   ranks on this node (default 8)
 #   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT   multi-node rendezvous (defaults: one node)
 #   CONFIG           YAML (default: the full-size config beside this script)

@@ -2,6 +2,7 @@
 
 #include "checkpoint/atomic_file.h"
 #include "core/error.h"
+#include "core/text.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -47,12 +48,6 @@ std::optional<int64_t> checked_nbytes(const std::vector<int64_t>& shape, int64_t
   for (int64_t d : shape)
     if (__builtin_mul_overflow(n, d, &n)) return std::nullopt;
   return n;
-}
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include "checkpoint/atomic_file.h"
 #include "core/error.h"
+#include "core/text.h"
 
 #include <fcntl.h>
 #include <stdio.h>  // renameat2
@@ -47,19 +48,6 @@ bool is_checkpoint_dir_name(const std::string& s) { return s.rfind("iter_", 0) =
 bool is_tmp_dir_name(const std::string& s) {
   auto dot = s.find(kTmpSuffix);
   return dot != std::string::npos && is_checkpoint_dir_name(s.substr(0, dot));
-}
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
-std::string trim(const std::string& s) {
-  const char* ws = " \t\r\n";
-  auto b = s.find_first_not_of(ws);
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(ws) - b + 1);
 }
 
 // Every rank's row ranges of one tensor must tile [0, rows) exactly. `ranges` are (begin, end, rank).

@@ -2,6 +2,7 @@
 #include "core/module_pattern.h"
 
 #include "core/error.h"
+#include "core/text.h"
 #include "core/suggest.h"
 
 #include <algorithm>
@@ -9,13 +10,6 @@
 
 namespace mmtrain {
 namespace {
-
-std::string trim(const std::string& s) {
-  const auto begin = s.find_first_not_of(" \t");
-  if (begin == std::string::npos) return "";
-  const auto end = s.find_last_not_of(" \t");
-  return s.substr(begin, end - begin + 1);
-}
 
 bool all_digits(const std::string& s) {
   if (s.empty()) return false;

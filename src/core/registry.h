@@ -1,40 +1,18 @@
-// Registry<Factory>: name -> factory tables for models, datasets and collators, the C++ form of
-// MindSpeed's model_register / data_register. add() rejects duplicates; get() on an unknown name
-// fails with the known names (and a did-you-mean), so a typo in model.model_id is one clear line.
+// Registry<Entry>: name -> entry tables (model specs, datasets, collators, fixtures), the C++
+// form of MindSpeed's model_register / data_register. add() rejects duplicates; get() on an
+// unknown name fails with the known names (and a did-you-mean), so a typo in model.model_id is
+// one clear line.
 //
-// How entries get in. mmtrain_lib is a STATIC library: the linker only pulls an object file out
-// of it when something references one of its symbols, so a model .cpp whose only hook is a
-// static registrar object (StaticRegistration below) is silently dropped from the mmtrain binary
-// and its name is "unknown" at run time. Recommended pattern: explicit registration functions,
-// one per .cpp, called from one idempotent register_builtin_*() that main() and tests call:
+// How entries get in: each component registers itself at static initialisation, from its own
+// folder, with a registrar object at namespace scope:
 //
-//   // src/models/model_registry.h
-//   using ModelFactory = std::function<std::unique_ptr<Model>(const Config&)>;
-//   Registry<ModelFactory>& model_registry();    // function-local static: no init-order problem
-//   void register_builtin_models();               // idempotent
+//   // src/models/<name>/spec.cpp
+//   const ModelSpecRegistration registration(my_model_spec());
 //
-//   // src/models/magihuman/magihuman.cpp
-//   void register_magihuman(Registry<ModelFactory>& registry) {
-//     registry.add("magihuman", [](const Config& config) { return build_magihuman(config); });
-//   }
-//
-//   // src/models/model_registry.cpp
-//   Registry<ModelFactory>& model_registry() {
-//     static Registry<ModelFactory> registry("model");
-//     return registry;
-//   }
-//   void register_builtin_models() {
-//     static std::once_flag once;   // main() and every test may call it
-//     std::call_once(once, [] {
-//       register_magihuman(model_registry());
-//       register_test_transformer(model_registry());
-//     });
-//   }
-//
-// The explicit list is the one place that names every built-in, and forgetting an entry fails
-// loudly (unknown model) instead of depending on link order. StaticRegistration is still given
-// for code linked as object files (test executables, a future OBJECT library or
-// --whole-archive link), where static initialisers are guaranteed to run.
+// The registries are function-local statics, so there is no initialisation-order problem. This
+// relies on every object file being linked: mmtrain's sources are built as a CMake OBJECT library
+// for exactly that reason (a STATIC library lets the linker drop an object file nothing
+// references, and its registration with it). No list anywhere names the built-ins.
 #pragma once
 #include "core/error.h"
 #include "core/suggest.h"
@@ -89,9 +67,8 @@ class Registry {
   std::map<std::string, Factory> entries_;
 };
 
-// Registers at static-initialisation time: `static StaticRegistration<F> reg(model_registry(),
-// "name", factory);` at namespace scope. Only for objects that are certainly linked (see the
-// file comment); library code should use an explicit register_* function instead.
+// Registers at static-initialisation time: `const StaticRegistration<F> reg(registry(), "name",
+// entry);` at namespace scope (see the file comment for why that is reliable here).
 template <typename Factory>
 struct StaticRegistration {
   StaticRegistration(Registry<Factory>& registry, const std::string& name, Factory factory) {

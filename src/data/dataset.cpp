@@ -14,6 +14,14 @@ Registry<CollatorFactory>& collator_registry() {
   return registry;
 }
 
+DatasetRegistration::DatasetRegistration(const std::string& name, DatasetFactory factory) {
+  dataset_registry().add(name, std::move(factory));
+}
+
+CollatorRegistration::CollatorRegistration(const std::string& name, CollatorFactory factory) {
+  collator_registry().add(name, std::move(factory));
+}
+
 int64_t GlobalBatchSampler::first_position(int64_t step, int64_t micro) const {
   return step * global_batch_size() + (micro * dp_world + dp_rank) * micro_batch_size;
 }

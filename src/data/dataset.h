@@ -6,9 +6,10 @@
 // run exactly), and a micro-batch draws the same noise whichever rank and accumulation step it
 // lands on (2 ranks x 2 micro-batches train exactly like 1 rank x 4).
 #pragma once
-#include "core/config.h"
+#include "core/batch.h"
 #include "core/registry.h"
-#include "models/model.h"
+#include "data/data_config.h"
+#include "models/model_config.h"
 
 #include <ATen/core/Generator.h>
 
@@ -33,12 +34,23 @@ class Collator {
   virtual Batch collate(const std::vector<Batch>& samples, at::Generator& generator) const = 0;
 };
 
-// Factories see the whole config: a dataset may take shapes from model.config.
-using DatasetFactory = std::function<std::shared_ptr<Dataset>(const Config& config)>;
-using CollatorFactory = std::function<std::shared_ptr<Collator>(const Config& config)>;
+// Factories see the data section and the model section: a dataset may take shapes from
+// model.config, a tokenizer path from model.model_name_or_path.
+using DatasetFactory = std::function<std::shared_ptr<Dataset>(const DataConfig& data, const ModelConfig& model)>;
+using CollatorFactory = std::function<std::shared_ptr<Collator>(const DataConfig& data, const ModelConfig& model)>;
 
+// By data.dataset_param.dataset_type and data.dataloader_param.collate_param.model_name.
 Registry<DatasetFactory>& dataset_registry();
 Registry<CollatorFactory>& collator_registry();
+
+// Register at static initialisation, from the dataset's own folder:
+//   static const DatasetRegistration dataset("token_file", make_token_file_dataset);
+struct DatasetRegistration {
+  DatasetRegistration(const std::string& name, DatasetFactory factory);
+};
+struct CollatorRegistration {
+  CollatorRegistration(const std::string& name, CollatorFactory factory);
+};
 
 // Which samples each micro-batch reads. Step t consumes the global batch of samples
 // [t * G, (t + 1) * G) modulo the dataset size, G = micro * accum * dp_world; micro-batch m of

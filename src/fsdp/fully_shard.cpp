@@ -3,7 +3,6 @@
 #include "core/error.h"
 #include "core/module_pattern.h"
 #include "fsdp/plan.h"
-#include "parallel/recompute.h"
 
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -57,44 +56,35 @@ struct UnitPreBackward : torch::autograd::Function<UnitPreBackward> {
   }
 };
 
-// Installed on every block that is a unit and/or recomputed.
-struct UnitHooks : BlockHooks {
-  Fsdp* fsdp;
-  FsdpUnit* unit;  // null: recompute only
-  bool recompute;
+// Installed on every unit's block. In the forward pass: gather (and prefetch), run, reshard,
+// and hook the pre-backward re-gather onto the output. In the recompute pass (the block run again
+// inside backward, whose graph backpropagates at once): re-gather with backward prefetch and
+// materialize the params into that graph; the unit's post-backward then reshards it.
+struct UnitHook : BlockHook {
+  Fsdp* engine;
+  FsdpUnit* unit;
 
-  UnitHooks(Fsdp* f, FsdpUnit* u, bool r) : fsdp(f), unit(u), recompute(r) {}
+  UnitHook(Fsdp* e, FsdpUnit* u) : engine(e), unit(u) {}
 
-  at::Tensor run(Module&, const std::vector<at::Tensor>& inputs, const BlockFn& fn) override {
-    Fsdp* engine = fsdp;
-    FsdpUnit* u = unit;
-    if (recompute && at::GradMode::is_enabled()) {
-      BlockFn forward_fn = [engine, u, fn](const std::vector<at::Tensor>& in) {
-        if (u) engine->pre_forward(*u);
-        auto out = fn(in);
-        if (u) out = engine->post_forward(*u, out, /*install_pre_backward=*/false);
-        return out;
-      };
-      BlockFn recompute_fn = [engine, u, fn](const std::vector<at::Tensor>& in) {
-        if (u) {
-          engine->pre_backward(*u);
-          engine->unshard_and_materialize(*u);
-        }
-        return fn(in);
-      };
-      return checkpoint_block(inputs, forward_fn, recompute_fn);
+  at::Tensor run(const std::vector<at::Tensor>& inputs, BlockPass pass, const BlockNext& next) override {
+    if (pass == BlockPass::recompute) {
+      engine->pre_backward(*unit);
+      engine->unshard_and_materialize(*unit);
+      return next(inputs, pass);
     }
-    if (u) engine->pre_forward(*u);
-    auto out = fn(inputs);
-    if (u) out = engine->post_forward(*u, out, at::GradMode::is_enabled());
-    return out;
+    engine->pre_forward(*unit);
+    auto out = next(inputs, pass);
+    return engine->post_forward(*unit, out, at::GradMode::is_enabled());
   }
 };
 
 }  // namespace
 
-Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpOptions options)
-    : comm_(std::move(comm)), options_(std::move(options)) {
+Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Device device)
+    : comm_(std::move(comm)), config_(std::move(config)), device_(device) {
+  if (!config_.ignored_modules.empty())
+    fail("fsdp_plan.ignored_modules: unsharded modules are not implemented; leave the list empty");
+  if (config_.cpu_offload) fail("fsdp_plan.cpu_offload: offload to the host is not implemented; leave it false");
   const int world = comm_->world_size();
   auto root = std::make_unique<FsdpUnit>();
   root->is_root = true;
@@ -103,22 +93,7 @@ Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpOptions options)
   auto modules = model.named_modules();
   std::vector<std::string> module_names;
   for (auto& [name, m] : modules) module_names.push_back(name);
-  auto matches_any = [&](const std::vector<std::string>& patterns, const std::string& name) {
-    for (const auto& pattern : patterns)
-      if (module_pattern_matches(pattern, name)) return true;
-    return false;
-  };
-  for (const auto& pattern : options_.recompute_modules)
-    if (modules_matching({pattern}, module_names).empty())
-      fail("recompute_plan.apply_modules: pattern '", pattern, "' matches no module of the model");
-
-  for (auto& [name, module] : modules) {
-    const bool is_unit = !name.empty() && matches_any(options_.apply_modules, name);
-    const bool is_recomputed = !name.empty() && matches_any(options_.recompute_modules, name);
-    if ((is_unit || is_recomputed) && !module->is_block())
-      fail("module '", name, "' is selected by fsdp_plan/recompute_plan but the model does not run it "
-           "as a block (Module::apply); select one of its blocks instead");
-  }
+  select_blocks(model, config_.apply_modules, "fsdp_plan.apply_modules");  // units are blocks
 
   // Units and param ownership (deepest unit containing the param, else the root) come from the
   // rule the memory planner shares (fsdp/plan.h), so plans and real shards cannot drift apart.
@@ -127,7 +102,7 @@ Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpOptions options)
     if (entry.second->trainable) named_params.push_back(entry);  // buffers stay whole and untouched
   std::vector<std::string> param_names;
   for (auto& [param_name, param] : named_params) param_names.push_back(param_name);
-  const auto assignment = fsdp_assign_units(module_names, param_names, options_.apply_modules);
+  const auto assignment = fsdp_assign_units(module_names, param_names, config_.apply_modules);
   for (size_t u = 1; u < assignment.units.size(); ++u) {
     auto unit = std::make_unique<FsdpUnit>();
     unit->name = assignment.units[u];
@@ -143,7 +118,7 @@ Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpOptions options)
     units_[assignment.owner[i]]->params.push_back(std::move(p));
   }
 
-  auto fp32 = at::TensorOptions().dtype(at::kFloat).device(options_.device);
+  auto fp32 = at::TensorOptions().dtype(at::kFloat).device(device_);
   for (size_t i = 0; i < units_.size(); ++i) {
     auto& unit = *units_[i];
     unit.order = i;
@@ -163,19 +138,13 @@ Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpOptions options)
       p.shard = unit.shard_flat.narrow(0, p.offset, p.layout.shard_numel()).view(shard_shape);
       std::vector<int64_t> gathered_shape = p.param->shape;
       gathered_shape[0] = p.layout.padded_rows * world;
-      p.gathered = at::empty(gathered_shape, fp32.dtype(options_.param_dtype));
+      p.gathered = at::empty(gathered_shape, fp32.dtype(config_.param_dtype));
       release_gather_storage(p.gathered);
     }
   }
 
-  for (auto& [name, module] : modules) {
-    if (name.empty()) continue;
-    FsdpUnit* unit = nullptr;
-    for (auto& u : units_)
-      if (!u->is_root && u->name == name) unit = u.get();
-    const bool recomputed = matches_any(options_.recompute_modules, name);
-    if (unit || recomputed) module->set_hooks(std::make_shared<UnitHooks>(this, unit, recomputed));
-  }
+  for (auto& unit : units_)
+    if (!unit->is_root) unit->module->add_hook(std::make_shared<UnitHook>(this, unit.get()));
 }
 
 at::Tensor fsdp_trainable_mask(const FsdpUnit& unit) {
@@ -257,7 +226,7 @@ void Fsdp::release_gather_storage(const at::Tensor& t) {
   // Keep as many buffers of a size as can be in flight at once (the unit in use, its prefetches
   // and one being freed); the rest go back to the allocator.
   auto& free_list = free_gather_storage_[nbytes];
-  const size_t keep = 2 + std::max(options_.num_to_forward_prefetch, options_.num_to_backward_prefetch);
+  const size_t keep = 2 + std::max(config_.num_to_forward_prefetch, config_.num_to_backward_prefetch);
   if (nbytes > 0 && free_list.size() < keep) free_list.push_back(std::move(released));
 }
 
@@ -268,7 +237,7 @@ void Fsdp::unshard_async(FsdpUnit& unit) {
   for (auto& p : unit.params) {
     acquire_gather_storage(p.gathered);
     outs.push_back(p.gathered.view(-1));
-    ins.push_back(p.shard.view(-1).to(options_.param_dtype));
+    ins.push_back(p.shard.view(-1).to(config_.param_dtype));
   }
   unit.gather_inputs = ins;
   unit.gather_work = comm_->all_gather_into_coalesced(outs, ins);
@@ -300,7 +269,7 @@ void Fsdp::begin_forward() { unshard_and_materialize(*units_[0]); }
 
 void Fsdp::pre_forward(FsdpUnit& unit) {
   unshard_async(unit);
-  for (int k = 1; k <= options_.num_to_forward_prefetch; ++k) {
+  for (int k = 1; k <= config_.num_to_forward_prefetch; ++k) {
     const size_t next = unit.order + k;
     if (next < units_.size()) unshard_async(*units_[next]);
   }
@@ -308,7 +277,7 @@ void Fsdp::pre_forward(FsdpUnit& unit) {
 }
 
 at::Tensor Fsdp::post_forward(FsdpUnit& unit, at::Tensor output, bool install_pre_backward) {
-  if (options_.reshard_after_forward && !unit.is_root) reshard(unit);
+  if (config_.reshard_after_forward && !unit.is_root) reshard(unit);
   if (install_pre_backward && output.requires_grad())
     output = UnitPreBackward::apply(output, to_handle(&unit));
   return output;
@@ -316,7 +285,7 @@ at::Tensor Fsdp::post_forward(FsdpUnit& unit, at::Tensor output, bool install_pr
 
 void Fsdp::pre_backward(FsdpUnit& unit) {
   unshard_async(unit);
-  for (int k = 1; k <= options_.num_to_backward_prefetch; ++k) {
+  for (int k = 1; k <= config_.num_to_backward_prefetch; ++k) {
     if (unit.order < static_cast<size_t>(k) + 1) break;  // order 0 is the root, never prefetched
     unshard_async(*units_[unit.order - k]);
   }
@@ -326,7 +295,7 @@ void Fsdp::pre_backward(FsdpUnit& unit) {
 void Fsdp::post_backward(FsdpUnit& unit, const std::vector<at::Tensor>& grads) {
   const int world = comm_->world_size();
   int64_t total = unit.shard_flat.numel();
-  auto reduce_input = at::empty({world, total}, unit.shard_flat.options().dtype(options_.reduce_dtype));
+  auto reduce_input = at::empty({world, total}, unit.shard_flat.options().dtype(config_.reduce_dtype));
   for (size_t i = 0; i < unit.params.size(); ++i) {
     const auto& p = unit.params[i];
     const auto& layout = p.layout;
@@ -396,7 +365,7 @@ FsdpMemoryStats Fsdp::memory_stats() const {
     stats.param_bytes += unit->shard_flat.numel() * unit->shard_flat.element_size();
     stats.grad_bytes += unit->grad_flat.numel() * unit->grad_flat.element_size();
     for (auto& p : unit->params)
-      stats.unsharded_param_bytes += p.layout.dim0 * p.layout.row_numel * at::elementSize(options_.param_dtype);
+      stats.unsharded_param_bytes += p.layout.dim0 * p.layout.row_numel * at::elementSize(config_.param_dtype);
   }
   return stats;
 }

@@ -9,9 +9,12 @@
 // autograd saved valid. UnitGather's backward runs once all of the unit's param grads exist:
 // that is the post-backward hook where the reduce-scatter starts. An identity Function on the
 // unit's output is the pre-backward hook where the re-gather (and backward prefetch) happens.
-// Non-goals: HSDP, tensor parallelism, per-parameter placements.
+// FSDP is the second step of the parallelize chain (parallel/parallelize.h): its block hook sees
+// whether a block runs in the forward pass or again inside backward (BlockPass), and nothing else
+// of the steps around it. Non-goals: HSDP, tensor parallelism, per-parameter placements.
 #pragma once
 #include "dist/comm.h"
+#include "fsdp/fsdp_config.h"
 #include "fsdp/shard_layout.h"
 #include "nn/module.h"
 
@@ -22,17 +25,6 @@
 #include <vector>
 
 namespace mmtrain {
-
-struct FsdpOptions {
-  std::vector<std::string> apply_modules;  // unit patterns (core/module_pattern)
-  at::ScalarType param_dtype = at::kFloat;
-  at::ScalarType reduce_dtype = at::kFloat;
-  bool reshard_after_forward = true;       // never for the root, as FSDP2's default
-  int num_to_forward_prefetch = 1;
-  int num_to_backward_prefetch = 1;
-  std::vector<std::string> recompute_modules;  // blocks run under activation checkpointing
-  at::Device device = at::kCPU;
-};
 
 struct FsdpParam {
   std::string name;            // full dotted name in the model
@@ -82,8 +74,11 @@ at::Tensor fsdp_trainable_mask(const FsdpUnit& unit);
 
 class Fsdp {
  public:
-  // Builds units over model and allocates zeroed fp32 shards; no full tensor is materialized.
-  Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpOptions options);
+  // Builds units over model (config.apply_modules; reshard_after_forward never applies to the
+  // root, as FSDP2's default), allocates zeroed fp32 shards on device and installs the unit
+  // hooks on the unit blocks; no full tensor is materialized. ignored_modules and cpu_offload
+  // are not implemented: set, they are refused here.
+  Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Device device = at::kCPU);
   Fsdp(const Fsdp&) = delete;
   Fsdp& operator=(const Fsdp&) = delete;
 
@@ -105,10 +100,11 @@ class Fsdp {
 
   std::vector<FsdpUnit*> units();
   const Comm& comm() const { return *comm_; }
-  const FsdpOptions& options() const { return options_; }
+  const FsdpConfig& config() const { return config_; }
+  at::Device device() const { return device_; }
   FsdpMemoryStats memory_stats() const;
 
-  // Hooks, called by UnitHooks / the autograd Functions.
+  // Hooks, called by the unit block hook / the autograd Functions.
   void pre_forward(FsdpUnit& unit);
   at::Tensor post_forward(FsdpUnit& unit, at::Tensor output, bool install_pre_backward);
   void pre_backward(FsdpUnit& unit);
@@ -134,7 +130,8 @@ class Fsdp {
   };
 
   std::shared_ptr<Comm> comm_;
-  FsdpOptions options_;
+  FsdpConfig config_;
+  at::Device device_;
   std::vector<std::unique_ptr<FsdpUnit>> units_;  // forward order; the root first
   std::deque<PendingReduction> pending_;
   std::unordered_map<size_t, std::vector<at::DataPtr>> free_gather_storage_;  // nbytes -> buffers

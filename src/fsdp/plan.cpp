@@ -69,21 +69,21 @@ std::vector<std::string> module_names_from_params(const std::vector<PlanParam>& 
 }
 
 FsdpMemoryPlan fsdp_memory_plan(const std::vector<PlanParam>& params, const std::vector<std::string>& module_names,
-                                const std::vector<std::string>& apply_modules, const MemoryPlanOptions& options) {
-  const int world = options.world_size;
+                                const FsdpConfig& config, int world) {
   if (world < 1) fail("memory plan: world size must be >= 1, found ", world);
-  if (options.num_to_forward_prefetch < 0 || options.num_to_backward_prefetch < 0)
-    fail("memory plan: prefetch counts must be >= 0, found ", options.num_to_forward_prefetch, " / ",
-         options.num_to_backward_prefetch);
+  if (config.num_to_forward_prefetch < 0 || config.num_to_backward_prefetch < 0)
+    fail("memory plan: prefetch counts must be >= 0, found ", config.num_to_forward_prefetch, " / ",
+         config.num_to_backward_prefetch);
   std::vector<std::string> param_names;
   for (const auto& p : params) {
     if (p.shape.empty()) fail("parameter '", p.name, "' is 0-dim: FSDP shards dim 0");
     param_names.push_back(p.name);
   }
-  const auto assignment = fsdp_assign_units(module_names, param_names, apply_modules);
+  const auto assignment = fsdp_assign_units(module_names, param_names, config.apply_modules);
 
   FsdpMemoryPlan plan;
-  plan.options = options;
+  plan.config = config;
+  plan.world_size = world;
   for (const auto& name : assignment.units) plan.units.push_back(UnitPlan{name});
   for (size_t i = 0; i < params.size(); ++i) {
     const ShardLayout layout(params[i].shape, world);
@@ -94,8 +94,8 @@ FsdpMemoryPlan fsdp_memory_plan(const std::vector<PlanParam>& params, const std:
     unit.gathered_numel += layout.shard_numel() * world;
   }
 
-  const int64_t p = static_cast<int64_t>(c10::elementSize(options.param_dtype));
-  const int64_t r = static_cast<int64_t>(c10::elementSize(options.reduce_dtype));
+  const int64_t p = static_cast<int64_t>(c10::elementSize(config.param_dtype));
+  const int64_t r = static_cast<int64_t>(c10::elementSize(config.reduce_dtype));
   int64_t shard = 0;
   for (const auto& unit : plan.units) {
     plan.total_numel += unit.numel;
@@ -110,8 +110,8 @@ FsdpMemoryPlan fsdp_memory_plan(const std::vector<PlanParam>& params, const std:
   // Gathered non-root units at once: the running one plus its prefetched neighbours, i.e. a
   // window of k consecutive units in forward order (backward walks the same order reversed).
   const size_t others = plan.units.size() - 1;
-  const int64_t k = options.reshard_after_forward
-                        ? 1 + std::max(options.num_to_forward_prefetch, options.num_to_backward_prefetch)
+  const int64_t k = config.reshard_after_forward
+                        ? 1 + std::max(config.num_to_forward_prefetch, config.num_to_backward_prefetch)
                         : static_cast<int64_t>(others);
   plan.units_in_flight = std::min<int64_t>(k, static_cast<int64_t>(others));
   for (size_t begin = 1; begin + plan.units_in_flight <= plan.units.size() && plan.units_in_flight > 0; ++begin) {
@@ -137,22 +137,15 @@ FsdpMemoryPlan fsdp_memory_plan(const std::vector<PlanParam>& params, const std:
   return plan;
 }
 
-FsdpMemoryPlan fsdp_memory_plan(Module& model, const std::vector<std::string>& apply_modules,
-                                const MemoryPlanOptions& options) {
+FsdpMemoryPlan fsdp_memory_plan(Module& model, const FsdpConfig& config, int world_size) {
   std::vector<std::string> module_names;
   const auto modules = model.named_modules();
   for (const auto& [name, module] : modules) module_names.push_back(name);
-  for (const auto& [name, module] : modules) {
-    if (name.empty() || module->is_block()) continue;
-    for (const auto& pattern : apply_modules)
-      if (module_pattern_matches(pattern, name))
-        fail("module '", name, "' is selected by fsdp_plan but the model does not run it as a block "
-             "(Module::apply); select one of its blocks instead");
-  }
+  select_blocks(model, config.apply_modules, "fsdp_plan.apply_modules");  // as Fsdp: units are blocks
   std::vector<PlanParam> params;
   for (const auto& [name, param] : model.named_parameters())
     if (param->trainable) params.push_back({name, param->shape});  // buffers are not sharded
-  return fsdp_memory_plan(params, module_names, apply_modules, options);
+  return fsdp_memory_plan(params, module_names, config, world_size);
 }
 
 }  // namespace mmtrain

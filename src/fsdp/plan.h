@@ -15,6 +15,7 @@
 //              buffers [W·S_u] + [S_u] in reduce_dtype (2 in flight + the one being packed)
 // Activations are model-specific: models/model_plan.h.
 #pragma once
+#include "fsdp/fsdp_config.h"
 #include "fsdp/shard_layout.h"
 
 #include <c10/core/ScalarType.h>
@@ -44,15 +45,6 @@ struct PlanParam {
   std::vector<int64_t> shape;   // full (unsharded) shape
 };
 
-struct MemoryPlanOptions {
-  int world_size = 1;
-  at::ScalarType param_dtype = at::kFloat;
-  at::ScalarType reduce_dtype = at::kFloat;
-  bool reshard_after_forward = true;
-  int num_to_forward_prefetch = 1;
-  int num_to_backward_prefetch = 1;
-};
-
 struct UnitPlan {
   std::string name;               // "" for the root
   int64_t num_params = 0;
@@ -62,7 +54,8 @@ struct UnitPlan {
 };
 
 struct FsdpMemoryPlan {
-  MemoryPlanOptions options;
+  FsdpConfig config;
+  int world_size = 1;             // ranks in the FSDP shard group
   std::vector<UnitPlan> units;    // units[0] is the root
   int64_t total_numel = 0;        // full model elements
   int64_t param_bytes = 0;        // per rank, as Fsdp::memory_stats().param_bytes
@@ -79,12 +72,12 @@ struct FsdpMemoryPlan {
 };
 
 // The plan for parameters params (named_parameters order) of a model whose modules are
-// module_names (named_modules order, the root "" may be included).
+// module_names (named_modules order, the root "" may be included), under the FSDP config the
+// engine would get, over world_size shard ranks.
 FsdpMemoryPlan fsdp_memory_plan(const std::vector<PlanParam>& params, const std::vector<std::string>& module_names,
-                                const std::vector<std::string>& apply_modules, const MemoryPlanOptions& options);
+                                const FsdpConfig& config, int world_size);
 // Same for a built model; also fails, as Fsdp does, when a selected module is not a block.
-FsdpMemoryPlan fsdp_memory_plan(Module& model, const std::vector<std::string>& apply_modules,
-                                const MemoryPlanOptions& options);
+FsdpMemoryPlan fsdp_memory_plan(Module& model, const FsdpConfig& config, int world_size);
 
 // The module names a parameter table implies: every dotted prefix of every name, first
 // appearance first ("" first), i.e. the pre-order of the tree the names describe.

@@ -1,12 +1,36 @@
 #include "nn/module.h"
 
 #include "core/error.h"
+#include "core/module_pattern.h"
 
 namespace mmtrain {
 
+namespace {
+
+using HookChain = std::shared_ptr<std::vector<std::shared_ptr<BlockHook>>>;
+
+// Hooks [index, end) of chain around fn. Everything is held by value: the recompute hook keeps
+// `next` for backward.
+at::Tensor run_chain(const HookChain& chain, size_t index, const std::vector<at::Tensor>& inputs, BlockPass pass,
+                     const BlockFn& fn) {
+  if (index == chain->size()) return fn(inputs);
+  BlockNext next = [chain, index, fn](const std::vector<at::Tensor>& in, BlockPass p) {
+    return run_chain(chain, index + 1, in, p, fn);
+  };
+  return (*chain)[index]->run(inputs, pass, next);
+}
+
+}  // namespace
+
 at::Tensor Module::apply(const std::vector<at::Tensor>& inputs, const BlockFn& fn) {
-  if (hooks_) return hooks_->run(*this, inputs, fn);
-  return fn(inputs);
+  if (!hooks_) return fn(inputs);
+  return run_chain(hooks_, 0, inputs, BlockPass::forward, fn);
+}
+
+void Module::add_hook(std::shared_ptr<BlockHook> hook) {
+  if (!is_block_) fail("Module::add_hook: only a block (a module the model runs through apply) takes hooks");
+  if (!hooks_) hooks_ = std::make_shared<std::vector<std::shared_ptr<BlockHook>>>();
+  hooks_->push_back(std::move(hook));
 }
 
 Param& Module::add_param(const std::string& name, std::vector<int64_t> shape) {
@@ -40,6 +64,27 @@ std::vector<std::pair<std::string, Param*>> Module::own_parameters() {
   std::vector<std::pair<std::string, Param*>> out;
   for (auto& p : params_) out.emplace_back(p->local_name, p.get());
   return out;
+}
+
+std::vector<std::pair<std::string, Module*>> select_blocks(Module& model, const std::vector<std::string>& patterns,
+                                                          const std::string& key) {
+  const auto modules = model.named_modules();
+  std::vector<std::string> names;
+  for (const auto& [name, module] : modules) names.push_back(name);
+  for (const auto& pattern : patterns)
+    if (modules_matching({pattern}, names).empty())
+      fail(key, ": pattern '", pattern, "' matches no module of the model");
+  std::vector<std::pair<std::string, Module*>> selected;
+  for (const auto& [name, module] : modules) {
+    bool matched = false;
+    for (const auto& pattern : patterns) matched = matched || (!name.empty() && module_pattern_matches(pattern, name));
+    if (!matched) continue;
+    if (!module->is_block())
+      fail("module '", name, "' is selected by ", key, " but the model does not run it as a block "
+           "(Module::apply); select one of its blocks instead");
+    selected.emplace_back(name, module);
+  }
+  return selected;
 }
 
 }  // namespace mmtrain

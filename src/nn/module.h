@@ -1,10 +1,12 @@
-// Module and Param: the model tree that FSDP and recompute plans are applied to.
+// Module and Param: the model tree that the parallelize chain (recompute, FSDP, ...) is applied
+// to, and the one table of a model's tensors: every tensor's name, shape and checkpoint dtype is
+// declared here, where the model creates it, and nowhere else.
 //
 // A Param is a named slot, not a tensor owner: `value` is whatever forward should read. FSDP
 // keeps the fp32 shards itself and points `value` at the unsharded tensor while the owning
 // unit is gathered (undefined otherwise), so model code never knows whether it is sharded.
-// Modules that FSDP units or recompute may wrap are "blocks": models call them through
-// Module::apply, which is where the unshard / reshard / checkpoint hooks run.
+// Modules that a parallelize step may wrap are "blocks": models call them through
+// Module::apply, which runs the block's hook chain around the block's forward.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -19,6 +21,9 @@ namespace mmtrain {
 struct Param {
   std::string local_name;        // e.g. "weight"
   std::vector<int64_t> shape;    // full (unsharded) shape
+  // The dtype the model's public (HF) checkpoint stores it in; what exports and weight
+  // fixtures write. Training keeps fp32 masters whatever this says.
+  at::ScalarType checkpoint_dtype = at::kFloat;
   at::Tensor value;              // what forward reads; undefined while sharded
   // How a fresh model fills it: normal(0, init_std) for matrices, a constant otherwise.
   double init_std = 0.02;
@@ -38,21 +43,32 @@ struct Param {
 class Module;
 using BlockFn = std::function<at::Tensor(const std::vector<at::Tensor>& inputs)>;
 
-// Installed on a block by FSDP and the recompute plan; apply() delegates to it.
-struct BlockHooks {
-  virtual ~BlockHooks() = default;
-  virtual at::Tensor run(Module& block, const std::vector<at::Tensor>& inputs, const BlockFn& fn) = 0;
+// Which run of a block a hook is in: the forward pass, or the block run again inside backward
+// by activation recompute (parallel/recompute.h), whose graph then backpropagates at once.
+enum class BlockPass { forward, recompute };
+
+// The rest of a block's hook chain, then the block itself.
+using BlockNext = std::function<at::Tensor(const std::vector<at::Tensor>& inputs, BlockPass pass)>;
+
+// One step of a block's hook chain, installed by a parallelize step (parallel/parallelize.h
+// fixes their order). run() must call next exactly once per pass it wants the block to run in.
+// Closures it keeps for backward must hold next by value: it outlives Module::apply.
+struct BlockHook {
+  virtual ~BlockHook() = default;
+  virtual at::Tensor run(const std::vector<at::Tensor>& inputs, BlockPass pass, const BlockNext& next) = 0;
 };
 
 class Module {
  public:
   virtual ~Module() = default;
 
-  // Runs fn(inputs) as this block's forward, through the installed hooks if any. inputs are
-  // the tensors autograd must see (activations); everything else fn captures by reference.
+  // Runs fn(inputs) as this block's forward, through the hook chain: the first hook added is
+  // the outermost. inputs are the tensors autograd must see (activations); fn may run again in
+  // backward (recompute), so it must capture by value.
   at::Tensor apply(const std::vector<at::Tensor>& inputs, const BlockFn& fn);
 
-  void set_hooks(std::shared_ptr<BlockHooks> hooks) { hooks_ = std::move(hooks); }
+  // Appends a hook inside the ones already installed.
+  void add_hook(std::shared_ptr<BlockHook> hook);
   bool is_block() const { return is_block_; }
 
   // Full dotted names, pre-order, this module first as "" (or prefix).
@@ -74,7 +90,8 @@ class Module {
  private:
   std::vector<std::unique_ptr<Param>> params_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
-  std::shared_ptr<BlockHooks> hooks_;
+  // Shared with the closures Module::apply hands to hooks (they may outlive the call).
+  std::shared_ptr<std::vector<std::shared_ptr<BlockHook>>> hooks_;
   bool is_block_ = false;
 };
 
@@ -84,6 +101,12 @@ class ModuleGroup : public Module {
   using Module::add_child;
   using Module::add_param;
 };
+
+// The modules of model that patterns select (core/module_pattern.h syntax), in module order, as
+// (full name, module). Fails naming `key` (e.g. "fsdp_plan.apply_modules") when a pattern matches
+// no module, and naming the module when a match is not a block: plans wrap blocks only.
+std::vector<std::pair<std::string, Module*>> select_blocks(Module& model, const std::vector<std::string>& patterns,
+                                                          const std::string& key);
 
 // y = x @ w^T for w [out, in] (the nn.Linear convention used by every checkpoint we load).
 inline at::Tensor linear(const at::Tensor& x, const Param& w) { return at::linear(x, w.value); }

@@ -13,6 +13,9 @@ struct RecomputeFnHolder : torch::CustomClassHolder {
   BlockFn recompute_fn;
 };
 
+// Forward runs forward_fn under no-grad (a custom Function's forward saves nothing but what it
+// asks for: the inputs). Backward runs recompute_fn with grad on detached inputs and
+// backpropagates through that graph, so parameter grads happen inside this backward.
 struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   static at::Tensor forward(AutogradContext* ctx, at::TensorList inputs,
                             c10::intrusive_ptr<RecomputeFnHolder> holder, const BlockFn& forward_fn) {
@@ -44,13 +47,22 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   }
 };
 
+struct RecomputeHook : BlockHook {
+  at::Tensor run(const std::vector<at::Tensor>& inputs, BlockPass pass, const BlockNext& next) override {
+    // Under no-grad (a frozen tower, evaluation) there is nothing to save, so nothing to recompute.
+    if (!at::GradMode::is_enabled() || pass == BlockPass::recompute) return next(inputs, pass);
+    auto holder = c10::make_intrusive<RecomputeFnHolder>();
+    holder->recompute_fn = [next](const std::vector<at::Tensor>& in) { return next(in, BlockPass::recompute); };
+    BlockFn forward_fn = [next](const std::vector<at::Tensor>& in) { return next(in, BlockPass::forward); };
+    return CheckpointFunction::apply(at::TensorList(inputs), holder, forward_fn);
+  }
+};
+
 }  // namespace
 
-at::Tensor checkpoint_block(const std::vector<at::Tensor>& inputs, BlockFn forward_fn,
-                            BlockFn recompute_fn) {
-  auto holder = c10::make_intrusive<RecomputeFnHolder>();
-  holder->recompute_fn = std::move(recompute_fn);
-  return CheckpointFunction::apply(at::TensorList(inputs), holder, forward_fn);
+void apply_recompute(Module& model, const std::vector<std::string>& patterns) {
+  auto hook = std::make_shared<RecomputeHook>();
+  for (auto& [name, block] : select_blocks(model, patterns, "recompute_plan.apply_modules")) block->add_hook(hook);
 }
 
 }  // namespace mmtrain

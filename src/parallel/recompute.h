@@ -1,17 +1,20 @@
-// Activation checkpointing (recompute) for one block, as a reentrant autograd Function:
-// forward runs without saving activations; backward re-runs the block with grad enabled on
-// detached copies of its inputs and backpropagates through that fresh graph (so parameter
-// grads, including FSDP's reduce-scatter, happen inside the nested backward).
+// Activation recompute (activation checkpointing), the first step of the parallelize chain: a
+// selected block runs its forward without keeping activations; in backward it runs again with
+// grad on detached copies of its inputs (BlockPass::recompute) and that fresh graph
+// backpropagates at once, inside the outer backward. Hooks inside this one (FSDP) see the
+// recompute pass and gather what it needs. This is the reentrant form; blocks with dropout are
+// not supported (the RNG state is not replayed).
 #pragma once
 #include "nn/module.h"
 
+#include <string>
+#include <vector>
+
 namespace mmtrain {
 
-// forward_fn runs now, under no-grad. recompute_fn runs in backward; it gets the same inputs
-// and must compute the same output (it may re-gather parameters first). Both are kept alive by
-// the autograd graph, so they must capture by value. Blocks with dropout are not supported:
-// the RNG state is not replayed.
-at::Tensor checkpoint_block(const std::vector<at::Tensor>& inputs, BlockFn forward_fn,
-                            BlockFn recompute_fn);
+// Installs the recompute hook on every block matching patterns (module patterns such as
+// "layers.{*}"). Fails naming the pattern when one matches no module, or the module when a
+// match is not a block.
+void apply_recompute(Module& model, const std::vector<std::string>& patterns);
 
 }  // namespace mmtrain

@@ -1,13 +1,15 @@
 #include "tools/convert.h"
 
-#include "checkpoint/atomic_file.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/sharded_checkpoint.h"
-#include "core/config.h"
 #include "core/error.h"
-#include "models/magihuman/config.h"
-#include "train/build.h"
-#include "train/weights.h"
+#include "models/model_spec.h"
+#include "tools/command.h"
+#include "train/config.h"
+#include "train/hf_weights.h"
+#include "train/state.h"
+
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <filesystem>
@@ -19,68 +21,60 @@ namespace {
 
 namespace fs = std::filesystem;
 
-nlohmann::json read_hf_config(const fs::path& path) {
-  const std::string text = file_read_text(path.string());
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail("convert: ", path.string(), " is not valid JSON (", e.what(), ")");
+// model.config from --config when given, else from the checkpoint directory itself.
+nlohmann::json model_config_for(const ModelSpec& spec, const std::string& config_path, const std::string& hf_dir) {
+  if (!config_path.empty()) {
+    auto config = config_load(config_path);
+    if (config.model.model_id != spec.name)
+      fail("convert ", spec.name, ": ", config_path, " configures model '", config.model.model_id, "'");
+    return config.model.config;
   }
-}
-
-std::shared_ptr<Model> model_from(const std::string& model_id, const nlohmann::json& model_config) {
-  return model_registry().get(model_id, "convert")(model_config);
+  if (!spec.config_from_checkpoint)
+    fail("convert ", spec.name, " hf-to-ckpt: this model cannot read its config off ", hf_dir,
+         "; give --config with the model's model.config");
+  return spec.config_from_checkpoint(hf_dir);
 }
 
 }  // namespace
 
 void convert_hf_to_ckpt(const std::string& model_id, const std::string& config_path, const std::string& hf_dir,
                         const std::string& save_dir) {
-  nlohmann::json model_config = nlohmann::json::object();
+  const auto& spec = model_spec(model_id, "convert");
   WeightSource source(hf_dir);
-  if (config_path.empty() && model_id == "magihuman") {
-    std::map<std::string, std::vector<int64_t>> shapes;
-    for (const auto& name : source.names()) shapes[name] = source.info(name).shape;
-    model_config = magihuman::MagiHumanConfig::infer_from_shapes(shapes).to_json();
-  } else if (!config_path.empty()) {
-    auto config = config_load(config_path);
-    if (config.model.model_id != model_id)
-      fail("convert ", model_id, ": ", config_path, " configures model '", config.model.model_id, "'");
-    model_config = config.model.config;
-  } else if (fs::exists(fs::path(hf_dir) / "config.json")) {  // an HF model directory describes itself
-    model_config = read_hf_config(fs::path(hf_dir) / "config.json");
-  } else {
-    fail("convert ", model_id, " hf-to-ckpt: ", hf_dir, " has no config.json; give --config with the model's model.config");
-  }
-  auto model = model_from(model_id, model_config);
+  const auto model_config = model_config_for(spec, config_path, hf_dir);
+  auto model = spec.build(model_config);
   auto comm = std::make_shared<Comm>(nullptr, 0, 1);
-  Fsdp fsdp(*model, comm, FsdpOptions{});
-  const int64_t conversions = load_hf_weights(*model, fsdp, source);
-  nlohmann::json global = {{"iteration", 0}, {"model_id", model_id}, {"model_only", true},
-                           {"config", {{"model", {{"model_id", model_id}, {"config", model_config}}}}},
-                           {"source", hf_dir}};
-  auto dir = checkpoint_save(save_dir, 0, *comm, model_sharded_tensors(*model, fsdp, 0), global,
-                             nlohmann::json::object(), {{"converted_from", "hf"}});
+  Fsdp fsdp(*model, comm, FsdpConfig{});
+  const int64_t conversions = load_hf_weights(*model, *make_hf_adapter(spec, model_config), fsdp, source);
+  StateInfo info;
+  info.model_id = model_id;
+  info.config = {{"model", {{"model_id", model_id}, {"config", model_config}}}};
+  info.extra = {{"source", hf_dir}};
+  info.plan = {{"converted_from", "hf"}};
+  const auto dir = state_save(save_dir, *comm, *model, fsdp, nullptr, info);
   std::printf("hf-to-ckpt: %s -> %s (%lld tensors with a converted layout)\n", hf_dir.c_str(), dir.c_str(),
               static_cast<long long>(conversions));
 }
 
 void convert_ckpt_to_hf(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
                         const std::string& model_assets_dir) {
+  const auto& spec = model_spec(model_id, "convert");
   CheckpointReader reader(load_dir);
   const auto& global = reader.global_state();
   if (global.value("model_id", "") != model_id)
     fail("ckpt-to-hf: ", reader.dir(), " holds model '", global.value("model_id", ""), "', not '", model_id, "'");
-  auto model = model_from(model_id, global.at("config").at("model").at("config"));
+  const auto& model_config = global.at("config").at("model").at("config");
+  auto model = spec.build(model_config);
+  const auto adapter = make_hf_adapter(spec, model_config);
   SafetensorsIndex reference(model_assets_dir);
 
-  // HF key -> parameter name, under every naming scheme the model loads (e.g. mistral3's legacy
-  // language_model.model.* keys): the output keeps the reference's own names.
+  // HF key -> parameter name, under every naming scheme the model loads (its adapter's legacy
+  // aliases too): the output keeps the reference's own names.
   std::map<std::string, std::string> param_of_key;
   const auto params = model->named_parameters();
   for (auto& [name, param] : params) {
-    param_of_key[model->hf_key(name)] = name;
-    for (const auto& alias : model->hf_key_aliases(name)) param_of_key[alias] = name;
+    param_of_key[adapter->hf_key(name)] = name;
+    for (const auto& alias : adapter->hf_key_aliases(name)) param_of_key[alias] = name;
   }
   std::set<std::string> written;
   for (const auto& key : reference.names()) {
@@ -98,16 +92,16 @@ void convert_ckpt_to_hf(const std::string& model_id, const std::string& load_dir
     std::vector<std::pair<std::string, at::Tensor>> tensors;
     for (const auto& key : ref_file.names()) {
       const auto& name = param_of_key.at(key);
-      auto full = reader.read_full("model." + name);
-      if (model->hf_layout_differs(name)) ++conversions;
-      tensors.emplace_back(key, model->to_hf_layout(name, full).to(ref_file.info(key).dtype).contiguous());
+      auto full = reader.read_full(state_model_key(name));
+      if (adapter->layout_differs(name)) ++conversions;
+      tensors.emplace_back(key, adapter->to_hf_layout(name, full).to(ref_file.info(key).dtype).contiguous());
     }
     safetensors_write((fs::path(save_dir) / file_name).string(), tensors, ref_file.metadata());
     std::printf("ckpt-to-hf: wrote %s (%zu tensors)\n", file_name.c_str(), tensors.size());
   }
-  if (conversions != model->expected_layout_conversions())
+  if (conversions != adapter->expected_layout_conversions())
     fail("ckpt-to-hf: restored the layout of ", conversions, " tensors, the config expects ",
-         model->expected_layout_conversions());
+         adapter->expected_layout_conversions());
   // Everything else in the reference (index, config.json, ...) is copied as it is: the index
   // maps the same keys to the same file names.
   for (const auto& entry : fs::directory_iterator(model_assets_dir)) {
@@ -116,6 +110,38 @@ void convert_ckpt_to_hf(const std::string& model_id, const std::string& load_dir
   }
   std::printf("ckpt-to-hf: %s -> %s (%lld tensors with a restored layout)\n", reader.dir().c_str(), save_dir.c_str(),
               static_cast<long long>(conversions));
+}
+
+void add_convert_commands(CLI::App& app, Commands& commands) {
+  auto* convert = app.add_subcommand("convert", "convert weights between the public HF layout and mmtrain checkpoints");
+  convert->require_subcommand(1);
+  for (const auto& name : model_spec_registry().names()) {
+    const auto& spec = model_spec(name);
+    struct Options {
+      std::string hf_dir, save_dir, load_dir, assets_dir, config_path;
+    };
+    auto o = std::make_shared<Options>();
+    auto* model_cmd = convert->add_subcommand(
+        name, spec.title + (spec.converter_alias.empty() ? "" : " (seed spelling: " + spec.converter_alias + ")"));
+    if (!spec.converter_alias.empty()) model_cmd->alias(spec.converter_alias);
+    model_cmd->require_subcommand(1);
+    auto* to_ckpt = model_cmd->add_subcommand("hf-to-ckpt", "HF directory -> model-only checkpoint");
+    to_ckpt->alias("hf_to_dcp");
+    to_ckpt->add_option("--hf_dir", o->hf_dir, "HF directory (safetensors shards + index)")->required();
+    to_ckpt->add_option("--save_dir", o->save_dir, "checkpoint root to write (iter_0000000 + latest)")->required();
+    to_ckpt->add_option("--config", o->config_path,
+                        "YAML whose model.config describes the model (default: read off the directory: its "
+                        "config.json or tensor shapes)");
+    auto* to_hf = model_cmd->add_subcommand("ckpt-to-hf", "checkpoint -> HF layout like the reference");
+    to_hf->alias("dcp_to_hf");
+    to_hf->add_option("--load_dir", o->load_dir, "checkpoint iter_N directory or save root")->required();
+    to_hf->add_option("--save_dir", o->save_dir, "output HF directory")->required();
+    to_hf->add_option("--model_assets_dir", o->assets_dir,
+                      "reference HF directory: shard names, key order, dtypes, other files")
+        ->required();
+    commands.add(to_ckpt, [o, name] { convert_hf_to_ckpt(name, o->config_path, o->hf_dir, o->save_dir); });
+    commands.add(to_hf, [o, name] { convert_ckpt_to_hf(name, o->load_dir, o->save_dir, o->assets_dir); });
+  }
 }
 
 }  // namespace mmtrain

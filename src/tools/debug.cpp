@@ -1,15 +1,21 @@
-// `mmtrain debug collate`: the trainer's data path (registries, GlobalBatchSampler, collate_generator) for
-// one micro-batch, written to safetensors with where it came from in the metadata.
-// `mmtrain debug step`: the trainer's model path (build_model, FSDP on one rank, weights) for one
-// forward + backward.
+// `mmtrain debug collate`: the trainer's data path (build_data) for one micro-batch, written to
+// safetensors with where it came from in the metadata.
+// `mmtrain debug step`: the trainer's model path (build_model, the parallelize chain on one rank,
+// the initial weights, forward_backward) for one forward + backward.
 #include "tools/debug.h"
 
 #include "checkpoint/safetensors.h"
-#include "core/config.h"
 #include "core/error.h"
-#include "data/dataset.h"
+#include "core/text.h"
+#include "tools/command.h"
+#include "tools/debug_image.h"
+#include "tools/tokenize.h"
 #include "train/build.h"
+#include "train/train_step.h"
 
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
 #include <filesystem>
 
 namespace mmtrain {
@@ -24,24 +30,8 @@ void debug_collate(const std::string& config_path, const std::vector<std::string
   if (o.micro < 0 || o.micro >= c.training.gradient_accumulation_steps)
     fail("debug collate: --micro must be in 0..", c.training.gradient_accumulation_steps - 1,
          " (training.gradient_accumulation_steps), found ", o.micro);
-  // The trainer's construction (src/train/trainer.cpp): registries, sampler, generator.
-  auto dataset = dataset_registry().get(c.data.dataset_type, "config " + c.source_path + ": data.dataset_param.dataset_type")(c);
-  auto collator = collator_registry().get(c.data.collate_model_name,
-                                          "config " + c.source_path + ": data.dataloader_param.collate_param.model_name")(c);
-  GlobalBatchSampler sampler;
-  sampler.num_samples = dataset->size();
-  sampler.micro_batch_size = c.training.micro_batch_size;
-  sampler.gradient_accumulation_steps = c.training.gradient_accumulation_steps;
-  sampler.dp_world = o.world;
-  sampler.dp_rank = o.rank;
-  std::vector<Batch> samples;
-  std::string indices;
-  for (int64_t index : sampler.indices(o.step, o.micro)) {
-    samples.push_back(dataset->get(index));
-    indices += (indices.empty() ? "" : ",") + std::to_string(index);
-  }
-  auto generator = collate_generator(c.training.seed, sampler.first_position(o.step, o.micro));
-  const auto batch = collator->collate(samples, generator);
+  const auto data = build_data(c, o.rank, o.world);
+  const auto batch = data.micro_batch(o.step, o.micro);
 
   std::vector<std::pair<std::string, at::Tensor>> tensors(batch.begin(), batch.end());  // std::map: sorted
   const auto parent = std::filesystem::path(out_path).parent_path();
@@ -52,7 +42,7 @@ void debug_collate(const std::string& config_path, const std::vector<std::string
                      {"rank", std::to_string(o.rank)},
                      {"world", std::to_string(o.world)},
                      {"seed", std::to_string(c.training.seed)},
-                     {"sample_indices", indices}});
+                     {"sample_indices", join_ints(data.sampler.indices(o.step, o.micro))}});
 }
 
 void debug_step(const std::string& config_path, const std::vector<std::string>& overrides,
@@ -60,27 +50,86 @@ void debug_step(const std::string& config_path, const std::vector<std::string>& 
   auto config = config_load(config_path, overrides);
   config_check_supported(config, 1);  // one process, like the trainer at world size 1
   auto model = build_model(config);
-  Fsdp fsdp(*model, std::make_shared<Comm>(nullptr, 0, 1), fsdp_options(config));
-  load_initial_weights(config, *model, fsdp);
+  auto fsdp = parallelize_model(config, *model, std::make_shared<Comm>(nullptr, 0, 1));
+  load_initial_weights(config, *model, *fsdp);
+  const auto adapter = make_hf_adapter(config_model_spec(config), config.model.config);
 
   SafetensorsFile batch_file(batch_path);
   Batch batch;
   for (const auto& name : batch_file.names()) batch[name] = batch_file.read(name);
-
-  fsdp.begin_forward();
-  auto out = model->forward(batch);
-  out.loss.backward();
-  fsdp.finish_backward();
+  const auto out = forward_backward(*model, *fsdp, batch);
 
   std::vector<std::pair<std::string, at::Tensor>> tensors = {{"loss", out.loss.detach().to(at::kFloat)}};
   for (const auto& [name, t] : out.tensors) tensors.emplace_back(name, t.detach().to(at::kFloat).contiguous());
-  for (auto* unit : fsdp.units())
+  for (auto* unit : fsdp->units())
     for (auto& p : unit->params) {
       if (!p.param->requires_grad) continue;  // frozen: no grad by construction
       auto grad = p.view_of(unit->grad_flat).narrow(0, 0, p.layout.dim0);
-      tensors.emplace_back("grad." + model->hf_key(p.name), model->to_hf_layout(p.name, grad).contiguous());
+      tensors.emplace_back("grad." + adapter->hf_key(p.name), adapter->to_hf_layout(p.name, grad).contiguous());
     }
   safetensors_write(out_path, tensors);
+}
+
+void add_debug_commands(CLI::App& app, Commands& commands) {
+  auto* debug = app.add_subcommand("debug", "inspect one stage of the pipeline");
+  debug->require_subcommand(1);
+
+  struct CollateArgs {
+    std::string config_path, out_path;
+    std::vector<std::string> overrides;
+    DebugCollateOptions options;
+  };
+  auto c = std::make_shared<CollateArgs>();
+  auto* collate = debug->add_subcommand("collate", "write one collated micro-batch of a config as safetensors");
+  collate->add_option("config", c->config_path, "YAML config file")->required();
+  collate->add_option("--out", c->out_path, "output .safetensors file")->required();
+  collate->add_option("--step", c->options.step, "0-based optimizer step")->capture_default_str();
+  collate->add_option("--micro", c->options.micro, "micro-batch within the step")->capture_default_str();
+  collate->add_option("--rank", c->options.rank, "data-parallel rank")->capture_default_str();
+  collate->add_option("--world", c->options.world, "data-parallel world size")->capture_default_str();
+  collate->add_option("--set", c->overrides, "override a config key (repeatable)");
+  commands.add(collate, [c] {
+    debug_collate(c->config_path, c->overrides, c->out_path, c->options);
+    std::printf("wrote %s\n", c->out_path.c_str());
+  });
+
+  struct StepArgs {
+    std::string config_path, batch_path, out_path;
+    std::vector<std::string> overrides;
+  };
+  auto s = std::make_shared<StepArgs>();
+  auto* step = debug->add_subcommand("step", "one forward + backward on a batch; writes loss, outputs and HF-layout grads");
+  step->add_option("config", s->config_path, "YAML config")->required();
+  step->add_option("--set", s->overrides, "override a config key (repeatable)");
+  step->add_option("--batch", s->batch_path, "batch as safetensors (the collator's keys)")->required();
+  step->add_option("--out", s->out_path, "output .safetensors")->required();
+  commands.add(step, [s] { debug_step(s->config_path, s->overrides, s->batch_path, s->out_path); });
+
+  // Hidden (empty group): the tokenizer parity tests' entry point.
+  auto t = std::make_shared<DebugTokenizeOptions>();
+  auto* tokenize = debug->add_subcommand("tokenize", "tokenize a JSONL of strings (parity tests)")->group("");
+  tokenize->add_option("--tokenizer", t->tokenizer_path, "tekken.json or tokenizer.json")->required();
+  tokenize->add_option("--format", t->format, "tekken | hf | auto")
+      ->check(CLI::IsMember({"tekken", "hf", "auto"}))
+      ->capture_default_str();
+  tokenize->add_flag("--fix-mistral-regex", t->fix_mistral_regex, "hf: transformers' fix_mistral_regex");
+  tokenize->add_flag("--split-special-tokens", t->split_special_tokens, "hf: no added special tokens from text");
+  tokenize->add_option("--in", t->in_path, "JSONL, one JSON string per line")->required();
+  tokenize->add_option("--out", t->out_path, "JSONL, one {ids, text} per line")->required();
+  commands.add(tokenize, [t] { debug_tokenize(*t); });
+
+  // Hidden (group ""): the Pixtral image pipeline on one file, for the parity tests.
+  struct ImageArgs {
+    std::string in_path, out_path;
+    DebugImageOptions options;
+  };
+  auto i = std::make_shared<ImageArgs>();
+  auto* image = debug->add_subcommand("image", "Pixtral image pipeline on one image (tools/debug_image.h)")->group("");
+  image->add_option("--in", i->in_path, "image file (PNG, JPEG, ...)")->required();
+  image->add_option("--out", i->out_path, "output .safetensors")->required();
+  image->add_flag("--align-to-patch", i->options.align_to_patch, "multiples of patch_size (LLaMA-Factory), not patch*merge");
+  image->add_flag("--with-decoded", i->options.with_decoded, "also write the decoded RGB image");
+  commands.add(image, [i] { debug_image(i->in_path, i->out_path, i->options); });
 }
 
 }  // namespace mmtrain

@@ -1,36 +1,37 @@
-// `mmtrain flops MODEL`: offline FLOPs / TFLOP/s / MFU calculators on top of the models' own
-// FLOPs functions (docs/flops.md).
-//   magihuman: the seed's calculator (MindSpeed-MM flops_magihuman.py), models/magihuman/flops.h.
-//     Dimensions come from an mmtrain YAML (model.config) or are read back from an HF checkpoint
-//     directory's safetensors headers (no tensor data is loaded).
-//   mistral3: spec magistral.md §9 (causal text attention, vision x1 when frozen), the
-//     mistral3_flops_terms the trainer's live figures use; dimensions from an mmtrain YAML.
+// `mmtrain flops MODEL (--config CFG | --ckpt DIR) --seqlens ...`: offline FLOPs, TFLOP/s per
+// device and MFU of a run, for every model spec with a FLOPs function (docs/flops.md). The model
+// gives its forward + backward FLOPs per sample and the terms it wants shown (ModelSpec::flops);
+// this tool adds what every model shares:
+//   flops_per_step    = flops_per_sample * global_batch_size
+//   tflops_per_device = flops_per_step / step_time / device_num / 1e12
+//   mfu               = tflops_per_device * 1e12 / hardware_flops
+// It prints a human summary, then one JSON object as the last line of stdout.
 #pragma once
+#include "models/flops_report.h"
+
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace mmtrain {
 
 struct FlopsOptions {
-  std::string config_path;             // mmtrain YAML with model.model_id magihuman / mistral3; or
+  std::string config_path;             // mmtrain YAML whose model.model_id is the model; or
   std::vector<std::string> overrides;  //   --set overrides for it
-  std::string ckpt_dir;                // magihuman: HF directory (model.safetensors[.index.json])
+  std::string ckpt_dir;                // HF directory the model's spec reads its config off
   std::vector<int64_t> seqlens;        // per-sample lengths of n representative samples
-  std::vector<std::string> images;     // mistral3: "HxW" (pixels) of every image in those samples
+  std::vector<std::string> images;     // "HxW" (pixels) of every image in those samples
   int64_t global_batch_size = 1;       // samples per optimizer step over all devices
   int64_t device_num = 1;
   double step_time = 0;                // seconds; 0 = no throughput figures
   double hardware_flops = 0;           // peak FLOP/s of one device; 0 = no MFU
-  double attention_coefficient = 7.0;  // magihuman: the seed's; see docs/flops.md for the caveat
+  std::vector<double> attention_coefficient;  // empty, or one value (a model that takes one)
 };
 
-// Prints a human summary, then one JSON line (active_linear_params, flops_per_sample,
-// tflops_per_device, mfu, ...) as the last line of stdout.
-void flops_magihuman(const FlopsOptions& options);
+void flops_report(const std::string& model_id, const FlopsOptions& options);
 
-// Prints a human summary, then one JSON line (text_flops_per_token, vision_forward_flops,
-// flops_per_sample, tflops_per_device, mfu, ...) as the last line of stdout.
-void flops_mistral3(const FlopsOptions& options);
+// "504x644" -> (504, 644); fails naming the tool (`flops MODEL`) and the text.
+std::pair<int64_t, int64_t> parse_image_size(const std::string& tool, const std::string& text);
 
 }  // namespace mmtrain

@@ -1,6 +1,10 @@
 #include "tools/logs.h"
 
 #include "core/error.h"
+#include "core/text.h"
+#include "tools/command.h"
+
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <cctype>
@@ -12,13 +16,6 @@
 
 namespace mmtrain {
 namespace {
-
-std::string trim(const std::string& s) {
-  size_t begin = 0, end = s.size();
-  while (begin < end && std::isspace(static_cast<unsigned char>(s[begin]))) ++begin;
-  while (end > begin && std::isspace(static_cast<unsigned char>(s[end - 1]))) --end;
-  return s.substr(begin, end - begin);
-}
 
 std::string lower(std::string s) {
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -356,6 +353,30 @@ void logs_compare(const std::string& path_a, const std::string& path_b, const Lo
   if (out.contains("step_time_ratio"))
     std::printf("step time A/B (medians): %.4f\n", out["step_time_ratio"].get<double>());
   std::printf("%s\n", out.dump().c_str());
+}
+
+void add_logs_commands(CLI::App& app, Commands& commands) {
+  struct Args {
+    std::string a, b;
+    LogStatsOptions stats;
+  };
+  auto o = std::make_shared<Args>();
+  auto* logs = app.add_subcommand("logs", "training logs: metrics.jsonl or Megatron-style console lines (docs/tools.md)");
+  logs->require_subcommand(1);
+  auto* parse = logs->add_subcommand("parse", "print one normalized JSON record per iteration");
+  parse->add_option("file", o->a, "log file")->required();
+  auto* summary = logs->add_subcommand("summary", "one run: steady-state step time, throughput, MFU, loss");
+  summary->add_option("file", o->a, "log file")->required();
+  summary->add_option("--skip-first,--skip_first", o->stats.skip_first, "warm-up iterations left out")->capture_default_str();
+  auto* compare = logs->add_subcommand("compare", "loss agreement, step time and throughput of two runs");
+  compare->add_option("a", o->a, "log of run A")->required();
+  compare->add_option("b", o->b, "log of run B (the reference)")->required();
+  compare->add_option("--skip-first,--skip_first", o->stats.skip_first, "warm-up iterations left out of step times")
+      ->capture_default_str();
+  compare->add_option("--window", o->stats.window, "also average the last W iterations (0: off)")->capture_default_str();
+  commands.add(parse, [o] { logs_parse(o->a); });
+  commands.add(summary, [o] { logs_summary(o->a, o->stats); });
+  commands.add(compare, [o] { logs_compare(o->a, o->b, o->stats); });
 }
 
 }  // namespace mmtrain

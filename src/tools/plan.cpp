@@ -1,11 +1,14 @@
 #include "tools/plan.h"
 
-#include "core/config.h"
+#include "core/dtype.h"
 #include "core/error.h"
+#include "core/text.h"
 #include "fsdp/plan.h"
-#include "models/model.h"
-#include "models/model_plan.h"
+#include "models/model_spec.h"
+#include "tools/command.h"
+#include "train/config.h"
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -13,22 +16,6 @@
 
 namespace mmtrain {
 namespace {
-
-std::string with_commas(int64_t value) {
-  std::string digits = std::to_string(value);
-  for (int at = static_cast<int>(digits.size()) - 3; at > 0; at -= 3) digits.insert(at, ",");
-  return digits;
-}
-
-// The config's spelling (fp32, bf16, fp16).
-std::string dtype_name(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return "fp32";
-    case at::kBFloat16: return "bf16";
-    case at::kHalf: return "fp16";
-    default: return c10::toString(t);
-  }
-}
 
 double gib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
 
@@ -44,41 +31,22 @@ void plan_memory(const PlanOptions& o) {
   const auto cfg = config_load(o.config_path, o.overrides);
   const int fsdp_size = config_fsdp_size(cfg, o.world_size);  // also checks the world size
   const auto& fp = cfg.parallel.fsdp_plan;
-  MemoryPlanOptions options;
-  options.world_size = fsdp_size;
-  options.param_dtype = fp.param_dtype;
-  options.reduce_dtype = fp.reduce_dtype;
-  options.reshard_after_forward = fp.reshard_after_forward;
-  options.num_to_forward_prefetch = fp.num_to_forward_prefetch;
-  options.num_to_backward_prefetch = fp.num_to_backward_prefetch;
-
-  // Parameters: the real Module tree when the model is registered, else the model's table.
   const auto& id = cfg.model.model_id;
-  const std::string where = "config " + cfg.source_path + ": model.model_id";
-  const ModelPlanHooks* hooks = model_plan_registry().contains(id) ? &model_plan_registry().get(id) : nullptr;
-  FsdpMemoryPlan plan;
-  std::string shapes_from;
-  if (model_registry().contains(id) || !hooks || !hooks->param_shapes) {
-    auto model = model_registry().get(id, where)(cfg.model.config);  // fails for unknown ids
-    plan = fsdp_memory_plan(*model, fp.apply_modules, options);
-    shapes_from = "model '" + id + "' (Module tree)";
-  } else {
-    const auto params = hooks->param_shapes(cfg.model.config);
-    plan = fsdp_memory_plan(params, module_names_from_params(params), fp.apply_modules, options);
-    shapes_from = "'" + id + "' " + hooks->shapes_note + " (model not registered in this build)";
-  }
+  const auto& spec = model_spec(id, "config " + cfg.source_path + ": model.model_id");
+  auto model = spec.build(cfg.model.config);
+  const FsdpMemoryPlan plan = fsdp_memory_plan(*model, fp, fsdp_size);
 
   const bool recompute = cfg.features.recompute && !cfg.features.recompute_plan.apply_modules.empty();
-  const int64_t seqlen = o.seqlen > 0 ? o.seqlen : (hooks ? hooks->default_seqlen : 0);
+  const int64_t seqlen = o.seqlen > 0 ? o.seqlen : spec.default_seqlen;
   const int64_t micro = cfg.training.micro_batch_size;
   ActivationEstimate act;
   std::string no_activations;
-  if (!hooks || !hooks->activations)
-    no_activations = "no activation estimator registered for model '" + id + "'";
+  if (!spec.activations)
+    no_activations = "no activation estimator for model '" + id + "'";
   else if (seqlen == 0)
     no_activations = "pass --seqlen to estimate activations";
   else
-    act = hooks->activations(ActivationQuery{cfg.model.config, seqlen, micro, fp.param_dtype});
+    act = spec.activations(ActivationQuery{cfg.model.config, seqlen, micro, fp.param_dtype});
 
   const auto& root = plan.units[0];
   const UnitPlan* largest = &root;
@@ -87,7 +55,7 @@ void plan_memory(const PlanOptions& o) {
   const std::string p_name = dtype_name(fp.param_dtype), r_name = dtype_name(fp.reduce_dtype);
 
   std::printf("mmtrain plan: %s on %d rank(s), FSDP shard group %d\n", cfg.source_path.c_str(), o.world_size, fsdp_size);
-  std::printf("  parameters from %s\n", shapes_from.c_str());
+  std::printf("  parameters from model '%s' (its Module tree)\n", id.c_str());
   std::printf("  %s params in %zu units: root %s, largest '%s' %s; param_dtype %s, reduce_dtype %s, "
               "prefetch fwd %d / bwd %d\n",
               with_commas(plan.total_numel).c_str(), plan.units.size(), with_commas(root.numel).c_str(),
@@ -159,6 +127,16 @@ void plan_memory(const PlanOptions& o) {
   std::printf("  (no allocator reserve, comm library buffers, kernel workspaces or runtime context: "
               "docs/tools.md)\n");
   std::printf("%s\n", j.dump().c_str());
+}
+
+void add_plan_commands(CLI::App& app, Commands& commands) {
+  auto o = std::make_shared<PlanOptions>();
+  auto* plan = app.add_subcommand("plan", "per-rank memory of a run, from shapes only (docs/tools.md)");
+  plan->add_option("config", o->config_path, "YAML config file")->required();
+  plan->add_option("--world-size,--world_size", o->world_size, "ranks")->capture_default_str();
+  plan->add_option("--seqlen", o->seqlen, "tokens per sample (default: the model's)");
+  plan->add_option("--set", o->overrides, "override a config key (repeatable)");
+  commands.add(plan, [o] { plan_memory(*o); });
 }
 
 }  // namespace mmtrain

@@ -1,7 +1,7 @@
 // `mmtrain plan CONFIG --world-size N [--seqlen L]`: per-rank memory of a training run, computed
 // from parameter shapes and the model's activation formula without allocating anything
-// (fsdp/plan.h for the sharded and gathered parameter memory, models/model_plan.h for
-// activations). Reference: docs/tools.md.
+// (fsdp/plan.h for the sharded and gathered parameter memory, the model spec's activation
+// estimate for the rest). Reference: docs/tools.md.
 #pragma once
 #include <cstdint>
 #include <string>

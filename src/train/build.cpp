@@ -1,25 +1,23 @@
 #include "train/build.h"
 
-#include "train/weights.h"
+#include "parallel/parallelize.h"
+#include "train/hf_weights.h"
 
 namespace mmtrain {
 
-std::shared_ptr<Model> build_model(const Config& config) {
-  return model_registry().get(config.model.model_id, "config " + config.source_path + ": model.model_id")(
-      config.model.config);
+const ModelSpec& config_model_spec(const Config& config) {
+  return model_spec(config.model.model_id, "config " + config.source_path + ": model.model_id");
 }
 
-FsdpOptions fsdp_options(const Config& config) {
-  const auto& plan = config.parallel.fsdp_plan;
-  FsdpOptions options;
-  options.apply_modules = plan.apply_modules;
-  options.param_dtype = plan.param_dtype;
-  options.reduce_dtype = plan.reduce_dtype;
-  options.reshard_after_forward = plan.reshard_after_forward;
-  options.num_to_forward_prefetch = plan.num_to_forward_prefetch;
-  options.num_to_backward_prefetch = plan.num_to_backward_prefetch;
-  if (config.features.recompute) options.recompute_modules = config.features.recompute_plan.apply_modules;
-  return options;
+std::shared_ptr<Model> build_model(const Config& config) { return config_model_spec(config).build(config.model.config); }
+
+std::unique_ptr<Fsdp> parallelize_model(const Config& config, Model& model, std::shared_ptr<Comm> comm) {
+  const at::Device device = comm->device();
+  return parallelize(model, parallelize_plan(config.parallel, config.features), std::move(comm), device);
+}
+
+AdamWOptions adamw_options(const TrainingConfig& t) {
+  return AdamWOptions{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay};
 }
 
 std::unique_ptr<AdamW> make_fsdp_adamw(Fsdp& fsdp, const AdamWOptions& options) {
@@ -35,14 +33,37 @@ std::unique_ptr<AdamW> make_fsdp_adamw(Fsdp& fsdp, const AdamWOptions& options) 
 }
 
 int64_t load_initial_weights(const Config& config, Model& model, Fsdp& fsdp) {
-  const auto& m = config.model;
-  const std::string path = !m.checkpoint_path.empty() ? m.checkpoint_path : m.model_name_or_path;
+  const std::string& path = config.model.weights_path();
   if (path.empty()) {
     fsdp.init_params(config.training.seed);
-    init_buffers(model, fsdp.options().device);
+    init_buffers(model, fsdp.device());
     return 0;
   }
-  return load_hf_weights(model, fsdp, WeightSource(path));
+  const auto adapter = make_hf_adapter(config_model_spec(config), config.model.config);
+  return load_hf_weights(model, *adapter, fsdp, WeightSource(path));
+}
+
+Batch DataPipeline::micro_batch(int64_t step, int64_t micro) const {
+  std::vector<Batch> samples;
+  for (int64_t index : sampler.indices(step, micro)) samples.push_back(dataset->get(index));
+  auto generator = collate_generator(seed, sampler.first_position(step, micro));
+  return collator->collate(samples, generator);
+}
+
+DataPipeline build_data(const Config& c, int dp_rank, int dp_world) {
+  DataPipeline data;
+  data.dataset = dataset_registry().get(c.data.dataset_type, "config " + c.source_path + ": data.dataset_param.dataset_type")(
+      c.data, c.model);
+  data.collator = collator_registry().get(c.data.collate_model_name,
+                                          "config " + c.source_path + ": data.dataloader_param.collate_param.model_name")(
+      c.data, c.model);
+  data.sampler.num_samples = data.dataset->size();
+  data.sampler.micro_batch_size = c.training.micro_batch_size;
+  data.sampler.gradient_accumulation_steps = c.training.gradient_accumulation_steps;
+  data.sampler.dp_world = dp_world;
+  data.sampler.dp_rank = dp_rank;
+  data.seed = c.training.seed;
+  return data;
 }
 
 }  // namespace mmtrain

@@ -1,22 +1,43 @@
-// Turning a Config into the pieces of a run: the model (from the registry, shapes only), the
-// FSDP options, and the initial weights. Shared by the trainer and the tools (debug, convert).
+// Turning a Config into the pieces of a run: the model (its spec's Module tree, shapes only),
+// the parallelize chain over it, the optimizer, the initial weights and the data pipeline. The
+// trainer, `debug step`, `debug collate`, `convert` and the multi-rank tests build through these,
+// so they cannot drift from each other.
 #pragma once
-#include "core/config.h"
+#include "data/dataset.h"
 #include "fsdp/fully_shard.h"
-#include "models/model.h"
+#include "models/model_spec.h"
 #include "optim/adamw.h"
+#include "train/config.h"
 
 #include <memory>
 
 namespace mmtrain {
 
+// The spec of config's model.model_id (fails naming the key and the known models).
+const ModelSpec& config_model_spec(const Config& config);
 std::shared_ptr<Model> build_model(const Config& config);
-FsdpOptions fsdp_options(const Config& config);
+// The parallelize chain the config asks for (features.recompute_plan, parallel.fsdp_plan).
+std::unique_ptr<Fsdp> parallelize_model(const Config& config, Model& model, std::shared_ptr<Comm> comm);
+AdamWOptions adamw_options(const TrainingConfig& training);
 // AdamW over every unit's fp32 flat shard and grad, with frozen parameters (requires_grad
 // false) masked out of the update.
 std::unique_ptr<AdamW> make_fsdp_adamw(Fsdp& fsdp, const AdamWOptions& options);
-// Weights from model.checkpoint_path / model_name_or_path (HF layout), else a seeded random
-// init. Returns how many tensors had their layout converted (0 for a random init).
+// Weights from model.checkpoint_path / model_name_or_path (HF layout, through the model's HF
+// adapter), else a seeded random init. Returns how many tensors had their layout converted (0 for
+// a random init).
 int64_t load_initial_weights(const Config& config, Model& model, Fsdp& fsdp);
+
+// The data of a run, as one data-parallel rank sees it: the dataset and collator of the config's
+// registries and the sampler that fixes which samples each micro-batch reads.
+struct DataPipeline {
+  std::shared_ptr<Dataset> dataset;
+  std::shared_ptr<Collator> collator;
+  GlobalBatchSampler sampler;
+  uint64_t seed = 0;  // training.seed: the collator's noise is drawn from (seed, stream position)
+
+  // Micro-batch `micro` (0-based, < gradient_accumulation_steps) of optimizer step `step`.
+  Batch micro_batch(int64_t step, int64_t micro) const;
+};
+DataPipeline build_data(const Config& config, int dp_rank, int dp_world);
 
 }  // namespace mmtrain

@@ -1,5 +1,6 @@
 #include "train/metrics.h"
 
+#include "core/config_schema.h"
 #include "core/error.h"
 
 #include <unistd.h>
@@ -9,6 +10,17 @@
 #include <fstream>
 
 namespace mmtrain {
+
+void LoggingConfig::declare(ConfigSection<LoggingConfig>& s) {
+  s.field("output_dir", &LoggingConfig::output_dir)
+      .field("progress", &LoggingConfig::progress)
+      .field("hardware_flops", &LoggingConfig::hardware_flops)
+      .check([](const LoggingConfig& l, const ConfigCheck& check) {
+        if (!(l.hardware_flops >= 0.0))
+          check.invalid("hardware_flops", ">= 0 (0 = no MFU)", ConfigCheck::number(l.hardware_flops));
+        if (l.output_dir.empty()) check.invalid("output_dir", "a directory", "nothing");
+      });
+}
 
 MetricsLog::MetricsLog(const std::string& output_dir, bool is_writer, bool progress)
     : is_writer_(is_writer), progress_(progress && isatty(STDOUT_FILENO)) {

@@ -10,6 +10,18 @@
 
 namespace mmtrain {
 
+template <typename S>
+class ConfigSection;
+
+// The `logging` section.
+struct LoggingConfig {
+  std::string output_dir = "runs/default";     // metrics.jsonl and logs go here
+  bool progress = true;                        // an ETA on the console when stdout is a terminal
+  double hardware_flops = 0.0;                 // peak FLOP/s of one device, for MFU; 0 = not reported
+
+  static void declare(ConfigSection<LoggingConfig>& section);
+};
+
 class MetricsLog {
  public:
   // Opens <output_dir>/metrics.jsonl for appending (rank 0 only writes); resumed runs append.

@@ -5,7 +5,7 @@
 // backward of loss / accum (units gather, reshard and reduce-scatter on their own), wait for
 // the reductions; then clip by the global grad norm, AdamW on the fp32 shards, log, maybe save.
 #pragma once
-#include "core/config.h"
+#include "train/config.h"
 #include "dist/runtime.h"
 
 #include <memory>

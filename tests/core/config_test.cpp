@@ -1,6 +1,6 @@
 // Config: the seed's MagiHuman YAML read field by field, every dtype spelling, overrides, each
 // error naming its key path and file, world-size checks and the config_to_json round trip.
-#include "core/config.h"
+#include "train/config.h"
 
 #include "core/error.h"
 
@@ -18,7 +18,7 @@ namespace {
 
 using mmtrain::testing::error_of;
 
-// The seed's examples/magihuman/magihuman_config_t2av.yaml (seed 000 §3.4 and §5), with its
+// The seed's examples/magihuman/magihuman_config_t2av.yaml (the seed's MagiHuman run), with its
 // anchor/alias, plus a logging section.
 const char* kSeedYaml = R"(parallel:
   tensor_parallel_size: 1

@@ -1,19 +1,20 @@
 // Registry: add/get, duplicate and unknown-name errors with the known names and a did-you-mean,
-// and both registration patterns (explicit idempotent function, static registrar).
+// static registrars, and the built-ins that register themselves from their folders.
 #include "core/registry.h"
 
+#include "core/cli_command.h"
 #include "core/suggest.h"
+#include "data/dataset.h"
+#include "models/model_spec.h"
 
 #include "test_util.h"
 
 #include <gtest/gtest.h>
 
 #include <functional>
-#include <mutex>
 
 namespace mmtrain {
 namespace {
-
 
 using Factory = std::function<int(int)>;
 
@@ -49,25 +50,17 @@ TEST(RegistryTest, DuplicateAndUnknownNamesAreErrors) {
   EXPECT_CONTAINS(error_of([&] { empty.get("x"); }), "known collator names: (none registered)");
 }
 
-// The recommended pattern from registry.h: a function-local registry and an idempotent
-// register_builtin function that main() and tests may both call.
-Registry<Factory>& demo_registry() {
-  static Registry<Factory> registry("demo");
-  return registry;
-}
-void register_demo_square(Registry<Factory>& registry) { registry.add("square", [](int x) { return x * x; }); }
-void register_builtin_demo() {
-  static std::once_flag once;
-  std::call_once(once, [] { register_demo_square(demo_registry()); });
+// Every built-in registers itself from its own folder (registry.h): nothing names them in a
+// list, so this fails if an object file stops being linked (a STATIC library would drop them).
+TEST(RegistryTest, BuiltinsRegisterThemselves) {
+  EXPECT_EQ(model_spec_registry().names(), (std::vector<std::string>{"magihuman", "mistral3", "test_transformer"}));
+  for (const char* name : {"huggingface", "magihuman_precomputed", "token_file"})
+    EXPECT_TRUE(dataset_registry().contains(name)) << name;
+  for (const char* name : {"causal_lm", "magihuman", "pixtral"}) EXPECT_TRUE(collator_registry().contains(name)) << name;
+  EXPECT_EQ(fixture_registry().names(), (std::vector<std::string>{"magihuman", "mistral3", "tokens"}));
 }
 
-TEST(RegistryTest, ExplicitRegistrationIsIdempotent) {
-  register_builtin_demo();
-  register_builtin_demo();  // a second call must not trip the duplicate check
-  EXPECT_EQ(demo_registry().get("square")(7), 49);
-}
-
-// Test objects are linked whole, so a static registrar does run here.
+// A static registrar in a linked object file runs before main.
 Registry<Factory>& static_registry() {
   static Registry<Factory> registry("static");
   return registry;

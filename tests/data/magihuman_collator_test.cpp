@@ -74,7 +74,7 @@ TEST(MagiHumanCollatorTest, CoordsHandComputed) {
       },
       at::kFloat).view({11, 9});
   EXPECT_TRUE(at::equal(coords, expected)) << coords;
-  // Spec §2.5: Na = 101 -> ref_T 26; the 5 s sample: Na = 126 -> ref_T 32 = the video's T.
+  // Audio reference length (Na - 1) / 4 + 1: Na = 101 -> ref_T 26; the 5 s sample: Na = 126 -> ref_T 32 = the video's T.
   EXPECT_EQ(sample_coords({1, 1, 1}, 101, 0)[1][6].item<float>(), 26.0f);
   EXPECT_EQ(sample_coords({1, 1, 1}, 126, 0)[1][6].item<float>(), 32.0f);
   EXPECT_EQ(sample_coords({1, 1, 1}, 1, 0)[1][6].item<float>(), 1.0f);

@@ -6,7 +6,6 @@
 #include "checkpoint/checkpoint_test_util.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
-#include "tools/builtins.h"
 
 #include "test_util.h"
 
@@ -172,15 +171,14 @@ TEST(MagiHumanDatasetTest, ContentErrorsNameTheFileAndAreLazy) {
 }
 
 TEST(MagiHumanDatasetTest, RegisteredNames) {
-  register_builtins();
   EXPECT_TRUE(dataset_registry().contains("magihuman_precomputed"));
   EXPECT_TRUE(collator_registry().contains("magihuman"));
   Fixture f;
   f.write("a", 1.0f);
-  Config c;
-  c.data.dataset_param = f.param({{"basic_parameters", {{"dataset_dir", f.root().string()}, {"max_samples", 1}}}});
-  c.data.dataset_param.erase("data_root");
-  EXPECT_EQ(dataset_registry().get("magihuman_precomputed")(c)->size(), 1);
+  DataConfig data;
+  data.dataset_param = f.param({{"basic_parameters", {{"dataset_dir", f.root().string()}, {"max_samples", 1}}}});
+  data.dataset_param.erase("data_root");
+  EXPECT_EQ(dataset_registry().get("magihuman_precomputed")(data, ModelConfig{})->size(), 1);
 }
 
 }  // namespace

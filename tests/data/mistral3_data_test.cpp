@@ -1,12 +1,12 @@
 // The Magistral data path: chat template + labels, LLaMA-Factory truncation, the image-token check,
 // greedy_knapsack, and the "huggingface" dataset + "pixtral" collator on `fixture mistral3` data
 // (byte-level tekken: an ordinary byte b has id 20 + b).
-#include "core/config.h"
+#include "train/config.h"
 #include "data/chat/mistral_chat.h"
 #include "data/mistral3/conversation_dataset.h"
 #include "data/mistral3/pixtral_collator.h"
 #include "test_util.h"
-#include "tools/fixture.h"
+#include "data/mistral3/fixture.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -36,10 +36,10 @@ std::vector<int32_t> cat(std::initializer_list<std::vector<int32_t>> parts) {
 const fs::path& fixture_dir() {
   static const fs::path dir = [] {
     fs::path d = fs::temp_directory_path() / ("mmtrain_m3_data_" + std::to_string(::getpid()));
-    Mistral3DataFixture o;
+    mistral3::Mistral3DataFixture o;
     o.samples = 12;
     o.bad_records = true;
-    fixture_mistral3_data(d.string(), o);
+    mistral3::fixture_mistral3_data(d.string(), o);
     return d;
   }();
   return dir;
@@ -161,8 +161,12 @@ training: {micro_batch_size: 3, train_iters: 1}
 )", "test");
 }
 
+mistral3::ConversationDataOptions options_of(const Config& c) {
+  return mistral3::ConversationDataOptions::from_config(c.data, c.model);
+}
+
 TEST(ConversationDataset, DropsEachBadRecordForItsReason) {
-  mistral3::ConversationDataset ds(mistral3::ConversationDataOptions::from_config(data_config()));
+  mistral3::ConversationDataset ds(options_of(data_config()));
   EXPECT_EQ(ds.records(), 18);
   EXPECT_EQ(ds.size(), 12);
   const std::map<std::string, int64_t> expected = {
@@ -172,7 +176,7 @@ TEST(ConversationDataset, DropsEachBadRecordForItsReason) {
   EXPECT_EQ(ds.dropped(), expected);
   EXPECT_CONTAINS(ds.summary(), "18 records, 12 kept, 6 dropped");
   // Without truncation the long-prompt record is whole and kept.
-  mistral3::ConversationDataset uncut(mistral3::ConversationDataOptions::from_config(data_config("", 0)));
+  mistral3::ConversationDataset uncut(options_of(data_config("", 0)));
   EXPECT_EQ(uncut.size(), 13);
 }
 
@@ -186,7 +190,7 @@ int64_t expected_image_tokens(const at::Tensor& image_sizes) {
 
 TEST(PixtralCollator, PadsFourKeysTogetherAndKeepsImagesInOrder) {
   const auto config = data_config();
-  mistral3::ConversationDataset ds(mistral3::ConversationDataOptions::from_config(config));
+  mistral3::ConversationDataset ds(options_of(config));
   mistral3::PixtralCollator collator(11);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
   std::vector<Batch> samples = {ds.get(0), ds.get(1), ds.get(2)};
@@ -209,7 +213,7 @@ TEST(PixtralCollator, PadsFourKeysTogetherAndKeepsImagesInOrder) {
 
 TEST(PixtralCollator, PackedRowsRestartPositionsPerSample) {
   const auto config = data_config("      packing: true", 128);
-  mistral3::ConversationDataset ds(mistral3::ConversationDataOptions::from_config(config));
+  mistral3::ConversationDataset ds(options_of(config));
   EXPECT_LT(ds.size(), 12);  // several samples per row
   EXPECT_CONTAINS(ds.summary(), "packed into");
   mistral3::PixtralCollator collator(11);
@@ -237,11 +241,11 @@ TEST(PixtralCollator, PackedRowsRestartPositionsPerSample) {
 }
 
 TEST(ConversationDataset, ConfigErrorsNameTheKey) {
-  EXPECT_CONTAINS(error_of([] { mistral3::ConversationDataOptions::from_config(data_config("      templte: mistral")); }),
+  EXPECT_CONTAINS(error_of([] { options_of(data_config("      templte: mistral")); }),
                   "data.dataset_param.basic_parameters.templte: unknown key for dataset huggingface (did you mean 'template'?)");
-  EXPECT_CONTAINS(error_of([] { mistral3::ConversationDataOptions::from_config(data_config("      template: llama3")); }),
+  EXPECT_CONTAINS(error_of([] { options_of(data_config("      template: llama3")); }),
                   "data.dataset_param.basic_parameters.template: 'llama3' is not implemented");
-  EXPECT_CONTAINS(error_of([] { mistral3::ConversationDataOptions::from_config(data_config("      packing: yes please")); }),
+  EXPECT_CONTAINS(error_of([] { options_of(data_config("      packing: yes please")); }),
                   "data.dataset_param.basic_parameters.packing: expected true or false");
 }
 

@@ -58,7 +58,7 @@ TEST(PixtralImage, ResizeSizeFollowsHfRule) {
   };
   check(1, 1, 28, 28);          // tiny images are stretched up to one merged patch
   check(3, 17, 28, 28);
-  check(480, 640, 504, 644);    // the COCO example of specs/magistral.md §6.1: 18x23 tokens
+  check(480, 640, 504, 644);    // a COCO example: 18x23 tokens
   check(4000, 3000, 1540, 1176);  // floor(3000 / (4000/1540)) = 1155 -> 1176
   check(3000, 4000, 1176, 1540);
   check(1540, 1540, 1540, 1540);

@@ -2,7 +2,7 @@
 // shards stay zero even when autograd produces grads for them, and AdamW with the units'
 // trainable masks (weight decay on) leaves them bitwise unchanged while the rest trains.
 #include "fsdp/fully_shard.h"
-#include "models/test_transformer.h"
+#include "models/test_transformer/model.h"
 #include "multirank_harness.h"
 #include "optim/adamw.h"
 
@@ -28,7 +28,7 @@ TEST(FsdpFrozen, FrozenParamsGetNoGradAndNoUpdate) {
         ++frozen;
       }
     ASSERT_GT(frozen, 2);
-    FsdpOptions options;
+    FsdpConfig options;
     options.apply_modules = {"layers.{*}"};
     Fsdp fsdp(*model, comm, options);
     fsdp.init_params(3);

@@ -2,10 +2,12 @@
 // batches, same optimizer. Per-step loss and final parameters must agree to 1e-5 relative in
 // fp32, for every prefetch depth, with and without recompute, with gradient accumulation.
 #include "fsdp/fully_shard.h"
-#include "models/test_transformer.h"
+#include "models/test_transformer/model.h"
 #include "multirank_harness.h"
-#include "train/build.h"
 #include "optim/adamw.h"
+#include "parallel/parallelize.h"
+#include "train/build.h"
+#include "train/train_step.h"
 
 #include <gtest/gtest.h>
 
@@ -33,34 +35,27 @@ at::Tensor all_samples() {
 
 // Trains `steps` optimizer steps with a global batch of kGlobalBatch samples split over
 // world ranks and `accum` micro-batches, as the trainer's sampler does.
-RunResult train(int world, int accum, FsdpOptions options, int steps) {
+RunResult train(int world, int accum, const ParallelizePlan& plan, int steps) {
   RunResult result;
   std::mutex mutex;
   const auto samples = all_samples();
   testing::run_ranks(world, [&](Comm& comm_ref) {
     std::shared_ptr<Comm> comm(&comm_ref, [](Comm*) {});
     auto model = make_test_transformer(kModelConfig);
-    Fsdp fsdp(*model, comm, options);
+    auto fsdp_ptr = parallelize(*model, plan, comm);
+    auto& fsdp = *fsdp_ptr;
     fsdp.init_params(7);
     auto adamw_ptr = make_fsdp_adamw(fsdp, AdamWOptions{0.9, 0.95, 1e-8, 0.1});
     auto& adamw = *adamw_ptr;
     const int micro = kGlobalBatch / (world * accum);
     std::vector<double> losses;
     for (int step = 0; step < steps; ++step) {
-      fsdp.zero_grad();
-      double loss_sum = 0;
-      for (int m = 0; m < accum; ++m) {
+      const StepSettings settings{step + 1, accum, 3e-3, 1.0};
+      const auto stats = train_step(*model, fsdp, adamw, settings, [&](int m) {
         const int64_t begin = (step * kGlobalBatch + (m * world + comm->rank()) * micro) % samples.size(0);
-        auto batch = Batch{{"tokens", samples.narrow(0, begin, micro)}};
-        fsdp.begin_forward();
-        auto out = model->forward(batch);
-        (out.loss / accum).backward();
-        fsdp.finish_backward();
-        loss_sum += out.loss.item<double>();
-      }
-      fsdp.clip_grad_norm(1.0);
-      adamw.step(3e-3);
-      losses.push_back(comm->all_reduce_sum(loss_sum) / (accum * world));
+        return Batch{{"tokens", samples.narrow(0, begin, micro)}};
+      });
+      losses.push_back(comm->all_reduce_sum(stats.loss_sum) / (accum * world));
     }
     std::lock_guard<std::mutex> lock(mutex);
     if (comm->rank() == 0) {
@@ -88,12 +83,12 @@ void expect_close(const RunResult& a, const RunResult& b, double rtol) {
   }
 }
 
-FsdpOptions layer_units(int prefetch, bool recompute) {
-  FsdpOptions o;
-  o.apply_modules = {"layers.{*}"};
-  o.num_to_forward_prefetch = o.num_to_backward_prefetch = prefetch;
-  if (recompute) o.recompute_modules = {"layers.{*}"};
-  return o;
+ParallelizePlan layer_units(int prefetch, bool recompute) {
+  ParallelizePlan plan;
+  plan.fsdp.apply_modules = {"layers.{*}"};
+  plan.fsdp.num_to_forward_prefetch = plan.fsdp.num_to_backward_prefetch = prefetch;
+  if (recompute) plan.recompute_modules = {"layers.{*}"};
+  return plan;
 }
 
 constexpr int kSteps = 20;
@@ -133,9 +128,9 @@ TEST(FsdpEquivalence, ShardedBytesAreAboutOneOverW) {
 
 TEST(FsdpEquivalence, MixedPrecisionBf16StaysCloseToFp32) {
   auto fp32 = train(2, 1, layer_units(1, false), 5);
-  auto options = layer_units(1, false);
-  options.param_dtype = at::kBFloat16;
-  auto bf16 = train(2, 1, options, 5);
+  auto plan = layer_units(1, false);
+  plan.fsdp.param_dtype = at::kBFloat16;
+  auto bf16 = train(2, 1, plan, 5);
   for (size_t i = 0; i < fp32.losses.size(); ++i) EXPECT_NEAR(bf16.losses[i], fp32.losses[i], 0.02 * fp32.losses[i]);
 }
 

@@ -5,10 +5,11 @@
 #include "fsdp/plan.h"
 #include "core/error.h"
 #include "models/magihuman/memory.h"
-#include "models/test_transformer.h"
+#include "models/magihuman/model.h"
+#include "models/test_transformer/model.h"
 #include "multirank_harness.h"
-#include "train/build.h"
 #include "optim/adamw.h"
+#include "train/build.h"
 
 #include <gtest/gtest.h>
 
@@ -25,15 +26,12 @@ class PlanVsFsdp : public ::testing::TestWithParam<int> {};
 
 TEST_P(PlanVsFsdp, ShardBytesEqualFsdpMemoryStats) {
   const int world = GetParam();
-  FsdpOptions options;
+  FsdpConfig options;
   options.apply_modules = {"layers.{*}"};
   options.param_dtype = at::kBFloat16;
   options.num_to_forward_prefetch = 1;
-  MemoryPlanOptions plan_options;
-  plan_options.world_size = world;
-  plan_options.param_dtype = at::kBFloat16;
   auto planned_model = make_test_transformer(kModelConfig);
-  const auto plan = fsdp_memory_plan(*planned_model, options.apply_modules, plan_options);
+  const auto plan = fsdp_memory_plan(*planned_model, options, world);
   ASSERT_EQ(plan.units.size(), 4u);  // root + 3 layers
 
   std::mutex mutex;
@@ -84,19 +82,20 @@ TEST(FsdpPlan, DeepestUnitOwnsAParam) {
 TEST(FsdpPlan, InFlightWindowFollowsPrefetch) {
   // Units of 10, 50, 20, 30 rows x 1 (fp32, one rank): windows of 2 -> 50+20 = 70 from u1.
   const std::vector<PlanParam> params = {{"u.0.w", {10}}, {"u.1.w", {50}}, {"u.2.w", {20}}, {"u.3.w", {30}}};
-  MemoryPlanOptions options;
+  FsdpConfig options;
+  options.apply_modules = {"u.{*}"};
   options.num_to_forward_prefetch = 1;
   options.num_to_backward_prefetch = 0;
-  auto plan = fsdp_memory_plan(params, module_names_from_params(params), {"u.{*}"}, options);
+  auto plan = fsdp_memory_plan(params, module_names_from_params(params), options, 1);
   EXPECT_EQ(plan.units_in_flight, 2);
   EXPECT_EQ(plan.in_flight_bytes, 70 * 4);
   EXPECT_EQ(plan.in_flight_first, "u.1");
   EXPECT_EQ(plan.root_gathered_bytes, 0);
   options.num_to_backward_prefetch = 2;  // the larger of the two prefetch depths counts
-  plan = fsdp_memory_plan(params, module_names_from_params(params), {"u.{*}"}, options);
+  plan = fsdp_memory_plan(params, module_names_from_params(params), options, 1);
   EXPECT_EQ(plan.in_flight_bytes, 100 * 4);
   options.reshard_after_forward = false;  // everything stays gathered
-  plan = fsdp_memory_plan(params, module_names_from_params(params), {"u.{*}"}, options);
+  plan = fsdp_memory_plan(params, module_names_from_params(params), options, 1);
   EXPECT_EQ(plan.in_flight_bytes, 110 * 4);
   // Backward: grads of the largest unit + the 3 largest reduce buffers ([W S] + [S], W = 1).
   EXPECT_EQ(plan.reduce_bytes, 50 * 4 + (100 + 60 + 40) * 4);
@@ -104,19 +103,23 @@ TEST(FsdpPlan, InFlightWindowFollowsPrefetch) {
 
 TEST(FsdpPlan, BlocksOnly) {
   auto model = make_test_transformer(kModelConfig);
-  EXPECT_THROW(fsdp_memory_plan(*model, {"layers.0.attn"}, {}), Error);  // not a block: Fsdp refuses it too
+  FsdpConfig attention_unit;
+  attention_unit.apply_modules = {"layers.0.attn"};
+  EXPECT_THROW(fsdp_memory_plan(*model, attention_unit, 1), Error);  // not a block: Fsdp refuses it too
 }
 
 TEST(FsdpPlan, MagiHumanFullModelOnEightRanks) {
   const magihuman::MagiHumanConfig full;
-  const auto params = magihuman::magihuman_plan_params(full);
-  EXPECT_EQ(params.size(), 330u);  // 331 checkpoint tensors less the rope bands buffer
-  MemoryPlanOptions options;
-  options.world_size = 8;
+  const auto model = magihuman::make_magihuman(full);  // shapes only: nothing is allocated
+  int64_t trainable = 0;
+  for (auto& [name, param] : model->named_parameters()) trainable += param->trainable;
+  EXPECT_EQ(trainable, 330);  // 331 checkpoint tensors less the rope bands buffer
+  FsdpConfig options;
+  options.apply_modules = {"dit.block.layers.{*}"};
   options.param_dtype = at::kBFloat16;
   options.num_to_forward_prefetch = 2;
   options.num_to_backward_prefetch = 2;
-  const auto plan = fsdp_memory_plan(params, module_names_from_params(params), {"dit.block.layers.{*}"}, options);
+  const auto plan = fsdp_memory_plan(*model, options, 8);
   EXPECT_EQ(plan.units.size(), 41u);
   EXPECT_EQ(plan.total_numel, 15299419152 - 16);
   EXPECT_EQ(plan.param_bytes, (15299419152 - 16) / 2);  // every dim 0 divides by 8: no padding

@@ -1,10 +1,12 @@
-// MagiHuman FLOPs against the seed's published figures (seed 000 §8–§10, magihuman.md §6):
+// MagiHuman FLOPs against the seed's published figures (the seed's MagiHuman report and its FLOPs tool):
 // 10,933,616,640 active linear params, 71.8 TFLOP/s per device and 25.63 % MFU for L = 4606,
 // gbs 8, 8 devices, 4.6348 s, 280 TFLOP/s; and every other row of the seed's tuning table.
 #include "checkpoint/safetensors.h"
 #include "checkpoint/checkpoint_test_util.h"
 #include "core/error.h"
 #include "models/magihuman/flops.h"
+#include "models/magihuman/hf_adapter.h"
+#include "models/magihuman/model.h"
 
 #include <gtest/gtest.h>
 
@@ -13,10 +15,19 @@ namespace {
 
 constexpr double kSeedFlopsPerSample = 332575591792640.0;  // 6·N·4606 + 7·4606²·128·40·40
 
+// The checkpoint's tensors of config (HF names): the model's Module tree through its HF adapter.
 std::vector<NamedShape> spec_tensors(const MagiHumanConfig& config, const std::string& prefix = "") {
   std::vector<NamedShape> out;
-  for (const auto& spec : hf_tensor_specs(config)) out.emplace_back(prefix + spec.name, spec.shape);
+  const MagiHumanHfAdapter adapter(config);
+  const auto model = make_magihuman(config);
+  for (auto& [name, param] : model->named_parameters())
+    out.emplace_back(prefix + adapter.hf_key(name), param->shape);
   return out;
+}
+
+// What reading a checkpoint's headers gives: the config its shapes imply.
+MagiHumanConfig config_from_tensors(const std::vector<NamedShape>& tensors) {
+  return MagiHumanConfig::infer_from_shapes(std::map<std::string, std::vector<int64_t>>(tensors.begin(), tensors.end()));
 }
 
 TEST(MagiHumanFlops, ActiveLinearParamsOfTheFullModel) {
@@ -25,7 +36,7 @@ TEST(MagiHumanFlops, ActiveLinearParamsOfTheFullModel) {
   // The same from a tensor list, with or without the trainer's "dit." prefix.
   EXPECT_EQ(magihuman_active_linear_params(spec_tensors(full), full.mm_layers), 10933616640.0);
   EXPECT_EQ(magihuman_active_linear_params(spec_tensors(full, "dit."), full.mm_layers), 10933616640.0);
-  // Components quoted in magihuman.md §6: the block alone, without embedders and heads.
+  // Components of N: the block alone, without embedders and heads.
   const double outside = 18350080.0 + 983040.0 + 327680.0 + 983040.0 + 327680.0;
   EXPECT_EQ(magihuman_active_linear_params(full) - outside, 10912645120.0);
   // Every expert counted (no division): all 2-D weights, 15,298,805,760.
@@ -48,7 +59,7 @@ TEST(MagiHumanFlops, SeedWorkedExample) {
 }
 
 TEST(MagiHumanFlops, SeedTuningTable) {
-  // seed 000 §8.5: step time -> TFLOP/s per device, MFU at 280 TFLOP/s.
+  // The seed's tuning table: step time -> TFLOP/s per device, MFU at 280 TFLOP/s.
   const MagiHumanConfig full;
   struct Row {
     double step_ms, tflops, mfu_percent;
@@ -108,7 +119,7 @@ MagiHumanConfig tiny_config() {
 
 TEST(MagiHumanFlops, ConfigFromCheckpointShapes) {
   for (const auto& config : {MagiHumanConfig(), tiny_config()}) {
-    const auto c = magihuman_config_from_tensors(spec_tensors(config));
+    const auto c = config_from_tensors(spec_tensors(config));
     EXPECT_EQ(c.num_layers, config.num_layers);
     EXPECT_EQ(c.hidden_size, config.hidden_size);
     EXPECT_EQ(c.head_dim, config.head_dim);
@@ -120,7 +131,7 @@ TEST(MagiHumanFlops, ConfigFromCheckpointShapes) {
   }
   auto missing = spec_tensors(tiny_config());
   missing.erase(missing.begin());  // adapter.video_embedder.weight
-  EXPECT_THROW(magihuman_config_from_tensors(missing), Error);
+  EXPECT_THROW(config_from_tensors(missing), Error);
 }
 
 TEST(MagiHumanFlops, CheckpointDirectoryHeadersOnly) {
@@ -128,13 +139,15 @@ TEST(MagiHumanFlops, CheckpointDirectoryHeadersOnly) {
   testing::TempDir dir;
   const auto config = tiny_config();
   std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (const auto& spec : hf_tensor_specs(config))
-    tensors.emplace_back(spec.name, at::zeros(spec.shape, at::TensorOptions().dtype(spec.disk_dtype)));
+  const MagiHumanHfAdapter adapter(config);
+  const auto model = make_magihuman(config);
+  for (auto& [name, param] : model->named_parameters())
+    tensors.emplace_back(adapter.hf_key(name), at::zeros(param->shape, at::TensorOptions().dtype(param->checkpoint_dtype)));
   safetensors_write(dir / "model.safetensors", tensors);
   SafetensorsIndex index(dir.str());
   std::vector<NamedShape> shapes;
   for (const auto& name : index.names()) shapes.emplace_back(name, index.info(name).shape);
-  const auto inferred = magihuman_config_from_tensors(shapes);
+  const auto inferred = config_from_tensors(shapes);
   EXPECT_EQ(magihuman_active_linear_params(shapes, inferred.mm_layers), magihuman_active_linear_params(config));
   EXPECT_EQ(magihuman_model_flops(magihuman_active_linear_params(shapes, inferred.mm_layers), inferred, {50, 70}),
             magihuman_model_flops(config, {50, 70}));

@@ -2,10 +2,13 @@
 // projector) equals 1 rank: every rank trains on the same batch, so the averaged grads equal the
 // single-rank ones (the 2-rank run also recomputes every block). Frozen params stay bitwise unchanged, the trainable ones move.
 #include "fsdp/fully_shard.h"
-#include "models/mistral3/model.h"
+#include "models/mistral3/flops.h"
+#include "models/model_spec.h"
 #include "multirank_harness.h"
-#include "train/build.h"
 #include "optim/adamw.h"
+#include "parallel/parallelize.h"
+#include "train/build.h"
+#include "train/train_step.h"
 
 #include <gtest/gtest.h>
 
@@ -55,37 +58,23 @@ Result train(int world, bool recompute = false, bool mixed = false) {
   const std::vector<Batch> mixed_batches = {make_batch(), text_only_batch()};
   testing::run_ranks(world, [&](Comm& comm_ref) {
     std::shared_ptr<Comm> comm(&comm_ref, [](Comm*) {});
-    auto model = mistral3::make_mistral3(kConfig);
-    FsdpOptions options;
-    options.apply_modules = {"model.vision_tower.transformer.layers.{*}", "model.language_model.layers.{*}"};
-    if (recompute) options.recompute_modules = options.apply_modules;  // frozen vision blocks: no-op
-    Fsdp fsdp(*model, comm, options);
+    auto model = model_spec("mistral3").build(kConfig);
+    ParallelizePlan plan;
+    plan.fsdp.apply_modules = {"model.vision_tower.transformer.layers.{*}", "model.language_model.layers.{*}"};
+    if (recompute) plan.recompute_modules = plan.fsdp.apply_modules;  // frozen vision blocks: no-op
+    auto fsdp_ptr = parallelize(*model, plan, comm);
+    auto& fsdp = *fsdp_ptr;
     fsdp.init_params(5);
     auto adamw_ptr = make_fsdp_adamw(fsdp, AdamWOptions{0.9, 0.95, 1e-8, 0.1});
     auto& adamw = *adamw_ptr;
     std::vector<double> losses;
     for (int step = 0; step < 3; ++step) {
-      fsdp.zero_grad();
-      double loss = 0;
-      if (!mixed) {
-        fsdp.begin_forward();
-        auto out = model->forward(batch);
-        out.loss.backward();
-        fsdp.finish_backward();
-        loss = out.loss.item<double>();
-      } else {
-        for (int m = 0; m < 2 / world; ++m) {
-          fsdp.begin_forward();
-          auto out = model->forward(mixed_batches[world == 1 ? m : comm->rank()]);
-          (out.loss * (world == 1 ? 0.5 : 1.0)).backward();
-          fsdp.finish_backward();
-          loss += out.loss.item<double>() / 2;
-        }
-        loss = comm->all_reduce_sum(loss);
-      }
-      fsdp.clip_grad_norm(1.0);
-      adamw.step(1e-2);
-      losses.push_back(loss);
+      const int accumulation = mixed ? 2 / world : 1;
+      const StepSettings settings{step + 1, accumulation, 1e-2, 1.0};
+      const auto stats = train_step(*model, fsdp, adamw, settings, [&](int m) {
+        return mixed ? mixed_batches[world == 1 ? m : comm->rank()] : batch;
+      });
+      losses.push_back(mixed ? comm->all_reduce_sum(stats.loss_sum) / 2 : stats.loss_sum);
     }
     std::lock_guard<std::mutex> lock(mutex);
     if (comm->rank() == 0) result.losses = losses;
@@ -111,8 +100,8 @@ void expect_equal_runs(const Result& one, const Result& two) {
   EXPECT_LT(one.losses.back(), one.losses.front());
 
   // Fresh params (the same init) to tell frozen from trained.
-  auto model = mistral3::make_mistral3(kConfig);
-  Fsdp fresh(*model, std::make_shared<Comm>(nullptr, 0, 1), FsdpOptions{});
+  auto model = model_spec("mistral3").build(kConfig);
+  Fsdp fresh(*model, std::make_shared<Comm>(nullptr, 0, 1), FsdpConfig{});
   fresh.init_params(5);
   int frozen = 0, trained = 0;
   for (auto* unit : fresh.units())
@@ -140,7 +129,7 @@ void expect_equal_runs(const Result& one, const Result& two) {
 namespace mmtrain {
 namespace {
 
-// The spec's worked figures (magistral.md §9) for the 24B config.
+// The worked figures of Magistral-Small-2509 (24B).
 const char* kMagistral = R"({
     "text_config": {"vocab_size": 131072, "hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads": 32,
                     "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 32768, "rope_theta": 1e9},
@@ -148,9 +137,10 @@ const char* kMagistral = R"({
                       "intermediate_size": 4096, "patch_size": 14, "image_size": 1540, "hidden_act": "silu"},
     "image_token_index": 10, "spatial_merge_size": 2})";
 
-// Shapes only (nothing allocated): the spec's §5.1 parameter counts.
+// Shapes only (nothing allocated): Magistral-Small-2509's parameter counts.
 TEST(Mistral3Shapes, SpecParameterCounts) {
-  auto model = mistral3::make_mistral3(nlohmann::json::parse(kMagistral));
+  auto model = model_spec("mistral3").build(nlohmann::json::parse(kMagistral));
+  const auto adapter = make_hf_adapter(model_spec("mistral3"), nlohmann::json::parse(kMagistral));
   int64_t total = 0, vision = 0, projector = 0, tensors = 0;
   for (auto& [name, p] : model->named_parameters()) {
     int64_t n = 1;
@@ -159,16 +149,16 @@ TEST(Mistral3Shapes, SpecParameterCounts) {
     ++tensors;
     if (name.rfind("model.vision_tower.", 0) == 0) vision += n;
     if (name.rfind("model.multi_modal_projector.", 0) == 0) projector += n;
-    EXPECT_EQ(model->hf_key(name), name);
+    EXPECT_EQ(adapter->hf_key(name), name);
   }
   EXPECT_EQ(total, 24011361280);
   EXPECT_EQ(vision, 403305472);
   EXPECT_EQ(projector, 35652608);
   EXPECT_EQ(tensors, 40 * 9 + 3 + 24 * 9 + 2 + 4);
-  EXPECT_EQ(model->hf_key_aliases("lm_head.weight"), std::vector<std::string>{"language_model.lm_head.weight"});
-  EXPECT_EQ(model->hf_key_aliases("model.language_model.norm.weight"),
+  EXPECT_EQ(adapter->hf_key_aliases("lm_head.weight"), std::vector<std::string>{"language_model.lm_head.weight"});
+  EXPECT_EQ(adapter->hf_key_aliases("model.language_model.norm.weight"),
             std::vector<std::string>{"language_model.model.norm.weight"});
-  EXPECT_EQ(model->hf_key_aliases("model.vision_tower.ln_pre.weight"), std::vector<std::string>{"vision_tower.ln_pre.weight"});
+  EXPECT_EQ(adapter->hf_key_aliases("model.vision_tower.ln_pre.weight"), std::vector<std::string>{"vision_tower.ln_pre.weight"});
 }
 
 TEST(Mistral3Flops, SpecFigures) {

@@ -1,4 +1,4 @@
-// The seed's vision-attention checks (seed 002, "视觉注意力正确性"; spec magistral.md §2 step 5) on
+// The seed's vision-attention checks (the seed's Magistral report, "视觉注意力正确性") on
 // mmtrain's Pixtral tower and projector, in fp32 and in bf16 (params and compute in bf16, as under
 // param_dtype bf16): the images of a batch, run as one sequence with block-diagonal attention,
 // give what each image gives alone (features, and gradients w.r.t. pixels and vision params),
@@ -6,7 +6,7 @@
 // pixels, and stay bitwise unchanged when another image changes).
 // Each case prints a "[figures]" line with the measured relative L2 errors.
 #include "fsdp/fully_shard.h"
-#include "models/mistral3/model.h"
+#include "models/model_spec.h"
 
 #include <gtest/gtest.h>
 
@@ -64,8 +64,8 @@ struct Result {
 
 class VisionRunner {
  public:
-  explicit VisionRunner(at::ScalarType dtype) : model_(mistral3::make_mistral3(kConfig)) {
-    FsdpOptions options;
+  explicit VisionRunner(at::ScalarType dtype) : model_(model_spec("mistral3").build(kConfig)) {
+    FsdpConfig options;
     options.apply_modules = {"model.vision_tower.transformer.layers.{*}", "model.language_model.layers.{*}"};
     options.param_dtype = dtype;
     // Weights at std 1 / sqrt(fan_in), not the default 0.02: attention logits of order 1 and an

@@ -1,4 +1,4 @@
-// Log parsing and comparison: Megatron/MindSpeed console lines (fsdp2.md §2.2), mmtrain's own
+// Log parsing and comparison: Megatron/MindSpeed console lines, mmtrain's own
 // console line and metrics.jsonl (produced here by the real MetricsLog), and the statistics.
 #include "checkpoint/checkpoint_test_util.h"
 #include "core/error.h"

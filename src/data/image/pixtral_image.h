@@ -1,5 +1,5 @@
 // The Pixtral image pipeline of Magistral-Small-2509 / Mistral-Small-3.x (Mistral3), as HF's
-// PixtralProcessor drives PixtralImageProcessor (specs/magistral.md §6.1, docs/image_pipeline.md):
+// PixtralProcessor drives PixtralImageProcessor (docs/image_pipeline.md):
 //   decode -> RGB uint8 (image_decode.h)
 //   size:   ratio = max(H, W) / longest_edge; if ratio > 1, H = floor(H / ratio), W likewise;
 //           then each side rounded UP to a multiple of M (stretching, so tiny images upscale),
@@ -32,7 +32,7 @@ struct PixtralImageConfig {
   int64_t longest_edge = 1540;
   // true: sides are multiples of patch_size * spatial_merge_size (HF PixtralProcessor, the
   // official path); false: multiples of patch_size (LLaMA-Factory / MindSpeed-MM). Token counts
-  // differ between the two (specs/magistral.md §11 item 8).
+  // differ between the two (a 640x480 image: 432 tokens officially, 408 with LLaMA-Factory's sizing).
   bool align_to_merged_patch = true;
   double rescale_factor = 1.0 / 255.0;
   std::array<double, 3> image_mean{0.48145466, 0.4578275, 0.40821073};
@@ -70,7 +70,7 @@ struct ImageTokenLayout {
   std::vector<int64_t> token_ids(int64_t image_id, int64_t break_id, int64_t end_id) const;
 };
 
-// Magistral / Mistral-Small-3.x tekken ids (specs/magistral.md §6.1 (c)); read them from
+// Magistral / Mistral-Small-3.x tekken ids ([IMG] 10, [IMG_BREAK] 12, [IMG_END] 13); read them from
 // tekken.json where available.
 constexpr int64_t kImageTokenId = 10, kImageBreakTokenId = 12, kImageEndTokenId = 13;
 

@@ -128,22 +128,20 @@ namespace {
 
 // dataset_param with the channel widths the model is configured for filled in where the data
 // section does not give its own (which must then agree with the files).
-nlohmann::json with_model_channels(const Config& c) {
-  auto p = c.data.dataset_param;
+nlohmann::json with_model_channels(const DataConfig& data, const ModelConfig& model) {
+  auto p = data.dataset_param;
   for (const char* key : {"video_in_channels", "audio_in_channels", "text_in_channels"})
-    if (!p.contains(key) && c.model.config.contains(key)) p[key] = c.model.config[key];
+    if (!p.contains(key) && model.config.contains(key)) p[key] = model.config[key];
   return p;
 }
 
-}  // namespace
+const DatasetRegistration dataset("magihuman_precomputed", [](const DataConfig& data, const ModelConfig& model) {
+  return std::make_shared<PrecomputedDataset>(PrecomputedDataOptions::from_json(with_model_channels(data, model)));
+});
+const CollatorRegistration collator("magihuman", [](const DataConfig& data, const ModelConfig& model) {
+  return std::make_shared<MagiHumanCollator>(PrecomputedDataOptions::from_json_collate(with_model_channels(data, model)));
+});
 
-void register_magihuman_data() {
-  dataset_registry().add("magihuman_precomputed", [](const Config& c) {
-    return std::make_shared<PrecomputedDataset>(PrecomputedDataOptions::from_json(with_model_channels(c)));
-  });
-  collator_registry().add("magihuman", [](const Config& c) {
-    return std::make_shared<MagiHumanCollator>(PrecomputedDataOptions::from_json_collate(with_model_channels(c)));
-  });
-}
+}  // namespace
 
 }  // namespace mmtrain::magihuman

@@ -18,10 +18,10 @@ namespace mmtrain::magihuman {
 
 enum class SigmaSampling { kLogitNormal, kUniform };
 
-// data.dataset_param of a MagiHuman run. The channel widths must equal model.config's (the
-// DataConfig has no access to model.config, so they are repeated here; defaults are the 15B
-// model's 192/64/3584). The directory may also be given MindSpeed-style as
-// basic_parameters.dataset_dir (with basic_parameters.max_samples).
+// data.dataset_param of a MagiHuman run. The channel widths come from model.config when
+// dataset_param does not give them (the registration fills them in); the files must agree. The
+// directory may also be given MindSpeed-style as basic_parameters.dataset_dir (with
+// basic_parameters.max_samples).
 struct PrecomputedDataOptions {
   std::string data_root;                 // the .precomputed directory
   int64_t max_samples = 0;               // 0 = all samples
@@ -72,8 +72,5 @@ std::map<std::string, at::Tensor> read_sample_file(const std::string& path);
 // Writes a dict of tensors as torch.save does (zip format, loadable by Python's
 // torch.load(weights_only=True)). Atomic (tmp + rename).
 void write_pt_file(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors);
-
-// Registers dataset `magihuman_precomputed` and collator `magihuman`.
-void register_magihuman_data();
 
 }  // namespace mmtrain::magihuman

@@ -133,8 +133,8 @@ std::string record_label(const nlohmann::json& r, size_t index) {
 
 }  // namespace
 
-ConversationDataOptions ConversationDataOptions::from_config(const Config& config) {
-  const DatasetParams p(config.data.dataset_param, kDatasetType);
+ConversationDataOptions ConversationDataOptions::from_config(const DataConfig& data, const ModelConfig& model) {
+  const DatasetParams p(data.dataset_param, kDatasetType);
   p.check_known_keys({"dataset_type", "basic_parameters", "preprocess_parameters"});
   const auto basic = p.child("basic_parameters");
   basic.check_known_keys({"template", "dataset", "dataset_dir", "cutoff_len", "max_samples", "packing", "default_system"});
@@ -157,17 +157,17 @@ ConversationDataOptions ConversationDataOptions::from_config(const Config& confi
   o.packing = basic.get_bool("packing", false);
   if (o.packing && o.cutoff_len <= 0)
     fail(basic.where("packing"), ": packing needs a positive ", basic.where("cutoff_len"), " (the bin size)");
-  o.tokenizer_path = pre.get_string("model_name_or_path", config.model.model_name_or_path);
+  o.tokenizer_path = pre.get_string("model_name_or_path", model.model_name_or_path);
   if (o.tokenizer_path.empty())
     fail(pre.where("model_name_or_path"), ": required when model.model_name_or_path is empty (the directory or "
          "file of tekken.json / tokenizer.json)");
   o.tokenizer.fix_mistral_regex = pre.get_bool("fix_mistral_regex", false);
   o.tokenizer.split_special_tokens = pre.get_bool("split_special_tokens", false);
 
-  const auto model = Mistral3Config::from_json(config.model.config);
-  o.image.patch_size = model.patch_size;
-  o.image.spatial_merge_size = model.spatial_merge_size;
-  o.image.longest_edge = pre.get_int("image_longest_edge", model.image_size);
+  const auto m = Mistral3Config::from_json(model.config);
+  o.image.patch_size = m.patch_size;
+  o.image.spatial_merge_size = m.spatial_merge_size;
+  o.image.longest_edge = pre.get_int("image_longest_edge", m.image_size);
   o.image.align_to_merged_patch = pre.get_bool("align_to_merged_patch", true);
   o.image.validate();
   return o;

@@ -24,7 +24,6 @@
 // (zero-padded bottom/right) and image_sizes int64 [N, 2] when the item has images; packed items
 // add position_ids int64 [S] and cu_seqlens int64 [k + 1].
 #pragma once
-#include "core/config.h"
 #include "data/chat/mistral_chat.h"
 #include "data/dataset.h"
 #include "data/image/pixtral_image.h"
@@ -48,7 +47,7 @@ struct ConversationDataOptions {
   tokenizer::TextTokenizerOptions tokenizer;  // preprocess_parameters.{fix_mistral_regex, split_special_tokens}
   image::PixtralImageConfig image;            // patch/merge from model.config; preprocess_parameters.{image_longest_edge, align_to_merged_patch}
 
-  static ConversationDataOptions from_config(const Config& config);
+  static ConversationDataOptions from_config(const DataConfig& data, const ModelConfig& model);
 };
 
 class ConversationDataset : public Dataset {

@@ -1,5 +1,4 @@
-// After truncation, do a sample's image tokens still match its images? (spec magistral.md §8;
-// the seed's PixtralPlugin.validate_input_ids). Truncation can cut inside an image's
+// After truncation, do a sample's image tokens still match its images? (the seed's PixtralPlugin.validate_input_ids). Truncation can cut inside an image's
 // [IMG]...[IMG_END] block or drop a later turn that held an <image>; either way the [IMG] count no
 // longer equals the projector's features and the forward pass would fail. The dataset drops such
 // samples (never patches them) and counts why.

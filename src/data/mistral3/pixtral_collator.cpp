@@ -74,21 +74,24 @@ Batch PixtralCollator::collate(const std::vector<Batch>& samples, at::Generator&
   return out;
 }
 
-void register_mistral3_data() {
-  dataset_registry().add("huggingface", [](const Config& c) {
-    return std::make_shared<ConversationDataset>(ConversationDataOptions::from_config(c));
-  });
-  collator_registry().add("pixtral", [](const Config& c) {
-    const auto& loader = c.data.dataloader_param;
-    int64_t pad = kDefaultPadTokenId;
-    if (loader.contains("collate_param") && loader["collate_param"].contains("pad_token_id")) {
-      const auto& v = loader["collate_param"]["pad_token_id"];
-      if (!v.is_number_integer() || v.get<int64_t>() < 0)
-        fail("data.dataloader_param.collate_param.pad_token_id: expected an integer >= 0, found ", v.dump());
-      pad = v.get<int64_t>();
-    }
-    return std::make_shared<PixtralCollator>(pad);
-  });
-}
+namespace {
+
+const DatasetRegistration dataset("huggingface", [](const DataConfig& data, const ModelConfig& model) {
+  return std::make_shared<ConversationDataset>(ConversationDataOptions::from_config(data, model));
+});
+
+const CollatorRegistration collator("pixtral", [](const DataConfig& data, const ModelConfig&) {
+  const auto& loader = data.dataloader_param;
+  int64_t pad = kDefaultPadTokenId;
+  if (loader.contains("collate_param") && loader["collate_param"].contains("pad_token_id")) {
+    const auto& v = loader["collate_param"]["pad_token_id"];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0)
+      fail("data.dataloader_param.collate_param.pad_token_id: expected an integer >= 0, found ", v.dump());
+    pad = v.get<int64_t>();
+  }
+  return std::make_shared<PixtralCollator>(pad);
+});
+
+}  // namespace
 
 }  // namespace mmtrain::mistral3

@@ -22,6 +22,4 @@ class PixtralCollator : public Collator {
   int64_t pad_token_id_;
 };
 
-void register_mistral3_data();
-
 }  // namespace mmtrain::mistral3

@@ -1,5 +1,5 @@
 // TekkenTokenizer: Mistral's tekken.json (Magistral-Small-2509, Mistral-Small-3.x, Pixtral), as
-// mistral-common's Tekkenizer loads and runs it (spec magistral.md §6.3):
+// mistral-common's Tekkenizer loads and runs it (docs/tokenizer.md):
 //   * ids 0..num_special-1 are special/control tokens (`special_tokens` of the file, or
 //     mistral-common's 20 default ones for files <= v7 without that list, then <SPECIAL_i> fillers);
 //   * ordinary tokens are the vocab ranks, truncated to vocab_size - num_special, offset by num_special;

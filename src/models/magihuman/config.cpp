@@ -1,6 +1,9 @@
 #include "models/magihuman/config.h"
 
 #include "core/error.h"
+#include "core/text.h"
+#include "models/magihuman/hf_adapter.h"
+#include "models/magihuman/model.h"
 
 #include <algorithm>
 
@@ -54,36 +57,66 @@ MagiHumanConfig MagiHumanConfig::from_json(const nlohmann::json& j) {
 MagiHumanConfig MagiHumanConfig::infer_from_shapes(const std::map<std::string, std::vector<int64_t>>& shapes) {
   auto shape = [&](const std::string& name) -> const std::vector<int64_t>& {
     auto it = shapes.find(name);
-    if (it == shapes.end()) fail("magihuman checkpoint: missing '", name, "', cannot infer the model config");
+    if (it == shapes.end())
+      fail("magihuman checkpoint: expected tensor '", name, "' (the HF base layout), found none among ", shapes.size(),
+           " tensors: cannot infer the model config");
     return it->second;
   };
+  auto dim = [&](const std::string& name, size_t d) {
+    const auto& s = shape(name);
+    if (s.size() <= d) fail("magihuman checkpoint: '", name, "' has ", s.size(), " dims, expected more than ", d);
+    return s[d];
+  };
   MagiHumanConfig c;
-  c.hidden_size = shape("adapter.video_embedder.weight")[0];
-  c.video_in_channels = shape("adapter.video_embedder.weight")[1];
-  c.audio_in_channels = shape("adapter.audio_embedder.weight")[1];
-  c.text_in_channels = shape("adapter.text_embedder.weight")[1];
+  c.hidden_size = dim("adapter.video_embedder.weight", 0);
+  c.video_in_channels = dim("adapter.video_embedder.weight", 1);
+  c.audio_in_channels = dim("adapter.audio_embedder.weight", 1);
+  c.text_in_channels = dim("adapter.text_embedder.weight", 1);
   c.num_layers = 0;
   while (shapes.count("block.layers." + std::to_string(c.num_layers) + ".attention.linear_qkv.weight")) ++c.num_layers;
+  if (c.num_layers == 0) fail("magihuman checkpoint: expected block.layers.<i>.* tensors, found none");
   c.mm_layers.clear();
   c.gelu7_layers.clear();
+  const int64_t d = c.hidden_size;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const auto p = "block.layers." + std::to_string(i) + ".";
-    const int64_t experts = shape(p + "attention.pre_norm.weight")[0] / c.hidden_size;
+    const int64_t norm = dim(p + "attention.pre_norm.weight", 0);
+    if (norm != d && norm != kNumModalities * d)
+      fail("magihuman checkpoint: '", p, "attention.pre_norm.weight' has ", norm, " rows, expected ", d, " or ",
+           kNumModalities * d);
+    const int64_t experts = norm / d;
     if (experts > 1) c.mm_layers.push_back(i);
-    if (i == 0) {
-      c.head_dim = shape(p + "attention.q_norm.weight")[0] / experts;
-      const int64_t heads_q = c.hidden_size / c.head_dim;
-      const int64_t kv_rows = shape(p + "attention.linear_qkv.weight")[0] / experts - heads_q * c.head_dim;
-      c.enable_attn_gating = (kv_rows - heads_q) % (2 * c.head_dim) == 0;  // gates: one row per q head
-      c.num_query_groups = (kv_rows - (c.enable_attn_gating ? heads_q : 0)) / (2 * c.head_dim);
-    }
-    const int64_t up_rows = shape(p + "mlp.up_gate_proj.weight")[0] / experts;
-    if (up_rows == shape(p + "mlp.down_proj.weight")[1]) c.gelu7_layers.push_back(i);
+    if (i == 0) c.head_dim = dim(p + "attention.q_norm.weight", 0) / experts;  // q_norm is [hd·E]
+    // GELU7 layers are the non-gated ones: up_gate rows per expert == down_proj input width.
+    if (dim(p + "mlp.up_gate_proj.weight", 0) / experts == dim(p + "mlp.down_proj.weight", 1)) c.gelu7_layers.push_back(i);
   }
-  for (const auto& spec : hf_tensor_specs(c))
-    if (shape(spec.name) != spec.shape)
-      fail("magihuman checkpoint: '", spec.name, "' has shape ", at::IntArrayRef(shape(spec.name)),
-           ", but the inferred config implies ", at::IntArrayRef(spec.shape));
+  if (c.head_dim <= 0 || d % c.head_dim != 0)
+    fail("magihuman checkpoint: head_dim ", c.head_dim, " (from q_norm) does not divide hidden size ", d);
+  // QKV rows per expert: (Hq + 2 Hkv) hd, plus Hq gate logits when gating is on.
+  const int64_t qkv = dim("block.layers.0.attention.linear_qkv.weight", 0) / c.experts(0);
+  const int64_t hq = c.num_heads_q();
+  int64_t rest = qkv - hq * c.head_dim;
+  c.enable_attn_gating = rest % (2 * c.head_dim) != 0;
+  if (c.enable_attn_gating) rest -= hq;
+  if (rest <= 0 || rest % (2 * c.head_dim) != 0)
+    fail("magihuman checkpoint: linear_qkv has ", qkv, " rows per expert, which is not (", hq, " + 2·Hkv)·", c.head_dim,
+         " [+ ", hq, " gate rows]");
+  c.num_query_groups = rest / (2 * c.head_dim);
+
+  // The Module tree of this config must be exactly the checkpoint: same names, same shapes.
+  const auto model = make_magihuman(c);
+  const MagiHumanHfAdapter adapter(c);
+  size_t matched = 0;
+  for (auto& [name, param] : model->named_parameters()) {
+    const auto key = adapter.hf_key(name);
+    if (shape(key) != param->shape)
+      fail("magihuman checkpoint: '", key, "' has shape ", shape_str(shape(key)), ", but the inferred config implies ",
+           shape_str(param->shape));
+    ++matched;
+  }
+  if (matched != shapes.size())
+    fail("magihuman checkpoint: ", shapes.size(), " tensors, but the inferred config (", c.num_layers, " layers) has ",
+         matched, ": the directory holds tensors that are not MagiHuman's");
   return c;
 }
 
@@ -131,37 +164,6 @@ int64_t MagiHumanConfig::num_gated_layers() const {
   int64_t n = 0;
   for (int64_t layer = 0; layer < num_layers; ++layer) n += is_gelu7_layer(layer) ? 0 : 1;
   return n;
-}
-
-std::vector<TensorSpec> hf_tensor_specs(const MagiHumanConfig& c) {
-  const auto bf16 = at::kBFloat16, f32 = at::kFloat;
-  const int64_t d = c.hidden_size;
-  std::vector<TensorSpec> specs = {
-      {"adapter.video_embedder.weight", {d, c.video_in_channels}, bf16},
-      {"adapter.video_embedder.bias", {d}, bf16},
-      {"adapter.text_embedder.weight", {d, c.text_in_channels}, bf16},
-      {"adapter.text_embedder.bias", {d}, bf16},
-      {"adapter.audio_embedder.weight", {d, c.audio_in_channels}, bf16},
-      {"adapter.audio_embedder.bias", {d}, bf16},
-      {"adapter.rope.bands", {c.rope_bands()}, f32, /*trainable=*/false},
-  };
-  for (int64_t i = 0; i < c.num_layers; ++i) {
-    const auto p = "block.layers." + std::to_string(i) + ".";
-    const int64_t e = c.experts(i);
-    specs.push_back({p + "attention.pre_norm.weight", {d * e}, f32});
-    specs.push_back({p + "attention.linear_qkv.weight", {c.qkv_width() * e, d}, bf16});
-    specs.push_back({p + "attention.linear_proj.weight", {d * e, d}, bf16});
-    specs.push_back({p + "attention.q_norm.weight", {c.head_dim * e}, f32});
-    specs.push_back({p + "attention.k_norm.weight", {c.head_dim * e}, f32});
-    specs.push_back({p + "mlp.pre_norm.weight", {d * e}, f32});
-    specs.push_back({p + "mlp.up_gate_proj.weight", {c.up_gate_rows(i) * e, d}, bf16});
-    specs.push_back({p + "mlp.down_proj.weight", {d * e, c.mlp_width(i)}, bf16});
-  }
-  specs.push_back({"final_norm_video.weight", {d}, f32});
-  specs.push_back({"final_norm_audio.weight", {d}, f32});
-  specs.push_back({"final_linear_video.weight", {c.video_in_channels, d}, bf16});
-  specs.push_back({"final_linear_audio.weight", {c.audio_in_channels, d}, bf16});
-  return specs;
 }
 
 }  // namespace mmtrain::magihuman

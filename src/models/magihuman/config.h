@@ -1,13 +1,15 @@
-// MagiHuman DiT configuration (upstream inference/common/config.py::ModelConfig) and the table
-// of every checkpoint tensor it implies. Every dimension comes from model.config, so tiny
-// configs keep the real structure: GQA, partial RoPE, modality experts, GELU7/SwiGLU7 layers.
+// MagiHuman DiT configuration (upstream inference/common/config.py::ModelConfig). Every
+// dimension comes from model.config, so tiny configs keep the real structure: GQA, partial RoPE,
+// modality experts, GELU7/SwiGLU7 layers. The tensors it implies are the Module tree of
+// make_magihuman (model.h).
 //
 // Letters: L tokens, D hidden_size, hd head_dim, Hq = D / hd query heads, Hkv kv heads,
 // E experts of a layer (3 in mm_layers: video, audio, text; else 1), U up_gate rows per expert
 // (2 * I for SwiGLU7, I for GELU7), I MLP width.
 #pragma once
-#include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
+
+#include <cstdint>
 
 #include <map>
 #include <string>
@@ -37,8 +39,11 @@ struct MagiHumanConfig {
   bool fused_ops = true;               // fused CPU kernels vs reference ATen ops
 
   static MagiHumanConfig from_json(const nlohmann::json& j);
-  // The config an HF checkpoint was saved with, read off its tensor shapes (name -> shape);
-  // fails unless hf_tensor_specs of the result reproduces every name and shape.
+  // The config an HF checkpoint was saved with, read off its tensor shapes (HF name -> shape):
+  // dimensions from the embedders, q_norm and linear_qkv, mm_layers where attention.pre_norm is
+  // 3·hidden wide, gelu7_layers where up_gate rows per expert equal down_proj's input width.
+  // Fails naming the tensor when one it needs is missing, or when the model this config builds
+  // does not have exactly the checkpoint's names and shapes.
   static MagiHumanConfig infer_from_shapes(const std::map<std::string, std::vector<int64_t>>& shapes);
   nlohmann::json to_json() const;
 
@@ -56,18 +61,5 @@ struct MagiHumanConfig {
   int64_t video_latent_channels() const { return video_in_channels / 4; }
   int64_t num_gated_layers() const;           // layers whose MLP is SwiGLU7 (layout transform count)
 };
-
-// One checkpoint tensor: HF name, shape, on-disk dtype of the public base checkpoint, and
-// whether it trains (adapter.rope.bands is a buffer).
-struct TensorSpec {
-  std::string name;
-  std::vector<int64_t> shape;
-  at::ScalarType disk_dtype;
-  bool trainable = true;
-};
-
-// Every tensor of the public HF `base/` layout for this config, in state_dict order
-// (331 for the full model).
-std::vector<TensorSpec> hf_tensor_specs(const MagiHumanConfig& config);
 
 }  // namespace mmtrain::magihuman

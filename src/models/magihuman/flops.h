@@ -1,7 +1,8 @@
-// MagiHuman model FLOPs and MFU, in the convention of MindSpeed-MM's flops_magihuman.py (seed 000
-// §9, magihuman.md §6), so our TFLOP/s and MFU are directly comparable with the seed's 71.8 TFLOP/s
-// per device / 25.63 %. The CLI (`mmtrain flops magihuman`) and the trainer's live TFLOP/s (the
-// model's Model::train_flops) both call this file; docs/flops.md has the derivation.
+// MagiHuman model FLOPs and MFU, in the convention of MindSpeed-MM's flops_magihuman.py (the
+// FLOPs tool of the seed's MagiHuman run), so our TFLOP/s and MFU are directly comparable with the
+// seed's 71.8 TFLOP/s per device / 25.63 % on 8 Ascend 910B3. The CLI (`mmtrain flops magihuman`)
+// and the trainer's live TFLOP/s (the model's Model::train_flops) both call this file;
+// docs/flops.md has the derivation.
 //
 //   N (active linear params) = Σ numel over 2-D tensors; tensors of layers in mm_layers count 1/3
 //       (one modality expert is active per token); adapter embedders and final heads included,
@@ -33,7 +34,7 @@ constexpr double kSeedAttentionCoefficient = 7.0;
 // A checkpoint tensor as the FLOPs rule sees it: name and shape (dtype is irrelevant).
 using NamedShape = std::pair<std::string, std::vector<int64_t>>;
 
-// N for the tensors hf_tensor_specs(config) lists.
+// N for the tensors of the model config builds (its Module tree).
 double magihuman_active_linear_params(const MagiHumanConfig& config);
 // N for any tensor list (an HF checkpoint's headers): a tensor whose name contains
 // "layers.<i>." with i in mm_layers counts numel / num_modalities. Names may carry a prefix
@@ -58,7 +59,9 @@ double magihuman_model_flops(double active_linear_params, const MagiHumanConfig&
 // cu_seqlens [B+1] (int32/int64, cumulative, starting at 0). Model::train_flops returns this;
 // the trainer sums it over ranks and micro-batches and divides by world size and step time,
 // which equals tflops_per_device below when every rank sees samples of the same lengths.
-double magihuman_train_flops_for_batch(const MagiHumanConfig& config, const at::Tensor& cu_seqlens);
+// active_linear_params > 0 is N already computed for config (the model caches it); 0 computes it.
+double magihuman_train_flops_for_batch(const MagiHumanConfig& config, const at::Tensor& cu_seqlens,
+                                       double active_linear_params = 0);
 
 struct MagiHumanThroughput {
   double active_linear_params = 0;
@@ -78,11 +81,5 @@ MagiHumanThroughput magihuman_throughput(double active_linear_params, const Magi
                                          const std::vector<int64_t>& seqlens, int64_t global_batch_size,
                                          int64_t device_num, double step_time, double hardware_flops,
                                          double attention_coefficient = kSeedAttentionCoefficient);
-
-// The dimensions the FLOPs need, read back from checkpoint shapes (for `--ckpt`): num_layers,
-// hidden_size, head_dim, num_query_groups, attention gating, in-channels, mm_layers (layers whose
-// attention.pre_norm is 3·hidden wide) and gelu7_layers (up_gate rows per expert == mlp width of
-// a GELU7 layer, 4·hidden). Fails naming the tensor when one it needs is missing or inconsistent.
-MagiHumanConfig magihuman_config_from_tensors(const std::vector<NamedShape>& tensors);
 
 }  // namespace mmtrain::magihuman

@@ -1,4 +1,4 @@
-// Fused CPU kernels for MagiHuman's row-wise ops (spec: magihuman.md §2.5-2.8), with the contracts
+// Fused CPU kernels for MagiHuman's row-wise ops (RMSNorm(1+w), partial RoPE, SwiGLU7, GELU7), with the contracts
 // of the reference ATen ops in ops.h, which stay the oracle; model.config.fused_ops picks one set.
 // Each op is one custom autograd Function: forward and backward are each one pass over the rows
 // (at::parallel_for; RMSNorm's forward two), load fp32/bf16/fp16 and compute in fp32 (double

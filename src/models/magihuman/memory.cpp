@@ -1,7 +1,6 @@
 #include "models/magihuman/memory.h"
 
 #include <algorithm>
-#include <mutex>
 
 namespace mmtrain::magihuman {
 
@@ -44,29 +43,6 @@ ActivationEstimate magihuman_activation_estimate(const MagiHumanConfig& c, int64
                     + 8 * l * d                // final norm input + normalized rows
                     + 2 * 4 * l * out;         // output and squared error
   return e;
-}
-
-std::vector<PlanParam> magihuman_plan_params(const MagiHumanConfig& config) {
-  std::vector<PlanParam> params;
-  for (const auto& spec : hf_tensor_specs(config))
-    if (spec.trainable) params.push_back({"dit." + spec.name, spec.shape});
-  return params;
-}
-
-void register_magihuman_plan() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    ModelPlanHooks hooks;
-    hooks.activations = [](const ActivationQuery& q) {
-      return magihuman_activation_estimate(MagiHumanConfig::from_json(q.model_config), q.seqlen * q.micro_batch_size);
-    };
-    hooks.param_shapes = [](const nlohmann::json& model_config) {
-      return magihuman_plan_params(MagiHumanConfig::from_json(model_config));
-    };
-    hooks.default_seqlen = 4606;  // the seed's 256x480, 5 s sample: 3840 video + 126 audio + 640 text
-    hooks.shapes_note = "checkpoint tensor table (hf_tensor_specs) under 'dit.'";
-    model_plan_registry().add("magihuman", std::move(hooks));
-  });
 }
 
 }  // namespace mmtrain::magihuman

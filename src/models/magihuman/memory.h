@@ -1,12 +1,11 @@
-// MagiHuman memory planning hooks (models/model_plan.h): an analytic estimate of the activations
-// one micro-batch keeps for backward, from the forward pass of magihuman.md §2, and the
-// parameter table for planning before the model's Module tree is registered.
+// MagiHuman's activation estimate for `mmtrain plan` (models/activation_estimate.h): the bytes
+// one micro-batch keeps for backward, from the forward pass in model.cpp.
 //
 // Per layer, for L packed tokens (D hidden, hd head_dim, Hq/Hkv heads, U up_gate rows per
 // expert, I MLP width), the tensors autograd saves when block GEMMs run in bf16 and the residual
-// stream, norms, RoPE and activations in fp32 (§2.4–2.9), assuming fused RMSNorm (input + rstd),
+// stream, norms, RoPE and activations in fp32 (model.cpp), assuming fused RMSNorm (input + rstd),
 // a flash-style attention kernel (q, k, v, out, logsumexp; no L×L matrix, kv heads not
-// expanded) and a SwiGLU7/GELU7 that saves its fp32 input only:
+// expanded) and a SwiGLU7/GELU7 that saves its fp32 input only (the sections are model.cpp's):
 //   attention.pre_norm   input h            fp32 [L,D]        4LD   (+ rstd 4L)
 //   linear_qkv           input              bf16 [L,D]        2LD
 //   q_norm / k_norm      inputs             fp32 [L,Hq·hd], [L,Hkv·hd]  4L(Hq+Hkv)hd (+ rstd)
@@ -27,19 +26,11 @@
 // (2LU).
 #pragma once
 #include "models/magihuman/config.h"
-#include "models/model_plan.h"
+#include "models/activation_estimate.h"
 
 namespace mmtrain::magihuman {
 
 // tokens = packed tokens of one micro-batch (micro_batch_size × seqlen).
 ActivationEstimate magihuman_activation_estimate(const MagiHumanConfig& config, int64_t tokens);
-
-// The model's parameters as planned before the model is registered: the trainable HF tensors
-// of hf_tensor_specs, under "dit." (MindSpeed's prefix, which the example's fsdp_plan
-// "dit.block.layers.{*}" selects).
-std::vector<PlanParam> magihuman_plan_params(const MagiHumanConfig& config);
-
-// Adds "magihuman" to model_plan_registry() (idempotent).
-void register_magihuman_plan();
 
 }  // namespace mmtrain::magihuman

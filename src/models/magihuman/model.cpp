@@ -1,5 +1,5 @@
-// MagiHuman DiT forward and loss, exactly as the upstream training forward (spec: magihuman.md
-// §2-3). Tokens stay in their original packed order throughout; modality experts gather their
+// MagiHuman DiT forward and loss, exactly as the upstream training forward (daVinci-MagiHuman's
+// DiT and its flow-matching loss; docs/magihuman.md). Tokens stay in their original packed order throughout; modality experts gather their
 // rows by index (the upstream permutation to modality-sorted order is a speed trick with the
 // same math). Precision follows upstream: fp32 residual stream, norms, RoPE and activations;
 // block GEMMs in the parameter dtype (bf16 in real runs) with outputs rounded to it before the
@@ -11,23 +11,26 @@
 #include "models/magihuman/fused_ops.h"
 #include "models/magihuman/ops.h"
 
-#include <algorithm>
 #include <array>
-#include <mutex>
 
 namespace mmtrain::magihuman {
 namespace {
 
-// A module holding one parameter named "weight" (and optionally "bias").
+// A module holding one parameter named "weight" (and optionally "bias"). The public checkpoint
+// stores linear weights and biases in bf16, norms in fp32.
 class Weight : public Module {
  public:
   Weight(std::vector<int64_t> shape, bool is_norm, int64_t bias_rows = 0)
       : weight(add_param("weight", std::move(shape))) {
+    weight.checkpoint_dtype = is_norm ? at::kFloat : at::kBFloat16;
     if (is_norm) {  // (1 + w) norms: zero-centred gamma
       weight.init_normal = false;
       weight.init_constant = 0.0;
     }
-    if (bias_rows > 0) bias = &add_param("bias", {bias_rows});
+    if (bias_rows > 0) {
+      bias = &add_param("bias", {bias_rows});
+      bias->checkpoint_dtype = at::kBFloat16;
+    }
   }
   Param& weight;
   Param* bias = nullptr;
@@ -198,6 +201,7 @@ class Adapter : public Module {
     rope = add_child("rope", std::make_shared<ModuleGroup>());
     bands = &rope->add_param("bands", {c.rope_bands()});
     bands->trainable = false;
+    bands->checkpoint_dtype = at::kFloat;
     const int64_t count = c.rope_bands();
     bands->init_value = [count] {
       // bands[k] = 1 / 10000^(k / B), computed as upstream: fp32 exponent, then the power.
@@ -226,6 +230,9 @@ class MagiHumanModel : public Model {
                                         std::make_shared<Weight>(std::vector<int64_t>{c.video_in_channels, c.hidden_size}, false));
     final_linear_audio = dit->add_child("final_linear_audio",
                                         std::make_shared<Weight>(std::vector<int64_t>{c.audio_in_channels, c.hidden_size}, false));
+    std::vector<NamedShape> tensors;
+    for (auto& [name, param] : named_parameters()) tensors.emplace_back(name, param->shape);
+    active_linear_params_ = magihuman_active_linear_params(tensors, c.mm_layers);
   }
 
   ModelOutput forward(const Batch& batch) override {
@@ -311,58 +318,14 @@ class MagiHumanModel : public Model {
     return loss.defined() ? loss : diff.sum() * 0.0;
   }
 
-  std::string hf_key(const std::string& param_name) const override {
-    static const std::string prefix = "dit.";
-    if (param_name.rfind(prefix, 0) != 0) fail("magihuman: parameter '", param_name, "' is outside dit.");
-    return param_name.substr(prefix.size());
-  }
-
-  bool hf_layout_differs(const std::string& param_name) const override {
-    return c_.deinterleave_mlp && gated_layer_of(param_name) >= 0;
-  }
-
-  int64_t expected_layout_conversions() const override { return c_.deinterleave_mlp ? c_.num_gated_layers() : 0; }
-
-  // Training layout of a gated up_gate_proj, per expert block of U = 2I rows: [gate 0..I-1 |
-  // linear 0..I-1]; on disk row 2j is gate j and row 2j+1 linear j.
-  at::Tensor hf_load_rows(const std::string& param_name, int64_t begin, int64_t end, const HfRowReader& read) const override {
-    if (!hf_layout_differs(param_name) || begin == end) return read(hf_key(param_name), begin, end);
-    const int64_t half = c_.mlp_width(gated_layer_of(param_name));
-    std::vector<int64_t> disk_rows;
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t block = r / (2 * half), local = r % (2 * half);
-      disk_rows.push_back(block * 2 * half + (local < half ? 2 * local : 2 * (local - half) + 1));
-    }
-    const auto [lo, hi] = std::minmax_element(disk_rows.begin(), disk_rows.end());
-    auto span = read(hf_key(param_name), *lo, *hi + 1);
-    auto index = at::tensor(disk_rows, at::kLong) - *lo;
-    return span.index_select(0, index);
-  }
-
-  at::Tensor to_hf_layout(const std::string& param_name, const at::Tensor& full) const override {
-    if (!hf_layout_differs(param_name)) return full;
-    const int64_t half = c_.mlp_width(gated_layer_of(param_name));
-    const int64_t blocks = full.size(0) / (2 * half);
-    return full.reshape({blocks, 2, half, full.size(1)}).transpose(1, 2).reshape(full.sizes());
-  }
-
   // The seed's convention (docs/flops.md): 6 x active linear params x tokens + 7 s^2 attention.
   double train_flops(const Batch& batch) const override {
-    return magihuman_train_flops_for_batch(c_, batch_get(batch, "cu_seqlens"));
+    return magihuman_train_flops_for_batch(c_, batch_get(batch, "cu_seqlens"), active_linear_params_);
   }
 
  private:
-  // Layer index when param_name is a gated (SwiGLU7) layer's up_gate_proj, else -1.
-  int64_t gated_layer_of(const std::string& param_name) const {
-    static const std::string prefix = "dit.block.layers.", suffix = ".mlp.up_gate_proj.weight";
-    if (param_name.rfind(prefix, 0) != 0 || param_name.size() <= prefix.size() + suffix.size() ||
-        param_name.compare(param_name.size() - suffix.size(), suffix.size(), suffix) != 0)
-      return -1;
-    const int64_t layer = std::stoll(param_name.substr(prefix.size(), param_name.size() - prefix.size() - suffix.size()));
-    return c_.is_gelu7_layer(layer) ? -1 : layer;
-  }
-
   MagiHumanConfig c_;
+  double active_linear_params_ = 0;  // N of the seed's FLOPs rule, over this model's own tensors
   std::shared_ptr<Adapter> adapter;
   std::vector<std::shared_ptr<Layer>> layers;
   std::shared_ptr<Weight> final_norm_video, final_norm_audio, final_linear_video, final_linear_audio;
@@ -370,17 +333,8 @@ class MagiHumanModel : public Model {
 
 }  // namespace
 
-std::shared_ptr<Model> make_magihuman(const nlohmann::json& model_config) {
-  return std::make_shared<MagiHumanModel>(MagiHumanConfig::from_json(model_config));
+std::shared_ptr<Model> make_magihuman(const MagiHumanConfig& config) {
+  return std::make_shared<MagiHumanModel>(config);
 }
 
 }  // namespace mmtrain::magihuman
-
-namespace mmtrain {
-
-void register_magihuman_model() {
-  static std::once_flag once;
-  std::call_once(once, [] { model_registry().add("magihuman", magihuman::make_magihuman); });
-}
-
-}  // namespace mmtrain

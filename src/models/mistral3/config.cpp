@@ -87,7 +87,7 @@ Mistral3Config Mistral3Config::from_json(const nlohmann::json& j) {
   if (flag) fail("model.config.multimodal_projector_bias: true is not supported (Magistral has no biases)");
   flag = false;
   top.get("tie_word_embeddings", flag);
-  if (flag) fail("model.config.tie_word_embeddings: true is not supported; Magistral's lm_head is untied (spec §1.1)");
+  if (flag) fail("model.config.tie_word_embeddings: true is not supported; Magistral's lm_head is untied");
   int64_t feature_layer = -1;
   top.get("vision_feature_layer", feature_layer);
   if (feature_layer != -1) fail("model.config.vision_feature_layer: only -1 (last layer) is supported, got ", feature_layer);

@@ -1,5 +1,5 @@
 // Mistral3 (Magistral-Small-2509: Pixtral vision encoder + projector + Mistral LM) dimensions,
-// read from model.config in the layout of the HF config.json (spec: magistral.md §1):
+// read from model.config in the layout of the HF config.json (docs/mistral3.md):
 //
 //   model.config:
 //     text_config:   {vocab_size, hidden_size, num_hidden_layers, num_attention_heads,

@@ -1,25 +1,27 @@
-// Mistral3 forward and loss as HF transformers' Mistral3ForConditionalGeneration (spec:
-// magistral.md §2-4). Precision follows HF: activations in the parameter dtype, RMSNorm in fp32
+// Mistral3 forward and loss as HF transformers' Mistral3ForConditionalGeneration
+// (docs/mistral3.md). Precision follows HF: activations in the parameter dtype, RMSNorm in fp32
 // then cast back before the weight multiply, RoPE tables in fp32 cast to the activation dtype,
 // logits upcast to fp32 for the loss.
 #include "models/mistral3/model.h"
 
 #include "core/error.h"
+#include "models/mistral3/flops.h"
 #include "nn/chunked_cross_entropy.h"
 #include "nn/ops.h"
 
 #include <ATen/core/Reduction.h>
 
-#include <mutex>
 #include <optional>
 
 namespace mmtrain::mistral3 {
 namespace {
 
 // A module holding one parameter named "weight": a bias-free linear, a norm or an embedding.
+// Magistral's public checkpoint stores every tensor in bf16.
 class Weight : public Module {
  public:
   Weight(std::vector<int64_t> shape, bool is_norm) : weight(add_param("weight", std::move(shape))) {
+    weight.checkpoint_dtype = at::kBFloat16;
     if (is_norm) {  // RMSNorm gamma starts at 1
       weight.init_normal = false;
       weight.init_constant = 1.0;
@@ -214,44 +216,6 @@ class TextLayer : public Module {
   Mistral3Config c_;
 };
 
-bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
-
-}  // namespace
-
-Mistral3Flops mistral3_flops_terms(const Mistral3Config& c, const std::vector<int64_t>& seqlens,
-                                   const std::vector<std::pair<int64_t, int64_t>>& image_sizes) {
-  Mistral3Flops f;
-  const double H = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
-  f.text_matmul_params = c.num_layers * (H * q + 2 * H * kv + q * H + 3 * H * c.intermediate_size) +
-                         static_cast<double>(c.vocab_size) * H;
-  double tokens = 0, causal_keys = 0;  // sum over queries of the keys each attends to
-  for (int64_t s : seqlens) {
-    tokens += s;
-    causal_keys += static_cast<double>(s) * (s + 1) / 2.0;
-  }
-  f.text_matmul = 6.0 * f.text_matmul_params * tokens;
-  f.text_attention = 3.0 * 4.0 * c.num_layers * q * causal_keys;
-  const double Dv = c.vision_hidden_size, p = c.patch_size, m = c.spatial_merge_size;
-  f.vision_matmul_params = c.vision_num_layers * (4 * Dv * Dv + 3 * Dv * c.vision_intermediate_size) + Dv * c.num_channels * p * p;
-  f.projector_matmul_params = Dv * m * m * Dv + Dv * H + H * H;
-  f.vision_multiplier = c.freeze_vision ? 1.0 : 3.0;
-  for (const auto& [height, width] : image_sizes) {
-    const int64_t h = height / c.patch_size, w = width / c.patch_size;
-    const double patches = static_cast<double>(h) * w;
-    const double merged = static_cast<double>(h / c.spatial_merge_size) * (w / c.spatial_merge_size);
-    f.vision_forward += 2.0 * f.vision_matmul_params * patches + 4.0 * c.vision_num_layers * Dv * patches * patches;
-    f.projector_forward += 2.0 * f.projector_matmul_params * merged;
-  }
-  return f;
-}
-
-double mistral3_train_flops(const Mistral3Config& c, const std::vector<int64_t>& seqlens,
-                            const std::vector<std::pair<int64_t, int64_t>>& image_sizes) {
-  return mistral3_flops_terms(c, seqlens, image_sizes).total();
-}
-
-namespace {
-
 class Mistral3Model : public Model {
  public:
   explicit Mistral3Model(const Mistral3Config& config) : c_(config) {
@@ -384,19 +348,6 @@ class Mistral3Model : public Model {
     return mistral3_train_flops(c_, seqlens, image_hw);
   }
 
-  std::string hf_key(const std::string& param_name) const override { return param_name; }
-
-  std::vector<std::string> hf_key_aliases(const std::string& name) const override {
-    static const std::pair<std::string, std::string> renames[] = {
-        {"model.language_model.", "language_model.model."},
-        {"lm_head.", "language_model.lm_head."},
-        {"model.vision_tower.", "vision_tower."},
-        {"model.multi_modal_projector.", "multi_modal_projector."}};
-    for (const auto& [current, legacy] : renames)
-      if (starts_with(name, current)) return {legacy + name.substr(current.size())};
-    return {};
-  }
-
  private:
   // Vision tower + projector for all images of the batch: [sum_i L_i, H] in the text order.
   at::Tensor image_features(const at::Tensor& pixel_values, const at::Tensor& image_sizes, ModelOutput& result) {
@@ -473,17 +424,6 @@ class Mistral3Model : public Model {
 
 }  // namespace
 
-std::shared_ptr<Model> make_mistral3(const nlohmann::json& model_config) {
-  return std::make_shared<Mistral3Model>(Mistral3Config::from_json(model_config));
-}
+std::shared_ptr<Model> make_mistral3(const Mistral3Config& config) { return std::make_shared<Mistral3Model>(config); }
 
 }  // namespace mmtrain::mistral3
-
-namespace mmtrain {
-
-void register_mistral3_model() {
-  static std::once_flag once;
-  std::call_once(once, [] { model_registry().add("mistral3", mistral3::make_mistral3); });
-}
-
-}  // namespace mmtrain

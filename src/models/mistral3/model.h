@@ -1,6 +1,6 @@
 // Mistral3 (Magistral-Small-2509) as a trainable model (model_id "mistral3"): Pixtral vision
 // encoder -> projector (RMSNorm, PatchMerger, linear-GELU-linear) -> features scattered into the
-// text embeddings at [IMG] tokens -> Mistral LM -> shifted cross-entropy (spec: magistral.md §1-5).
+// text embeddings at [IMG] tokens -> Mistral LM -> shifted cross-entropy (docs/mistral3.md).
 //
 // Batch keys:
 //   input_ids     int64 [B, S]
@@ -25,50 +25,20 @@
 // images as one sequence), "projected_features" [N_[IMG], H], "logits" [B, S, V].
 //
 // Parameter names are the HF names of transformers >= 4.52 (model.language_model.*,
-// model.vision_tower.*, model.multi_modal_projector.*, lm_head.weight); the legacy names
-// (language_model.model.*, language_model.lm_head.weight, vision_tower.*,
-// multi_modal_projector.*) load too. Blocks for fsdp/recompute plans:
-// model.language_model.layers.{*} and model.vision_tower.transformer.layers.{*}.
+// model.vision_tower.*, model.multi_modal_projector.*, lm_head.weight); the legacy names load too
+// (hf_adapter.h). Every tensor's checkpoint dtype is bf16, as in Magistral's public checkpoint.
+// Blocks for fsdp/recompute plans: model.language_model.layers.{*} and
+// model.vision_tower.transformer.layers.{*}.
 // With freeze_vision (default), vision tower and projector params have requires_grad = false
 // and run under no-grad: no grads, no reduce-scatter for vision units, no optimizer updates.
 #pragma once
 #include "models/mistral3/config.h"
 #include "models/model.h"
 
-#include <utility>
-#include <vector>
+#include <memory>
 
 namespace mmtrain::mistral3 {
 
-std::shared_ptr<Model> make_mistral3(const nlohmann::json& model_config);
-
-// Model FLOPs of forward + backward (spec magistral.md §9) for samples of lengths seqlens: text
-// 6 * matmul params (layers + lm_head) * tokens + 3 * 4 * layers * q_dim * sum_s s(s+1)/2 (causal);
-// per image (H, W): vision 2 * matmul params * patches + 4 * layers * Dv * patches^2 (full
-// attention inside the image) + projector 2 * matmul params * merged tokens, times 1 when
-// freeze_vision (forward only) else 3.
-double mistral3_train_flops(const Mistral3Config& c, const std::vector<int64_t>& seqlens,
-                            const std::vector<std::pair<int64_t, int64_t>>& image_sizes);
-
-// The terms of mistral3_train_flops, for reporting them apart (`mmtrain flops mistral3`).
-struct Mistral3Flops {
-  double text_matmul_params = 0;       // layers + lm_head (the embedding is a lookup: 0 FLOPs)
-  double vision_matmul_params = 0;     // patch_conv + layers
-  double projector_matmul_params = 0;  // merging_layer + linear_1 + linear_2
-  double text_matmul = 0;              // forward + backward
-  double text_attention = 0;           // forward + backward, causal
-  double vision_forward = 0;           // all images: matmuls + attention inside each image
-  double projector_forward = 0;
-  double vision_multiplier = 1;        // 1 when freeze_vision (forward only), else 3
-  double total() const {
-    return text_matmul + text_attention + vision_multiplier * (vision_forward + projector_forward);
-  }
-};
-Mistral3Flops mistral3_flops_terms(const Mistral3Config& c, const std::vector<int64_t>& seqlens,
-                                   const std::vector<std::pair<int64_t, int64_t>>& image_sizes);
+std::shared_ptr<Model> make_mistral3(const Mistral3Config& config);
 
 }  // namespace mmtrain::mistral3
-
-namespace mmtrain {
-void register_mistral3_model();
-}

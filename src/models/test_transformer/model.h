@@ -1,7 +1,8 @@
 // The engine's test model: a small Llama-style causal LM (RMSNorm, GQA attention with RoPE,
 // SwiGLU MLP, untied lm_head). Not a product model: it exists so FSDP, recompute, checkpoints
 // and the trainer can be checked against PyTorch (tests/parity/reference_transformer.py is its
-// twin, written from the same spec). Registered as model_id "test_transformer".
+// twin, written from the same description), and it is a model like the others: model_id
+// "test_transformer" (spec.cpp), trained end to end by the e2e tests, benchmarks and parity tests.
 //
 // Parameters: embed.weight [V,H]; layers.{i}.{attn_norm,mlp_norm}.weight [H];
 // layers.{i}.attn.{wq [nh*hd,H], wk [nkv*hd,H], wv [nkv*hd,H], wo [H,nh*hd]}.weight;
@@ -25,8 +26,5 @@ struct TestTransformerConfig {
 };
 
 std::shared_ptr<Model> make_test_transformer(const nlohmann::json& model_config);
-
-// Registers "test_transformer" (model) and "token_file"/"causal_lm" are generic: see src/data.
-void register_test_models();
 
 }  // namespace mmtrain

@@ -1,24 +1,18 @@
-// Per-model hooks for `mmtrain plan` (src/tools/plan.cpp), registered by model_id next to the
-// model factory: an analytic estimate of activation memory (which depends on what the model's
-// forward saves for backward, so only the model can say), and optionally the parameter table for
-// a model whose Module tree is not registered (yet), so its sharded memory can still be planned.
-// A model registered in model_registry() is always planned from its real Module tree.
+// What `mmtrain plan` asks a model about activations: the bytes one micro-batch keeps for
+// backward on one rank, split so that the plan can show them with and without recompute. Only
+// the model can say, since it depends on what its forward saves.
 #pragma once
-#include "core/registry.h"
-#include "fsdp/plan.h"
-
 #include <c10/core/ScalarType.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace mmtrain {
 
-// Activation bytes of one micro-batch on one rank. Layers are the blocks recompute wraps.
+// Layers are the blocks recompute wraps.
 struct ActivationEstimate {
   int64_t tokens = 0;                 // tokens in the micro-batch
   int64_t num_layers = 0;
@@ -41,14 +35,5 @@ struct ActivationQuery {
   int64_t micro_batch_size = 1;        // samples per micro-batch
   at::ScalarType param_dtype = at::kFloat;  // the gathered params' dtype
 };
-
-struct ModelPlanHooks {
-  std::function<ActivationEstimate(const ActivationQuery&)> activations;      // may be empty
-  std::function<std::vector<PlanParam>(const nlohmann::json& model_config)> param_shapes;  // may be empty
-  int64_t default_seqlen = 0;          // used when `plan` gets no --seqlen; 0 = required
-  std::string shapes_note;             // how param_shapes names tensors, for the plan's header
-};
-
-Registry<ModelPlanHooks>& model_plan_registry();
 
 }  // namespace mmtrain

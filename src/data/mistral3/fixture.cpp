@@ -1,11 +1,6 @@
-// `mmtrain fixture mistral3`: a self-contained image-text SFT set for tiny mistral3 configs. The
-// tokenizer is byte-level (no merges): the 20 mistral-common control tokens then the 256 bytes,
-// in the tekken.json format, so it loads through the same TekkenTokenizer as a real file. Images
-// are solid colour rectangles of random sizes; each answer names the colour (and for two-image
-// records, which is wider), so a model that reads its images can lower the loss well below a
-// model that cannot.
-#include "tools/fixture.h"
+#include "data/mistral3/fixture.h"
 
+#include "core/cli_command.h"
 #include "core/error.h"
 #include "data/tokenizer/byte_bpe.h"
 #include "data/tokenizer/tekken.h"
@@ -13,12 +8,14 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <nlohmann/json.hpp>
+#include <CLI/CLI.hpp>
 #include <stb/stb_image_write.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
-namespace mmtrain {
+namespace mmtrain::mistral3 {
 namespace {
 namespace fs = std::filesystem;
 
@@ -113,6 +110,32 @@ void fixture_mistral3_data(const std::string& out_dir, const Mistral3DataFixture
                        {"conversations", {{{"from", "human"}, {"value", long_prompt + "\n<image>"}}, answer}}});
   }
   std::ofstream(root / "conversations.json") << records.dump(1);
+  std::printf("wrote %lld records (%s) with tekken.json and images/ to %s\n",
+              static_cast<long long>(records.size()), o.bad_records ? "bad records included" : "all good",
+              out_dir.c_str());
 }
 
-}  // namespace mmtrain
+namespace {
+
+struct FixtureArgs {
+  std::string out_dir;
+  Mistral3DataFixture options;
+};
+
+const FixtureRegistration fixture(
+    "mistral3", {"image-text SFT set for mistral3: tekken.json, images/, conversations.json (dataset huggingface)",
+                 [](CLI::App& cmd) {
+                   auto a = std::make_shared<FixtureArgs>();
+                   auto& o = a->options;
+                   cmd.add_option("--out", a->out_dir, "output directory")->required();
+                   cmd.add_option("--samples", o.samples, "number of good records")->capture_default_str();
+                   cmd.add_option("--seed", o.seed, "random seed")->capture_default_str();
+                   cmd.add_option("--min-side", o.min_side, "smallest image side in pixels")->capture_default_str();
+                   cmd.add_option("--max-side", o.max_side, "largest image side in pixels")->capture_default_str();
+                   cmd.add_flag("--bad-records", o.bad_records, "append one record per reason the dataset drops");
+                   return [a] { fixture_mistral3_data(a->out_dir, a->options); };
+                 }});
+
+}  // namespace
+}  // namespace mmtrain::mistral3
+

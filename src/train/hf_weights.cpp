@@ -1,6 +1,7 @@
-#include "train/weights.h"
+#include "train/hf_weights.h"
 
 #include "core/error.h"
+#include "core/text.h"
 
 #include <filesystem>
 #include <map>
@@ -32,16 +33,16 @@ at::Tensor WeightSource::read_rows(const std::string& name, int64_t begin, int64
   return file_ ? file_->read_rows(name, begin, end) : index_->read_rows(name, begin, end);
 }
 
-int64_t load_hf_weights(Model& model, Fsdp& fsdp, const WeightSource& source) {
+int64_t load_hf_weights(Model& model, const HfAdapter& adapter, Fsdp& fsdp, const WeightSource& source) {
   const auto& path = source.path();
   std::set<std::string> expected;
   std::vector<std::string> missing;
   int64_t conversions = 0;
   std::map<std::string, std::string> source_key;  // hf_key -> the name in this checkpoint
   for (auto& [name, param] : model.named_parameters()) {
-    auto key = model.hf_key(name);
+    auto key = adapter.hf_key(name);
     if (!source.contains(key))
-      for (const auto& alias : model.hf_key_aliases(name))
+      for (const auto& alias : adapter.hf_key_aliases(name))
         if (source.contains(alias)) {
           source_key[key] = alias;
           key = alias;
@@ -54,11 +55,11 @@ int64_t load_hf_weights(Model& model, Fsdp& fsdp, const WeightSource& source) {
     }
     const auto& info = source.info(key);
     if (info.shape != param->shape)
-      fail("model weights ", path, ": '", key, "' has shape ", at::IntArrayRef(info.shape), ", the model expects ",
-           at::IntArrayRef(param->shape));
+      fail("model weights ", path, ": '", key, "' has shape ", shape_str(info.shape), ", the model expects ",
+           shape_str(param->shape));
     if (!at::isFloatingType(info.dtype))
       fail("model weights ", path, ": '", key, "' has dtype ", c10::toString(info.dtype), ", expected a float type");
-    if (model.hf_layout_differs(name)) ++conversions;
+    if (adapter.layout_differs(name)) ++conversions;
   }
   if (!missing.empty()) {
     std::string listed;
@@ -68,19 +69,19 @@ int64_t load_hf_weights(Model& model, Fsdp& fsdp, const WeightSource& source) {
   }
   for (const auto& key : source.names())
     if (!expected.count(key)) fail("model weights ", path, ": unexpected key '", key, "' (not a tensor of the model)");
-  if (conversions != model.expected_layout_conversions())
+  if (conversions != adapter.expected_layout_conversions())
     fail("model weights ", path, ": converted the layout of ", conversions, " tensors, the config expects ",
-         model.expected_layout_conversions(), " (gated layers): refusing to train on a half-converted model");
+         adapter.expected_layout_conversions(), " (gated layers): refusing to train on a half-converted model");
 
   auto read = [&](const std::string& key, int64_t b, int64_t e) {
     auto it = source_key.find(key);
     return source.read_rows(it == source_key.end() ? key : it->second, b, e);
   };
-  fsdp.load_params([&](const std::string& name, int64_t b, int64_t e) { return model.hf_load_rows(name, b, e, read); });
+  fsdp.load_params([&](const std::string& name, int64_t b, int64_t e) { return adapter.load_rows(name, b, e, read); });
   for (auto& [name, param] : model.named_parameters()) {
     if (param->trainable) continue;
     const int64_t rows = param->shape.empty() ? 1 : param->shape[0];
-    param->value = read(model.hf_key(name), 0, rows).to(fsdp.options().device, at::kFloat);
+    param->value = read(adapter.hf_key(name), 0, rows).to(fsdp.device(), at::kFloat);
   }
   return conversions;
 }
@@ -91,33 +92,6 @@ void init_buffers(Model& model, at::Device device) {
     if (!param->init_value) fail("buffer '", name, "' has no init rule and no weights were given");
     param->value = param->init_value().to(device);
   }
-}
-
-std::vector<ShardedTensor> model_sharded_tensors(Model& model, Fsdp& fsdp, int rank) {
-  std::vector<ShardedTensor> out;
-  for (auto* unit : fsdp.units())
-    for (auto& p : unit->params)
-      out.push_back({"model." + p.name, p.param->shape, p.layout.row_begin(rank),
-                     p.shard.narrow(0, 0, p.layout.rows(rank))});
-  for (auto& [name, param] : model.named_parameters()) {
-    if (param->trainable) continue;
-    const int64_t rows = param->value.size(0);
-    out.push_back({"model." + name, param->shape, rank == 0 ? 0 : rows,
-                   rank == 0 ? param->value : param->value.narrow(0, 0, 0)});
-  }
-  return out;
-}
-
-void load_checkpoint_model(Model& model, Fsdp& fsdp, const CheckpointReader& reader) {
-  for (auto& [name, param] : model.named_parameters()) {
-    const auto key = "model." + name;
-    if (!reader.contains(key)) fail("checkpoint ", reader.dir(), ": missing tensor '", key, "'");
-    if (reader.global_shape(key) != param->shape)
-      fail("checkpoint ", reader.dir(), ": '", key, "' has shape ", at::IntArrayRef(reader.global_shape(key)),
-           ", the model expects ", at::IntArrayRef(param->shape));
-    if (!param->trainable) param->value = reader.read_full(key).to(fsdp.options().device, at::kFloat);
-  }
-  fsdp.load_params([&](const std::string& name, int64_t b, int64_t e) { return reader.read_rows("model." + name, b, e); });
 }
 
 }  // namespace mmtrain

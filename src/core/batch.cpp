@@ -1,13 +1,8 @@
-#include "models/model.h"
+#include "core/batch.h"
 
 #include "core/error.h"
 
 namespace mmtrain {
-
-Registry<ModelFactory>& model_registry() {
-  static Registry<ModelFactory> registry("model");
-  return registry;
-}
 
 const at::Tensor& batch_get(const Batch& batch, const std::string& key) {
   auto it = batch.find(key);

@@ -1,0 +1,30 @@
+// A subcommand a component contributes to the mmtrain command line without src/tools/ naming it:
+// the data fixtures (`mmtrain fixture NAME`) are registered from the dataset folders that know
+// their formats. define() adds the command's options to the CLI11 command it is given and
+// returns what runs it once the line is parsed.
+#pragma once
+#include "core/registry.h"
+
+#include <functional>
+#include <string>
+
+namespace CLI {
+class App;
+}
+
+namespace mmtrain {
+
+struct CliCommand {
+  std::string help;
+  std::function<std::function<void()>(CLI::App& command)> define;
+};
+
+// `mmtrain fixture NAME`: synthetic data sets, so that nothing is ever downloaded.
+Registry<CliCommand>& fixture_registry();
+
+// Registers at static initialisation: `static const FixtureRegistration r("tokens", {...});`.
+struct FixtureRegistration {
+  FixtureRegistration(const std::string& name, CliCommand command);
+};
+
+}  // namespace mmtrain

@@ -1,0 +1,133 @@
+// `mmtrain fixture magihuman --out DIR`: synthetic MagiHuman precomputed samples in the
+// `magihuman_precomputed` layout: DIR/{latents, audio_latents, conditions}/sample_NNNNNN.{pt,
+// safetensors}. Defaults are the official 5 s 256p shape: video [3840, 192] on the grid (32, 8,
+// 15), audio [126, 64], text [640, 3584], 4606 packed tokens. Clean values are i.i.d. N(0, 1)
+// (unit-variance like normalised VAE latents, so a zero prediction scores E[(eps - x0)^2] = 2 per
+// modality, loss 4), drawn per sample from a generator seeded by (seed, sample index): video,
+// then audio, then text.
+#include "checkpoint/safetensors.h"
+#include "core/cli_command.h"
+#include "core/error.h"
+#include "core/random.h"
+#include "data/magihuman/precomputed_dataset.h"
+
+#include <CLI/CLI.hpp>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <set>
+#include <sstream>
+
+namespace mmtrain::magihuman {
+namespace {
+
+struct DataFixture {
+  std::string out_dir;
+  int64_t samples = 8;
+  std::string video_grid = "32,8,15";  // T,H',W'
+  int64_t audio_tokens = 126;
+  int64_t text_tokens = 640;
+  int64_t video_channels = 192;
+  int64_t audio_channels = 64;
+  int64_t text_channels = 3584;
+  std::string format = "pt";  // pt (torch.save zip, loadable by torch.load(weights_only=True)) | safetensors
+  uint64_t seed = 0;
+};
+
+// "T,H,W" -> {T, H, W}, all >= 1.
+std::array<int64_t, 3> parse_video_grid(const std::string& text) {
+  std::array<int64_t, 3> grid{};
+  std::stringstream in(text);
+  std::string part;
+  int n = 0;
+  while (std::getline(in, part, ',')) {
+    size_t used = 0;
+    int64_t value = 0;
+    try {
+      value = std::stoll(part, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (n >= 3 || used != part.size() || part.empty() || value < 1)
+      fail("--video-grid: expected three integers >= 1 as T,H,W (e.g. 32,8,15), found '", text, "'");
+    grid[n++] = value;
+  }
+  if (n != 3) fail("--video-grid: expected three integers >= 1 as T,H,W (e.g. 32,8,15), found '", text, "'");
+  return grid;
+}
+
+void write_samples(const DataFixture& o) {
+  const auto video_grid = parse_video_grid(o.video_grid);
+  if (o.samples <= 0) fail("fixture magihuman: --samples must be >= 1, found ", o.samples);
+  if (o.audio_tokens < 0 || o.text_tokens < 0)
+    fail("fixture magihuman: --audio-tokens and --text-tokens must be >= 0, found ", o.audio_tokens, ", ", o.text_tokens);
+  if (o.video_channels <= 0 || o.video_channels % 4 != 0)
+    fail("fixture magihuman: --video-channels must be a positive multiple of 4 (latent channels x 1x2x2 patch), found ",
+         o.video_channels);
+  if (o.audio_channels <= 0 || o.text_channels <= 0)
+    fail("fixture magihuman: --audio-channels and --text-channels must be >= 1, found ", o.audio_channels, ", ",
+         o.text_channels);
+  namespace fs = std::filesystem;
+  const fs::path root(o.out_dir);
+  const char* const subdirs[] = {"latents", "audio_latents", "conditions"};
+  const std::string ext = "." + o.format;
+  auto stem = [](int64_t i) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "sample_%06lld", static_cast<long long>(i));
+    return std::string(buf);
+  };
+  // Files this run writes may be overwritten; any other sample file would join the data set.
+  std::set<std::string> ours;
+  for (int64_t i = 0; i < o.samples; ++i) ours.insert(stem(i) + ext);
+  for (const char* sub : subdirs) {
+    fs::create_directories(root / sub);
+    for (const auto& entry : fs::directory_iterator(root / sub)) {
+      const auto p = entry.path();
+      if ((p.extension() == ".pt" || p.extension() == ".safetensors") && !ours.count(p.filename().string()))
+        fail("fixture magihuman: ", p.string(), " is not a file this fixture writes (", o.samples, " samples, --format ",
+             o.format, "): use an empty --out directory");
+    }
+  }
+  const int64_t nv = video_grid[0] * video_grid[1] * video_grid[2];
+  for (int64_t i = 0; i < o.samples; ++i) {
+    auto gen = indexed_generator(o.seed, static_cast<uint64_t>(i));
+    const auto video = at::randn({nv, o.video_channels}, gen, at::kFloat);
+    const auto audio = at::randn({o.audio_tokens, o.audio_channels}, gen, at::kFloat);
+    const auto text = at::randn({o.text_tokens, o.text_channels}, gen, at::kFloat);
+    const auto grid = at::tensor(std::vector<int64_t>(video_grid.begin(), video_grid.end()), at::kLong);
+    const std::vector<std::vector<std::pair<std::string, at::Tensor>>> files = {
+        {{"video_latent", video}, {"video_grid_thw", grid}}, {{"audio_latent", audio}}, {{"prompt_embeds", text}}};
+    for (int k = 0; k < 3; ++k) {
+      const auto path = (root / subdirs[k] / (stem(i) + ext)).string();
+      if (o.format == "pt")
+        write_pt_file(path, files[k]);
+      else
+        safetensors_write(path, files[k], {{"generator", "mmtrain fixture magihuman"}});
+    }
+  }
+  std::printf("wrote %lld samples to %s\n", static_cast<long long>(o.samples), o.out_dir.c_str());
+}
+
+const FixtureRegistration fixture(
+    "magihuman", {"MagiHuman precomputed samples: DIR/{latents,audio_latents,conditions}/ (dataset magihuman_precomputed)",
+                  [](CLI::App& cmd) {
+                    auto o = std::make_shared<DataFixture>();
+                    cmd.add_option("--out", o->out_dir, "output .precomputed directory")->required();
+                    cmd.add_option("--samples", o->samples, "number of samples")->capture_default_str();
+                    cmd.add_option("--seed", o->seed, "random seed of the clean latents")->capture_default_str();
+                    cmd.add_option("--video-grid", o->video_grid, "video token grid T,H',W'")->capture_default_str();
+                    cmd.add_option("--audio-tokens", o->audio_tokens, "audio latent rows")->capture_default_str();
+                    cmd.add_option("--text-tokens", o->text_tokens, "text embedding rows")->capture_default_str();
+                    cmd.add_option("--video-channels", o->video_channels, "video token width (latent channels x 4)")
+                        ->capture_default_str();
+                    cmd.add_option("--audio-channels", o->audio_channels, "audio latent width")->capture_default_str();
+                    cmd.add_option("--text-channels", o->text_channels, "text embedding width")->capture_default_str();
+                    cmd.add_option("--format", o->format, "pt (torch.save) or safetensors")
+                        ->check(CLI::IsMember({"pt", "safetensors"}))
+                        ->capture_default_str();
+                    return [o] { write_samples(*o); };
+                  }});
+
+}  // namespace
+}  // namespace mmtrain::magihuman

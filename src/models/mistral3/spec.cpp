@@ -1,0 +1,114 @@
+// The Mistral3 (Magistral-Small-2509) spec: what the tools and the trainer know of model_id
+// "mistral3".
+#include "checkpoint/atomic_file.h"
+#include "core/error.h"
+#include "core/text.h"
+#include "models/mistral3/flops.h"
+#include "models/mistral3/hf_adapter.h"
+#include "models/mistral3/model.h"
+#include "models/model_spec.h"
+
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+
+namespace mmtrain::mistral3 {
+namespace {
+
+// An HF model directory describes itself in config.json (read as model.config).
+nlohmann::json config_from_checkpoint(const std::string& hf_dir) {
+  const auto path = std::filesystem::path(hf_dir) / "config.json";
+  if (!std::filesystem::exists(path))
+    fail("mistral3 checkpoint ", hf_dir, ": no config.json; give --config with the model's model.config");
+  try {
+    return nlohmann::json::parse(file_read_text(path.string()));
+  } catch (const nlohmann::json::exception& e) {
+    fail("mistral3 checkpoint: ", path.string(), " is not valid JSON (", e.what(), ")");
+  }
+}
+
+FlopsReport flops(const nlohmann::json& model_config, const FlopsQuery& q) {
+  const auto c = Mistral3Config::from_json(model_config);
+  if (q.attention_coefficient)
+    fail("flops mistral3: --attention-coefficient is not used: mistral3 counts causal attention exactly");
+  int64_t patches = 0, merged = 0;
+  std::ostringstream image_list;
+  for (size_t i = 0; i < q.images.size(); ++i) {
+    const auto [h, w] = q.images[i];
+    if (h < c.patch_size || w < c.patch_size || h > c.image_size || w > c.image_size)
+      fail("flops mistral3: image ", h, "x", w, ": height and width must be in [patch_size ", c.patch_size,
+           ", vision image_size ", c.image_size, "]");
+    const int64_t gh = h / c.patch_size, gw = w / c.patch_size;
+    const int64_t image_tokens = (gh / c.spatial_merge_size) * (gw / c.spatial_merge_size);
+    patches += gh * gw;
+    merged += image_tokens;
+    image_list << (i ? ", " : "") << h << "x" << w << " (" << gh * gw << " patches -> " << image_tokens << " [IMG])";
+  }
+  const auto f = mistral3_flops_terms(c, q.seqlens, q.images);
+  int64_t tokens = 0;
+  for (int64_t s : q.seqlens) tokens += s;
+  const double text = f.text_matmul + f.text_attention;
+  const double vision = f.vision_multiplier * (f.vision_forward + f.projector_forward);
+  auto commas = [](double v) { return with_commas(std::llround(v)); };
+
+  FlopsReport r;
+  r.title = "Mistral3 FLOPs (causal text attention, vision x1 when frozen; docs/flops.md)";
+  r.lines = {
+      format("text model             %lld layers, hidden %lld, %lld q / %lld kv heads x %lld, vocab %lld",
+             static_cast<long long>(c.num_layers), static_cast<long long>(c.hidden_size),
+             static_cast<long long>(c.num_heads), static_cast<long long>(c.num_kv_heads),
+             static_cast<long long>(c.head_dim), static_cast<long long>(c.vocab_size)),
+      format("vision model           %lld layers, hidden %lld, patch %lld, merge %lld, %s",
+             static_cast<long long>(c.vision_num_layers), static_cast<long long>(c.vision_hidden_size),
+             static_cast<long long>(c.patch_size), static_cast<long long>(c.spatial_merge_size),
+             c.freeze_vision ? "frozen: forward only, x1" : "trained: forward + backward, x3"),
+      format("matmul params          text %s (layers + lm_head), vision %s, projector %s",
+             commas(f.text_matmul_params).c_str(), commas(f.vision_matmul_params).c_str(),
+             commas(f.projector_matmul_params).c_str()),
+      format("samples                %zu, seqlens [%s], %lld tokens", q.seqlens.size(), join_ints(q.seqlens).c_str(),
+             static_cast<long long>(tokens)),
+      format("text term              %.4e FLOPs = %.2f GFLOP per token (matmuls %.2f + causal attention %.2f)", text,
+             text / tokens / 1e9, f.text_matmul / tokens / 1e9, f.text_attention / tokens / 1e9),
+  };
+  if (!q.images.empty()) {
+    if (q.images.size() > 1) image_list << "; " << patches << " patches -> " << merged << " [IMG] in all";
+    r.lines.push_back(format("images                 %zu: %s", q.images.size(), image_list.str().c_str()));
+    r.lines.push_back(format("vision term            %.4e FLOPs: tower forward %.4e + projector forward %.4e, x%g (%s)",
+                             vision, f.vision_forward, f.projector_forward, f.vision_multiplier,
+                             c.freeze_vision ? "frozen" : "trained"));
+  }
+  r.fields = {{"text_matmul_params", static_cast<int64_t>(std::llround(f.text_matmul_params))},
+              {"vision_matmul_params", static_cast<int64_t>(std::llround(f.vision_matmul_params))},
+              {"projector_matmul_params", static_cast<int64_t>(std::llround(f.projector_matmul_params))},
+              {"samples", static_cast<int64_t>(q.seqlens.size())},
+              {"tokens", tokens},
+              {"text_matmul_flops", f.text_matmul},
+              {"text_attention_flops", f.text_attention},
+              {"text_flops_per_token", text / tokens},
+              {"images", static_cast<int64_t>(q.images.size())},
+              {"patches", patches},
+              {"merged_tokens", merged},
+              {"vision_forward_flops", f.vision_forward},
+              {"projector_forward_flops", f.projector_forward},
+              {"vision_multiplier", f.vision_multiplier},
+              {"vision_flops", vision}};
+  r.flops_per_sample = f.total() / static_cast<double>(q.seqlens.size());
+  return r;
+}
+
+ModelSpec mistral3_spec() {
+  ModelSpec spec;
+  spec.name = "mistral3";
+  spec.title = "Mistral3 (Magistral-Small-2509)";
+  spec.converter_alias = "Mistral3Converter";
+  spec.build = [](const nlohmann::json& j) { return make_mistral3(Mistral3Config::from_json(j)); };
+  spec.hf_adapter = [](const nlohmann::json&) { return std::make_shared<Mistral3HfAdapter>(); };
+  spec.config_from_checkpoint = config_from_checkpoint;
+  spec.flops = flops;
+  return spec;
+}
+
+const ModelSpecRegistration registration(mistral3_spec());
+
+}  // namespace
+}  // namespace mmtrain::mistral3

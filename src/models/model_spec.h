@@ -1,0 +1,59 @@
+// ModelSpec: everything mmtrain knows about one model family, registered from the model's own
+// folder (src/models/<name>/spec.cpp) and looked up by model.model_id. The trainer and the tools
+// (convert, flops, plan, fixture, debug) iterate over specs and name no model, so a new model
+// touches its own folder and nothing else (docs/adding_a_model.md).
+//
+// Tensor names, shapes and checkpoint dtypes are not part of the spec: they are the Module tree
+// `build` returns (every Param is declared where the model creates it).
+#pragma once
+#include "core/registry.h"
+#include "models/activation_estimate.h"
+#include "models/flops_report.h"
+#include "models/hf_adapter.h"
+#include "models/model.h"
+
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace mmtrain {
+
+struct ModelSpec {
+  std::string name;              // model.model_id, and the `convert` / `flops` / `fixture` subcommand
+  std::string title;             // "MagiHuman DiT", for help texts
+  std::string converter_alias;   // the seed's name of its converter ("MagiHumanConverter"); may be empty
+
+  // The Module tree for model.config (the model checks its own keys). Parameters are shapes
+  // only: nothing is allocated until FSDP shards them.
+  std::function<std::shared_ptr<Model>(const nlohmann::json& model_config)> build;
+  // The HF state-dict adapter for model.config; empty = the identity HfAdapter.
+  std::function<std::shared_ptr<const HfAdapter>(const nlohmann::json& model_config)> hf_adapter;
+  // model.config read off an HF checkpoint directory (its config.json or its tensor shapes;
+  // headers only, no tensor data). Fails saying why when the directory does not describe the
+  // model. Empty: `convert` and `flops --ckpt` need --config.
+  std::function<nlohmann::json(const std::string& hf_dir)> config_from_checkpoint;
+  // `mmtrain flops NAME`; empty: the model has no FLOPs tool.
+  std::function<FlopsReport(const nlohmann::json& model_config, const FlopsQuery& query)> flops;
+  // `mmtrain plan`'s activation estimate; empty: plan shows parameters and shards only.
+  std::function<ActivationEstimate(const ActivationQuery& query)> activations;
+  int64_t default_seqlen = 0;    // plan's tokens per sample when --seqlen is not given; 0 = required
+};
+
+Registry<ModelSpec>& model_spec_registry();
+
+// The spec of model_id; where (e.g. "config a.yaml: model.model_id") starts the message naming
+// the known models when there is none.
+const ModelSpec& model_spec(const std::string& model_id, const std::string& where = "");
+// spec.hf_adapter(model_config), or the identity adapter.
+std::shared_ptr<const HfAdapter> make_hf_adapter(const ModelSpec& spec, const nlohmann::json& model_config);
+
+// Registers a spec at static initialisation, from the model's spec.cpp:
+//   static const ModelSpecRegistration registration(magihuman_spec());
+// (mmtrain's sources are an OBJECT library, so every registrar is linked and runs.)
+struct ModelSpecRegistration {
+  explicit ModelSpecRegistration(ModelSpec spec);
+};
+
+}  // namespace mmtrain

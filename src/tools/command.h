@@ -1,0 +1,34 @@
+// How a tool puts its subcommands on the mmtrain command line: each tools/<tool>.cpp declares its
+// options on the CLI11 app main() hands it, next to the code that uses them, and registers what
+// runs once that subcommand is parsed. main() only calls the add_*_commands functions below.
+#pragma once
+#include <functional>
+#include <utility>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace mmtrain {
+
+class Commands {
+ public:
+  void add(CLI::App* command, std::function<void()> run) { commands_.emplace_back(command, std::move(run)); }
+  // Runs the action of the subcommand the line named; false when it named none of these.
+  bool run_parsed() const;
+
+ private:
+  std::vector<std::pair<CLI::App*, std::function<void()>>> commands_;
+};
+
+void add_train_commands(CLI::App& app, Commands& commands);    // train (tools/train.cpp)
+void add_fixture_commands(CLI::App& app, Commands& commands);  // fixture NAME, fixture MODEL-weights
+void add_convert_commands(CLI::App& app, Commands& commands);  // convert MODEL hf-to-ckpt | ckpt-to-hf
+void add_flops_commands(CLI::App& app, Commands& commands);    // flops MODEL
+void add_plan_commands(CLI::App& app, Commands& commands);     // plan CONFIG
+void add_logs_commands(CLI::App& app, Commands& commands);     // logs parse | summary | compare
+void add_debug_commands(CLI::App& app, Commands& commands);    // debug collate | step | tokenize | image
+void add_measure_commands(CLI::App& app, Commands& commands);  // measure gemm
+
+}  // namespace mmtrain

@@ -1,0 +1,29 @@
+// `mmtrain train CONFIG [--set key=value ...]`: one training run (under torchrun for several ranks).
+#include "dist/runtime.h"
+#include "tools/command.h"
+#include "train/trainer.h"
+
+#include <CLI/CLI.hpp>
+
+#include <memory>
+
+namespace mmtrain {
+
+void add_train_commands(CLI::App& app, Commands& commands) {
+  struct Options {
+    std::string config_path;
+    std::vector<std::string> overrides;
+  };
+  auto o = std::make_shared<Options>();
+  auto* train = app.add_subcommand("train", "train a model from a YAML config (launch with torchrun for N ranks)");
+  train->add_option("config", o->config_path, "YAML config file")->required();
+  train->add_option("--set", o->overrides, "override a config key: --set training.lr=3e-4 (repeatable)");
+  commands.add(train, [o] {
+    auto config = config_load(o->config_path, o->overrides);
+    auto runtime = runtime_init(LaunchEnv::from_environment(), default_device());
+    Trainer trainer(std::move(config), std::move(runtime));
+    trainer.run();
+  });
+}
+
+}  // namespace mmtrain

@@ -1,0 +1,185 @@
+// The run config (contract in config.h): the six sections mounted on one schema, the world-size
+// arithmetic, and the one list of seed keys mmtrain reads but does not implement.
+#include "train/config.h"
+
+#include "core/config_schema.h"
+#include "core/error.h"
+#include "core/suggest.h"
+#include "data/dataset.h"
+#include "models/model_spec.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace mmtrain {
+namespace {
+
+void declare_config(ConfigSection<Config>& root) {
+  root.section("parallel", &Config::parallel, ParallelConfig::declare)
+      .section("model", &Config::model, ModelConfig::declare)
+      .section("data", &Config::data, DataConfig::declare)
+      .section("features", &Config::features, FeaturesConfig::declare)
+      .section("training", &Config::training, TrainingConfig::declare)
+      .section("logging", &Config::logging, LoggingConfig::declare);
+}
+
+const ConfigSchema& schema() {
+  static const ConfigSchema instance = [] {
+    ConfigSchema s;
+    auto root = s.root<Config>();
+    declare_config(root);
+    return s;
+  }();
+  return instance;
+}
+
+// Seed keys mmtrain reads but does not implement. Each must keep the value a default Config
+// holds, or `train` refuses the run naming the key: accepting a key and ignoring it would be a
+// silent lie. docs/config.md marks the same keys.
+struct Unimplemented {
+  const char* path;
+  const char* needs;
+};
+const Unimplemented kUnimplemented[] = {
+    {"parallel.tensor_parallel_size", "tensor parallelism"},
+    {"parallel.ulysses_parallel_size", "Ulysses context parallelism"},
+    {"parallel.ring_attention_size", "ring attention"},
+    {"parallel.expert_parallel_size", "expert parallelism"},
+    {"parallel.expert_fully_shard_parallel_size", "expert FSDP (expert parallelism)"},
+    {"parallel.fsdp_plan.ignored_modules", "unsharded modules"},
+    {"parallel.fsdp_plan.cpu_offload", "parameter/optimizer offload to the host"},
+    {"model.enable_gradient_checkpointing", "model-internal checkpointing (features.recompute does this)"},
+    {"features.loss_cfg.loss_type", "a loss reduction other than the model's own ('raw')"},
+    {"features.recompute_plan.use_reentrant",
+     "non-reentrant recompute (mmtrain's recompute is the reentrant form; the gradients are the same)"},
+    {"features.enable_activation_offload", "activation offload"},
+    {"features.activation_offload_plan.apply_modules", "activation offload"},
+    {"training.adam_fused", "ATen's fused AdamW kernel"},
+};
+
+// auto (0) resolves to all ranks outside tensor parallelism, as MindSpeed's ParallelArguments.
+int fsdp_size_from(const Config& c, int world_size) {
+  const auto& p = c.parallel;
+  return p.fully_shard_parallel_size == 0 ? world_size / p.tensor_parallel_size : p.fully_shard_parallel_size;
+}
+
+// A seed plugin path ("mindspeed_mm/fsdp/models/<model>/<model>_fsdp2") is there to register a
+// model or dataset; mmtrain has them built in, so each entry must name one of those.
+void check_plugins(const Config& c) {
+  std::vector<std::string> known = model_spec_registry().names();
+  for (const auto& name : dataset_registry().names()) known.push_back(name);
+  for (size_t i = 0; i < c.training.plugin.size(); ++i) {
+    const auto& entry = c.training.plugin[i];
+    const std::string last = std::filesystem::path(entry).filename().string();
+    bool found = false;
+    for (const auto& name : known) found = found || last.rfind(name, 0) == 0;
+    if (!found)
+      fail("config ", c.source_path, ": training.plugin[", i, "]: '", entry,
+           "' names no model or dataset built into mmtrain (plugins only register them; mmtrain has ",
+           join_names(known), ")");
+  }
+}
+
+}  // namespace
+
+Config config_from_yaml_string(const std::string& text, const std::string& source_name,
+                               const std::vector<std::string>& overrides) {
+  Config config;
+  config.source_path = source_name;
+  schema().load(&config, text, source_name, overrides);
+  return config;
+}
+
+Config config_load(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) fail("config ", path, ": expected a YAML file, found no such file");
+  if (std::filesystem::is_directory(path, ec)) fail("config ", path, ": expected a YAML file, found a directory");
+  std::ifstream in(path);
+  std::ostringstream text;
+  if (in) text << in.rdbuf();
+  if (!in) fail("config ", path, ": expected a readable YAML file, found one that cannot be read");
+  return config_from_yaml_string(text.str(), path, overrides);
+}
+
+nlohmann::json config_to_json(const Config& config) { return schema().to_json(&config); }
+
+void config_check_world(const Config& c, int world_size) {
+  const std::string where = "config " + c.source_path + ": ";
+  const auto& p = c.parallel;
+  if (world_size < 1) fail(where, "world size: expected >= 1, found ", world_size);
+  // A Config built in code skips the schema's checks; sizes below 1 would divide by zero here.
+  for (const auto& [name, size] : {std::pair<const char*, int>{"tensor_parallel_size", p.tensor_parallel_size},
+                                   {"ulysses_parallel_size", p.ulysses_parallel_size},
+                                   {"ring_attention_size", p.ring_attention_size},
+                                   {"expert_parallel_size", p.expert_parallel_size}})
+    if (size < 1) fail(where, "parallel.", name, ": expected >= 1, found ", size);
+  if (p.fully_shard_parallel_size < 0 || p.expert_fully_shard_parallel_size < 0)
+    fail(where, "parallel: expected auto or positive fully-shard sizes, found ", p.fully_shard_parallel_size, " and ",
+         p.expert_fully_shard_parallel_size);
+  const int tp = p.tensor_parallel_size, cp = p.ulysses_parallel_size * p.ring_attention_size;
+  if (world_size % (tp * cp) != 0)
+    fail(where, "parallel: expected the world size ", world_size,
+         " to be divisible by tensor_parallel_size * ulysses_parallel_size * ring_attention_size = ", tp, " * ",
+         p.ulysses_parallel_size, " * ", p.ring_attention_size, " = ", tp * cp, ", found remainder ",
+         world_size % (tp * cp));
+  const int fsdp = fsdp_size_from(c, world_size);
+  if ((world_size / tp) % fsdp != 0)
+    fail(where, "parallel.fully_shard_parallel_size: expected auto or a divisor of world size / tensor_parallel_size = ",
+         world_size / tp, ", found ", fsdp);
+  if (fsdp % cp != 0)
+    fail(where, "parallel.fully_shard_parallel_size: expected a multiple of ulysses_parallel_size * ring_attention_size = ",
+         cp, " (FSDP shards across the context-parallel ranks too), found ", fsdp);
+  const int dp = world_size / (tp * cp);
+  if (p.data_parallel_size != 0 && p.data_parallel_size != dp)
+    fail(where, "parallel.data_parallel_size: expected auto or world size / (tensor_parallel_size * ",
+         "ulysses_parallel_size * ring_attention_size) = ", dp, ", found ", p.data_parallel_size);
+  const int ep = p.expert_parallel_size;
+  if (world_size % ep != 0)
+    fail(where, "parallel.expert_parallel_size: expected a divisor of the world size ", world_size, ", found ", ep);
+  const int efsdp = p.expert_fully_shard_parallel_size == 0 ? world_size / ep : p.expert_fully_shard_parallel_size;
+  if (world_size % (ep * efsdp) != 0)
+    fail(where, "parallel.expert_fully_shard_parallel_size: expected auto or a divisor of world size / ",
+         "expert_parallel_size = ", world_size / ep, ", found ", efsdp);
+  const auto& t = c.training;
+  const int64_t global = int64_t{t.micro_batch_size} * t.gradient_accumulation_steps * dp;
+  if (t.global_batch_size != 0 && t.global_batch_size != global)
+    fail(where, "training.global_batch_size: expected 0 (derived) or micro_batch_size * gradient_accumulation_steps * ",
+         "data-parallel size = ", t.micro_batch_size, " * ", t.gradient_accumulation_steps, " * ", dp, " = ", global,
+         ", found ", t.global_batch_size);
+}
+
+void config_check_supported(const Config& c, int world_size) {
+  config_check_world(c, world_size);
+  const std::string where = "config " + c.source_path + ": ";
+  const Config defaults;
+  for (const auto& key : kUnimplemented) {
+    const auto value = schema().value(&c, key.path), fallback = schema().value(&defaults, key.path);
+    if (value != fallback)
+      fail(where, key.path, ": ", value.dump(), " needs ", key.needs, ", which mmtrain does not implement yet; ",
+           "use the default (", fallback.dump(), ")");
+  }
+  if (fsdp_size_from(c, world_size) != world_size)
+    fail(where, "parallel.fully_shard_parallel_size: ", c.parallel.fully_shard_parallel_size,
+         " needs HSDP (replicated shard groups; FSDP here shards over all ", world_size,
+         " ranks), which mmtrain does not implement yet; use the default (auto)");
+  check_plugins(c);
+}
+
+int config_fsdp_size(const Config& config, int world_size) {
+  config_check_world(config, world_size);
+  return fsdp_size_from(config, world_size);
+}
+
+int config_dp_size(const Config& config, int world_size) {
+  config_check_world(config, world_size);
+  const auto& p = config.parallel;
+  return world_size / (p.tensor_parallel_size * p.ulysses_parallel_size * p.ring_attention_size);
+}
+
+int64_t config_global_batch_size(const Config& config, int world_size) {
+  return int64_t{config.training.micro_batch_size} * config.training.gradient_accumulation_steps *
+         config_dp_size(config, world_size);
+}
+
+}  // namespace mmtrain

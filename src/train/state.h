@@ -1,0 +1,63 @@
+// Training state on disk: the one module that saves and loads everything an mmtrain checkpoint
+// holds (the format itself is checkpoint/sharded_checkpoint.h and docs/checkpoint_format.md):
+//   model.<name>             a parameter: this rank's FSDP rows (fp32); a buffer: whole, on rank 0
+//   optim.exp_avg.<name>     AdamW moments, the same rows as the parameter
+//   optim.exp_avg_sq.<name>
+//   trainer_state.json       iteration, consumed_samples, global_batch_size, optimizer_step,
+//                            model_id, the run's config, and per rank its CPU RNG state
+// A model-only checkpoint (`convert hf-to-ckpt`) has no optim.* tensors and says model_only; a
+// run that loads it starts at iteration 0 from its weights.
+#pragma once
+#include "checkpoint/sharded_checkpoint.h"
+#include "fsdp/fully_shard.h"
+#include "models/model.h"
+#include "optim/adamw.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace mmtrain {
+
+// The checkpoint name of a model parameter or buffer: "model." + name.
+std::string state_model_key(const std::string& param_name);
+
+struct StateInfo {
+  int64_t iteration = 0;                // optimizer steps taken
+  int64_t global_batch_size = 0;        // samples per step (0 for a model-only checkpoint)
+  std::string model_id;
+  nlohmann::json config;                // the run's config (config_to_json) or at least {model: {...}}
+  nlohmann::json extra = nlohmann::json::object();  // more trainer_state.json fields ("source": ...)
+  nlohmann::json plan = nlohmann::json::object();   // the index's plan entry (FSDP plan, provenance)
+};
+
+// Saves a checkpoint of iteration info.iteration under save_root (collective, crash-safe) and
+// returns its directory. adamw null: a model-only checkpoint.
+std::string state_save(const std::string& save_root, Comm& comm, Model& model, Fsdp& fsdp, const AdamW* adamw,
+                       const StateInfo& info);
+
+struct StateLoadOptions {
+  std::string model_id;                 // must equal the checkpoint's
+  int64_t global_batch_size = 0;        // must equal the checkpoint's (the data position is step x G)
+  bool load_optimizer = true;           // false: weights only (training.no_load_optim)
+  bool load_rng = true;                 // false: fresh RNG (training.no_load_rng); also skipped on a new world size
+};
+
+struct StateLoaded {
+  std::string dir;                      // the iter_N directory read
+  int64_t iteration = 0;                // where the run continues (0 after a model-only checkpoint)
+  bool model_only = false;
+  int saved_world_size = 0;
+};
+
+// Loads a checkpoint (an iter_N directory or a save root with `latest`) on any world size: the
+// model always, the optimizer and RNG unless options say not to. Fails naming the checkpoint
+// when it holds another model, another global batch size, or misses or mis-shapes a tensor.
+StateLoaded state_load(const std::string& path, Comm& comm, Model& model, Fsdp& fsdp, AdamW& adamw,
+                       const StateLoadOptions& options);
+
+// Only the model: params and buffers from a checkpoint reader (any world size), shapes checked.
+void state_load_model(const CheckpointReader& reader, Model& model, Fsdp& fsdp);
+
+}  // namespace mmtrain

@@ -1,0 +1,37 @@
+// One training step, shared by the trainer, `debug step` and the multi-rank tests:
+//   for each of `accumulation` micro-batches: gather the root unit, forward, backward of
+//   loss / accumulation (units gather, reshard and reduce-scatter on their own), wait for the
+//   reductions; then clip by the global grad norm and step AdamW on the fp32 shards.
+#pragma once
+#include "fsdp/fully_shard.h"
+#include "models/model.h"
+#include "optim/adamw.h"
+
+#include <functional>
+
+namespace mmtrain {
+
+// One micro-batch's forward and backward of loss / loss_divisor; the grads land in the FSDP grad
+// shards. Returns the model's output (its loss undivided).
+ModelOutput forward_backward(Model& model, Fsdp& fsdp, const Batch& batch, double loss_divisor = 1.0);
+
+struct StepStats {
+  double loss_sum = 0;    // Σ over micro-batches of this rank's loss
+  double flops = 0;       // Σ of the model's train_flops
+  double tokens = 0;      // Σ of the tokens the model processed
+  double grad_norm = 0;   // global, before clipping
+};
+
+struct StepSettings {
+  int64_t iteration = 1;  // 1-based, for messages
+  int accumulation = 1;   // micro-batches; each loss is divided by it
+  double lr = 0;
+  double clip_grad = 0;   // max global grad norm; <= 0 measures the norm without clipping
+};
+
+// One optimizer step over micro_batch(0 .. accumulation-1). Fails, naming the iteration, on a
+// NaN/Inf grad norm, before the optimizer can spread it into the weights.
+StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, const StepSettings& settings,
+                     const std::function<Batch(int micro)>& micro_batch);
+
+}  // namespace mmtrain

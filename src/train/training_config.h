@@ -1,0 +1,44 @@
+// TrainingConfig: the `training` section: batch sizes, the optimizer and its schedule, the
+// checkpoint cadence and resume switches of the trainer.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mmtrain {
+
+template <typename S>
+class ConfigSection;
+
+struct TrainingConfig {
+  int micro_batch_size = 1;                    // samples per rank per forward
+  int gradient_accumulation_steps = 1;         // micro-batches per optimizer step
+  int global_batch_size = 0;                   // 0 = micro * accum * data-parallel size; else must equal it
+  uint64_t seed = 42;
+  double lr = 1e-5;                            // peak learning rate
+  double lr_min = 0.0;                         // floor of the decay
+  double lr_warmup_ratio = 0.0;                // fraction of train_iters with linear warm-up
+  std::string lr_decay_style = "constant";     // constant|linear|cosine
+  double weight_decay = 0.0;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_eps = 1e-8;
+  double clip_grad = 0.0;                      // max global grad norm; 0 = no clipping
+  int64_t train_iters = 0;                     // optimizer steps
+  std::string optimizer = "adamw";             // adamw (adamw_swap and muon are not implemented)
+  bool adam_fused = false;                     // ATen's fused AdamW kernel (not implemented: refused)
+  bool init_model_with_meta_device = false;    // mmtrain always builds shapes only and loads each rank's rows
+  std::string load;                            // checkpoint dir or save root to resume from; empty = none
+  bool no_load_optim = false;                  // resume weights but not optimizer state
+  bool no_load_rng = false;                    // resume without restoring RNG state
+  std::string save;                            // save root; empty = never save
+  int64_t save_interval = 0;                   // 0 = only at the end (when save is set)
+  int64_t log_interval = 1;                    // iterations between metric lines
+  int64_t exit_interval = 0;                   // stop (after saving) once iteration % this == 0; 0 = never
+  bool use_deter_comp = false;                 // deterministic kernels only
+  std::vector<std::string> plugin;             // seed plugin paths: each must name a built-in model or dataset
+
+  static void declare(ConfigSection<TrainingConfig>& section);
+};
+
+}  // namespace mmtrain

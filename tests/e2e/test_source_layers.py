@@ -1,0 +1,38 @@
+"""The source tree's shape (docs/architecture.md, "Layers"): a folder includes only folders above
+it in the layer order, and the trainer, the tools and core name no model, so that a new model
+touches its own folder only (docs/adding_a_model.md)."""
+import re
+
+from conftest import REPO
+
+LAYERS = ["core", "nn", "dist", "optim", "checkpoint", "fsdp", "parallel", "models", "data", "train", "tools"]
+INCLUDE = re.compile(r'^\s*#include "(\w+)/')
+
+
+def sources():
+    return sorted(p for p in (REPO / "src").rglob("*") if p.suffix in (".cpp", ".h"))
+
+
+def test_includes_point_down_the_layers():
+    rank = {layer: i for i, layer in enumerate(LAYERS)}
+    upward = []
+    for path in sources():
+        layer = path.relative_to(REPO / "src").parts[0]
+        assert layer in rank, f"{path}: folder {layer!r} is not in the layer order"
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            m = INCLUDE.match(line)
+            if m and m.group(1) in rank and rank[m.group(1)] > rank[layer]:
+                upward.append(f"{path.relative_to(REPO)}:{number}: {layer} includes {m.group(1)}")
+    assert not upward, "\n".join(upward)
+
+
+def test_trainer_tools_and_core_name_no_model():
+    named = []
+    for folder in ("tools", "train", "core"):
+        for path in sorted((REPO / "src" / folder).rglob("*")):
+            if path.suffix not in (".cpp", ".h"):
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if re.search(r"magihuman|mistral3", line, re.IGNORECASE):
+                    named.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
+    assert not named, "\n".join(named)
