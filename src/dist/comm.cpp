@@ -29,6 +29,7 @@ CommWork Comm::all_gather_into(at::Tensor out, at::Tensor in) {
     out.view(-1).copy_(in.view(-1));
     return {};
   }
+  ++issued_;
   return CommWork(backend_->_allgather_base(out, in), [out, in] {});
 }
 
@@ -43,6 +44,7 @@ CommWork Comm::all_gather_into_coalesced(std::vector<at::Tensor> outs,
     for (size_t i = 0; i < outs.size(); ++i) outs[i].view(-1).copy_(ins[i].view(-1));
     return {};
   }
+  ++issued_;
   auto work = backend_->allgather_into_tensor_coalesced(outs, ins);
   return CommWork(work, [outs, ins] {});
 }
@@ -54,6 +56,7 @@ CommWork Comm::reduce_scatter_sum(at::Tensor out, at::Tensor in) {
     out.view(-1).copy_(in.view(-1));
     return {};
   }
+  ++issued_;
   if (native_reduce_scatter_) {
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = c10d::ReduceOp::SUM;
@@ -74,6 +77,7 @@ CommWork Comm::reduce_scatter_sum(at::Tensor out, at::Tensor in) {
 
 CommWork Comm::all_reduce_sum(at::Tensor t) {
   if (world_size_ == 1) return {};
+  ++issued_;
   std::vector<at::Tensor> tensors{t};
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;
@@ -82,6 +86,7 @@ CommWork Comm::all_reduce_sum(at::Tensor t) {
 
 CommWork Comm::all_reduce_max(at::Tensor t) {
   if (world_size_ == 1) return {};
+  ++issued_;
   std::vector<at::Tensor> tensors{t};
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::MAX;
@@ -96,6 +101,7 @@ CommWork Comm::all_to_all(at::Tensor out, at::Tensor in) {
     out.copy_(in);
     return {};
   }
+  ++issued_;
   std::vector<int64_t> splits(world_size_, in.numel() / world_size_);
   auto in_flat = in.view(-1);
   auto out_flat = out.view(-1);
@@ -104,6 +110,7 @@ CommWork Comm::all_to_all(at::Tensor out, at::Tensor in) {
 
 CommWork Comm::broadcast(at::Tensor t, int root) {
   if (world_size_ == 1) return {};
+  ++issued_;
   std::vector<at::Tensor> tensors{t};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
@@ -111,17 +118,20 @@ CommWork Comm::broadcast(at::Tensor t, int root) {
 }
 
 CommWork Comm::send(at::Tensor t, int dst_rank, int tag) {
+  ++issued_;
   std::vector<at::Tensor> tensors{t};
   return CommWork(backend_->send(tensors, dst_rank, tag), [t] {});
 }
 
 CommWork Comm::recv(at::Tensor t, int src_rank, int tag) {
+  ++issued_;
   std::vector<at::Tensor> tensors{t};
   return CommWork(backend_->recv(tensors, src_rank, tag), [t] {});
 }
 
 void Comm::barrier() {
   if (world_size_ == 1) return;
+  ++issued_;
   backend_->barrier()->wait();
 }
 

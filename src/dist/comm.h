@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -56,6 +57,10 @@ class Comm {
   CommWork recv(at::Tensor t, int src_rank, int tag);
   void barrier();
 
+  // Collectives (and sends/receives) issued so far on a backend, for tests that check who
+  // communicates; a world of one issues none.
+  int64_t collectives_issued() const { return issued_.load(); }
+
   // Convenience: blocking sum of a double across ranks (metrics, grad norms).
   double all_reduce_sum(double value);
   // Blocking sum / max of a few doubles across ranks (one collective for all of them).
@@ -68,6 +73,7 @@ class Comm {
   int world_size_ = 1;
   at::Device device_ = at::kCPU;
   bool native_reduce_scatter_ = false;
+  std::atomic<int64_t> issued_{0};
 };
 
 }  // namespace mmtrain

@@ -80,8 +80,8 @@ struct UnitHook : BlockHook {
 
 }  // namespace
 
-Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Device device)
-    : comm_(std::move(comm)), config_(std::move(config)), device_(device) {
+Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Device device, FsdpReduction reduction)
+    : comm_(std::move(comm)), config_(std::move(config)), device_(device), reduction_(std::move(reduction)) {
   if (!config_.ignored_modules.empty())
     fail("fsdp_plan.ignored_modules: unsharded modules are not implemented; leave the list empty");
   if (config_.cpu_offload) fail("fsdp_plan.cpu_offload: offload to the host is not implemented; leave it false");
@@ -327,12 +327,14 @@ void Fsdp::post_backward(FsdpUnit& unit, const std::vector<at::Tensor>& grads) {
 
 void Fsdp::drain_reductions(size_t keep_in_flight) {
   at::NoGradGuard no_grad;
-  const double world = comm_->world_size();
+  const double divisor = reduction_.data_parallel > 0 ? reduction_.data_parallel : comm_->world_size();
   while (pending_.size() > keep_in_flight) {
     auto pending = std::move(pending_.front());
     pending_.pop_front();
     pending.work.wait();
-    if (world > 1) pending.output.div_(world);
+    if (reduction_.replicate && reduction_.replicate->world_size() > 1)
+      reduction_.replicate->all_reduce_sum(pending.output).wait();
+    if (divisor > 1) pending.output.div_(divisor);
     pending.unit->grad_flat.add_(pending.output.to(at::kFloat));
   }
 }

@@ -11,7 +11,8 @@
 // unit's output is the pre-backward hook where the re-gather (and backward prefetch) happens.
 // FSDP is the second step of the parallelize chain (parallel/parallelize.h): its block hook sees
 // whether a block runs in the forward pass or again inside backward (BlockPass), and nothing else
-// of the steps around it. Non-goals: HSDP, tensor parallelism, per-parameter placements.
+// of the steps around it. With a replicate group (HSDP) the reduce-scattered grads are all-reduced
+// across the replicas of the shard group. Non-goals: tensor parallelism, per-parameter placements.
 #pragma once
 #include "dist/comm.h"
 #include "fsdp/fsdp_config.h"
@@ -68,6 +69,16 @@ struct FsdpMemoryStats {
   int64_t unsharded_param_bytes = 0;  // what all units would take gathered (param_dtype)
 };
 
+// How the gradient reduction spans the mesh beyond the shard group.
+struct FsdpReduction {
+  // HSDP: the replicas of this shard group (same shards, other data); their reduce-scattered
+  // grads are all-reduced. Null or one rank: none.
+  std::shared_ptr<Comm> replicate;
+  // Ranks with distinct data, whose grads are averaged; 0 = the shard group's size. Fewer when
+  // the shard group spans context-parallel ranks: their grads are shares of one sample's and add.
+  int data_parallel = 0;
+};
+
 // Which elements of unit.shard_flat the optimizer may update: undefined when every param of
 // the unit requires grad, else a bool [S] that is false over frozen params (Param::requires_grad).
 at::Tensor fsdp_trainable_mask(const FsdpUnit& unit);
@@ -78,7 +89,8 @@ class Fsdp {
   // root, as FSDP2's default), allocates zeroed fp32 shards on device and installs the unit
   // hooks on the unit blocks; no full tensor is materialized. ignored_modules and cpu_offload
   // are not implemented: set, they are refused here.
-  Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Device device = at::kCPU);
+  Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Device device = at::kCPU,
+       FsdpReduction reduction = {});
   Fsdp(const Fsdp&) = delete;
   Fsdp& operator=(const Fsdp&) = delete;
 
@@ -90,8 +102,8 @@ class Fsdp {
 
   // Gathers the root group; call before each micro-batch's forward.
   void begin_forward();
-  // Waits for outstanding reduce-scatters and accumulates them into grad_flat; call after
-  // each micro-batch's backward.
+  // Waits for outstanding reduce-scatters (and the replica all-reduce) and accumulates them,
+  // divided by the data-parallel size, into grad_flat; call after each micro-batch's backward.
   void finish_backward();
   void zero_grad();
   // Global L2 norm of the grads across all shards; scales them by max_norm / (norm + 1e-6)
@@ -100,6 +112,9 @@ class Fsdp {
 
   std::vector<FsdpUnit*> units();
   const Comm& comm() const { return *comm_; }
+  // Whether this rank writes the shard group's shards to checkpoints: replicas hold the same
+  // shards, and only the first writes them.
+  bool is_primary_replica() const { return !reduction_.replicate || reduction_.replicate->rank() == 0; }
   const FsdpConfig& config() const { return config_; }
   at::Device device() const { return device_; }
   FsdpMemoryStats memory_stats() const;
@@ -132,6 +147,7 @@ class Fsdp {
   std::shared_ptr<Comm> comm_;
   FsdpConfig config_;
   at::Device device_;
+  FsdpReduction reduction_;
   std::vector<std::unique_ptr<FsdpUnit>> units_;  // forward order; the root first
   std::deque<PendingReduction> pending_;
   std::unordered_map<size_t, std::vector<at::DataPtr>> free_gather_storage_;  // nbytes -> buffers

@@ -23,6 +23,8 @@ struct ActivationEstimate {
   int64_t backward_bytes = 0;         // transient grads while one layer backpropagates
   std::string largest_layer;          // which layer max_layer_full_bytes is
   std::vector<std::pair<std::string, int64_t>> layer_tensors;  // what the largest layer saves
+  int64_t q_width = 0;                // attention query heads x head_dim (context-parallel buffers)
+  int64_t kv_width = 0;               // attention KV heads x head_dim
   int64_t without_recompute_bytes() const { return layers_full_bytes + outside_bytes + backward_bytes; }
   int64_t with_recompute_bytes() const {
     return layer_inputs_bytes + max_layer_full_bytes + outside_bytes + backward_bytes;

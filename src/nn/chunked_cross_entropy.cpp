@@ -12,7 +12,7 @@ using torch::autograd::variable_list;
 
 struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
-                            const at::Tensor& labels, int64_t chunk_rows, int64_t ignore_index) {
+                            const at::Tensor& labels, int64_t chunk_rows, int64_t ignore_index, double normalizer) {
     at::NoGradGuard no_grad;
     const int64_t rows = hidden.size(0);
     const int64_t supervised = (labels != ignore_index).sum().item<int64_t>();
@@ -28,7 +28,9 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
     ctx->saved_data["chunk_rows"] = chunk_rows;
     ctx->saved_data["ignore_index"] = ignore_index;
     ctx->saved_data["supervised"] = supervised;
-    return supervised > 0 ? loss_sum / static_cast<double>(supervised) : loss_sum;
+    const double divisor = normalizer > 0 ? normalizer : static_cast<double>(supervised);
+    ctx->saved_data["divisor"] = divisor;
+    return supervised > 0 ? loss_sum / divisor : loss_sum;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -40,7 +42,7 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
     auto grad_hidden = at::zeros_like(hidden);
     auto grad_weight = at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));
     if (supervised > 0) {
-      const auto scale = grad_outputs[0].to(at::kFloat) / static_cast<double>(supervised);
+      const auto scale = grad_outputs[0].to(at::kFloat) / ctx->saved_data["divisor"].toDouble();
       const int64_t rows = hidden.size(0);
       for (int64_t begin = 0; begin < rows; begin += chunk_rows) {
         const int64_t n = std::min(chunk_rows, rows - begin);
@@ -57,14 +59,14 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
         grad_weight.addmm_(grad_logits_in.t().to(at::kFloat), h.to(at::kFloat));
       }
     }
-    return {grad_hidden, grad_weight.to(weight.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_hidden, grad_weight.to(weight.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor chunked_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
-                                        int64_t chunk_rows, int64_t ignore_index) {
+                                        int64_t chunk_rows, int64_t ignore_index, double normalizer) {
   if (hidden.dim() != 2 || weight.dim() != 2 || hidden.size(1) != weight.size(1))
     fail("chunked_linear_cross_entropy: expected hidden [N, H] and weight [V, H], got ", hidden.sizes(), " and ",
          weight.sizes());
@@ -72,7 +74,7 @@ at::Tensor chunked_linear_cross_entropy(const at::Tensor& hidden, const at::Tens
     fail("chunked_linear_cross_entropy: expected int64 labels [", hidden.size(0), "], got ", labels.scalar_type(), " ",
          labels.sizes());
   if (chunk_rows < 1) fail("chunked_linear_cross_entropy: chunk_rows must be >= 1, got ", chunk_rows);
-  return ChunkedLinearCrossEntropy::apply(hidden, weight, labels, chunk_rows, ignore_index);
+  return ChunkedLinearCrossEntropy::apply(hidden, weight, labels, chunk_rows, ignore_index, normalizer);
 }
 
 }  // namespace mmtrain

@@ -3,9 +3,11 @@
 // backward. Here forward and backward walk the N rows in chunks, recomputing each chunk's logits
 // in backward, so the extra memory is one [chunk, V] block (the seed's chunked loss).
 //
-// loss = mean over rows with labels != ignore_index of CE(float(hidden @ weight^T), label): the
-// same value as at::cross_entropy_loss(at::linear(hidden, weight).to(kFloat), labels) with
-// ignore_index and mean reduction, and 0 (with zero grads) when no row is supervised.
+// loss = Σ over rows with labels != ignore_index of CE(float(hidden @ weight^T), label), divided by
+// normalizer, or by the count of such rows when normalizer <= 0: then the same value as
+// at::cross_entropy_loss(at::linear(hidden, weight).to(kFloat), labels) with ignore_index and mean
+// reduction. 0 (with zero grads) when no row is supervised. (Context parallelism passes the count
+// over all CP ranks as normalizer, so that the ranks' losses add up to the mean.)
 // Logits are computed in hidden's dtype and upcast, as the unchunked path does; softmax, the
 // grad of the logits and the weight-grad accumulation run in fp32, the grads are returned in the
 // inputs' dtypes. In fp32 it matches the unchunked loss and grads to rounding (tested at 1e-6).
@@ -16,6 +18,6 @@ namespace mmtrain {
 
 // hidden [N, H], weight [V, H] (same dtype), labels int64 [N]; chunk_rows >= 1.
 at::Tensor chunked_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
-                                        int64_t chunk_rows, int64_t ignore_index = -100);
+                                        int64_t chunk_rows, int64_t ignore_index = -100, double normalizer = 0);
 
 }  // namespace mmtrain

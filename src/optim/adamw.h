@@ -33,6 +33,7 @@ class AdamW {
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t step) { step_count_ = step; }
   std::vector<AdamWState>& states() { return states_; }
+  const std::vector<AdamWState>& states() const { return states_; }
   int64_t state_bytes() const;
 
  private:

@@ -50,7 +50,7 @@ void debug_step(const std::string& config_path, const std::vector<std::string>& 
   auto config = config_load(config_path, overrides);
   config_check_supported(config, 1);  // one process, like the trainer at world size 1
   auto model = build_model(config);
-  auto fsdp = parallelize_model(config, *model, std::make_shared<Comm>(nullptr, 0, 1));
+  auto fsdp = parallelize_model(config, *model, DeviceMesh::single(std::make_shared<Comm>(nullptr, 0, 1)));
   load_initial_weights(config, *model, *fsdp);
   const auto adapter = make_hf_adapter(config_model_spec(config), config.model.config);
 

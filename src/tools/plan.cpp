@@ -39,14 +39,37 @@ void plan_memory(const PlanOptions& o) {
   const bool recompute = cfg.features.recompute && !cfg.features.recompute_plan.apply_modules.empty();
   const int64_t seqlen = o.seqlen > 0 ? o.seqlen : spec.default_seqlen;
   const int64_t micro = cfg.training.micro_batch_size;
+  // Context parallelism splits a micro-batch's packed tokens over the CP ranks (padded to a
+  // multiple of the degree): the activations are those of the local tokens.
+  const int ring = cfg.parallel.ring_attention_size, ulysses = cfg.parallel.ulysses_parallel_size, cp = ring * ulysses;
+  const int64_t tokens_per_rank = (micro * seqlen + cp - 1) / cp;
   ActivationEstimate act;
   std::string no_activations;
   if (!spec.activations)
     no_activations = "no activation estimator for model '" + id + "'";
   else if (seqlen == 0)
     no_activations = "pass --seqlen to estimate activations";
-  else
+  else if (cp == 1)
     act = spec.activations(ActivationQuery{cfg.model.config, seqlen, micro, fp.param_dtype});
+  else
+    act = spec.activations(ActivationQuery{cfg.model.config, tokens_per_rank, 1, fp.param_dtype});
+  // The context-parallel buffers of one layer's attention (e = param_dtype bytes, T the local
+  // tokens, T_r = U * T the ring chunk, q/kv widths per Ulysses rank):
+  //   Ulysses: send + receive buffers of the q, k, v and output all-to-alls, 2 e T (2 q + 2 kv)
+  //   ring forward: the k/v block held and the one arriving, 2 x 2 e T_r kv, and the fp32
+  //     output accumulator 4 T_r q; backward: the same k/v pair, the fp32 dK/dV travelling
+  //     (held and arriving, 2 x 2 x 4 T_r kv) and the fp32 dQ (4 T_r q): the larger of the two.
+  int64_t cp_buffer_bytes = 0;
+  if (cp > 1 && no_activations.empty()) {
+    const int64_t e = static_cast<int64_t>(c10::elementSize(fp.param_dtype)), t = tokens_per_rank;
+    if (ulysses > 1) cp_buffer_bytes += 2 * e * t * (2 * act.q_width + 2 * act.kv_width);
+    if (ring > 1) {
+      const int64_t tr = ulysses * t, q = act.q_width / ulysses, kv = std::max<int64_t>(act.kv_width / ulysses, 1);
+      const int64_t forward = 2 * 2 * e * tr * kv + 4 * tr * q;
+      const int64_t backward = 2 * 2 * e * tr * kv + 2 * 2 * 4 * tr * kv + 4 * tr * q;
+      cp_buffer_bytes += std::max(forward, backward);
+    }
+  }
 
   const auto& root = plan.units[0];
   const UnitPlan* largest = &root;
@@ -55,6 +78,8 @@ void plan_memory(const PlanOptions& o) {
   const std::string p_name = dtype_name(fp.param_dtype), r_name = dtype_name(fp.reduce_dtype);
 
   std::printf("mmtrain plan: %s on %d rank(s), FSDP shard group %d\n", cfg.source_path.c_str(), o.world_size, fsdp_size);
+  std::printf("  mesh: dp_replicate %d x dp_shard %d x ring %d x ulysses %d (data-parallel %d, context-parallel %d)\n",
+              o.world_size / fsdp_size, fsdp_size / cp, ring, ulysses, o.world_size / cp, cp);
   std::printf("  parameters from model '%s' (its Module tree)\n", id.c_str());
   std::printf("  %s params in %zu units: root %s, largest '%s' %s; param_dtype %s, reduce_dtype %s, "
               "prefetch fwd %d / bwd %d\n",
@@ -89,11 +114,20 @@ void plan_memory(const PlanOptions& o) {
                               {"in_flight_bytes", plan.in_flight_bytes},
                               {"reduce_bytes", plan.reduce_bytes},
                               {"recompute", recompute}};
-  const int64_t fixed = plan.sharded_state_bytes() + plan.transient_bytes();
+  j["dp_replicate"] = o.world_size / fsdp_size;
+  j["ring"] = ring;
+  j["ulysses"] = ulysses;
+  j["cp_size"] = cp;
+  const int64_t fixed = plan.sharded_state_bytes() + plan.transient_bytes() + cp_buffer_bytes;
   if (no_activations.empty()) {
-    std::printf("\n  activations, %lld token(s) per micro-batch (%lld x %lld), %lld layers\n",
-                static_cast<long long>(act.tokens), static_cast<long long>(micro), static_cast<long long>(seqlen),
-                static_cast<long long>(act.num_layers));
+    if (cp == 1)
+      std::printf("\n  activations, %lld token(s) per micro-batch (%lld x %lld), %lld layers\n",
+                  static_cast<long long>(act.tokens), static_cast<long long>(micro), static_cast<long long>(seqlen),
+                  static_cast<long long>(act.num_layers));
+    else
+      std::printf("\n  activations, %lld token(s) per rank (%lld x %lld over %d context-parallel ranks), %lld layers\n",
+                  static_cast<long long>(act.tokens), static_cast<long long>(micro), static_cast<long long>(seqlen), cp,
+                  static_cast<long long>(act.num_layers));
     row("recompute on: layer inputs (all layers)", act.layer_inputs_bytes);
     row("recompute on: one layer rebuilt (" + act.largest_layer + ")", act.max_layer_full_bytes);
     row("outside the layers (batch, embeddings, heads, loss)", act.outside_bytes);
@@ -103,6 +137,7 @@ void plan_memory(const PlanOptions& o) {
     std::printf("\n  saved by %s:\n", act.largest_layer.c_str());
     for (const auto& [name, bytes] : act.layer_tensors) row("  " + name, bytes);
     std::printf("\n");
+    if (cp > 1) row("context-parallel buffers of one layer's attention", cp_buffer_bytes);
     row(std::string("= TOTAL per rank, recompute on") + (recompute ? "  (this config)" : ""),
         fixed + act.with_recompute_bytes());
     row(std::string("= TOTAL per rank, recompute off") + (recompute ? "" : "  (this config)"),
@@ -110,6 +145,7 @@ void plan_memory(const PlanOptions& o) {
     j["seqlen"] = seqlen;
     j["micro_batch_size"] = micro;
     j["tokens"] = act.tokens;
+    j["cp_buffer_bytes"] = cp_buffer_bytes;
     j["activation_layer_inputs_bytes"] = act.layer_inputs_bytes;
     j["activation_max_layer_bytes"] = act.max_layer_full_bytes;
     j["activation_outside_bytes"] = act.outside_bytes;

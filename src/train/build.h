@@ -4,6 +4,8 @@
 // so they cannot drift from each other.
 #pragma once
 #include "data/dataset.h"
+#include "dist/device_mesh.h"
+#include "dist/runtime.h"
 #include "fsdp/fully_shard.h"
 #include "models/model_spec.h"
 #include "optim/adamw.h"
@@ -16,8 +18,13 @@ namespace mmtrain {
 // The spec of config's model.model_id (fails naming the key and the known models).
 const ModelSpec& config_model_spec(const Config& config);
 std::shared_ptr<Model> build_model(const Config& config);
-// The parallelize chain the config asks for (features.recompute_plan, parallel.fsdp_plan).
-std::unique_ptr<Fsdp> parallelize_model(const Config& config, Model& model, std::shared_ptr<Comm> comm);
+// The device mesh of the run: dp_replicate = world / fully_shard_parallel_size, dp_shard =
+// fully_shard_parallel_size / (ring x ulysses), ring and ulysses from the parallel section.
+// Collective over the runtime's world (every rank builds its groups).
+DeviceMesh build_mesh(const Config& config, const Runtime& runtime);
+// The parallelize chain the config asks for (context parallelism, features.recompute_plan,
+// parallel.fsdp_plan) over the mesh.
+std::unique_ptr<Fsdp> parallelize_model(const Config& config, Model& model, const DeviceMesh& mesh);
 AdamWOptions adamw_options(const TrainingConfig& training);
 // AdamW over every unit's fp32 flat shard and grad, with frozen parameters (requires_grad
 // false) masked out of the update.

@@ -43,8 +43,6 @@ struct Unimplemented {
 };
 const Unimplemented kUnimplemented[] = {
     {"parallel.tensor_parallel_size", "tensor parallelism"},
-    {"parallel.ulysses_parallel_size", "Ulysses context parallelism"},
-    {"parallel.ring_attention_size", "ring attention"},
     {"parallel.expert_parallel_size", "expert parallelism"},
     {"parallel.expert_fully_shard_parallel_size", "expert FSDP (expert parallelism)"},
     {"parallel.fsdp_plan.ignored_modules", "unsharded modules"},
@@ -159,10 +157,6 @@ void config_check_supported(const Config& c, int world_size) {
       fail(where, key.path, ": ", value.dump(), " needs ", key.needs, ", which mmtrain does not implement yet; ",
            "use the default (", fallback.dump(), ")");
   }
-  if (fsdp_size_from(c, world_size) != world_size)
-    fail(where, "parallel.fully_shard_parallel_size: ", c.parallel.fully_shard_parallel_size,
-         " needs HSDP (replicated shard groups; FSDP here shards over all ", world_size,
-         " ranks), which mmtrain does not implement yet; use the default (auto)");
   check_plugins(c);
 }
 

@@ -30,25 +30,24 @@ at::Tensor from_hex(const std::string& hex) {
   return out;
 }
 
-// Params (this rank's real rows), buffers (whole, rank 0) and, with adamw, the moments.
-std::vector<ShardedTensor> sharded_tensors(Model& model, Fsdp& fsdp, const AdamW* adamw, int rank) {
+// Params (this rank's real rows; none on HSDP replicas but the first), buffers (whole, world
+// rank 0) and, with adamw, the moments.
+std::vector<ShardedTensor> sharded_tensors(Model& model, Fsdp& fsdp, const AdamW* adamw, int world_rank) {
   std::vector<ShardedTensor> out;
+  const int rank = fsdp.comm().rank();
   const auto units = fsdp.units();
-  for (size_t u = 0; u < units.size(); ++u)
+  for (size_t u = 0; u < units.size() && fsdp.is_primary_replica(); ++u)
     for (auto& p : units[u]->params) {
       const int64_t begin = p.layout.row_begin(rank), rows = p.layout.rows(rank);
       out.push_back({state_model_key(p.name), p.param->shape, begin, p.shard.narrow(0, 0, rows)});
       if (!adamw) continue;
-      const auto& state = const_cast<AdamW*>(adamw)->states()[u];
+      const auto& state = adamw->states()[u];
       out.push_back({kExpAvg + p.name, p.param->shape, begin, p.view_of(state.exp_avg).narrow(0, 0, rows)});
       out.push_back({kExpAvgSq + p.name, p.param->shape, begin, p.view_of(state.exp_avg_sq).narrow(0, 0, rows)});
     }
-  for (auto& [name, param] : model.named_parameters()) {
-    if (param->trainable) continue;
-    const int64_t rows = param->value.size(0);
-    out.push_back({state_model_key(name), param->shape, rank == 0 ? 0 : rows,
-                   rank == 0 ? param->value : param->value.narrow(0, 0, 0)});
-  }
+  if (world_rank == 0)
+    for (auto& [name, param] : model.named_parameters())
+      if (!param->trainable) out.push_back({state_model_key(name), param->shape, 0, param->value});
   return out;
 }
 
@@ -127,7 +126,7 @@ StateLoaded state_load(const std::string& path, Comm& comm, Model& model, Fsdp& 
          "); choose micro_batch_size/gradient_accumulation_steps so they match");
   state_load_model(reader, model, fsdp);
   if (options.load_optimizer) {
-    load_optimizer(reader, fsdp, adamw, comm.rank());
+    load_optimizer(reader, fsdp, adamw, fsdp.comm().rank());
     adamw.set_step_count(global.at("optimizer_step").get<int64_t>());
   }
   // Each rank restores its own RNG stream; on another world size there is no stream to restore.

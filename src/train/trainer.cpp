@@ -18,6 +18,7 @@ namespace mmtrain {
 struct Trainer::State {
   Config config;
   Runtime runtime;
+  std::unique_ptr<DeviceMesh> mesh;
   std::shared_ptr<Model> model;
   std::unique_ptr<Fsdp> fsdp;
   std::unique_ptr<AdamW> adamw;
@@ -39,12 +40,14 @@ struct Trainer::State {
     // Deterministic kernels only (an op without one raises); the CPU kernels and the Gloo sums
     // used here are deterministic anyway, this matters on CUDA.
     if (c.training.use_deter_comp) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+    mesh = std::make_unique<DeviceMesh>(build_mesh(c, runtime));
+    if (mesh->shape().world() > 1) log("device mesh " + mesh->describe());
     model = build_model(c);
-    fsdp = parallelize_model(c, *model, runtime.comm);
+    fsdp = parallelize_model(c, *model, *mesh);
     adamw = make_fsdp_adamw(*fsdp, adamw_options(c.training));
     schedule = LrSchedule::make(c.training.lr, c.training.lr_min, c.training.lr_warmup_ratio, c.training.train_iters,
                                 c.training.lr_decay_style);
-    data = build_data(c, comm().rank(), comm().world_size());
+    data = build_data(c, mesh->dp_rank(), mesh->dp_size());
     if (const auto summary = data.dataset->summary(); !summary.empty()) log(summary);
 
     const auto stats = fsdp->memory_stats();

@@ -9,6 +9,8 @@ ActivationEstimate magihuman_activation_estimate(const MagiHumanConfig& c, int64
   ActivationEstimate e;
   e.tokens = l;
   e.num_layers = c.num_layers;
+  e.q_width = hq * hd;
+  e.kv_width = hkv * hd;
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
     const int64_t u = c.up_gate_rows(layer), i = c.mlp_width(layer);
     const std::vector<std::pair<std::string, int64_t>> saved = {

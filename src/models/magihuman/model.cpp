@@ -10,6 +10,7 @@
 #include "models/magihuman/flops.h"
 #include "models/magihuman/fused_ops.h"
 #include "models/magihuman/ops.h"
+#include "parallel/context_parallel.h"
 
 #include <array>
 
@@ -97,8 +98,7 @@ class Attention : public Module {
   }
 
   // h [L, D] fp32 -> [L, D] in the parameter dtype
-  at::Tensor forward(const at::Tensor& h, const at::Tensor& rope, const ModalityRows& rows,
-                     const std::vector<int64_t>& seq_begins) {
+  at::Tensor forward(const at::Tensor& h, const at::Tensor& rope, const ModalityRows& rows, const SequenceShard& seq) {
     const auto& c = c_;
     const int64_t L = h.size(0), hq = c.num_heads_q(), hkv = c.num_query_groups, hd = c.head_dim;
     auto qkv = per_expert(h, rows, experts_, [&](int64_t k, const at::Tensor& part) {
@@ -117,18 +117,10 @@ class Attention : public Module {
     q = partial_rope(c, q, rope);
     key = partial_rope(c, key, rope);
 
-    // Full attention within each packed sample, none across samples (cu_seqlens).
+    // Full attention within each packed sample, none across samples, over the CP ranks when the
+    // sequence is split.
     const auto compute = linear_qkv->weight.value.scalar_type();
-    auto qc = q.to(compute), kc = key.to(compute), vc = v.to(compute);
-    std::vector<at::Tensor> outputs;
-    for (size_t s = 0; s + 1 < seq_begins.size(); ++s) {
-      const int64_t b = seq_begins[s], n = seq_begins[s + 1] - b;
-      auto to_heads = [&](const at::Tensor& t) { return t.narrow(0, b, n).transpose(0, 1).unsqueeze(0); };
-      auto o = at::scaled_dot_product_attention(to_heads(qc), to_heads(kc), to_heads(vc), {}, 0.0,
-                                                /*is_causal=*/false, std::nullopt, /*enable_gqa=*/true);
-      outputs.push_back(o.squeeze(0).transpose(0, 1));  // [n, Hq, hd]
-    }
-    auto o = outputs.size() == 1 ? outputs[0] : at::cat(outputs, 0);
+    auto o = seq.attention(q.to(compute), key.to(compute), v.to(compute), /*causal=*/false);  // [L, Hq, hd]
     at::Tensor gated = o.to(at::kFloat);
     if (c.enable_attn_gating) {
       auto g = qkv.slice(1, (hq + 2 * hkv) * hd, (hq + 2 * hkv) * hd + hq).view({L, hq, 1});
@@ -182,9 +174,8 @@ class Layer : public Module {
     mlp = add_child("mlp", std::make_shared<Mlp>(c, layer, c.experts(layer)));
     mark_block();
   }
-  at::Tensor forward(const at::Tensor& h, const at::Tensor& rope, const ModalityRows& rows,
-                     const std::vector<int64_t>& seq_begins) {
-    auto x = h + attention->forward(h, rope, rows, seq_begins);
+  at::Tensor forward(const at::Tensor& h, const at::Tensor& rope, const ModalityRows& rows, const SequenceShard& seq) {
+    auto x = h + attention->forward(h, rope, rows, seq);
     return x + mlp->forward(x, rows);
   }
   std::shared_ptr<Attention> attention;
@@ -214,7 +205,7 @@ class Adapter : public Module {
   Param* bands = nullptr;
 };
 
-class MagiHumanModel : public Model {
+class MagiHumanModel : public Model, public ContextParallelModel {
  public:
   explicit MagiHumanModel(const MagiHumanConfig& config) : c_(config) {
     const auto& c = c_;
@@ -235,29 +226,50 @@ class MagiHumanModel : public Model {
     active_linear_params_ = magihuman_active_linear_params(tensors, c.mm_layers);
   }
 
+  // Ulysses splits the heads: the degree must divide the query heads, and divide or be divided
+  // by the KV heads (fewer KV heads than ranks are replicated).
+  void use_context_parallel(std::shared_ptr<const ContextParallel> cp) override {
+    const int64_t u = cp->ulysses_size(), hq = c_.num_heads_q(), hkv = c_.num_query_groups;
+    if (hq % u != 0)
+      fail("parallel.ulysses_parallel_size: ", u, " does not divide the ", hq,
+           " query heads of model.config (hidden_size / head_dim)");
+    if (hkv % u != 0 && u % hkv != 0)
+      fail("parallel.ulysses_parallel_size: ", u, " and the ", hkv,
+           " KV heads of model.config.num_query_groups: neither divides the other");
+    cp_ = std::move(cp);
+  }
+
   ModelOutput forward(const Batch& batch) override {
     const auto& c = c_;
-    const auto& x = batch_get(batch, "x");
-    const auto& coords = batch_get(batch, "coords_mapping");
-    const auto& modality = batch_get(batch, "modality_mapping");
-    const auto& target = batch_get(batch, "target_velocity");
-    const auto& loss_mask = batch_get(batch, "loss_mask");
+    const auto& full_x = batch_get(batch, "x");
     const auto& cu_seqlens = batch_get(batch, "cu_seqlens");
+    const int64_t total = full_x.size(0);
+    if (full_x.dim() != 2 || full_x.size(1) != c.io_width())
+      fail("batch 'x' must be [L, ", c.io_width(), "], got ", full_x.sizes());
+    if (batch_get(batch, "coords_mapping").sizes() != at::IntArrayRef({total, 9}))
+      fail("batch 'coords_mapping' must be [", total, ", 9], got ", batch_get(batch, "coords_mapping").sizes());
+    if (batch_get(batch, "modality_mapping").sizes() != at::IntArrayRef({total}))
+      fail("batch 'modality_mapping' must be [", total, "], got ", batch_get(batch, "modality_mapping").sizes());
+    auto cu = cu_seqlens.to(at::kCPU, at::kLong);
+    std::vector<int64_t> seq_begins(cu.data_ptr<int64_t>(), cu.data_ptr<int64_t>() + cu.numel());
+    if (seq_begins.size() < 2 || seq_begins.front() != 0 || seq_begins.back() != total)
+      fail("batch 'cu_seqlens' must run from 0 to L = ", total, ", got ", cu_seqlens);
+
+    // This rank's rows of the packed stream: all of them, or its share under context
+    // parallelism (padding rows are text rows outside every sample and the loss).
+    const auto seq = cp_ ? cp_->shard(seq_begins, /*causal=*/false) : SequenceShard::whole(seq_begins);
+    const auto x = seq->take(full_x);
+    const auto coords = seq->take(batch_get(batch, "coords_mapping"));
+    const auto modality = seq->take(batch_get(batch, "modality_mapping"), kText);
+    const auto target = seq->take(batch_get(batch, "target_velocity"));
+    const auto loss_mask = seq->take(batch_get(batch, "loss_mask"), 0);
     const int64_t L = x.size(0);
-    if (x.dim() != 2 || x.size(1) != c.io_width())
-      fail("batch 'x' must be [L, ", c.io_width(), "], got ", x.sizes());
-    if (coords.sizes() != at::IntArrayRef({L, 9})) fail("batch 'coords_mapping' must be [", L, ", 9], got ", coords.sizes());
-    if (modality.sizes() != at::IntArrayRef({L})) fail("batch 'modality_mapping' must be [", L, "], got ", modality.sizes());
 
     ModalityRows rows;
     for (int k = 0; k < kNumModalities; ++k) {
       rows.index[k] = (modality == k).nonzero().view(-1);
       rows.count[k] = rows.index[k].numel();
     }
-    auto cu = cu_seqlens.to(at::kCPU, at::kLong);
-    std::vector<int64_t> seq_begins(cu.data_ptr<int64_t>(), cu.data_ptr<int64_t>() + cu.numel());
-    if (seq_begins.size() < 2 || seq_begins.front() != 0 || seq_begins.back() != L)
-      fail("batch 'cu_seqlens' must run from 0 to L = ", L, ", got ", cu_seqlens);
 
     // Adapter: per-modality embedders over the right column slices, fp32 output.
     const int64_t in_width[kNumModalities] = {c.video_in_channels, c.audio_in_channels, c.text_in_channels};
@@ -276,9 +288,8 @@ class MagiHumanModel : public Model {
       // The lambda may run again in backward (recompute): capture by value only.
       auto layer_ptr = layer;
       auto rows_copy = rows;
-      auto begins = seq_begins;
-      h = layer->apply({h, rope}, [layer_ptr, rows_copy, begins](const std::vector<at::Tensor>& in) {
-        return layer_ptr->forward(in[0], in[1], rows_copy, begins);
+      h = layer->apply({h, rope}, [layer_ptr, rows_copy, seq](const std::vector<at::Tensor>& in) {
+        return layer_ptr->forward(in[0], in[1], rows_copy, *seq);
       });
     }
 
@@ -296,7 +307,11 @@ class MagiHumanModel : public Model {
     }
 
     ModelOutput result;
-    result.loss = flow_matching_loss(prediction, target, modality, loss_mask);
+    result.loss = seq->is_split() ? split_flow_matching_loss(prediction, target, modality, loss_mask, *seq)
+                                  : flow_matching_loss(prediction, target, modality, loss_mask);
+    // Under context parallelism every rank must run the whole backward (its attention sends
+    // gradients to the other ranks), even when none of its rows reaches the loss.
+    if (seq->is_split()) result.loss = result.loss + h.sum() * 0.0;
     result.tokens = L;
     result.tensors["prediction"] = prediction;
     return result;
@@ -318,14 +333,35 @@ class MagiHumanModel : public Model {
     return loss.defined() ? loss : diff.sum() * 0.0;
   }
 
+  // The same loss over a split sequence: each term's sum and count over all CP ranks, so that
+  // every rank holds the unsplit value (its grads are those of its own rows).
+  at::Tensor split_flow_matching_loss(const at::Tensor& prediction, const at::Tensor& target,
+                                      const at::Tensor& modality, const at::Tensor& loss_mask,
+                                      const SequenceShard& seq) const {
+    auto diff = (prediction - target.to(at::kFloat)).pow(2);
+    at::Tensor loss = diff.sum() * 0.0;
+    const std::pair<int, int64_t> terms[] = {{kVideo, c_.video_in_channels}, {kAudio, c_.audio_in_channels}};
+    for (const auto& [k, channels] : terms) {
+      auto index = ((modality == k) & loss_mask.to(at::kBool)).nonzero().view(-1);
+      const int64_t rows = seq.sum(index.numel());  // the same on every CP rank
+      if (rows == 0) continue;
+      auto local = diff.index_select(0, index).slice(1, 0, channels).sum();
+      loss = loss + seq.sum(local / static_cast<double>(rows * channels));
+    }
+    return loss;
+  }
+
   // The seed's convention (docs/flops.md): 6 x active linear params x tokens + 7 s^2 attention.
+  // Under context parallelism each CP rank does 1/cp of its sample's work.
   double train_flops(const Batch& batch) const override {
-    return magihuman_train_flops_for_batch(c_, batch_get(batch, "cu_seqlens"), active_linear_params_);
+    const double flops = magihuman_train_flops_for_batch(c_, batch_get(batch, "cu_seqlens"), active_linear_params_);
+    return cp_ ? flops / cp_->size() : flops;
   }
 
  private:
   MagiHumanConfig c_;
   double active_linear_params_ = 0;  // N of the seed's FLOPs rule, over this model's own tensors
+  std::shared_ptr<const ContextParallel> cp_;  // set by the parallelize chain; null: no split
   std::shared_ptr<Adapter> adapter;
   std::vector<std::shared_ptr<Layer>> layers;
   std::shared_ptr<Weight> final_norm_video, final_norm_audio, final_linear_video, final_linear_audio;

@@ -6,8 +6,10 @@
 
 #include "core/error.h"
 #include "models/mistral3/flops.h"
+#include "nn/attention.h"
 #include "nn/chunked_cross_entropy.h"
 #include "nn/ops.h"
+#include "parallel/context_parallel.h"
 
 #include <ATen/core/Reduction.h>
 
@@ -88,15 +90,10 @@ class VisionLayer : public Module {
     auto q = apply_rope(lin(n1, attention->q_proj).view({P, nh, hd}), cos, sin);
     auto k = apply_rope(lin(n1, attention->k_proj).view({P, nh, hd}), cos, sin);
     auto v = lin(n1, attention->v_proj).view({P, nh, hd});
-    std::vector<at::Tensor> outputs;
-    int64_t begin = 0;
-    for (int64_t n : patches) {
-      auto to_heads = [&](const at::Tensor& t) { return t.narrow(0, begin, n).transpose(0, 1).unsqueeze(0); };
-      auto o = at::scaled_dot_product_attention(to_heads(q), to_heads(k), to_heads(v), {}, 0.0, /*is_causal=*/false);
-      outputs.push_back(o.squeeze(0).transpose(0, 1));  // [n, nh, hd]
-      begin += n;
-    }
-    auto attn = (outputs.size() == 1 ? outputs[0] : at::cat(outputs, 0)).reshape({P, nh * hd});
+    // Every rank runs the whole tower: vision attention never touches a context-parallel group.
+    std::vector<int64_t> cu_patches = {0};
+    for (int64_t n : patches) cu_patches.push_back(cu_patches.back() + n);
+    auto attn = varlen_attention(q, k, v, cu_patches, /*causal=*/false).out.reshape({P, nh * hd});
     auto h = x + lin(attn, attention->o_proj);
     return h + feed_forward->forward(rms_norm(h, ffn_norm->weight.value, kVisionEps), c_.vision_act == "silu");
   }
@@ -181,30 +178,16 @@ class TextLayer : public Module {
     mark_block();
   }
 
-  // x [B, S, H]; cos/sin [B, S, hd]; causal GQA attention over each row, or (seq_begins, B = 1)
-  // within each packed sample [seq_begins[i], seq_begins[i+1]) only.
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                     const std::vector<int64_t>& seq_begins) const {
-    const int64_t B = x.size(0), S = x.size(1), nh = c_.num_heads, nkv = c_.num_kv_heads, hd = c_.head_dim;
+  // x [T, H], one packed stream (the batch's rows, or its packed samples); cos/sin [T, hd];
+  // causal GQA attention within each sample of seq, over the CP ranks when it is split.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const SequenceShard& seq) const {
+    const int64_t T = x.size(0), nh = c_.num_heads, nkv = c_.num_kv_heads, hd = c_.head_dim;
     auto n1 = rms_norm(x, input_layernorm->weight.value, c_.rms_norm_eps);
-    auto q = apply_rope(lin(n1, self_attn->q_proj).view({B, S, nh, hd}), cos, sin).transpose(1, 2);
-    auto k = apply_rope(lin(n1, self_attn->k_proj).view({B, S, nkv, hd}), cos, sin).transpose(1, 2);
-    auto v = lin(n1, self_attn->v_proj).view({B, S, nkv, hd}).transpose(1, 2);
-    auto attend = [](const at::Tensor& qs, const at::Tensor& ks, const at::Tensor& vs) {
-      return at::scaled_dot_product_attention(qs, ks, vs, {}, 0.0, /*is_causal=*/true, std::nullopt, /*enable_gqa=*/true);
-    };
-    at::Tensor o;
-    if (seq_begins.empty()) {
-      o = attend(q, k, v);
-    } else {
-      std::vector<at::Tensor> parts;
-      for (size_t i = 0; i + 1 < seq_begins.size(); ++i) {
-        const int64_t b = seq_begins[i], n = seq_begins[i + 1] - b;
-        parts.push_back(attend(q.narrow(2, b, n), k.narrow(2, b, n), v.narrow(2, b, n)));
-      }
-      o = parts.size() == 1 ? parts[0] : at::cat(parts, 2);
-    }
-    auto h = x + lin(o.transpose(1, 2).reshape({B, S, nh * hd}), self_attn->o_proj);
+    auto q = apply_rope(lin(n1, self_attn->q_proj).view({T, nh, hd}), cos, sin);
+    auto k = apply_rope(lin(n1, self_attn->k_proj).view({T, nkv, hd}), cos, sin);
+    auto v = lin(n1, self_attn->v_proj).view({T, nkv, hd});
+    auto o = seq.attention(q, k, v, /*causal=*/true);  // [T, nh, hd]
+    auto h = x + lin(o.reshape({T, nh * hd}), self_attn->o_proj);
     return h + mlp->forward(rms_norm(h, post_attention_layernorm->weight.value, c_.rms_norm_eps), /*silu=*/true);
   }
 
@@ -216,7 +199,7 @@ class TextLayer : public Module {
   Mistral3Config c_;
 };
 
-class Mistral3Model : public Model {
+class Mistral3Model : public Model, public ContextParallelModel {
  public:
   explicit Mistral3Model(const Mistral3Config& config) : c_(config) {
     const auto& c = c_;
@@ -293,25 +276,41 @@ class Mistral3Model : public Model {
       embeds = embeds + dummy.sum().to(embeds.scalar_type()) * 0.0;
     }
 
-    // RoPE tables in fp32, [B, S, hd]; cast to the activation dtype in apply_rope.
+    // The LM runs over one packed stream of T = B * S rows: the batch's rows are its samples
+    // (right padding sits after every real token of its row, so causal attention keeps it out of
+    // them), or the packed samples at cu_seqlens. Under context parallelism the stream is split
+    // here, after the image features are in the embeddings; the positions were made for the
+    // whole stream, and the labels are shifted within each row before they are split with it.
+    std::vector<int64_t> stream = seq_begins;
+    if (stream.empty())
+      for (int64_t b = 0; b <= B; ++b) stream.push_back(b * S);
+    const auto seq = cp_ ? cp_->shard(stream, /*causal=*/true) : SequenceShard::whole(stream);
+    const int64_t T = B * S;
+    auto h = seq->take(embeds.reshape({T, c.hidden_size}));
+
+    // RoPE tables in fp32, [T_loc, hd]; cast to the activation dtype in apply_rope.
     auto exponents = at::arange(0, c.head_dim, 2, input_ids.options()).to(at::kFloat) / static_cast<double>(c.head_dim);
     auto inv_freq = 1.0 / at::pow(c.rope_theta, exponents);
-    auto angles = positions.to(at::kFloat).unsqueeze(-1) * inv_freq;
+    auto angles = seq->take(positions.reshape({T})).to(at::kFloat).unsqueeze(-1) * inv_freq;
     auto emb = at::cat({angles, angles}, -1);
     auto cos = emb.cos(), sin = emb.sin();
 
-    auto h = embeds;
     for (auto& layer : layers) {
       auto layer_ptr = layer;  // may run again in backward (recompute): capture by value
-      h = layer->apply({h, cos, sin}, [layer_ptr, seq_begins](const std::vector<at::Tensor>& in) {
-        return layer_ptr->forward(in[0], in[1], in[2], seq_begins);
+      h = layer->apply({h, cos, sin}, [layer_ptr, seq](const std::vector<at::Tensor>& in) {
+        return layer_ptr->forward(in[0], in[1], in[2], *seq);
       });
     }
     h = rms_norm(h, norm->weight.value, c.rms_norm_eps);
+    result.tokens = h.size(0);
+    if (seq->is_split()) {
+      result.loss = split_loss(h, labels, *seq);
+      return result;
+    }
+    h = h.view({B, S, c.hidden_size});
 
     // HF ForCausalLMLoss: position t predicts labels[t + 1]; mean over supervised tokens.
     auto shift_labels = labels.narrow(1, 1, S - 1).reshape({-1}).to(at::kLong);
-    result.tokens = B * S;
     if (c.loss_chunk_size > 0) {
       auto shift_h = h.narrow(1, 0, S - 1).reshape({-1, c.hidden_size});
       result.loss = chunked_linear_cross_entropy(shift_h, lm_head->weight.value, shift_labels, c.loss_chunk_size);
@@ -324,6 +323,42 @@ class Mistral3Model : public Model {
                                  : logits.sum() * 0.0;  // nothing supervised: zero loss and grads
     result.tensors["logits"] = logits;
     return result;
+  }
+
+  // The loss over a split stream: local h [T_loc, H], labels [B, S] of the whole batch. Each rank
+  // sums the cross-entropy of its supervised rows over the count of all CP ranks' supervised rows;
+  // the CP sum of those is the unsplit mean on every rank.
+  at::Tensor split_loss(const at::Tensor& h, const at::Tensor& labels, const SequenceShard& seq) const {
+    const int64_t B = labels.size(0), S = labels.size(1);
+    auto shifted = at::cat({labels.narrow(1, 1, S - 1), at::full({B, 1}, -100, labels.options())}, 1);
+    const auto local_labels = seq.take(shifted.reshape({B * S}).to(at::kLong), -100);
+    const int64_t supervised = seq.sum((local_labels != -100).sum().item<int64_t>());
+    // Every rank runs the whole backward (its attention sends gradients to the other ranks),
+    // even when none of its rows is supervised.
+    auto touch = h.sum() * 0.0;
+    if (supervised == 0) return touch;
+    at::Tensor partial;
+    if (c_.loss_chunk_size > 0) {
+      partial = chunked_linear_cross_entropy(h, lm_head->weight.value, local_labels, c_.loss_chunk_size, -100,
+                                             static_cast<double>(supervised));
+    } else {
+      auto logits = lin(h, lm_head).to(at::kFloat);
+      partial = at::cross_entropy_loss(logits, local_labels, {}, at::Reduction::Sum, -100) / static_cast<double>(supervised);
+    }
+    return seq.sum(partial) + touch.to(at::kFloat);
+  }
+
+  // Ulysses splits the text heads: the degree must divide the query heads, and divide or be
+  // divided by the KV heads. The vision tower is not split (every CP rank runs it whole).
+  void use_context_parallel(std::shared_ptr<const ContextParallel> cp) override {
+    const int64_t u = cp->ulysses_size();
+    if (c_.num_heads % u != 0)
+      fail("parallel.ulysses_parallel_size: ", u, " does not divide the ", c_.num_heads,
+           " query heads of model.config.text_config.num_attention_heads");
+    if (c_.num_kv_heads % u != 0 && u % c_.num_kv_heads != 0)
+      fail("parallel.ulysses_parallel_size: ", u, " and the ", c_.num_kv_heads,
+           " KV heads of model.config.text_config.num_key_value_heads: neither divides the other");
+    cp_ = std::move(cp);
   }
 
   double train_flops(const Batch& batch) const override {
@@ -345,7 +380,10 @@ class Mistral3Model : public Model {
     } else {
       seqlens.assign(ids.size(0), ids.size(1));
     }
-    return mistral3_train_flops(c_, seqlens, image_hw);
+    // Model FLOPs count the sample once; under context parallelism each CP rank reports its
+    // 1/cp share (the vision tower, which every CP rank runs whole, included).
+    const double flops = mistral3_train_flops(c_, seqlens, image_hw);
+    return cp_ ? flops / cp_->size() : flops;
   }
 
  private:
@@ -416,6 +454,7 @@ class Mistral3Model : public Model {
   }
 
   Mistral3Config c_;
+  std::shared_ptr<const ContextParallel> cp_;  // set by the parallelize chain; null: no split
   std::shared_ptr<VisionTower> vision;
   std::shared_ptr<Projector> projector;
   std::shared_ptr<Weight> embed_tokens, norm, lm_head;

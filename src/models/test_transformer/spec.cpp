@@ -22,6 +22,8 @@ ActivationEstimate activations(const ActivationQuery& q) {
   ActivationEstimate a;
   a.tokens = t;
   a.num_layers = c.num_layers;
+  a.q_width = c.num_heads * hd;
+  a.kv_width = c.num_kv_heads * hd;
   a.layer_tensors = {{"attn_norm input, normalized, output", 3 * t * h * e + 4 * t},
                      {"attention q,k,v,out + logsumexp", t * (2 * c.num_heads + 2 * c.num_kv_heads) * hd * e + 4 * t * c.num_heads},
                      {"wo input", t * c.num_heads * hd * e},
