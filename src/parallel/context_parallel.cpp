@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <limits>
+#include <optional>
 
 namespace mmtrain {
 namespace {
@@ -66,16 +67,26 @@ struct UlyssesToSequence : torch::autograd::Function<UlyssesToSequence> {
   }
 };
 
-// Sends `send` to the next ring rank and receives the previous rank's tensor of the same shape.
-at::Tensor ring_pass(Comm& ring, const at::Tensor& send, int tag) {
-  const int r = ring.rank(), n = ring.world_size();
-  auto received = at::empty_like(send);
-  auto sent = ring.send(send, (r + 1) % n, tag);
-  auto got = ring.recv(received, (r + n - 1) % n, tag);
-  sent.wait();
-  got.wait();
-  return received;
-}
+// One step of a tensor around the ring: sent to the next ring rank while the previous rank's
+// tensor of the same shape arrives. Posted at construction, so that the transfer overlaps
+// whatever runs before receive().
+class RingPass {
+ public:
+  RingPass(Comm& ring, const at::Tensor& send, int tag) : received_(at::empty_like(send)) {
+    const int r = ring.rank(), n = ring.world_size();
+    sent_ = ring.send(send, (r + 1) % n, tag);
+    got_ = ring.recv(received_, (r + n - 1) % n, tag);
+  }
+  at::Tensor receive() {
+    sent_.wait();
+    got_.wait();
+    return received_;
+  }
+
+ private:
+  at::Tensor received_;
+  CommWork sent_, got_;
+};
 
 constexpr int kKvTag = 0, kGradTag = 1;
 
@@ -95,20 +106,10 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     auto kv = at::stack({k, v}).contiguous();  // [2, Tk, hkv, d]: one message per step
     for (int step = 0; step < n; ++step) {
       const int source = (r - step + n) % n;
-      // Post this step's send before computing, so that the transfer overlaps the compute.
-      at::Tensor next;
-      CommWork sent, got;
-      if (step + 1 < n) {
-        next = at::empty_like(kv);
-        sent = ring.send(kv, (r + 1) % n, kKvTag);
-        got = ring.recv(next, (r + n - 1) % n, kKvTag);
-      }
+      std::optional<RingPass> pass;
+      if (step + 1 < n) pass.emplace(ring, kv, kKvTag);
       attention_forward_into(q, kv[0], kv[1], h.segments[source], 0, out, lse, covered);
-      if (step + 1 < n) {
-        sent.wait();
-        got.wait();
-        kv = next;
-      }
+      if (pass) kv = pass->receive();
     }
     auto result = out.to(q.scalar_type());
     ctx->save_for_backward({q, k, v, result, lse});
@@ -130,21 +131,12 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     auto dkv = at::zeros(kv.sizes(), kv.options().dtype(at::kFloat));
     for (int step = 0; step < n; ++step) {
       const int source = (r - step + n) % n;
-      at::Tensor next;
-      CommWork sent, got;
-      if (step + 1 < n) {
-        next = at::empty_like(kv);
-        sent = ring.send(kv, (r + 1) % n, kKvTag);
-        got = ring.recv(next, (r + n - 1) % n, kKvTag);
-      }
+      std::optional<RingPass> pass;
+      if (step + 1 < n) pass.emplace(ring, kv, kKvTag);
       auto dk = dkv[0], dv = dkv[1];
       attention_backward_into(grad_out, q, kv[0], kv[1], out, lse, h.segments[source], 0, dq, dk, dv);
-      dkv = ring_pass(ring, dkv, kGradTag);
-      if (step + 1 < n) {
-        sent.wait();
-        got.wait();
-        kv = next;
-      }
+      dkv = RingPass(ring, dkv, kGradTag).receive();
+      if (pass) kv = pass->receive();
     }
     return {dq.to(q.scalar_type()), dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type()), at::Tensor()};
   }

@@ -8,6 +8,7 @@ parameters within 1e-5 relative.
   * tiny Magistral: frozen Pixtral tower on images of different sizes (every CP rank runs it
     whole), packing on (several conversations per row), causal LM split zigzag over the ring.
 """
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -126,6 +127,21 @@ def test_magihuman_context_parallel_and_hsdp_equal_one_rank(tmp_path, magihuman_
             assert "device mesh" in proc.stdout, proc.stdout
         runs[name] = read_metrics(tmp / "run"), load_mmtrain_params(str(tmp / "ckpt" / f"iter_{ITERS:07d}"))
     compare("magihuman", runs)
+
+    # HSDP writes one set of shards: only the first replica (world ranks 0 and 1) holds rows.
+    hsdp = tmp_path / "hsdp2x2" / "ckpt" / f"iter_{ITERS:07d}"
+    index = json.loads((hsdp / "index.json").read_text())
+    holders = {shard["rank"] for entry in index["tensors"].values() for shard in entry["shards"]
+               if shard.get("rows", [0, 1])[0] < shard.get("rows", [0, 1])[1]}
+    assert holders == {0, 1}, holders
+    # ... and reshards on load: plain FSDP on 2 ranks (the same global batch) continues from it.
+    tmp = tmp_path / "resume"
+    tmp.mkdir()
+    text = magihuman_config(tmp, data, weights, {}, ACCUM // 2).replace(f"train_iters: {ITERS}", f"train_iters: {ITERS + 1}")
+    cfg = write_config(tmp / "c.yaml", text)
+    proc = run_mmtrain(["train", str(cfg), "--set", f"training.load={hsdp}"], world=2, timeout=600)
+    assert f"at iteration {ITERS} (saved on 4 ranks, now 2)" in proc.stdout, proc.stdout
+    assert [m["iteration"] for m in read_metrics(tmp / "run")] == [ITERS + 1]
 
 
 # ------------------------------------------------------------------------------------ Magistral

@@ -4,7 +4,7 @@
 
 namespace mmtrain::magihuman {
 
-ActivationEstimate magihuman_activation_estimate(const MagiHumanConfig& c, int64_t tokens) {
+ActivationEstimate magihuman_activation_estimate(const MagiHumanConfig& c, int64_t tokens, int64_t p) {
   const int64_t l = tokens, d = c.hidden_size, hd = c.head_dim, hq = c.num_heads_q(), hkv = c.num_query_groups;
   ActivationEstimate e;
   e.tokens = l;
@@ -15,16 +15,16 @@ ActivationEstimate magihuman_activation_estimate(const MagiHumanConfig& c, int64
     const int64_t u = c.up_gate_rows(layer), i = c.mlp_width(layer);
     const std::vector<std::pair<std::string, int64_t>> saved = {
         {"attention.pre_norm input h fp32 [L,D] + rstd", 4 * l * d + 4 * l},
-        {"linear_qkv input bf16 [L,D]", 2 * l * d},
+        {"linear_qkv input (param dtype) [L,D]", p * l * d},
         {"q_norm/k_norm inputs fp32 [L,(Hq+Hkv)hd] + rstd", 4 * l * (hq + hkv) * hd + 4 * l * (hq + hkv)},
-        {"attention q,k,v bf16 [L,(Hq+2Hkv)hd]", 2 * l * (hq + 2 * hkv) * hd},
-        {"attention out bf16 [L,Hq,hd] + logsumexp fp32", 2 * l * hq * hd + 4 * l * hq},
+        {"attention q,k,v (param dtype) [L,(Hq+2Hkv)hd]", p * l * (hq + 2 * hkv) * hd},
+        {"attention out (param dtype) [L,Hq,hd] + logsumexp fp32", p * l * hq * hd + 4 * l * hq},
         {"gate sigmoid fp32 [L,Hq]", c.enable_attn_gating ? 4 * l * hq : 0},
-        {"linear_proj input bf16 [L,Hq*hd]", 2 * l * hq * hd},
+        {"linear_proj input (param dtype) [L,Hq*hd]", p * l * hq * hd},
         {"mlp.pre_norm input fp32 [L,D] + rstd", 4 * l * d + 4 * l},
-        {"up_gate_proj input bf16 [L,D]", 2 * l * d},
+        {"up_gate_proj input (param dtype) [L,D]", p * l * d},
         {"activation input fp32 [L,U]", 4 * l * u},
-        {"down_proj input bf16 [L,I]", 2 * l * i},
+        {"down_proj input (param dtype) [L,I]", p * l * i},
     };
     int64_t bytes = 0;
     for (const auto& [name, b] : saved) bytes += b;
@@ -35,7 +35,7 @@ ActivationEstimate magihuman_activation_estimate(const MagiHumanConfig& c, int64
       e.largest_layer = "layer " + std::to_string(layer) + (c.is_gelu7_layer(layer) ? ", GELU7" : ", SwiGLU7");
       e.layer_tensors = saved;
     }
-    e.backward_bytes = std::max(e.backward_bytes, 2 * 4 * l * d + 4 * l * u + 2 * l * u);
+    e.backward_bytes = std::max(e.backward_bytes, 2 * 4 * l * d + 4 * l * u + p * l * u);
   }
   const int64_t io = c.io_width(), out = c.out_width();
   e.outside_bytes = 4 * l * io                 // batch x

@@ -30,7 +30,10 @@
 
 namespace mmtrain::magihuman {
 
-// tokens = packed tokens of one micro-batch (micro_batch_size × seqlen).
-ActivationEstimate magihuman_activation_estimate(const MagiHumanConfig& config, int64_t tokens);
+// tokens = packed tokens of one micro-batch (micro_batch_size × seqlen); param_bytes = the size of
+// the gathered params' dtype, which the block GEMM inputs and attention tensors take (2 for bf16,
+// the figures above; 4 in an fp32 run).
+ActivationEstimate magihuman_activation_estimate(const MagiHumanConfig& config, int64_t tokens,
+                                                 int64_t param_bytes = 2);
 
 }  // namespace mmtrain::magihuman

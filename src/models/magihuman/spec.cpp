@@ -70,7 +70,8 @@ ModelSpec magihuman_spec() {
   spec.config_from_checkpoint = config_from_checkpoint;
   spec.flops = flops;
   spec.activations = [](const ActivationQuery& q) {
-    return magihuman_activation_estimate(MagiHumanConfig::from_json(q.model_config), q.seqlen * q.micro_batch_size);
+    return magihuman_activation_estimate(MagiHumanConfig::from_json(q.model_config), q.seqlen * q.micro_batch_size,
+                                         static_cast<int64_t>(c10::elementSize(q.param_dtype)));
   };
   spec.default_seqlen = 4606;  // the seed's 256x480, 5 s sample: 3840 video + 126 audio + 640 text tokens
   return spec;

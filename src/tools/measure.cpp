@@ -1,0 +1,51 @@
+// `mmtrain measure ...`: what this machine reaches, for MFU denominators and scaling figures.
+#include "tools/command.h"
+#include "tools/cp_attention_bench.h"
+#include "tools/gemm_peak.h"
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <memory>
+
+namespace mmtrain {
+
+void add_measure_commands(CLI::App& app, Commands& commands) {
+  auto* measure = app.add_subcommand("measure", "measure this machine");
+  measure->require_subcommand(1);
+
+  struct GemmArgs {
+    int64_t size = 1024;
+    int threads = 1, repeats = 10;
+    std::string dtype = "fp32";
+  };
+  auto g = std::make_shared<GemmArgs>();
+  auto* gemm = measure->add_subcommand("gemm", "GEMM FLOP/s reached here (the CPU stand-in for a peak, for MFU)");
+  gemm->add_option("--size", g->size, "square matrix size")->capture_default_str();
+  gemm->add_option("--threads", g->threads, "intra-op threads (a torchrun rank here uses OMP_NUM_THREADS)")
+      ->capture_default_str();
+  gemm->add_option("--repeats", g->repeats, "timed repeats (the median is reported)")->capture_default_str();
+  gemm->add_option("--dtype", g->dtype, "fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
+  commands.add(gemm, [g] {
+    const auto peak = measure_gemm_peak(g->size, g->dtype == "bf16" ? at::kBFloat16 : at::kFloat, g->threads, g->repeats);
+    std::printf("{\"gemm_flops\": %.6g, \"size\": %lld, \"threads\": %d, \"dtype\": \"%s\"}\n", peak.flops_per_second,
+                static_cast<long long>(peak.size), peak.threads, g->dtype.c_str());
+  });
+
+  auto a = std::make_shared<CpAttentionBench>();
+  auto* attention = measure->add_subcommand(
+      "cp-attention", "context-parallel attention forward + backward on one long sample (run under torchrun)");
+  attention->add_option("--ring", a->ring, "ring degree")->capture_default_str();
+  attention->add_option("--ulysses", a->ulysses, "Ulysses degree")->capture_default_str();
+  attention->add_option("--seqlen", a->seqlen, "tokens of the sample")->capture_default_str();
+  attention->add_option("--heads", a->heads, "query heads")->capture_default_str();
+  attention->add_option("--kv-heads", a->kv_heads, "key/value heads")->capture_default_str();
+  attention->add_option("--head-dim", a->head_dim, "head dim")->capture_default_str();
+  attention->add_flag("--causal", a->causal, "causal attention (zigzag ring chunks)");
+  attention->add_option("--dtype", a->dtype, "fp32, bf16 or fp16")->capture_default_str();
+  attention->add_option("--warmup", a->warmup, "untimed repeats first")->capture_default_str();
+  attention->add_option("--repeats", a->repeats, "timed repeats (the median is reported)")->capture_default_str();
+  commands.add(attention, [a] { measure_cp_attention(*a); });
+}
+
+}  // namespace mmtrain
