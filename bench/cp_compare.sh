@@ -12,15 +12,7 @@
 # Prints a table, then one JSON line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-work=${1:-$(mktemp -d)}
-bin=${MMTRAIN_BIN:-$PWD/build/bin/mmtrain}
-torchrun=$PWD/.venv/bin/torchrun
-[[ -x $bin ]] || { echo "$0: no mmtrain binary at $bin (set MMTRAIN_BIN)" >&2; exit 2; }
-export OMP_NUM_THREADS=1
-mkdir -p "$work"
-
-model='{num_layers: 4, hidden_size: 128, head_dim: 32, num_query_groups: 2, video_in_channels: 16,
-        audio_in_channels: 8, text_in_channels: 24, mm_layers: [0, 3], gelu7_layers: [0]}'
+source bench/cp_common.sh "${1:-}"
 config() {  # name parallel accum
   cat > "$work/$1.yaml" <<YAML
 parallel:
