@@ -1,11 +1,11 @@
 """Independent PyTorch reference of the MagiHuman DiT training forward and its flow-matching loss.
 
-Written from /work/shared/specs/magihuman.md (§2 forward, §3 loss, §4 checkpoint, §8 pitfalls) as the
+Written from the upstream model (GAIR-NLP/daVinci-MagiHuman: forward, loss, checkpoint layout) as the
 oracle the C++ model is tested against; it shares no code with mmtrain. Functional style: parameters
 are a dict {HF name: tensor} in the public checkpoint layout (interleaved up_gate rows, experts as
 contiguous dim-0 chunks in video/audio/text order) and autograd gives every gradient. Tokens stay in
 the original packed order throughout; modality experts gather their rows (the upstream modality
-sort is a permutation that cancels, spec §2.3). Non-goals: speed, local attention, the sampler.
+sort is a permutation that cancels). Non-goals: speed, local attention, the sampler.
 
 Letters: L tokens, B packed samples, D hidden_size, hd head_dim, Hq = D / hd query heads,
 Hkv kv heads (num_query_groups), E experts of a layer (3 in mm_layers, else 1), I MLP width,
@@ -14,7 +14,7 @@ U up_gate rows per expert (2I gated SwiGLU7, I for GELU7), nb = hd / 8 RoPE band
 Precision modes of `forward`:
   "fp32"     every parameter and op in fp32 (the parity mode; C++ with param_dtype fp32).
   "fp64"     the same math in float64 (gradcheck).
-  "upstream" spec §2.11: block GEMMs take bf16 inputs/weights and return bf16-rounded outputs;
+  "upstream" as upstream runs it: block GEMMs take bf16 inputs/weights and return bf16-rounded outputs;
              residual stream, norms, RoPE, activations and the gate in fp32; attention sees bf16
              q/k/v and returns a bf16-rounded output; adapter and final heads are fp32 GEMMs.
 """
@@ -57,7 +57,7 @@ def make_config(**overrides) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# Derived sizes (spec §1)
+# Derived sizes
 
 def heads_q(cfg):
     return cfg["hidden_size"] // cfg["head_dim"]
@@ -135,7 +135,7 @@ def tensor_specs(cfg):
 
 
 def module_dtype(name):
-    """Dtype of the upstream module after loading (spec §4): block linears bf16, all else fp32."""
+    """Dtype of the upstream module after loading: block linears bf16, all else fp32."""
     return torch.bfloat16 if name.startswith("block.layers.") and name.endswith(BLOCK_LINEARS) else torch.float32
 
 
@@ -304,7 +304,7 @@ def rms_norm(x, w, modality, e, eps, num):
 
 
 def rope_table(coords, bands):
-    """ElementWiseFourierEmbed (spec §2.5). coords [L, 9] = (t,h,w, T,H,W, refT,refH,refW) -> [L, 6 nb]
+    """ElementWiseFourierEmbed. coords [L, 9] = (t,h,w, T,H,W, refT,refH,refW) -> [L, 6 nb]
     = [sin(t bands) sin(h bands) sin(w bands) | cos(...)], each axis nb wide."""
     xyz, sizes, refs = coords[:, 0:3], coords[:, 3:6], coords[:, 6:9]
     scales = (refs - 1) / (sizes - 1)
@@ -388,7 +388,7 @@ def mlp(h, p, prefix, cfg, layer, e, modality, groups, num):
 # Model
 
 def forward(params, batch, precision="fp32", cfg=None):
-    """DiT forward (spec §2.3). batch: x [L, io_width], coords_mapping [L, 9], modality_mapping [L],
+    """DiT forward. batch: x [L, io_width], coords_mapping [L, 9], modality_mapping [L],
     cu_seqlens [B+1]. Returns the prediction [L, out_width]: video rows = video channels, audio rows
     = audio channels then zeros, text rows = 0. Dtype fp32 (fp64 in fp64 mode)."""
     cfg = cfg or infer_config(params)
@@ -456,7 +456,7 @@ def trainable_leaves(params, dtype=torch.float32):
 
 
 # ---------------------------------------------------------------------------------------------
-# Batches (spec §3, §5), for the self-tests
+# Batches (packed samples and their flow-matching targets), for the self-tests
 
 def sample_coords(video_grid, na, nt):
     """coords [Nv + Na + Nt, 9] of one sample in v2 style: video ref = grid; audio (Na,1,1) with

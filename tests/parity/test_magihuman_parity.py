@@ -320,7 +320,7 @@ def test_collated_batch_layout(mh):
         rows = slice(s * SAMPLE_TOKENS, (s + 1) * SAMPLE_TOKENS)
         mod = b["modality_mapping"][rows]
         assert torch.equal(mod, one_mod), f"sample {s}: tokens must be video, audio, text"
-        assert torch.equal(b["coords_mapping"][rows], coords), f"sample {s}: coords differ from spec §5 (v2)"
+        assert torch.equal(b["coords_mapping"][rows], coords), f"sample {s}: coords differ from the v2 layout"
         assert torch.equal(b["loss_mask"][rows], mod != 2)
         x, tgt = b["x"][rows], b["target_velocity"][rows]
         assert not x[mod == 0][:, cv:].any() and not x[mod == 1][:, ca:].any(), "x padding columns must be 0"

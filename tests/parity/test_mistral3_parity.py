@@ -1,6 +1,6 @@
 """mistral3 (Magistral-Small-2509 architecture) against HF transformers' Mistral3ForConditionalGeneration.
 
-A tiny random model keeps every code path of the 24B one (spec magistral.md §1.2): Pixtral with 2
+A tiny random model keeps every code path of the 24B one: Pixtral with 2
 layers, SiLU-gated MLP, 2D RoPE and per-image block-diagonal attention; the projector with
 PatchMerger (odd patch grids drop their last row/column); a Mistral LM with GQA 4:2 and
 head_dim (24) != hidden/heads (16); an untied lm_head; [IMG]/[IMG_BREAK]/[IMG_END] = 10/12/13.

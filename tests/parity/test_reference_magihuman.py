@@ -1,7 +1,7 @@
-"""Self-checks of the MagiHuman PyTorch reference (reference_magihuman.py) against the spec
-(/work/shared/specs/magihuman.md), without the mmtrain binary: RoPE against a naive per-element loop,
-checkpoint shapes and counts of the full model, block-diagonal packing, float64 gradcheck, expert
-routing, the up_gate interleave convention, the loss terms and the HF loader."""
+"""Self-checks of the MagiHuman PyTorch reference (reference_magihuman.py), without the mmtrain
+binary: RoPE against a naive per-element loop, checkpoint shapes and counts of the full model,
+block-diagonal packing, float64 gradcheck, expert routing, the up_gate interleave convention, the
+loss terms and the HF loader."""
 import math
 import sys
 from pathlib import Path
@@ -41,9 +41,9 @@ def test_full_size_tensor_table():
     assert shapes["block.layers.36.mlp.up_gate_proj.weight"] == (81912, 5120)
     assert shapes["block.layers.36.attention.q_norm.weight"] == (384,)
     assert shapes["adapter.rope.bands"] == (16,)
-    # On-disk bytes of the BF16/F32 split match the 30.6 GB base checkpoint (spec §4).
+    # On-disk bytes of the BF16/F32 split match the 30.6 GB base checkpoint.
     assert sum(numel[n] * (2 if dt == torch.bfloat16 else 4) for n, _, dt, _ in specs) == 30_600_034_368
-    # MindSpeed's "active linear params" (spec §6): 2-D tensors, MM layers divided by 3.
+    # MindSpeed's "active linear params": 2-D tensors, MM layers divided by 3.
     active = 0
     for name, shape, _, _ in specs:
         if len(shape) == 2:
@@ -55,7 +55,7 @@ def test_full_size_tensor_table():
 
 
 def naive_rope(x, coords, nb):
-    """Spec §2.5/§8 element by element in float64: phi_j = (coord_axis - centre) * scale * 10000^(-k/nb),
+    """The RoPE formula element by element in float64: phi_j = (coord_axis - centre) * scale * 10000^(-k/nb),
     axis = j // nb, k = j % nb; q'[j] = q[j] cos - q[j+3nb] sin, q'[j+3nb] = q[j+3nb] cos + q[j] sin."""
     L, H, hd = x.shape
     out = x.double().clone()

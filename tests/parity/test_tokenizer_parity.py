@@ -33,7 +33,7 @@ from tokenizers import Regex, Tokenizer, pre_tokenizers
 
 TEKKEN_FILE = os.path.join(os.path.dirname(mistral_common.__file__), "data", "tekken_240911.json")
 
-# What Mistral-Small-3.1/3.2's tokenizer.json carries (spec magistral.md §6.3): the wrong one.
+# What Mistral-Small-3.1/3.2's tokenizer.json carries: the wrong one.
 LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 # transformers' fix_mistral_regex pattern (= tekken.json config.pattern).
