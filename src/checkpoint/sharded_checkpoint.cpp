@@ -235,6 +235,8 @@ void save_commit(const fs::path& root, const fs::path& tmp_dir, const std::strin
 
 }  // namespace
 
+bool checkpoint_saved_under(const std::string& save_root) { return fs::exists(fs::path(save_root) / kLatestFile); }
+
 std::string checkpoint_dir_name(int64_t iteration) {
   if (iteration < 0) fail("checkpoint iteration must be >= 0, found ", iteration);
   char buf[32];

@@ -28,6 +28,8 @@ struct ShardedTensor {
 
 // "iter_0000020" for 20.
 std::string checkpoint_dir_name(int64_t iteration);
+// Whether save_root has a `latest` file, i.e. a save there has completed at least once.
+bool checkpoint_saved_under(const std::string& save_root);
 
 // Collective: every rank calls it with its own shards (any subset of tensors, as long as the ranks'
 // row ranges of each tensor tile [0, global_shape[0]) exactly; rank 0 checks that before committing).

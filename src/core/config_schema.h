@@ -82,6 +82,10 @@ struct StringListCodec {
   static std::vector<std::string> read(const YAML::Node& node, const ConfigPlace& at);
   static nlohmann::json write(const std::vector<std::string>& value) { return value; }
 };
+struct IntListCodec {
+  static std::vector<int> read(const YAML::Node& node, const ConfigPlace& at);
+  static nlohmann::json write(const std::vector<int>& value) { return value; }
+};
 // fp32|float32|bf16|bfloat16|fp16|float16, written back as fp32 / bf16 / fp16.
 struct DtypeCodec {
   static at::ScalarType read(const YAML::Node& node, const ConfigPlace& at);
@@ -102,6 +106,7 @@ template <> struct DefaultCodec<double> { using type = DoubleCodec; };
 template <> struct DefaultCodec<bool> { using type = BoolCodec; };
 template <> struct DefaultCodec<std::string> { using type = StringCodec; };
 template <> struct DefaultCodec<std::vector<std::string>> { using type = StringListCodec; };
+template <> struct DefaultCodec<std::vector<int>> { using type = IntListCodec; };
 template <> struct DefaultCodec<at::ScalarType> { using type = DtypeCodec; };
 template <> struct DefaultCodec<nlohmann::json> { using type = JsonMapCodec; };
 

@@ -6,24 +6,22 @@
 namespace mmtrain {
 namespace {
 
-// The registry names, out of the free-form maps (after every override, so that
+std::string optional_string(const nlohmann::json& map, const std::string& key, const std::string& where) {
+  if (!map.contains(key) || map[key].is_null()) return {};
+  if (!map[key].is_string()) fail(where, ": expected a string, found ", map[key].dump());
+  return map[key].get<std::string>();
+}
+
+// The registry names, out of the maps (after every override, so that
 // `--set data.dataset_param.dataset_type=x` is seen).
 void derive_names(DataConfig& d, const ConfigCheck& check) {
-  auto optional_string = [&](const nlohmann::json& map, const std::string& key, const std::string& path) {
-    if (!map.contains(key) || map[key].is_null()) return std::string();
-    if (!map[key].is_string()) fail(check.where(path), ": expected a string, found ", map[key].dump());
-    return map[key].get<std::string>();
-  };
-  d.dataset_type = optional_string(d.dataset_param, "dataset_type", "dataset_param.dataset_type");
-  d.collate_model_name.clear();
-  const auto& loader = d.dataloader_param;
-  if (loader.contains("collate_param") && !loader["collate_param"].is_null()) {
-    if (!loader["collate_param"].is_object())
-      fail(check.where("dataloader_param.collate_param"), ": expected a map, found ", loader["collate_param"].dump());
-    d.collate_model_name = optional_string(loader["collate_param"], "model_name", "dataloader_param.collate_param.model_name");
-  }
-  // The seed's spelling (MindSpeed-MM FSDP configs): dataloader_param.collator_id.
-  const auto collator_id = optional_string(loader, "collator_id", "dataloader_param.collator_id");
+  d.dataset_type = optional_string(d.dataset_param, "dataset_type", check.where("dataset_param.dataset_type"));
+  const auto& collate = d.loader.collate_param;
+  if (!collate.is_object())
+    fail(check.where("dataloader_param.collate_param"), ": expected a map, found ", collate.dump());
+  d.collate_model_name =
+      optional_string(collate, "model_name", check.where("dataloader_param.collate_param.model_name"));
+  const auto& collator_id = d.loader.collator_id;
   if (!collator_id.empty()) {
     if (!d.collate_model_name.empty() && d.collate_model_name != collator_id)
       fail(check.where("dataloader_param.collator_id"), ": '", collator_id, "' disagrees with ",
@@ -34,9 +32,28 @@ void derive_names(DataConfig& d, const ConfigCheck& check) {
 
 }  // namespace
 
+void LoaderConfig::declare(ConfigSection<LoaderConfig>& s) {
+  s.field("shuffle", &LoaderConfig::shuffle)
+      .field("drop_last", &LoaderConfig::drop_last)
+      .field("num_workers", &LoaderConfig::num_workers)
+      .field("prefetch_factor", &LoaderConfig::prefetch_factor)
+      .field("pin_memory", &LoaderConfig::pin_memory)
+      .field("sampler_type", &LoaderConfig::sampler_type)
+      .field("dataloader_mode", &LoaderConfig::dataloader_mode)
+      .field("collator_id", &LoaderConfig::collator_id)
+      .field("collate_param", &LoaderConfig::collate_param)
+      .check([](const LoaderConfig& l, const ConfigCheck& check) {
+        check.at_least("num_workers", l.num_workers, 0);
+        check.at_least("prefetch_factor", l.prefetch_factor, 1);
+        // One sampler and one mode exist; other names would silently mean something else.
+        check.one_of("sampler_type", l.sampler_type, {"BaseRandomBatchSampler"});
+        check.one_of("dataloader_mode", l.dataloader_mode, {"sampler"});
+      });
+}
+
 void DataConfig::declare(ConfigSection<DataConfig>& s) {
   s.field("dataset_param", &DataConfig::dataset_param)
-      .field("dataloader_param", &DataConfig::dataloader_param)
+      .section("dataloader_param", &DataConfig::loader, LoaderConfig::declare)
       .derive(derive_names);
 }
 

@@ -1,5 +1,6 @@
-// DataConfig: the `data` section. Both maps are free-form and passed whole to the dataset and
-// collator, which check their own keys; the registry names are read out of them.
+// DataConfig: the `data` section. dataset_param is free-form and passed whole to the dataset,
+// which checks its own keys (core/param_map.h); dataloader_param is a declared section (the
+// sampler and loader options below, each honoured) whose collate_param map goes to the collator.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -10,11 +11,27 @@ namespace mmtrain {
 template <typename S>
 class ConfigSection;
 
+// data.dataloader_param: which samples a step reads (data/sampler.h) and how they are loaded
+// (data/data_loader.h).
+struct LoaderConfig {
+  bool shuffle = false;      // a fresh permutation of the dataset every epoch, from (training.seed, epoch)
+  bool drop_last = false;    // an epoch ends at its last full global batch; false: batches run on into the next epoch
+  int num_workers = 0;       // background threads loading the next micro-batches (0: load on the training thread)
+  int prefetch_factor = 2;   // micro-batches loaded ahead per worker
+  bool pin_memory = false;   // page-locked host batches for the device copy (CUDA only; nothing to copy on CPU)
+  std::string sampler_type = "BaseRandomBatchSampler";  // the one sampler (the seed's name for it)
+  std::string dataloader_mode = "sampler";              // the one mode
+  std::string collator_id;                              // the seed's spelling of collate_param.model_name
+  nlohmann::json collate_param = nlohmann::json::object();  // the collator's own map (model_name + its keys)
+
+  static void declare(ConfigSection<LoaderConfig>& section);
+};
+
 struct DataConfig {
-  std::string dataset_type;                    // data.dataset_param.dataset_type (dataset registry name)
-  nlohmann::json dataset_param = nlohmann::json::object();     // the whole dataset_param map
-  std::string collate_model_name;              // data.dataloader_param.collate_param.model_name or collator_id
-  nlohmann::json dataloader_param = nlohmann::json::object();  // the whole dataloader_param map
+  std::string dataset_type;        // data.dataset_param.dataset_type (dataset registry name)
+  nlohmann::json dataset_param = nlohmann::json::object();  // the whole dataset_param map
+  std::string collate_model_name;  // collate_param.model_name or collator_id (collator registry name)
+  LoaderConfig loader;             // data.dataloader_param
 
   static void declare(ConfigSection<DataConfig>& section);
 };

@@ -1,10 +1,6 @@
-// Datasets, collators and the sampler: how samples become micro-batches.
-//
-// Randomness in collation (noise, sigma) is counter-based: a collator gets a generator seeded
-// from (seed, position in the sample stream of its micro-batch's first sample). The data
-// position is therefore the whole data state (resuming at step t reproduces the uninterrupted
-// run exactly), and a micro-batch draws the same noise whichever rank and accumulation step it
-// lands on (2 ranks x 2 micro-batches train exactly like 1 rank x 4).
+// Datasets and collators, and their registries: samples and how a list of them becomes one
+// micro-batch. Which samples (data/sampler.h) and when they are loaded (data/data_loader.h) are
+// not theirs to decide.
 #pragma once
 #include "core/batch.h"
 #include "core/registry.h"
@@ -23,7 +19,9 @@ class Dataset {
  public:
   virtual ~Dataset() = default;
   virtual int64_t size() const = 0;
-  virtual Batch get(int64_t index) const = 0;  // one sample as named tensors
+  // One sample as named tensors. Loader workers call it from several threads at once: it must
+  // not change shared state.
+  virtual Batch get(int64_t index) const = 0;
   // What the trainer logs once at start (e.g. records read and dropped); empty for nothing.
   virtual std::string summary() const { return {}; }
 };
@@ -31,6 +29,7 @@ class Dataset {
 class Collator {
  public:
   virtual ~Collator() = default;
+  // Called from loader workers too; all randomness comes from `generator`.
   virtual Batch collate(const std::vector<Batch>& samples, at::Generator& generator) const = 0;
 };
 
@@ -51,24 +50,5 @@ struct DatasetRegistration {
 struct CollatorRegistration {
   CollatorRegistration(const std::string& name, CollatorFactory factory);
 };
-
-// Which samples each micro-batch reads. Step t consumes the global batch of samples
-// [t * G, (t + 1) * G) modulo the dataset size, G = micro * accum * dp_world; micro-batch m of
-// dp rank r is the slice starting at t * G + (m * dp_world + r) * micro.
-struct GlobalBatchSampler {
-  int64_t num_samples = 0;
-  int64_t micro_batch_size = 1;
-  int64_t gradient_accumulation_steps = 1;
-  int dp_world = 1;
-  int dp_rank = 0;
-
-  int64_t global_batch_size() const { return micro_batch_size * gradient_accumulation_steps * dp_world; }
-  // Position in the sample stream (before the modulo) of micro-batch `micro`'s first sample.
-  int64_t first_position(int64_t step, int64_t micro) const;
-  std::vector<int64_t> indices(int64_t step, int64_t micro) const;
-};
-
-// The generator a collator uses for the micro-batch starting at stream position `position`.
-at::Generator collate_generator(uint64_t seed, int64_t position);
 
 }  // namespace mmtrain

@@ -5,6 +5,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/cli_command.h"
 #include "core/error.h"
+#include "core/param_map.h"
 #include "data/dataset.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -79,7 +80,9 @@ void write_tokens(const TokensFixture& o) {
 const DatasetRegistration dataset("token_file", [](const DataConfig& data, const ModelConfig&) {
   return std::make_shared<TokenFileDataset>(data);
 });
-const CollatorRegistration collator("causal_lm", [](const DataConfig&, const ModelConfig&) {
+const CollatorRegistration collator("causal_lm", [](const DataConfig& data, const ModelConfig&) {
+  ParamMap(data.loader.collate_param, "data.dataloader_param.collate_param", "collator causal_lm")
+      .check_known_keys({"model_name"});
   return std::make_shared<CausalLmCollator>();
 });
 const FixtureRegistration fixture(

@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "tools/command.h"
+#include "tools/plots.h"
 
 #include <CLI/CLI.hpp>
 
@@ -178,7 +179,7 @@ std::optional<LogRecord> parse_log_line(const std::string& line) {
 std::vector<LogRecord> parse_training_log(std::istream& in, const std::string& source) {
   std::map<int64_t, LogRecord> by_iteration;
   std::string line;
-  int64_t line_number = 0;
+  int64_t line_number = 0, repeated = 0;
   while (std::getline(in, line)) {
     ++line_number;
     const auto text = trim(line);
@@ -197,8 +198,12 @@ std::vector<LogRecord> parse_training_log(std::istream& in, const std::string& s
     }
     if (!record) continue;
     const int64_t iteration = record->at("iteration").get<int64_t>();
+    if (by_iteration.count(iteration)) ++repeated;
     by_iteration[iteration] = std::move(*record);
   }
+  if (repeated > 0)
+    std::fprintf(stderr, "logs: %s: %lld iterations appear more than once (a resumed or repeated run appended to "
+                 "this log); the later records are used\n", source.c_str(), static_cast<long long>(repeated));
   std::vector<LogRecord> out;
   for (auto& [iteration, record] : by_iteration) out.push_back(std::move(record));
   return out;
@@ -305,43 +310,51 @@ LogRecord compare_training_logs(const std::vector<LogRecord>& a, const std::vect
   return out;
 }
 
+namespace {
+
 void logs_parse(const std::string& path) {
   for (const auto& record : parse_training_log_file(path)) std::printf("%s\n", record.dump().c_str());
 }
 
-void logs_summary(const std::string& path, const LogStatsOptions& options) {
-  std::printf("%s\n", log_summary(parse_training_log_file(path), options).dump().c_str());
+// The human lines of one run's summary (log_summary's fields).
+void print_summary(const char* label, const std::string& path, const LogRecord& s) {
+  std::printf("%s: %s\n", label, path.c_str());
+  std::printf("   %lld iterations (%lld..%lld)", static_cast<long long>(s["iterations"].get<int64_t>()),
+              static_cast<long long>(s["first_iteration"].get<int64_t>()),
+              static_cast<long long>(s["last_iteration"].get<int64_t>()));
+  if (s.contains("step_time_ms"))
+    std::printf("; step time after %lld warm-up: median %.2f ms, mean %.2f, p95 %.2f",
+                static_cast<long long>(s["skipped_warmup"].get<int64_t>()), s["step_time_ms"]["median"].get<double>(),
+                s["step_time_ms"]["mean"].get<double>(), s["step_time_ms"]["p95"].get<double>());
+  std::printf("\n");
+  if (s.contains("samples_per_s")) std::printf("   throughput %.4g samples/s", s["samples_per_s"].get<double>());
+  if (s.contains("tokens_per_s")) std::printf(", %.4g tokens/s", s["tokens_per_s"].get<double>());
+  if (s.contains("tflops_per_device_median"))
+    std::printf(", %.3f TFLOP/s per device", s["tflops_per_device_median"].get<double>());
+  if (s.contains("mfu_median")) std::printf(", MFU %.2f %%", 100.0 * s["mfu_median"].get<double>());
+  if (s.contains("samples_per_s") || s.contains("tflops_per_device_median")) std::printf("\n");
+  if (s.contains("loss_mean"))
+    std::printf("   loss mean %.6f, last %.6f\n", s["loss_mean"].get<double>(), s["loss_last"].get<double>());
+  if (s.contains("last_window") && s["last_window"].contains("loss_mean"))
+    std::printf("   last %lld iterations: loss mean %.6f\n",
+                static_cast<long long>(s["last_window"]["iterations"].get<int64_t>()),
+                s["last_window"]["loss_mean"].get<double>());
 }
 
-void logs_compare(const std::string& path_a, const std::string& path_b, const LogStatsOptions& options) {
-  const auto a = parse_training_log_file(path_a);
-  const auto b = parse_training_log_file(path_b);
-  auto out = compare_training_logs(a, b, options);
-  auto describe = [&](const char* label, const std::string& path, const LogRecord& s) {
-    std::printf("%s: %s\n", label, path.c_str());
-    std::printf("   %lld iterations (%lld..%lld)", static_cast<long long>(s["iterations"].get<int64_t>()),
-                static_cast<long long>(s["first_iteration"].get<int64_t>()),
-                static_cast<long long>(s["last_iteration"].get<int64_t>()));
-    if (s.contains("step_time_ms"))
-      std::printf("; step time after %lld warm-up: median %.2f ms, mean %.2f, p95 %.2f",
-                  static_cast<long long>(s["skipped_warmup"].get<int64_t>()), s["step_time_ms"]["median"].get<double>(),
-                  s["step_time_ms"]["mean"].get<double>(), s["step_time_ms"]["p95"].get<double>());
-    std::printf("\n");
-    if (s.contains("samples_per_s")) std::printf("   throughput %.4g samples/s", s["samples_per_s"].get<double>());
-    if (s.contains("tokens_per_s")) std::printf(", %.4g tokens/s", s["tokens_per_s"].get<double>());
-    if (s.contains("tflops_per_device_median"))
-      std::printf(", %.3f TFLOP/s per device", s["tflops_per_device_median"].get<double>());
-    if (s.contains("mfu_median")) std::printf(", MFU %.2f %%", 100.0 * s["mfu_median"].get<double>());
-    if (s.contains("samples_per_s") || s.contains("tflops_per_device_median")) std::printf("\n");
-    if (s.contains("loss_mean"))
-      std::printf("   loss mean %.6f, last %.6f\n", s["loss_mean"].get<double>(), s["loss_last"].get<double>());
-    if (s.contains("last_window") && s["last_window"].contains("loss_mean"))
-      std::printf("   last %lld iterations: loss mean %.6f\n",
-                  static_cast<long long>(s["last_window"]["iterations"].get<int64_t>()),
-                  s["last_window"]["loss_mean"].get<double>());
-  };
-  describe("A", path_a, out["a"]);
-  describe("B", path_b, out["b"]);
+void logs_summary(const std::string& path, const LogStatsOptions& options) {
+  const auto summary = log_summary(parse_training_log_file(path), options);
+  print_summary("run", path, summary);
+  std::printf("%s\n", summary.dump().c_str());
+}
+
+void logs_compare(const std::string& path_a, const std::string& path_b, const LogStatsOptions& options,
+                  const std::string& plot_path) {
+  const auto runs = read_named_runs({path_a, path_b});
+  const auto& a = runs[0];
+  const auto& b = runs[1];
+  auto out = compare_training_logs(a.records, b.records, options);
+  print_summary("A", a.path, out["a"]);
+  print_summary("B", b.path, out["b"]);
   if (out["common_iterations"].get<int64_t>() > 0 && out["loss_rel_diff"].is_number())
     std::printf("loss over %lld common iterations: relative difference %.3e (sum|a-b|/sum|b|), max |a-b| %.3e at "
                 "iteration %lld\n",
@@ -352,13 +365,30 @@ void logs_compare(const std::string& path_a, const std::string& path_b, const Lo
     std::printf("loss: no common iterations with a finite loss\n");
   if (out.contains("step_time_ratio"))
     std::printf("step time A/B (medians): %.4f\n", out["step_time_ratio"].get<double>());
+  if (!plot_path.empty()) {
+    draw_figure(compare_figure(a, b, options.skip_first), plot_path);
+    std::printf("wrote %s (loss of both, their difference, step times after warm-up)\n", plot_path.c_str());
+  }
   std::printf("%s\n", out.dump().c_str());
 }
 
+void logs_plot(const std::vector<std::string>& runs, const RunsPlotOptions& options, const std::string& out_path) {
+  const auto named = read_named_runs(runs);
+  draw_figure(runs_figure(named, options), out_path);
+  std::string names;
+  for (const auto& run : named) names += (names.empty() ? "" : ", ") + run.name;
+  std::printf("wrote %s (%zu run%s: %s)\n", out_path.c_str(), named.size(), named.size() == 1 ? "" : "s",
+              names.c_str());
+}
+
+}  // namespace
+
 void add_logs_commands(CLI::App& app, Commands& commands) {
   struct Args {
-    std::string a, b;
+    std::string a, b, plot;
+    std::vector<std::string> runs;
     LogStatsOptions stats;
+    RunsPlotOptions figure;
   };
   auto o = std::make_shared<Args>();
   auto* logs = app.add_subcommand("logs", "training logs: metrics.jsonl or Megatron-style console lines (docs/tools.md)");
@@ -369,14 +399,25 @@ void add_logs_commands(CLI::App& app, Commands& commands) {
   summary->add_option("file", o->a, "log file")->required();
   summary->add_option("--skip-first,--skip_first", o->stats.skip_first, "warm-up iterations left out")->capture_default_str();
   auto* compare = logs->add_subcommand("compare", "loss agreement, step time and throughput of two runs");
-  compare->add_option("a", o->a, "log of run A")->required();
-  compare->add_option("b", o->b, "log of run B (the reference)")->required();
+  compare->add_option("a", o->a, "run A: a log file or a run's output directory")->required();
+  compare->add_option("b", o->b, "run B (the reference)")->required();
   compare->add_option("--skip-first,--skip_first", o->stats.skip_first, "warm-up iterations left out of step times")
       ->capture_default_str();
   compare->add_option("--window", o->stats.window, "also average the last W iterations (0: off)")->capture_default_str();
+  compare->add_option("--plot", o->plot, "also draw both losses, their difference and the step times (.png/.svg/.pdf)");
+  auto* plot = logs->add_subcommand("plot", "draw loss, grad norm, lr, step time, MFU and memory of runs");
+  plot->add_option("runs", o->runs, "runs: [NAME=]metrics.jsonl, a console log or a run's output directory")
+      ->required();
+  plot->add_option("--out", o->plot, "figure file (.png, .svg or .pdf)")->required();
+  plot->add_option("--smoothing", o->figure.smoothing, "EMA weight of the smoothed loss, in [0, 1)")
+      ->capture_default_str();
+  plot->add_option("--skip-first,--skip_first", o->figure.skip_first, "warm-up iterations drawn dotted")
+      ->capture_default_str();
+  plot->add_option("--title", o->figure.title, "figure title");
   commands.add(parse, [o] { logs_parse(o->a); });
   commands.add(summary, [o] { logs_summary(o->a, o->stats); });
-  commands.add(compare, [o] { logs_compare(o->a, o->b, o->stats); });
+  commands.add(compare, [o] { logs_compare(o->a, o->b, o->stats, o->plot); });
+  commands.add(plot, [o] { logs_plot(o->runs, o->figure, o->plot); });
 }
 
 }  // namespace mmtrain

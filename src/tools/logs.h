@@ -1,4 +1,4 @@
-// Training logs: `mmtrain logs parse FILE` and `mmtrain logs compare A B`, the numbers the seeds
+// Training logs (`mmtrain logs parse | summary | compare | plot`): the numbers the seeds
 // report for a run (steady-state median / mean / P95 step time, last-W averages, loss agreement
 // between two runs). Reads either format, line by line, mixed freely:
 //   mmtrain metrics.jsonl    {"iteration": 3, "loss": ..., "step_time_ms": ..., ...}
@@ -46,11 +46,8 @@ LogRecord log_summary(const std::vector<LogRecord>& records, const LogStatsOptio
 LogRecord compare_training_logs(const std::vector<LogRecord>& a, const std::vector<LogRecord>& b,
                                 const LogStatsOptions& options);
 
-// CLI: `logs parse` prints one JSON line per iteration; `logs compare` prints a human summary and
-// the comparison as the last JSON line.
-void logs_parse(const std::string& path);
-// `logs summary` prints one run's log_summary as JSON.
-void logs_summary(const std::string& path, const LogStatsOptions& options);
-void logs_compare(const std::string& path_a, const std::string& path_b, const LogStatsOptions& options);
+// The CLI's `logs parse|summary|compare|plot` (add_logs_commands): parse prints one JSON line per
+// iteration; summary and compare print a human summary, then their result as the last JSON line;
+// plot and compare --plot draw figures (tools/plots.h).
 
 }  // namespace mmtrain

@@ -55,13 +55,6 @@ int64_t load_initial_weights(const Config& config, Model& model, Fsdp& fsdp) {
   return load_hf_weights(model, *adapter, fsdp, WeightSource(path));
 }
 
-Batch DataPipeline::micro_batch(int64_t step, int64_t micro) const {
-  std::vector<Batch> samples;
-  for (int64_t index : sampler.indices(step, micro)) samples.push_back(dataset->get(index));
-  auto generator = collate_generator(seed, sampler.first_position(step, micro));
-  return collator->collate(samples, generator);
-}
-
 DataPipeline build_data(const Config& c, int dp_rank, int dp_world) {
   DataPipeline data;
   data.dataset = dataset_registry().get(c.data.dataset_type, "config " + c.source_path + ": data.dataset_param.dataset_type")(
@@ -69,11 +62,16 @@ DataPipeline build_data(const Config& c, int dp_rank, int dp_world) {
   data.collator = collator_registry().get(c.data.collate_model_name,
                                           "config " + c.source_path + ": data.dataloader_param.collate_param.model_name")(
       c.data, c.model);
-  data.sampler.num_samples = data.dataset->size();
-  data.sampler.micro_batch_size = c.training.micro_batch_size;
-  data.sampler.gradient_accumulation_steps = c.training.gradient_accumulation_steps;
-  data.sampler.dp_world = dp_world;
-  data.sampler.dp_rank = dp_rank;
+  SamplerOptions sampling;
+  sampling.num_samples = data.dataset->size();
+  sampling.micro_batch_size = c.training.micro_batch_size;
+  sampling.gradient_accumulation_steps = c.training.gradient_accumulation_steps;
+  sampling.dp_world = dp_world;
+  sampling.dp_rank = dp_rank;
+  sampling.shuffle = c.data.loader.shuffle;
+  sampling.drop_last = c.data.loader.drop_last;
+  sampling.seed = c.training.seed;
+  data.sampler = GlobalBatchSampler(sampling);
   data.seed = c.training.seed;
   return data;
 }

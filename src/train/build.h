@@ -3,7 +3,7 @@
 // trainer, `debug step`, `debug collate`, `convert` and the multi-rank tests build through these,
 // so they cannot drift from each other.
 #pragma once
-#include "data/dataset.h"
+#include "data/data_loader.h"
 #include "dist/device_mesh.h"
 #include "dist/runtime.h"
 #include "fsdp/fully_shard.h"
@@ -35,16 +35,7 @@ std::unique_ptr<AdamW> make_fsdp_adamw(Fsdp& fsdp, const AdamWOptions& options);
 int64_t load_initial_weights(const Config& config, Model& model, Fsdp& fsdp);
 
 // The data of a run, as one data-parallel rank sees it: the dataset and collator of the config's
-// registries and the sampler that fixes which samples each micro-batch reads.
-struct DataPipeline {
-  std::shared_ptr<Dataset> dataset;
-  std::shared_ptr<Collator> collator;
-  GlobalBatchSampler sampler;
-  uint64_t seed = 0;  // training.seed: the collator's noise is drawn from (seed, stream position)
-
-  // Micro-batch `micro` (0-based, < gradient_accumulation_steps) of optimizer step `step`.
-  Batch micro_batch(int64_t step, int64_t micro) const;
-};
+// registries and the sampler (data.dataloader_param's shuffle and drop_last, training.seed).
 DataPipeline build_data(const Config& config, int dp_rank, int dp_world);
 
 }  // namespace mmtrain

@@ -1,4 +1,4 @@
-// The run config (contract in config.h): the six sections mounted on one schema, the world-size
+// The run config (contract in config.h): the seven sections mounted on one schema, the world-size
 // arithmetic, and the one list of seed keys mmtrain reads but does not implement.
 #include "train/config.h"
 
@@ -21,7 +21,8 @@ void declare_config(ConfigSection<Config>& root) {
       .section("data", &Config::data, DataConfig::declare)
       .section("features", &Config::features, FeaturesConfig::declare)
       .section("training", &Config::training, TrainingConfig::declare)
-      .section("logging", &Config::logging, LoggingConfig::declare);
+      .section("logging", &Config::logging, LoggingConfig::declare)
+      .section("tools", &Config::tools, ToolsConfig::declare);
 }
 
 const ConfigSchema& schema() {
@@ -54,6 +55,8 @@ const Unimplemented kUnimplemented[] = {
     {"features.enable_activation_offload", "activation offload"},
     {"features.activation_offload_plan.apply_modules", "activation offload"},
     {"training.adam_fused", "ATen's fused AdamW kernel"},
+    {"tools.profile.with_stack",
+     "Python stack frames in the trace (mmtrain has none: its phase, FSDP-unit and op scopes nest instead)"},
 };
 
 // auto (0) resolves to all ranks outside tensor parallelism, as MindSpeed's ParallelArguments.

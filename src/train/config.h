@@ -1,7 +1,8 @@
-// Config: one training run, the typed form of a MindSpeed-MM-style FSDP2 YAML. Its six sections
+// Config: one training run, the typed form of a MindSpeed-MM-style FSDP2 YAML. Its seven sections
 // are each declared by the component that reads them (parallel: parallel/parallel_config.h with
 // fsdp/fsdp_config.h, model: models/model_config.h, data: data/data_config.h, features:
-// parallel/features_config.h, training: train/training_config.h, logging: train/metrics.h);
+// parallel/features_config.h, training: train/training_config.h, logging: train/metrics.h,
+// tools: train/tools_config.h);
 // this file mounts them and reads files through the generic reader (core/config_schema.h). Any
 // unknown key, wrong type or impossible value is an Error naming the key path and the file.
 // Checks that need the world size are separate (config_check_world): the config is read before
@@ -12,6 +13,7 @@
 #include "parallel/features_config.h"
 #include "parallel/parallel_config.h"
 #include "train/metrics.h"
+#include "train/tools_config.h"
 #include "train/training_config.h"
 
 #include <nlohmann/json.hpp>
@@ -30,6 +32,7 @@ struct Config {
   FeaturesConfig features;
   TrainingConfig training;
   LoggingConfig logging;
+  ToolsConfig tools;
 };
 
 // Reads path, applies overrides ("a.b.c=value", value parsed as a YAML scalar or flow list/map,

@@ -1,6 +1,7 @@
 #include "train/metrics.h"
 
 #include "core/config_schema.h"
+#include "checkpoint/atomic_file.h"
 #include "core/error.h"
 
 #include <unistd.h>
@@ -8,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 namespace mmtrain {
 
@@ -62,6 +64,52 @@ void MetricsLog::record(const nlohmann::json& m, int64_t train_iters) {
   }
   std::printf("\n");
   std::fflush(stdout);
+}
+
+namespace {
+
+// The iteration of one metrics.jsonl line; nullopt for a line that is not a record (a crash can
+// leave half a line at the end).
+std::optional<int64_t> record_iteration(const std::string& line) {
+  const auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!record.is_object() || !record.contains("iteration") || !record["iteration"].is_number_integer())
+    return std::nullopt;
+  return record["iteration"].get<int64_t>();
+}
+
+}  // namespace
+
+MetricsOnDisk metrics_on_disk(const std::string& output_dir) {
+  MetricsOnDisk out;
+  out.path = output_dir + "/metrics.jsonl";
+  std::ifstream in(out.path);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto iteration = record_iteration(line);
+    if (!iteration) continue;
+    out.first_iteration = out.records == 0 ? *iteration : std::min(out.first_iteration, *iteration);
+    out.last_iteration = std::max(out.last_iteration, *iteration);
+    ++out.records;
+  }
+  return out;
+}
+
+int64_t metrics_keep_through(const std::string& output_dir, int64_t iteration) {
+  const auto path = output_dir + "/metrics.jsonl";
+  std::ifstream in(path);
+  if (!in) return 0;
+  std::string kept, line;
+  int64_t dropped = 0;
+  while (std::getline(in, line)) {
+    const auto at = record_iteration(line);
+    if (at && *at <= iteration) {
+      kept += line + "\n";
+    } else {
+      ++dropped;
+    }
+  }
+  if (dropped > 0) file_write_atomic(path, kept);
+  return dropped;
 }
 
 double peak_rss_mb() {

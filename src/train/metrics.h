@@ -24,7 +24,8 @@ struct LoggingConfig {
 
 class MetricsLog {
  public:
-  // Opens <output_dir>/metrics.jsonl for appending (rank 0 only writes); resumed runs append.
+  // Opens <output_dir>/metrics.jsonl for appending (rank 0 only writes). The trainer has made sure
+  // it holds nothing (a fresh run) or only iterations before this run's first (a resumed one).
   MetricsLog(const std::string& output_dir, bool is_writer, bool progress);
   ~MetricsLog();
   void record(const nlohmann::json& metrics, int64_t train_iters);
@@ -36,6 +37,18 @@ class MetricsLog {
   double elapsed_ms_ = 0;
   int64_t recorded_ = 0;
 };
+
+// What <output_dir>/metrics.jsonl already holds: an earlier run's iterations.
+struct MetricsOnDisk {
+  std::string path;
+  int64_t records = 0;
+  int64_t first_iteration = 0, last_iteration = 0;
+};
+MetricsOnDisk metrics_on_disk(const std::string& output_dir);
+// A resumed run continues after `iteration`: the records past it (an interrupted run's last
+// steps, which are trained again) are dropped from metrics.jsonl, by an atomic rewrite, so that
+// the file holds one curve. Returns how many records were dropped.
+int64_t metrics_keep_through(const std::string& output_dir, int64_t iteration);
 
 // Peak resident set size of this process in MiB (VmHWM).
 double peak_rss_mb();

@@ -2,13 +2,55 @@
 
 #include "core/error.h"
 
+#include <ATen/record_function.h>
+
 #include <cmath>
+#include <optional>
 
 namespace mmtrain {
+namespace {
 
-ModelOutput forward_backward(Model& model, Fsdp& fsdp, const Batch& batch, double loss_divisor) {
-  fsdp.begin_forward();
-  auto out = model.forward(batch);
+// One phase: a profiler scope (when a profiler is on) and the listener's begin/end around it.
+class PhaseScope {
+ public:
+  PhaseScope(StepPhaseListener* listener, StepPhase phase)
+      : listener_(listener), phase_(phase), record_(at::RecordScope::USER_SCOPE) {
+    if (record_.isActive()) record_.before(std::string("mmtrain::") + step_phase_name(phase));
+    if (listener_) listener_->phase_begins(phase_);
+  }
+  ~PhaseScope() {
+    if (listener_) listener_->phase_ends(phase_);
+  }
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+
+ private:
+  StepPhaseListener* listener_;
+  StepPhase phase_;
+  at::RecordFunction record_;
+};
+
+}  // namespace
+
+const char* step_phase_name(StepPhase phase) {
+  switch (phase) {
+    case StepPhase::data: return "data";
+    case StepPhase::forward: return "forward";
+    case StepPhase::backward: return "backward";
+    case StepPhase::optimizer: return "optimizer";
+  }
+  return "?";
+}
+
+ModelOutput forward_backward(Model& model, Fsdp& fsdp, const Batch& batch, double loss_divisor,
+                             StepPhaseListener* listener) {
+  ModelOutput out;
+  {
+    PhaseScope scope(listener, StepPhase::forward);
+    fsdp.begin_forward();
+    out = model.forward(batch);
+  }
+  PhaseScope scope(listener, StepPhase::backward);
   (loss_divisor == 1.0 ? out.loss : out.loss / loss_divisor).backward();
   fsdp.finish_backward();
   return out;
@@ -19,12 +61,17 @@ StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, const StepSettings&
   StepStats stats;
   fsdp.zero_grad();
   for (int m = 0; m < settings.accumulation; ++m) {
-    const auto batch = micro_batch(m);
-    const auto out = forward_backward(model, fsdp, batch, settings.accumulation);
+    Batch batch;
+    {
+      PhaseScope scope(settings.listener, StepPhase::data);
+      batch = micro_batch(m);
+    }
+    const auto out = forward_backward(model, fsdp, batch, settings.accumulation, settings.listener);
     stats.loss_sum += out.loss.item<double>();
     stats.flops += model.train_flops(batch);
     stats.tokens += static_cast<double>(out.tokens);
   }
+  PhaseScope scope(settings.listener, StepPhase::optimizer);
   stats.grad_norm = fsdp.clip_grad_norm(settings.clip_grad);
   if (!std::isfinite(stats.grad_norm))
     fail("iteration ", settings.iteration, ": grad norm is ", stats.grad_norm, " (NaN/Inf): stopping");

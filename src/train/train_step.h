@@ -11,9 +11,23 @@
 
 namespace mmtrain {
 
+// Where a step is: each phase is a profiler scope ("mmtrain::forward", ... in a Kineto trace)
+// and is reported to the listener, if any (the memory profile keeps a peak per phase).
+enum class StepPhase { data, forward, backward, optimizer };
+const char* step_phase_name(StepPhase phase);  // "data", "forward", "backward", "optimizer"
+constexpr int kStepPhases = 4;
+
+class StepPhaseListener {
+ public:
+  virtual ~StepPhaseListener() = default;
+  virtual void phase_begins(StepPhase phase) = 0;
+  virtual void phase_ends(StepPhase phase) = 0;
+};
+
 // One micro-batch's forward and backward of loss / loss_divisor; the grads land in the FSDP grad
 // shards. Returns the model's output (its loss undivided).
-ModelOutput forward_backward(Model& model, Fsdp& fsdp, const Batch& batch, double loss_divisor = 1.0);
+ModelOutput forward_backward(Model& model, Fsdp& fsdp, const Batch& batch, double loss_divisor = 1.0,
+                             StepPhaseListener* listener = nullptr);
 
 struct StepStats {
   double loss_sum = 0;    // Σ over micro-batches of this rank's loss
@@ -27,6 +41,7 @@ struct StepSettings {
   int accumulation = 1;   // micro-batches; each loss is divided by it
   double lr = 0;
   double clip_grad = 0;   // max global grad norm; <= 0 measures the norm without clipping
+  StepPhaseListener* listener = nullptr;
 };
 
 // One optimizer step over micro_batch(0 .. accumulation-1). Fails, naming the iteration, on a

@@ -4,11 +4,14 @@
 #include "core/error.h"
 #include "optim/lr_schedule.h"
 #include "train/build.h"
+#include "train/memory_profile.h"
+#include "train/profiler.h"
 #include "train/state.h"
 #include "train/train_step.h"
 
 #include <ATen/Context.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -24,6 +27,8 @@ struct Trainer::State {
   std::unique_ptr<AdamW> adamw;
   LrSchedule schedule;
   DataPipeline data;
+  std::unique_ptr<MemoryProfile> memory_profile;
+  std::unique_ptr<StepProfiler> profiler;
   int64_t start_step = 0;  // optimizer steps already taken
 
   Comm& comm() { return *runtime.comm; }
@@ -37,6 +42,11 @@ struct Trainer::State {
   void build() {
     const auto& c = config;
     config_check_supported(c, comm().world_size());
+    // Before any model tensor exists, so that the counting allocator sees all of them.
+    if (c.tools.memory_profile.enable && comm().device().is_cuda())
+      fail("config ", c.source_path, ": tools.memory_profile counts CPU tensor memory; on CUDA use "
+           "tools.profile.with_memory (the caching allocator's events) instead");
+    memory_profile = std::make_unique<MemoryProfile>(c.tools.memory_profile);
     // Deterministic kernels only (an op without one raises); the CPU kernels and the Gloo sums
     // used here are deterministic anyway, this matters on CUDA.
     if (c.training.use_deter_comp) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
@@ -49,6 +59,12 @@ struct Trainer::State {
                                 c.training.lr_decay_style);
     data = build_data(c, mesh->dp_rank(), mesh->dp_size());
     if (const auto summary = data.dataset->summary(); !summary.empty()) log(summary);
+    const std::string trace_dir =
+        c.tools.profile.save_path.empty() ? c.logging.output_dir + "/profile" : c.tools.profile.save_path;
+    profiler = std::make_unique<StepProfiler>(c.tools.profile, comm().rank(), trace_dir, comm().device().is_cuda());
+    log(describe_data_order());
+    if (c.data.loader.pin_memory && !comm().device().is_cuda())
+      log("data.dataloader_param.pin_memory: no effect on " + comm().device().str() + " (batches are not copied)");
 
     const auto stats = fsdp->memory_stats();
     char line[256];
@@ -57,6 +73,65 @@ struct Trainer::State {
                   comm().rank(), stats.param_bytes / 1048576.0, stats.grad_bytes / 1048576.0,
                   adamw->state_bytes() / 1048576.0, stats.unsharded_param_bytes / 1048576.0, fsdp->units().size());
     log(line);
+  }
+
+  std::string describe_data_order() const {
+    const auto& sampler = data.sampler;
+    const auto& loader = config.data.loader;
+    std::string text = "data: " + std::to_string(sampler.options().num_samples) + " samples, global batch " +
+                       std::to_string(sampler.global_batch_size()) + ", " +
+                       (loader.shuffle ? "shuffled every epoch" : "in dataset order") + ", " +
+                       std::to_string(sampler.steps_per_epoch()) + " full steps per epoch" +
+                       (loader.drop_last ? " (the rest of each epoch dropped)" : " (batches run on into the next epoch)");
+    text += loader.num_workers > 0 ? ", " + std::to_string(loader.num_workers) + " loader threads" : ", loaded inline";
+    return text;
+  }
+
+  // A step's memory peaks, the max over ranks (every rank profiles the same steps).
+  nlohmann::json memory_record(const MemoryProfile::StepPeaks& peaks) {
+    std::vector<double> values = {peaks.live_start_mb, peaks.step_peak_mb};
+    for (double v : peaks.phase_peak_mb) values.push_back(v);
+    const auto max = comm().all_reduce_max(values);
+    nlohmann::json out = {{"live_start_mb", max[0]}, {"step_peak_mb", max[1]}};
+    for (int p = 0; p < kStepPhases; ++p)
+      out[std::string(step_phase_name(static_cast<StepPhase>(p))) + "_peak_mb"] = max[2 + p];
+    return out;
+  }
+
+  // training.load, with auto resolved: training.save when it holds a complete checkpoint (its
+  // `latest`), else "" (a fresh start). torchrun --max-restarts relaunches then resume by themselves.
+  std::string resolve_load() {
+    const auto& t = config.training;
+    if (t.load != "auto") return t.load;
+    if (checkpoint_saved_under(t.save)) {
+      log("training.load: auto: resuming from the newest checkpoint under " + t.save);
+      return t.save;
+    }
+    log("training.load: auto: no checkpoint under " + t.save + " yet: starting fresh");
+    return {};
+  }
+
+  // A fresh run into an output_dir that holds another run's metrics would interleave two curves
+  // in one metrics.jsonl: every rank stops, rank 0 saying why.
+  void refuse_an_earlier_run() {
+    const auto& dir = config.logging.output_dir;
+    const auto earlier = is_rank0() ? metrics_on_disk(dir) : MetricsOnDisk{};
+    const bool refused = comm().all_reduce_max(std::vector<double>{earlier.records > 0 ? 1.0 : 0.0})[0] > 0;
+    if (!refused) return;
+    if (!is_rank0()) fail("rank 0 refused the run (logging.output_dir holds an earlier run): see its error");
+    fail("config ", config.source_path, ": logging.output_dir '", dir, "' already holds a run (", earlier.path, ": ",
+         earlier.records, " records, iterations ", earlier.first_iteration, "-", earlier.last_iteration,
+         "); a new run there would mix two runs in one file: choose another output_dir, remove the old one, or "
+         "resume it (training.load: auto with training.save, or a checkpoint path)");
+  }
+
+  // A resumed run trains again what came after its checkpoint: those records go.
+  void continue_metrics() {
+    if (!is_rank0()) return;
+    const int64_t dropped = metrics_keep_through(config.logging.output_dir, start_step);
+    if (dropped > 0)
+      log("metrics.jsonl: dropped " + std::to_string(dropped) + " records after iteration " +
+          std::to_string(start_step) + " (the interrupted run's; they are trained again now)");
   }
 
   void load_weights() {
@@ -105,18 +180,36 @@ struct Trainer::State {
     MetricsLog metrics(config.logging.output_dir, is_rank0(), config.logging.progress);
     const int world = comm().world_size();
     const int accum = t.gradient_accumulation_steps;
+    const int64_t end_step = t.exit_interval > 0 ? std::min(t.train_iters, (start_step / t.exit_interval + 1) * t.exit_interval)
+                                                 : t.train_iters;
+    LoaderOptions loading;
+    loading.num_workers = config.data.loader.num_workers;
+    loading.prefetch_factor = config.data.loader.prefetch_factor;
+    loading.pin_memory = config.data.loader.pin_memory && comm().device().is_cuda();
+    DataLoader loader(data, start_step, end_step, loading);
     for (int64_t step = start_step; step < t.train_iters; ++step) {
+      const int64_t epoch = data.sampler.epoch_of_step(step);
+      if (step > start_step && epoch != data.sampler.epoch_of_step(step - 1))
+        log("epoch " + std::to_string(epoch) + " begins at iteration " + std::to_string(step + 1));
       const auto started = std::chrono::steady_clock::now();
       StepSettings settings;
       settings.iteration = step + 1;
       settings.accumulation = accum;
       settings.lr = schedule.at(step);
       settings.clip_grad = t.clip_grad;
+      const bool memory_step = memory_profile->covers(step + 1);
+      if (memory_step) {
+        settings.listener = memory_profile.get();
+        memory_profile->begin_step();
+      }
+      profiler->begin_step(step + 1);
       const auto stats = train_step(*model, *fsdp, *adamw, settings, [&](int micro) {
-        auto batch = data.micro_batch(step, micro);
+        auto batch = loader.next(step, micro);
         for (auto& [key, tensor] : batch) tensor = tensor.to(comm().device());
         return batch;
       });
+      const bool traced = profiler->tracing();
+      profiler->end_step(step + 1);
       const auto totals = comm().all_reduce_sum(std::vector<double>{stats.loss_sum, stats.flops, stats.tokens});
       const double rss_mb = comm().all_reduce_max(std::vector<double>{peak_rss_mb()})[0];
       const double step_ms =
@@ -125,6 +218,7 @@ struct Trainer::State {
       nlohmann::json record = {{"iteration", step + 1},
                                {"consumed_samples", (step + 1) * data.sampler.global_batch_size()},
                                {"global_batch_size", data.sampler.global_batch_size()},
+                               {"epoch", epoch},
                                {"loss", totals[0] / (accum * world)},
                                {"grad_norm", stats.grad_norm},
                                {"lr", settings.lr},
@@ -136,6 +230,8 @@ struct Trainer::State {
         record["tflops_per_device"] = tflops;
         if (config.logging.hardware_flops > 0) record["mfu"] = tflops * 1e12 / config.logging.hardware_flops;
       }
+      if (traced) record["profiled"] = true;
+      if (memory_step) record["memory"] = memory_record(memory_profile->end_step());
       if (!std::isfinite(record["loss"].get<double>())) fail("iteration ", step + 1, ": loss is NaN/Inf: stopping");
       if ((step + 1) % t.log_interval == 0 || step + 1 == t.train_iters) metrics.record(record, t.train_iters);
 
@@ -151,13 +247,18 @@ struct Trainer::State {
 };
 
 Trainer::Trainer(Config config, Runtime runtime) : state_(std::make_unique<State>()) {
-  state_->config = std::move(config);
-  state_->runtime = std::move(runtime);
-  state_->build();
-  if (!state_->config.training.load.empty()) {
-    state_->resume(state_->config.training.load);
+  auto& s = *state_;
+  s.config = std::move(config);
+  s.runtime = std::move(runtime);
+  const std::string load = s.resolve_load();
+  if (load.empty()) s.refuse_an_earlier_run();  // before anything big is allocated
+  s.build();
+  if (!load.empty()) {
+    s.resume(load);
+    if (s.start_step == 0) s.refuse_an_earlier_run();  // a model-only checkpoint starts a fresh run
+    s.continue_metrics();
   } else {
-    state_->load_weights();
+    s.load_weights();
   }
 }
 

@@ -52,6 +52,9 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
         check.at_least("save_interval", t.save_interval, 0);
         check.at_least("exit_interval", t.exit_interval, 0);
         check.at_least("log_interval", t.log_interval, 1);
+        if (t.load == "auto" && t.save.empty())
+          check.invalid("load", "a checkpoint path, or auto together with training.save (auto resumes from it)",
+                        "auto without training.save");
       });
 }
 

@@ -28,7 +28,8 @@ struct TrainingConfig {
   std::string optimizer = "adamw";             // adamw (adamw_swap and muon are not implemented)
   bool adam_fused = false;                     // ATen's fused AdamW kernel (not implemented: refused)
   bool init_model_with_meta_device = false;    // mmtrain always builds shapes only and loads each rank's rows
-  std::string load;                            // checkpoint dir or save root to resume from; empty = none
+  std::string load;                            // checkpoint dir or save root to resume from; empty = none;
+                                               // "auto": training.save's newest checkpoint if any, else fresh
   bool no_load_optim = false;                  // resume weights but not optimizer state
   bool no_load_rng = false;                    // resume without restoring RNG state
   std::string save;                            // save root; empty = never save

@@ -135,10 +135,13 @@ TEST(ConfigTest, SeedYamlEveryField) {
   EXPECT_EQ(c.data.dataset_param["basic_parameters"]["dataset_dir"], "/path/to/.precomputed");
   EXPECT_EQ(c.data.dataset_param["basic_parameters"]["max_samples"], 10000);
   EXPECT_EQ(c.data.collate_model_name, "magihuman");
-  EXPECT_EQ(c.data.dataloader_param["pin_memory"], true);
-  EXPECT_EQ(c.data.dataloader_param["num_workers"], 0);
-  EXPECT_EQ(c.data.dataloader_param["sampler_type"], "BaseRandomBatchSampler");
-  EXPECT_EQ(c.data.dataloader_param["collate_param"]["ignore_pad_token_for_loss"], false);
+  EXPECT_TRUE(c.data.loader.pin_memory);
+  EXPECT_FALSE(c.data.loader.shuffle);
+  EXPECT_TRUE(c.data.loader.drop_last);
+  EXPECT_EQ(c.data.loader.num_workers, 0);
+  EXPECT_EQ(c.data.loader.sampler_type, "BaseRandomBatchSampler");
+  EXPECT_EQ(c.data.loader.dataloader_mode, "sampler");
+  EXPECT_EQ(c.data.loader.collate_param["ignore_pad_token_for_loss"], false);
 
   EXPECT_EQ(c.features.loss_type, "raw");
   EXPECT_TRUE(c.features.recompute);
@@ -224,9 +227,15 @@ TEST(ConfigTest, UnknownKeysNameFullPathAndFile) {
   EXPECT_CONTAINS(message, "unknown key 'parallel.fsdp_plan.param_dtpye' (did you mean 'parallel.fsdp_plan.param_dtype'?)");
 
   // No close name: the message lists the section's keys instead.
-  message = load_error(std::string(kMinimalYaml) + "tools:\n  profile: {}\n");
+  message = load_error(std::string(kMinimalYaml) + "extras:\n  profile: {}\n");
   EXPECT_CONTAINS(message, "foo.yaml");
-  EXPECT_CONTAINS(message, "unknown key 'tools'; known keys at the top level: parallel, model, data, features");
+  EXPECT_CONTAINS(message, "unknown key 'extras'; known keys at the top level: parallel, model, data, features, "
+                           "training, logging, tools");
+
+  // dataloader_param is a declared section: a typo is not silently a default.
+  message = load_error(std::string(kMinimalYaml) + "data:\n  dataloader_param:\n    num_workerz: 2\n");
+  EXPECT_CONTAINS(message, "unknown key 'data.dataloader_param.num_workerz' (did you mean "
+                           "'data.dataloader_param.num_workers'?)");
 
   message = load_error(std::string(kMinimalYaml) + "features:\n  loss_cfg:\n    loss_typ: raw\n");
   EXPECT_CONTAINS(message, "unknown key 'features.loss_cfg.loss_typ'");
@@ -261,6 +270,7 @@ TEST(ConfigTest, WrongTypesNameKeyAndFile) {
       {"data:\n  dataset_param:\n    dataset_type: [x]\n", "data.dataset_param.dataset_type: expected a string"},
       {"data:\n  dataloader_param:\n    collate_param: 3\n", "data.dataloader_param.collate_param: expected a map"},
       {"training:\n  lr: .inf\n", "training.lr: expected a number, found '.inf'"},
+      {"data:\n  dataloader_param:\n    shuffle: yes\n", "data.dataloader_param.shuffle: expected true or false"},
   };
   for (const auto& [yaml, expected] : cases) {
     const std::string message = load_error(std::string(kMinimalYaml) + yaml);
@@ -289,6 +299,12 @@ TEST(ConfigTest, ImpossibleCombinationsNameKeyAndFile) {
       {"training.global_batch_size=-2", "training.global_batch_size: expected 0 (derived) or a positive integer"},
       {"parallel.fsdp_plan.num_to_forward_prefetch=-1", "parallel.fsdp_plan.num_to_forward_prefetch: expected >= 0"},
       {"parallel.fsdp_plan.num_to_backward_prefetch=-1", "parallel.fsdp_plan.num_to_backward_prefetch: expected >= 0"},
+      {"data.dataloader_param.num_workers=-1", "data.dataloader_param.num_workers: expected >= 0, found -1"},
+      {"data.dataloader_param.prefetch_factor=0", "data.dataloader_param.prefetch_factor: expected >= 1, found 0"},
+      {"data.dataloader_param.sampler_type=DistributedSampler",
+       "data.dataloader_param.sampler_type: expected one of BaseRandomBatchSampler, found 'DistributedSampler'"},
+      {"data.dataloader_param.dataloader_mode=iterable",
+       "data.dataloader_param.dataloader_mode: expected one of sampler, found 'iterable'"},
       {"parallel.ulysses_parallel_size=0", "parallel.ulysses_parallel_size: expected >= 1, found 0"},
       {"parallel.ring_attention_size=0", "parallel.ring_attention_size: expected >= 1, found 0"},
       {"parallel.tensor_parallel_size=0", "parallel.tensor_parallel_size: expected >= 1, found 0"},
@@ -334,7 +350,7 @@ TEST(ConfigTest, Overrides) {
   EXPECT_DOUBLE_EQ(c.model.config["rope"]["theta"].get<double>(), 10000.0);
   EXPECT_EQ(c.data.dataset_type, "synthetic");
   EXPECT_EQ(c.data.collate_model_name, "test");
-  EXPECT_EQ(c.data.dataloader_param["pin_memory"], true);  // siblings untouched
+  EXPECT_TRUE(c.data.loader.pin_memory);  // siblings untouched
   EXPECT_EQ(c.training.save, "");
   EXPECT_EQ(c.parallel.fsdp_plan.param_dtype, at::kHalf);
   EXPECT_TRUE(c.parallel.fsdp_plan.cpu_offload);

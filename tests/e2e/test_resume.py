@@ -57,3 +57,33 @@ def test_resume_refuses_a_global_batch_it_cannot_keep(tmp_path, token_file):
                         "--set", "training.train_iters=8"], world=1, check=False)
     assert proc.returncode != 0
     assert "global batch size 4" in proc.stderr and "this run has 2" in proc.stderr, proc.stderr
+
+
+def test_shuffled_epochs_resume_exactly_and_workers_change_nothing(tmp_path, token_file):
+    # 64 samples, global batch 2 ranks x 3 = 6: 10 steps per epoch with drop_last (4 dropped), so
+    # 20 steps run epochs 0 and 1 in two different permutations.
+    loader = ["--set", "data.dataloader_param.shuffle=true", "--set", "data.dataloader_param.drop_last=true"]
+    runs = {}
+    for name, extra in [("in_order", []), ("straight", loader),
+                        ("workers", loader + ["--set", "data.dataloader_param.num_workers=2"])]:
+        d = tmp_path / name
+        d.mkdir()
+        cfg = write_config(d / "c.yaml", tiny_config(d, token_file, mbs=3, iters=20))
+        proc = run_mmtrain(["train", str(cfg), *extra], world=2)
+        runs[name] = read_metrics(d / "run")
+    assert "epoch 1 begins at iteration 11" in proc.stdout, proc.stdout
+    assert "64 samples, global batch 6, shuffled every epoch, 10 full steps per epoch" in proc.stdout
+    assert [m["epoch"] for m in runs["straight"]] == [0] * 10 + [1] * 10
+    # Shuffle is not a no-op, and background loading changes nothing.
+    assert [m["loss"] for m in runs["in_order"]] != [m["loss"] for m in runs["straight"]]
+    assert [m["loss"] for m in runs["workers"]] == [m["loss"] for m in runs["straight"]]
+
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    cfg = write_config(resumed / "c.yaml", tiny_config(resumed, token_file, mbs=3, iters=20, save_interval=7))
+    run_mmtrain(["train", str(cfg), *loader, "--set", "training.exit_interval=7"], world=2)
+    shutil.rmtree(resumed / "run")
+    run_mmtrain(["train", str(cfg), *loader, "--set", f"training.load={resumed / 'ckpt'}"], world=2)
+    got = read_metrics(resumed / "run")
+    assert [m["iteration"] for m in got] == list(range(8, 21))
+    assert [(m["loss"], m["grad_norm"]) for m in got] == [(m["loss"], m["grad_norm"]) for m in runs["straight"][7:]]

@@ -4,6 +4,7 @@
 #include "data/magihuman/collator.h"
 
 #include "core/error.h"
+#include "core/param_map.h"
 #include "models/magihuman/config.h"
 
 #include <algorithm>
@@ -139,6 +140,11 @@ const DatasetRegistration dataset("magihuman_precomputed", [](const DataConfig& 
   return std::make_shared<PrecomputedDataset>(PrecomputedDataOptions::from_json(with_model_channels(data, model)));
 });
 const CollatorRegistration collator("magihuman", [](const DataConfig& data, const ModelConfig& model) {
+  const ParamMap p(data.loader.collate_param, "data.dataloader_param.collate_param", "collator magihuman");
+  p.check_known_keys({"model_name", "ignore_pad_token_for_loss"});
+  // The seed's YAML carries MindSpeed's LM key; a MagiHuman batch has no pad tokens to ignore.
+  if (p.get_bool("ignore_pad_token_for_loss", false))
+    fail(p.where("ignore_pad_token_for_loss"), ": MagiHuman batches have no pad tokens; only false is meaningful");
   return std::make_shared<MagiHumanCollator>(PrecomputedDataOptions::from_json_collate(with_model_channels(data, model)));
 });
 

@@ -6,8 +6,8 @@
 #include "checkpoint/atomic_file.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "core/param_map.h"
 #include "core/suggest.h"
-#include "data/dataset_params.h"
 
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/export.h>
@@ -31,7 +31,7 @@ const char* const kSubdirs[] = {"latents", "audio_latents", "conditions"};
 std::string where_key(const std::string& key) { return "data.dataset_param." + key; }
 
 PrecomputedDataOptions parse_options(const nlohmann::json& map, bool need_root) {
-  const DatasetParams p(map, "magihuman_precomputed");
+  const ParamMap p(map, "data.dataset_param", "dataset magihuman_precomputed");
   p.check_known_keys({"dataset_type", "data_root", "basic_parameters", "max_samples", "video_in_channels",
                       "audio_in_channels", "text_in_channels", "sigma_sampling", "logit_normal_loc",
                       "logit_normal_scale"});

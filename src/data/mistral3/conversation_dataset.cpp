@@ -2,7 +2,7 @@
 
 #include "checkpoint/atomic_file.h"
 #include "core/error.h"
-#include "data/dataset_params.h"
+#include "core/param_map.h"
 #include "data/image/image_decode.h"
 #include "models/mistral3/config.h"
 
@@ -134,7 +134,7 @@ std::string record_label(const nlohmann::json& r, size_t index) {
 }  // namespace
 
 ConversationDataOptions ConversationDataOptions::from_config(const DataConfig& data, const ModelConfig& model) {
-  const DatasetParams p(data.dataset_param, kDatasetType);
+  const ParamMap p(data.dataset_param, "data.dataset_param", std::string("dataset ") + kDatasetType);
   p.check_known_keys({"dataset_type", "basic_parameters", "preprocess_parameters"});
   const auto basic = p.child("basic_parameters");
   basic.check_known_keys({"template", "dataset", "dataset_dir", "cutoff_len", "max_samples", "packing", "default_system"});

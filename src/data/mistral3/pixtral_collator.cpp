@@ -1,6 +1,7 @@
 #include "data/mistral3/pixtral_collator.h"
 
 #include "core/error.h"
+#include "core/param_map.h"
 #include "data/image/pixtral_image.h"
 #include "data/mistral3/conversation_dataset.h"
 
@@ -81,14 +82,10 @@ const DatasetRegistration dataset("huggingface", [](const DataConfig& data, cons
 });
 
 const CollatorRegistration collator("pixtral", [](const DataConfig& data, const ModelConfig&) {
-  const auto& loader = data.dataloader_param;
-  int64_t pad = kDefaultPadTokenId;
-  if (loader.contains("collate_param") && loader["collate_param"].contains("pad_token_id")) {
-    const auto& v = loader["collate_param"]["pad_token_id"];
-    if (!v.is_number_integer() || v.get<int64_t>() < 0)
-      fail("data.dataloader_param.collate_param.pad_token_id: expected an integer >= 0, found ", v.dump());
-    pad = v.get<int64_t>();
-  }
+  const ParamMap p(data.loader.collate_param, "data.dataloader_param.collate_param", "collator pixtral");
+  p.check_known_keys({"model_name", "pad_token_id"});
+  const int64_t pad = p.get_int("pad_token_id", kDefaultPadTokenId);
+  if (pad < 0) fail(p.where("pad_token_id"), ": expected an integer >= 0, found ", pad);
   return std::make_shared<PixtralCollator>(pad);
 });
 

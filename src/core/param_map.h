@@ -1,6 +1,7 @@
-// Reading a dataset's free-form YAML map (data.dataset_param, kept as JSON by the config loader):
-// typed lookups with defaults and unknown-key checks, every error naming the full key
-// (data.dataset_param.basic_parameters.cutoff_len) and the dataset type.
+// Reading a free-form YAML map that a component checks itself (data.dataset_param, a collator's
+// data.dataloader_param.collate_param; kept as JSON by the config loader): typed lookups with
+// defaults and unknown-key checks, every error naming the full key
+// (data.dataset_param.basic_parameters.cutoff_len) and the component that reads it.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -10,11 +11,11 @@
 
 namespace mmtrain {
 
-class DatasetParams {
+class ParamMap {
  public:
-  // `map` is the sub-map at `prefix` ("" for dataset_param itself); `dataset_type` names the
-  // dataset in unknown-key errors.
-  DatasetParams(const nlohmann::json& map, std::string dataset_type, std::string prefix = "");
+  // `map` is the value at the YAML path `path` ("data.dataset_param"); `owner` names its reader
+  // in unknown-key errors ("dataset huggingface", "collator pixtral"). A null map is empty.
+  ParamMap(const nlohmann::json& map, std::string path, std::string owner);
 
   std::string where(const std::string& key) const;
   bool has(const std::string& key) const;
@@ -24,7 +25,7 @@ class DatasetParams {
   double get_double(const std::string& key, double fallback) const;
   bool get_bool(const std::string& key, bool fallback) const;
   // The sub-map at key (an empty map when absent).
-  DatasetParams child(const std::string& key) const;
+  ParamMap child(const std::string& key) const;
   // Fails on the first key not in `known`, with a did-you-mean and the known list.
   void check_known_keys(const std::vector<std::string>& known) const;
 
@@ -33,8 +34,8 @@ class DatasetParams {
   [[noreturn]] void type_error(const std::string& key, const char* expected) const;
 
   nlohmann::json map_;
-  std::string dataset_type_;
-  std::string prefix_;
+  std::string path_;
+  std::string owner_;
 };
 
 }  // namespace mmtrain

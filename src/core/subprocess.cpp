@@ -1,0 +1,90 @@
+#include "core/subprocess.h"
+
+#include "core/error.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+namespace mmtrain {
+
+int run_process(const std::vector<std::string>& argv, const ProcessOptions& options) {
+  if (argv.empty()) fail("run_process: no program given");
+  int input[2] = {-1, -1};
+  if (pipe(input) != 0) fail("cannot create a pipe for ", argv[0], ": ", std::strerror(errno));
+  int output = -1;
+  if (!options.output_path.empty()) {
+    output = open(options.output_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (output < 0) fail("cannot open ", options.output_path, " for writing: ", std::strerror(errno));
+  }
+  // Everything the child needs is built before fork(): only async-signal-safe calls after it.
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  std::vector<std::string> env_text;
+  for (char** e = environ; *e; ++e) {
+    const std::string entry(*e);
+    bool replaced = false;
+    for (const auto& [key, value] : options.environment) replaced |= entry.rfind(key + "=", 0) == 0;
+    if (!replaced) env_text.push_back(entry);
+  }
+  for (const auto& [key, value] : options.environment) env_text.push_back(key + "=" + value);
+  std::vector<char*> envp;
+  for (auto& e : env_text) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = fork();
+  if (pid < 0) fail("cannot start ", argv[0], ": ", std::strerror(errno));
+  if (pid == 0) {
+    dup2(input[0], STDIN_FILENO);
+    close(input[0]);
+    close(input[1]);
+    if (output >= 0) {
+      dup2(output, STDOUT_FILENO);
+      dup2(output, STDERR_FILENO);
+    }
+    execvpe(args[0], args.data(), envp.data());
+    const char message[] = "mmtrain: cannot execute the program: ";
+    (void)!write(STDERR_FILENO, message, sizeof(message) - 1);
+    (void)!write(STDERR_FILENO, args[0], std::strlen(args[0]));
+    (void)!write(STDERR_FILENO, "\n", 1);
+    _exit(127);
+  }
+  close(input[0]);
+  if (output >= 0) close(output);
+  // A child that exits before reading all of stdin must not kill us with SIGPIPE.
+  struct sigaction ignore {}, previous {};
+  ignore.sa_handler = SIG_IGN;
+  sigaction(SIGPIPE, &ignore, &previous);
+  const char* data = options.stdin_text.data();
+  size_t left = options.stdin_text.size();
+  while (left > 0) {
+    const ssize_t n = write(input[1], data, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // the child closed its stdin: its exit status tells the rest
+    data += n;
+    left -= static_cast<size_t>(n);
+  }
+  close(input[1]);
+  sigaction(SIGPIPE, &previous, nullptr);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) fail("waiting for ", argv[0], ": ", std::strerror(errno));
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return WEXITSTATUS(status);
+}
+
+std::string executable_dir() {
+  std::error_code error;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (error) fail("cannot find the running executable (/proc/self/exe): ", error.message());
+  return exe.parent_path().string();
+}
+
+}  // namespace mmtrain

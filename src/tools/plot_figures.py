@@ -1,0 +1,168 @@
+"""Draws mmtrain's figures with matplotlib; `mmtrain logs plot`, `logs compare --plot` and
+`mmtrain ablate` run it. All numbers (parsing, smoothing, differences, noise floors) are computed
+by mmtrain (src/tools/plots.cpp); this script only draws what it is given.
+
+Usage: python plot_figures.py < SPEC.json, where SPEC is
+  {"figure": "runs" | "compare" | "ablation", "out": "FILE.png|svg|pdf", "title": "...", ...}
+(the fields of each figure are read in its function below). Prints nothing; exits non-zero with
+a message on stderr if the figure cannot be drawn.
+"""
+import json
+import math
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+
+# The runs panels: (series key, axis label, scale applied to the values).
+RUN_PANELS = [
+    ("loss", "loss", 1.0),
+    ("grad_norm", "grad norm", 1.0),
+    ("lr", "learning rate", 1.0),
+    ("step_time_ms", "step time (ms)", 1.0),
+    ("mfu", "MFU (%)", 100.0),
+    ("peak_rss_mb", "peak RSS per rank (MiB)", 1.0),
+]
+
+
+def points(xs, ys, scale=1.0):
+    """The (x, y) pairs with a finite y (metrics.jsonl writes NaN losses as null)."""
+    pairs = [(x, y * scale) for x, y in zip(xs, ys) if y is not None and math.isfinite(y)]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def has(run, key):
+    return any(v is not None for v in run["series"].get(key, []))
+
+
+def figure_runs(spec):
+    runs = spec["runs"]
+    panels = [p for p in RUN_PANELS if any(has(r, p[0]) for r in runs)]
+    if not panels:
+        raise SystemExit("plot: the runs have no loss, grad norm, lr, step time, MFU or memory to draw")
+    cols = 3 if len(panels) > 4 else 2 if len(panels) > 1 else 1
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (key, label, scale) in zip(axes.flat, panels):
+        for i, run in enumerate(runs):
+            s = run["series"]
+            color = colors[i % len(colors)]
+            if key not in s:
+                continue
+            x, y = points(s["iteration"], s[key], scale)
+            if key == "loss" and "loss_smoothed" in s:
+                ax.plot(x, y, color=color, alpha=0.3, linewidth=1)
+                xs, ys = points(s["iteration"], s["loss_smoothed"])
+                ax.plot(xs, ys, color=color, linewidth=1.8, label=run["name"])
+            elif key == "step_time_ms" and s.get("warmup", 0) > 0:
+                warm = s["warmup"]
+                ax.plot(x[:warm], y[:warm], color=color, linestyle=":", linewidth=1)
+                ax.plot(x[warm - 1:], y[warm - 1:], color=color, linewidth=1.5, label=run["name"])
+            else:
+                ax.plot(x, y, color=color, linewidth=1.5, label=run["name"])
+        ax.set_xlabel("iteration")
+        ax.set_ylabel(label)
+        title = label
+        if key == "loss" and spec.get("smoothing"):
+            title += f" (thin: raw, thick: EMA {spec['smoothing']:g})"
+        if key == "step_time_ms" and spec.get("skip_first"):
+            title += f" (dotted: first {spec['skip_first']} warm-up)"
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, alpha=0.3)
+        if key == "lr":
+            ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=9)
+    finish(fig, spec)
+
+
+def figure_compare(spec):
+    a, b = spec["a"], spec["b"]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
+    ax = axes[0]
+    for run, style in ((a, "-"), (b, "--")):
+        x, y = points(run["iteration"], run["loss"])
+        ax.plot(x, y, style, linewidth=1.5, label=run["name"])
+    ax.set_title("loss", fontsize=10)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("loss")
+    ax.legend(fontsize=9)
+
+    ax = axes[1]
+    x, y = points(spec["common_iteration"], spec["loss_difference"])
+    ax.plot(x, y, color="tab:red", linewidth=1.2)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_title(f"loss difference {a['name']} - {b['name']}\n(sum|a-b|/sum|b| = {spec['loss_rel_diff']})",
+                 fontsize=10)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("loss difference")
+    ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+
+    ax = axes[2]
+    for run, style in ((a, "-"), (b, "--")):
+        x, y = points(run["steady_iteration"], run["steady_step_time_ms"])
+        if x:
+            ax.plot(x, y, style, linewidth=1.2, label=f"{run['name']} (median {run['step_time_median']:.1f} ms)")
+    ax.set_title(f"step time after {spec['skip_first']} warm-up iterations", fontsize=10)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("step time (ms)")
+    ax.legend(fontsize=9)
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+    finish(fig, spec)
+
+
+def figure_ablation(spec):
+    features = spec["features"]
+    names = [f["name"] for f in features]
+    panels = [("loss_rel_diff", "normalized loss difference vs control\nsum|a-b|/sum|b|", False),
+              ("allocated_change_pct", "allocated peak change vs control (%)", True),
+              ("rss_change_pct", "peak RSS change vs control (%)", True),
+              ("step_time_change_pct", "median step time change vs control (%)", True)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(19, 1.6 + 0.55 * max(3, len(names))))
+    for ax, (key, label, signed) in zip(axes, panels):
+        values = [f[key] for f in features]
+        inside = [f["inside_noise"][key] for f in features]
+        colors = ["tab:gray" if i else "tab:blue" for i in inside]
+        ax.barh(names, values, color=colors)
+        noise = spec["noise"][key]
+        if noise is not None:
+            low = -noise if signed else 0.0
+            ax.axvspan(low, max(noise, 1e-300), color="tab:orange", alpha=0.2,
+                       label=f"noise floor (control repeat): {noise:.3g}")
+            ax.legend(fontsize=8, loc="lower right")
+        if signed:
+            ax.axvline(0, color="black", linewidth=0.8)
+        ax.set_title(label, fontsize=10)
+        ax.invert_yaxis()
+        ax.grid(True, axis="x", alpha=0.3)
+        for y, v in enumerate(values):
+            ax.annotate(f"{v:.3g}", (v, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
+    axes[0].set_xscale("symlog", linthresh=spec.get("loss_linthresh", 1e-6))
+    fig.text(0.01, 0.01, "grey: inside the noise floor; blue: outside it (or no floor measured)", fontsize=8)
+    finish(fig, spec)
+
+
+def finish(fig, spec):
+    if spec.get("title"):
+        fig.suptitle(spec["title"], fontsize=11)
+    fig.tight_layout()
+    fig.savefig(spec["out"], dpi=110)
+
+
+FIGURES = {"runs": figure_runs, "compare": figure_compare, "ablation": figure_ablation}
+
+
+def main():
+    spec = json.load(sys.stdin)
+    if spec.get("figure") not in FIGURES:
+        raise SystemExit(f"plot: unknown figure {spec.get('figure')!r}; known: {', '.join(FIGURES)}")
+    FIGURES[spec["figure"]](spec)
+
+
+if __name__ == "__main__":
+    main()

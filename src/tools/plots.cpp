@@ -1,0 +1,192 @@
+#include "tools/plots.h"
+
+#include "core/error.h"
+#include "core/subprocess.h"
+#include "core/text.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+
+namespace mmtrain {
+namespace fs = std::filesystem;
+namespace {
+
+// The values of key per record (null where a record lacks it or it is not finite).
+nlohmann::json column(const std::vector<LogRecord>& records, const char* key) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& r : records) {
+    if (r.contains(key) && r[key].is_number() && std::isfinite(r[key].get<double>())) {
+      out.push_back(r[key].get<double>());
+    } else {
+      out.push_back(nullptr);
+    }
+  }
+  return out;
+}
+
+bool any_value(const nlohmann::json& values) {
+  for (const auto& v : values)
+    if (!v.is_null()) return true;
+  return false;
+}
+
+std::vector<double> numbers(const nlohmann::json& values) {
+  std::vector<double> out;
+  for (const auto& v : values) out.push_back(v.is_null() ? NAN : v.get<double>());
+  return out;
+}
+
+std::string plot_script() {
+  if (const char* path = std::getenv("MMTRAIN_PLOT_SCRIPT")) return path;
+  const auto beside = fs::path(executable_dir()) / ".." / "share" / "mmtrain" / "plot_figures.py";
+  if (fs::exists(beside)) return fs::weakly_canonical(beside).string();
+  fail("cannot find the plotter: expected ", beside.string(), " (the build copies it there) or $MMTRAIN_PLOT_SCRIPT");
+}
+
+}  // namespace
+
+std::string tools_python() {
+  if (const char* python = std::getenv("MMTRAIN_PYTHON")) return python;
+  return MMTRAIN_DEFAULT_PYTHON;
+}
+
+NamedRun read_named_run(const std::string& argument) {
+  NamedRun run;
+  std::string path = argument;
+  const size_t equals = argument.find('=');
+  if (equals != std::string::npos && equals > 0) {
+    run.name = argument.substr(0, equals);
+    run.named = true;
+    path = argument.substr(equals + 1);
+  }
+  auto p = fs::path(path).lexically_normal();
+  if (fs::is_directory(p)) {
+    if (!fs::exists(p / "metrics.jsonl")) fail("run '", path, "': a directory without metrics.jsonl");
+    p /= "metrics.jsonl";
+  }
+  run.dir = p.filename() == "metrics.jsonl" && p.has_parent_path() ? p.parent_path().string()
+                                                                  : (p.parent_path() / p.stem()).string();
+  if (!run.named) run.name = fs::path(run.dir).filename().string();
+  run.path = p.string();
+  run.records = parse_training_log_file(run.path);
+  return run;
+}
+
+std::vector<NamedRun> read_named_runs(const std::vector<std::string>& arguments) {
+  std::vector<NamedRun> runs;
+  for (const auto& argument : arguments) runs.push_back(read_named_run(argument));
+  for (int depth = 2; depth <= 4; ++depth) {
+    std::map<std::string, int> count;
+    for (const auto& run : runs) ++count[run.name];
+    for (auto& run : runs) {
+      if (run.named || count[run.name] < 2) continue;
+      auto dir = fs::path(run.dir);
+      std::vector<std::string> parts;
+      for (const auto& part : dir) parts.push_back(part.string());
+      std::string name;
+      for (size_t i = parts.size() > static_cast<size_t>(depth) ? parts.size() - depth : 0; i < parts.size(); ++i)
+        name += (name.empty() ? "" : "/") + parts[i];
+      run.name = name;
+    }
+  }
+  return runs;
+}
+
+std::vector<double> ema_smoothed(const std::vector<double>& values, double weight) {
+  if (!(weight >= 0.0 && weight < 1.0)) fail("smoothing weight must be in [0, 1), found ", weight);
+  std::vector<double> out;
+  double average = 0.0, correction = 1.0;
+  bool started = false;
+  for (double x : values) {
+    if (std::isfinite(x)) {
+      average = weight * average + (1.0 - weight) * x;
+      correction *= weight;
+      started = true;
+    }
+    out.push_back(started ? average / (1.0 - correction) : NAN);
+  }
+  return out;
+}
+
+nlohmann::json runs_figure(const std::vector<NamedRun>& runs, const RunsPlotOptions& o) {
+  if (runs.empty()) fail("logs plot: no runs given");
+  nlohmann::json spec = {{"figure", "runs"}, {"title", o.title}, {"smoothing", o.smoothing},
+                         {"skip_first", o.skip_first}, {"runs", nlohmann::json::array()}};
+  for (const auto& run : runs) {
+    nlohmann::json series = {{"iteration", column(run.records, "iteration")},
+                             {"warmup", std::min<int64_t>(o.skip_first, static_cast<int64_t>(run.records.size()))}};
+    for (const char* key : {"loss", "grad_norm", "lr", "step_time_ms", "mfu", "peak_rss_mb"}) {
+      auto values = column(run.records, key);
+      if (any_value(values)) series[key] = std::move(values);
+    }
+    if (series.contains("loss")) {
+      nlohmann::json smoothed = nlohmann::json::array();
+      for (double v : ema_smoothed(numbers(series["loss"]), o.smoothing))
+        smoothed.push_back(std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr));
+      series["loss_smoothed"] = std::move(smoothed);
+    }
+    spec["runs"].push_back({{"name", run.name}, {"series", std::move(series)}});
+  }
+  return spec;
+}
+
+nlohmann::json compare_figure(const NamedRun& a, const NamedRun& b, int64_t skip_first) {
+  LogStatsOptions stats;
+  stats.skip_first = skip_first;
+  const auto comparison = compare_training_logs(a.records, b.records, stats);
+  std::map<int64_t, double> loss_b;
+  for (const auto& r : b.records)
+    if (r.contains("loss") && r["loss"].is_number()) loss_b[r["iteration"].get<int64_t>()] = r["loss"].get<double>();
+  nlohmann::json common = nlohmann::json::array(), difference = nlohmann::json::array();
+  for (const auto& r : a.records) {
+    if (!r.contains("loss") || !r["loss"].is_number()) continue;
+    const auto found = loss_b.find(r["iteration"].get<int64_t>());
+    if (found == loss_b.end()) continue;
+    common.push_back(found->first);
+    difference.push_back(r["loss"].get<double>() - found->second);
+  }
+  auto side = [&](const NamedRun& run, const LogRecord& summary) {
+    const size_t skip = std::min<size_t>(static_cast<size_t>(std::max<int64_t>(skip_first, 0)), run.records.size());
+    const std::vector<LogRecord> steady(run.records.begin() + static_cast<std::ptrdiff_t>(skip), run.records.end());
+    nlohmann::json out = {{"name", run.name},
+                          {"iteration", column(run.records, "iteration")},
+                          {"loss", column(run.records, "loss")},
+                          {"steady_iteration", column(steady, "iteration")},
+                          {"steady_step_time_ms", column(steady, "step_time_ms")},
+                          {"step_time_median", nullptr}};
+    if (summary.contains("step_time_ms")) out["step_time_median"] = summary["step_time_ms"]["median"];
+    return out;
+  };
+  const auto& rel = comparison["loss_rel_diff"];
+  return {{"figure", "compare"},
+          {"title", a.name + " vs " + b.name},
+          {"a", side(a, comparison["a"])},
+          {"b", side(b, comparison["b"])},
+          {"common_iteration", common},
+          {"loss_difference", difference},
+          {"loss_rel_diff", rel.is_number() ? format("%.3e", rel.get<double>()) : std::string("n/a")},
+          {"skip_first", skip_first}};
+}
+
+void draw_figure(nlohmann::json spec, const std::string& out_path) {
+  const auto extension = fs::path(out_path).extension().string();
+  if (extension != ".png" && extension != ".svg" && extension != ".pdf")
+    fail("figure '", out_path, "': expected a .png, .svg or .pdf file name");
+  const auto parent = fs::path(out_path).parent_path();
+  if (!parent.empty()) fs::create_directories(parent);
+  spec["out"] = out_path;
+  const std::string python = tools_python();
+  const std::string script = plot_script();
+  ProcessOptions options;
+  options.stdin_text = spec.dump();
+  const int status = run_process({python, script}, options);
+  if (status == 127)
+    fail("cannot run the plotter's Python '", python, "': set $MMTRAIN_PYTHON to a Python with matplotlib");
+  if (status != 0)
+    fail("the plotter (", python, " ", script, ") failed with status ", status,
+         " (above); a missing matplotlib is fixed by `pip install matplotlib` or $MMTRAIN_PYTHON");
+}
+
+}  // namespace mmtrain
