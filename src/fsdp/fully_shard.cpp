@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/record_function.h>
 
 #include <cmath>
 #include <map>
@@ -78,6 +79,11 @@ struct UnitHook : BlockHook {
   }
 };
 
+// A unit's name in profiler scopes ("fsdp::all_gather layers.3").
+std::string profile_name(const char* what, const FsdpUnit& unit) {
+  return std::string(what) + " " + (unit.name.empty() ? "(root)" : unit.name);
+}
+
 }  // namespace
 
 Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Device device, FsdpReduction reduction)
@@ -122,6 +128,9 @@ Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Dev
   for (size_t i = 0; i < units_.size(); ++i) {
     auto& unit = *units_[i];
     unit.order = i;
+    std::vector<std::pair<std::string, bool>> fp32_flags;
+    for (const auto& p : unit.params) fp32_flags.emplace_back(p.name, p.param->compute_in_fp32);
+    unit.gather_dtype = unit_gather_dtype(unit.name, fp32_flags, config_.param_dtype);
     unit.engine = this;
     int64_t total = 0;
     for (auto& p : unit.params) {
@@ -138,7 +147,7 @@ Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Dev
       p.shard = unit.shard_flat.narrow(0, p.offset, p.layout.shard_numel()).view(shard_shape);
       std::vector<int64_t> gathered_shape = p.param->shape;
       gathered_shape[0] = p.layout.padded_rows * world;
-      p.gathered = at::empty(gathered_shape, fp32.dtype(config_.param_dtype));
+      p.gathered = at::empty(gathered_shape, fp32.dtype(unit.gather_dtype));
       release_gather_storage(p.gathered);
     }
   }
@@ -232,12 +241,13 @@ void Fsdp::release_gather_storage(const at::Tensor& t) {
 
 void Fsdp::unshard_async(FsdpUnit& unit) {
   if (unit.state != FsdpUnit::State::sharded) return;
+  RECORD_USER_SCOPE(profile_name("fsdp::all_gather", unit));
   std::vector<at::Tensor> outs, ins;
   unit.gather_inputs.clear();
   for (auto& p : unit.params) {
     acquire_gather_storage(p.gathered);
     outs.push_back(p.gathered.view(-1));
-    ins.push_back(p.shard.view(-1).to(config_.param_dtype));
+    ins.push_back(p.shard.view(-1).to(unit.gather_dtype));
   }
   unit.gather_inputs = ins;
   unit.gather_work = comm_->all_gather_into_coalesced(outs, ins);
@@ -246,6 +256,7 @@ void Fsdp::unshard_async(FsdpUnit& unit) {
 
 void Fsdp::wait_unshard(FsdpUnit& unit) {
   if (unit.state != FsdpUnit::State::gathering) return;
+  RECORD_USER_SCOPE(profile_name("fsdp::wait_all_gather", unit));
   unit.gather_work.wait();
   unit.gather_inputs.clear();
   unit.state = FsdpUnit::State::unsharded;
@@ -293,6 +304,7 @@ void Fsdp::pre_backward(FsdpUnit& unit) {
 }
 
 void Fsdp::post_backward(FsdpUnit& unit, const std::vector<at::Tensor>& grads) {
+  RECORD_USER_SCOPE(profile_name("fsdp::reduce_scatter", unit));
   const int world = comm_->world_size();
   int64_t total = unit.shard_flat.numel();
   auto reduce_input = at::empty({world, total}, unit.shard_flat.options().dtype(config_.reduce_dtype));
@@ -331,6 +343,7 @@ void Fsdp::drain_reductions(size_t keep_in_flight) {
   while (pending_.size() > keep_in_flight) {
     auto pending = std::move(pending_.front());
     pending_.pop_front();
+    RECORD_USER_SCOPE(profile_name("fsdp::wait_reduce_scatter", *pending.unit));
     pending.work.wait();
     if (reduction_.replicate && reduction_.replicate->world_size() > 1)
       reduction_.replicate->all_reduce_sum(pending.output).wait();
@@ -367,7 +380,7 @@ FsdpMemoryStats Fsdp::memory_stats() const {
     stats.param_bytes += unit->shard_flat.numel() * unit->shard_flat.element_size();
     stats.grad_bytes += unit->grad_flat.numel() * unit->grad_flat.element_size();
     for (auto& p : unit->params)
-      stats.unsharded_param_bytes += p.layout.dim0 * p.layout.row_numel * at::elementSize(config_.param_dtype);
+      stats.unsharded_param_bytes += p.layout.dim0 * p.layout.row_numel * at::elementSize(unit->gather_dtype);
   }
   return stats;
 }

@@ -33,7 +33,7 @@ struct FsdpParam {
   ShardLayout layout;
   int64_t offset = 0;          // into the unit's flat shard
   at::Tensor shard;            // fp32 view [padded_rows, ...] of the unit's flat shard
-  at::Tensor gathered;         // param_dtype [W * padded_rows, ...]; storage freed while sharded
+  at::Tensor gathered;         // gather_dtype [W * padded_rows, ...]; storage freed while sharded
 
   // This param's [padded_rows, ...] view of a flat tensor laid out like its unit's shard_flat
   // (the shards, their grads, AdamW moments).
@@ -50,12 +50,13 @@ struct FsdpUnit {
   Module* module = nullptr;    // null for the root
   bool is_root = false;
   std::vector<FsdpParam> params;
+  at::ScalarType gather_dtype = at::kFloat;  // param_dtype, or fp32 for a unit that computes in fp32 (plan.h)
   at::Tensor shard_flat;       // fp32 [S], S = sum of padded shard sizes: the optimizer's params
   at::Tensor grad_flat;        // fp32 [S]: accumulated, reduced grads
   at::Tensor anchor;           // scalar leaf that makes UnitGather part of the graph
   State state = State::sharded;
   CommWork gather_work;
-  std::vector<at::Tensor> gather_inputs;  // param_dtype casts of the shards, alive until wait()
+  std::vector<at::Tensor> gather_inputs;  // gather_dtype casts of the shards, alive until wait()
   size_t order = 0;            // position in forward order
   Fsdp* engine = nullptr;      // the engine the autograd Functions call back into
 };

@@ -57,6 +57,18 @@ UnitAssignment fsdp_assign_units(const std::vector<std::string>& module_names,
   return out;
 }
 
+at::ScalarType unit_gather_dtype(const std::string& unit_name, const std::vector<std::pair<std::string, bool>>& params,
+                                 at::ScalarType param_dtype) {
+  const std::pair<std::string, bool>* fp32 = nullptr;
+  const std::pair<std::string, bool>* other = nullptr;
+  for (const auto& p : params) (p.second ? fp32 : other) = &p;
+  if (fp32 && other && param_dtype != at::kFloat)
+    fail("FSDP unit '", unit_name.empty() ? "<root>" : unit_name, "' mixes '", fp32->first,
+         "', which computes in fp32, with '", other->first, "', which computes in param_dtype: put them in different "
+         "units (parallel.fsdp_plan.apply_modules)");
+  return fp32 && !other ? at::kFloat : param_dtype;
+}
+
 std::vector<std::string> module_names_from_params(const std::vector<PlanParam>& params) {
   std::vector<std::string> names = {""};
   std::set<std::string> seen = {""};
@@ -85,6 +97,7 @@ FsdpMemoryPlan fsdp_memory_plan(const std::vector<PlanParam>& params, const std:
   plan.config = config;
   plan.world_size = world;
   for (const auto& name : assignment.units) plan.units.push_back(UnitPlan{name});
+  std::vector<std::vector<std::pair<std::string, bool>>> unit_params(plan.units.size());
   for (size_t i = 0; i < params.size(); ++i) {
     const ShardLayout layout(params[i].shape, world);
     auto& unit = plan.units[assignment.owner[i]];
@@ -92,20 +105,24 @@ FsdpMemoryPlan fsdp_memory_plan(const std::vector<PlanParam>& params, const std:
     unit.numel += elements(params[i].shape);
     unit.shard_numel += layout.shard_numel();
     unit.gathered_numel += layout.shard_numel() * world;
+    unit_params[assignment.owner[i]].emplace_back(params[i].name, params[i].compute_in_fp32);
   }
+  for (size_t u = 0; u < plan.units.size(); ++u)
+    plan.units[u].gather_dtype = unit_gather_dtype(plan.units[u].name, unit_params[u], config.param_dtype);
+  // Bytes per gathered element of a unit.
+  auto p_of = [](const UnitPlan& unit) { return static_cast<int64_t>(c10::elementSize(unit.gather_dtype)); };
 
-  const int64_t p = static_cast<int64_t>(c10::elementSize(config.param_dtype));
   const int64_t r = static_cast<int64_t>(c10::elementSize(config.reduce_dtype));
   int64_t shard = 0;
   for (const auto& unit : plan.units) {
     plan.total_numel += unit.numel;
     shard += unit.shard_numel;
-    plan.unsharded_param_bytes += unit.numel * p;
+    plan.unsharded_param_bytes += unit.numel * p_of(unit);
   }
   plan.param_bytes = 4 * shard;
   plan.grad_bytes = 4 * shard;
   plan.optimizer_bytes = 8 * shard;
-  plan.root_gathered_bytes = plan.units[0].gathered_numel * p;
+  plan.root_gathered_bytes = plan.units[0].gathered_numel * p_of(plan.units[0]);
 
   // Gathered non-root units at once: the running one plus its prefetched neighbours, i.e. a
   // window of k consecutive units in forward order (backward walks the same order reversed).
@@ -116,7 +133,7 @@ FsdpMemoryPlan fsdp_memory_plan(const std::vector<PlanParam>& params, const std:
   plan.units_in_flight = std::min<int64_t>(k, static_cast<int64_t>(others));
   for (size_t begin = 1; begin + plan.units_in_flight <= plan.units.size() && plan.units_in_flight > 0; ++begin) {
     int64_t bytes = 0;
-    for (size_t u = begin; u < begin + plan.units_in_flight; ++u) bytes += plan.units[u].gathered_numel * p;
+    for (size_t u = begin; u < begin + plan.units_in_flight; ++u) bytes += plan.units[u].gathered_numel * p_of(plan.units[u]);
     if (bytes > plan.in_flight_bytes) {
       plan.in_flight_bytes = bytes;
       plan.in_flight_first = plan.units[begin].name;
@@ -126,13 +143,13 @@ FsdpMemoryPlan fsdp_memory_plan(const std::vector<PlanParam>& params, const std:
   // Backward of one unit (post_backward): autograd's grads of its params (param_dtype), and the
   // reduce-scatter buffers of up to three units (two in flight, one being packed).
   std::vector<int64_t> reduce_sizes;
-  int64_t largest_numel = 0;
+  int64_t largest_grad_bytes = 0;
   for (const auto& unit : plan.units) {
     reduce_sizes.push_back((unit.gathered_numel + unit.shard_numel) * r);
-    largest_numel = std::max(largest_numel, unit.numel);
+    largest_grad_bytes = std::max(largest_grad_bytes, unit.numel * p_of(unit));
   }
   std::sort(reduce_sizes.rbegin(), reduce_sizes.rend());
-  plan.reduce_bytes = largest_numel * p;
+  plan.reduce_bytes = largest_grad_bytes;
   for (size_t i = 0; i < std::min<size_t>(3, reduce_sizes.size()); ++i) plan.reduce_bytes += reduce_sizes[i];
   return plan;
 }
@@ -144,7 +161,7 @@ FsdpMemoryPlan fsdp_memory_plan(Module& model, const FsdpConfig& config, int wor
   select_blocks(model, config.apply_modules, "fsdp_plan.apply_modules");  // as Fsdp: units are blocks
   std::vector<PlanParam> params;
   for (const auto& [name, param] : model.named_parameters())
-    if (param->trainable) params.push_back({name, param->shape});  // buffers are not sharded
+    if (param->trainable) params.push_back({name, param->shape, param->compute_in_fp32});  // buffers are not sharded
   return fsdp_memory_plan(params, module_names, config, world_size);
 }
 

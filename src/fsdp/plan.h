@@ -43,7 +43,14 @@ UnitAssignment fsdp_assign_units(const std::vector<std::string>& module_names,
 struct PlanParam {
   std::string name;             // full dotted name
   std::vector<int64_t> shape;   // full (unsharded) shape
+  bool compute_in_fp32 = false; // Param::compute_in_fp32
 };
+
+// The dtype a unit's params are gathered in: fp32 when every one computes in fp32
+// (Param::compute_in_fp32), else param_dtype. A unit that mixes both is an error naming one of
+// each: the unit's coalesced all-gather has one dtype. params: (name, compute_in_fp32).
+at::ScalarType unit_gather_dtype(const std::string& unit_name, const std::vector<std::pair<std::string, bool>>& params,
+                                 at::ScalarType param_dtype);
 
 struct UnitPlan {
   std::string name;               // "" for the root
@@ -51,6 +58,7 @@ struct UnitPlan {
   int64_t numel = 0;              // full elements
   int64_t shard_numel = 0;        // S: padded elements every rank stores
   int64_t gathered_numel = 0;     // W · S: the gather buffer (the full params are its prefix)
+  at::ScalarType gather_dtype = at::kFloat;  // unit_gather_dtype
 };
 
 struct FsdpMemoryPlan {

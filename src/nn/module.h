@@ -24,6 +24,10 @@ struct Param {
   // The dtype the model's public (HF) checkpoint stores it in; what exports and weight
   // fixtures write. Training keeps fp32 masters whatever this says.
   at::ScalarType checkpoint_dtype = at::kFloat;
+  // Gathered and computed in fp32 whatever parallel.fsdp_plan.param_dtype (layers the upstream
+  // model keeps in fp32, e.g. MagiHuman's embedders and heads). Every param of one FSDP unit
+  // must agree (fsdp/plan.h: unit_gather_dtype).
+  bool compute_in_fp32 = false;
   at::Tensor value;              // what forward reads; undefined while sharded
   // How a fresh model fills it: normal(0, init_std) for matrices, a constant otherwise.
   double init_std = 0.02;

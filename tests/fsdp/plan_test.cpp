@@ -101,6 +101,24 @@ TEST(FsdpPlan, InFlightWindowFollowsPrefetch) {
   EXPECT_EQ(plan.reduce_bytes, 50 * 4 + (100 + 60 + 40) * 4);
 }
 
+TEST(FsdpPlan, UnitsOfFp32LayersAreGatheredInFp32) {
+  // A root of fp32 layers (MagiHuman's embedders and heads) and bf16 blocks.
+  const std::vector<PlanParam> params = {{"embed.w", {10}, true}, {"u.0.w", {50}}, {"u.1.w", {20}}, {"head.w", {6}, true}};
+  FsdpConfig options;
+  options.apply_modules = {"u.{*}"};
+  options.param_dtype = at::kBFloat16;
+  const auto plan = fsdp_memory_plan(params, module_names_from_params(params), options, 1);
+  EXPECT_EQ(plan.units[0].gather_dtype, at::kFloat);
+  EXPECT_EQ(plan.units[1].gather_dtype, at::kBFloat16);
+  EXPECT_EQ(plan.root_gathered_bytes, 16 * 4);
+  EXPECT_EQ(plan.unsharded_param_bytes, 16 * 4 + 70 * 2);
+  // One fp32 layer among bf16 ones in a unit cannot be gathered by one all-gather.
+  const std::vector<PlanParam> mixed = {{"embed.w", {10}, true}, {"u.0.w", {50}}, {"norm.w", {4}}};
+  EXPECT_THROW(fsdp_memory_plan(mixed, module_names_from_params(mixed), options, 1), Error);
+  options.param_dtype = at::kFloat;  // nothing to mix under fp32
+  EXPECT_EQ(fsdp_memory_plan(mixed, module_names_from_params(mixed), options, 1).units[0].gather_dtype, at::kFloat);
+}
+
 TEST(FsdpPlan, BlocksOnly) {
   auto model = make_test_transformer(kModelConfig);
   FsdpConfig attention_unit;

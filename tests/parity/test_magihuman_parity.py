@@ -61,6 +61,9 @@ DEINTERLEAVE_GRAD_RTOL = 2e-6
 # 2.94x the reference's own fp32-vs-upstream distance on the same weights ("noise"). So each quantity
 # must satisfy  |cpp - upstream| <= max(FLOOR, BF16_NOISE_FACTOR * noise).
 BF16_LOSS_FLOOR, BF16_PRED_FLOOR, BF16_GRAD_FLOOR, BF16_NOISE_FACTOR = 5e-3, 2e-2, 5e-2, 4.0
+# The layers upstream keeps in fp32 under bf16 (adapter, final norms and heads), alone: only the
+# summation order differs from the fp32 reference (as FP32_RTOL); in bf16 they moved it by 3.1e-3.
+BF16_FP32_LAYERS_RTOL = 1e-5
 # ...and bf16 must really be bf16: the measured fp32-vs-upstream prediction distance was >= 1.4e-3.
 BF16_MIN_EFFECT = 1e-4
 
@@ -363,6 +366,40 @@ def test_bf16_matches_upstream_numerics(mh):
     effect = rel_l2(out["prediction"], mh.step()["prediction"])
     print(f"bf16 vs fp32 mmtrain prediction relL2 {effect:.3e}")
     assert effect > BF16_MIN_EFFECT, f"param_dtype bf16 changed the prediction by only {effect:.2e}: is it computing in bf16?"
+
+
+def test_bf16_adapter_and_heads_compute_in_fp32(mh, tmp_path):
+    """Upstream keeps the adapter's embedders and the final norms and heads as fp32 layers under a
+    bf16 model; only the blocks' GEMMs are bf16. With the blocks' output projections zeroed the
+    blocks add nothing to the residual stream, so all that is left are those fp32 layers: bf16 must
+    then equal the fp32 reference. (With every layer in bf16 this moved by 3.1e-3, and mmtrain's
+    full bf16 prediction landed 1.28x farther from fp32 than upstream's.)"""
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    for f in mh.make_weights().iterdir():
+        if f.suffix != ".safetensors":
+            (weights / f.name).write_bytes(f.read_bytes())
+            continue
+        tensors = load_file(str(f))
+        for name in tensors:
+            if name.endswith(("attention.linear_proj.weight", "mlp.down_proj.weight")):
+                tensors[name] = torch.zeros_like(tensors[name])
+        save_file(tensors, str(weights / f.name), metadata={"format": "pt"})
+    cfg = write_config(tmp_path / "zeroed.yaml", config_yaml(tmp_path, weights, mh.data))
+    out = tmp_path / "bf16.safetensors"
+    run_mmtrain(["debug", "step", str(cfg), "--batch", str(mh.batch_file()), "--out", str(out),
+                 "--set", "parallel.fsdp_plan.param_dtype=bf16"])
+    ours = load_file(str(out))["prediction"]
+    torch.set_num_threads(1)
+    leaves = R.trainable_leaves(R.load_hf(weights))
+    _, f32_pred = R.forward_loss(leaves, mh.batch(), "fp32", TINY)
+    _, up_pred = R.forward_loss(leaves, mh.batch(), "upstream", TINY)
+    ours_gap, upstream_gap = rel_l2(ours, f32_pred.detach()), rel_l2(up_pred.detach(), f32_pred.detach())
+    print(f"\nblocks zeroed: bf16 prediction relL2 to fp32: mmtrain {ours_gap:.3e}, upstream {upstream_gap:.3e}")
+    assert upstream_gap < BF16_FP32_LAYERS_RTOL, "the reference's upstream numerics round a layer upstream keeps fp32"
+    assert ours_gap < BF16_FP32_LAYERS_RTOL, (
+        f"with the blocks zeroed, bf16 moved the prediction by {ours_gap:.2e}: the adapter or the final heads "
+        f"compute in bf16 (upstream keeps them fp32)")
 
 
 def test_fused_ops_on_off(mh):

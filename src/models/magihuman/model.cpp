@@ -221,6 +221,10 @@ class MagiHumanModel : public Model, public ContextParallelModel {
                                         std::make_shared<Weight>(std::vector<int64_t>{c.video_in_channels, c.hidden_size}, false));
     final_linear_audio = dit->add_child("final_linear_audio",
                                         std::make_shared<Weight>(std::vector<int64_t>{c.audio_in_channels, c.hidden_size}, false));
+    // As upstream, only the blocks compute in param_dtype: the adapter's embedders and the final
+    // norms and heads are fp32 layers (they form the root FSDP unit, gathered in fp32).
+    for (auto& [name, param] : named_parameters())
+      if (name.rfind("dit.block.", 0) != 0) param->compute_in_fp32 = true;
     std::vector<NamedShape> tensors;
     for (auto& [name, param] : named_parameters()) tensors.emplace_back(name, param->shape);
     active_linear_params_ = magihuman_active_linear_params(tensors, c.mm_layers);
