@@ -30,5 +30,6 @@ void add_plan_commands(CLI::App& app, Commands& commands);     // plan CONFIG
 void add_logs_commands(CLI::App& app, Commands& commands);     // logs parse | summary | compare
 void add_debug_commands(CLI::App& app, Commands& commands);    // debug collate | step | tokenize | image
 void add_measure_commands(CLI::App& app, Commands& commands);  // measure gemm
+void add_ablate_commands(CLI::App& app, Commands& commands);   // ablate CONFIG --feature ...
 
 }  // namespace mmtrain

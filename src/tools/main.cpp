@@ -11,6 +11,7 @@
 // Models, datasets and fixtures register themselves from their own folders, so this file and the
 // tools name none of them.
 #include "core/error.h"
+#include "core/suggest.h"
 #include "tools/command.h"
 
 #include <CLI/CLI.hpp>
@@ -36,6 +37,37 @@ void print_backtrace_and_die(int signal_number) {
   std::raise(signal_number);
 }
 
+// CLI11 answers a misspelled subcommand with "A subcommand is required". Where a command has
+// subcommands, the first word that is not an option must name one of them: say which word is
+// unknown, the closest name and the known ones. Returns false after printing that error.
+bool subcommands_exist(CLI::App& app, int argc, char** argv) {
+  CLI::App* level = &app;
+  std::string path = "mmtrain";
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word == "--") return true;
+    if (word.empty() || word[0] == '-') continue;
+    const auto subcommands = level->get_subcommands([](CLI::App*) { return true; });
+    if (subcommands.empty()) return true;  // the rest are this command's own arguments
+    std::vector<std::string> names;
+    CLI::App* found = nullptr;
+    for (auto* sub : subcommands) {
+      names.push_back(sub->get_name());
+      if (sub->check_name(word)) found = sub;
+    }
+    if (!found) {
+      const auto suggestion = mmtrain::closest_name(word, names);
+      std::fprintf(stderr, "mmtrain: error: '%s' is not a command of %s%s; known: %s\n", word.c_str(), path.c_str(),
+                   suggestion.empty() ? "" : (" (did you mean '" + suggestion + "'?)").c_str(),
+                   mmtrain::join_names(names).c_str());
+      return false;
+    }
+    level = found;
+    path += " " + found->get_name();
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -54,7 +86,9 @@ int main(int argc, char** argv) {
   add_logs_commands(app, commands);
   add_debug_commands(app, commands);
   add_measure_commands(app, commands);
+  add_ablate_commands(app, commands);
 
+  if (!subcommands_exist(app, argc, argv)) return 2;
   CLI11_PARSE(app, argc, argv);
   try {
     commands.run_parsed();

@@ -1,0 +1,397 @@
+#include "tools/ablate.h"
+
+#include "core/error.h"
+#include "core/subprocess.h"
+#include "core/text.h"
+#include "tools/command.h"
+#include "tools/plots.h"
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+
+namespace mmtrain {
+namespace fs = std::filesystem;
+namespace {
+
+// The measures of a table row, in the order of the markdown columns and the figure panels.
+constexpr const char* kMeasures[] = {"loss_rel_diff", "allocated_change_pct", "rss_change_pct", "step_time_change_pct"};
+
+bool is_valid_name(const std::string& name) {
+  if (name.empty()) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.'; });
+}
+
+// A per-iteration measure after the warm-up: its median, and the standard error of the
+// difference of two such medians (1.2533 sd sqrt(2 / n): the median's SE for a normal sample).
+struct SteadySeries {
+  std::vector<double> values;
+  std::optional<double> median() const {
+    if (values.empty()) return std::nullopt;
+    auto v = values;
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  }
+  std::optional<double> min() const {
+    if (values.empty()) return std::nullopt;
+    return *std::min_element(values.begin(), values.end());
+  }
+  std::optional<double> max() const {
+    if (values.empty()) return std::nullopt;
+    return *std::max_element(values.begin(), values.end());
+  }
+  double median_difference_se() const {
+    const size_t n = values.size();
+    if (n < 2) return 0.0;
+    double mean = 0, sq = 0;
+    for (double x : values) mean += x;
+    mean /= static_cast<double>(n);
+    for (double x : values) sq += (x - mean) * (x - mean);
+    return 1.2533 * std::sqrt(sq / static_cast<double>(n - 1)) * std::sqrt(2.0 / static_cast<double>(n));
+  }
+};
+
+// The numbers of one run the table compares.
+struct ArmFigures {
+  std::map<int64_t, double> loss;  // iteration -> loss (finite losses only)
+  SteadySeries allocated_mb;       // each step's peak of tensor memory (memory.step_peak_mb)
+  SteadySeries step_ms;
+  std::optional<double> rss_mb;    // peak_rss_mb of the last record
+};
+
+ArmFigures arm_figures(const AblationArm& arm, int64_t skip) {
+  ArmFigures f;
+  for (const auto& r : arm.records) {
+    const int64_t iteration = r["iteration"].get<int64_t>();
+    if (r.contains("loss") && r["loss"].is_number() && std::isfinite(r["loss"].get<double>()))
+      f.loss[iteration] = r["loss"].get<double>();
+    if (r.contains("peak_rss_mb") && r["peak_rss_mb"].is_number()) f.rss_mb = r["peak_rss_mb"].get<double>();
+    if (iteration <= skip) continue;
+    if (r.contains("step_time_ms") && r["step_time_ms"].is_number())
+      f.step_ms.values.push_back(r["step_time_ms"].get<double>());
+    if (r.contains("memory") && r["memory"].contains("step_peak_mb"))
+      f.allocated_mb.values.push_back(r["memory"]["step_peak_mb"].get<double>());
+  }
+  if (f.loss.empty()) fail("ablate: run '", arm.name, "' logged no finite loss");
+  return f;
+}
+
+// sum |a - b| / sum |b| over the iterations both logged.
+double loss_rel_diff(const ArmFigures& a, const ArmFigures& b, const std::string& name) {
+  double diff = 0, base = 0;
+  int64_t common = 0;
+  for (const auto& [iteration, loss_b] : b.loss) {
+    const auto found = a.loss.find(iteration);
+    if (found == a.loss.end()) continue;
+    diff += std::abs(found->second - loss_b);
+    base += std::abs(loss_b);
+    ++common;
+  }
+  if (common == 0) fail("ablate: run '", name, "' has no iteration in common with the control");
+  return base > 0 ? diff / base : diff;
+}
+
+nlohmann::json change_pct(const std::optional<double>& value, const std::optional<double>& control) {
+  if (!value || !control || *control == 0) return nullptr;
+  return 100.0 * (*value - *control) / *control;
+}
+
+nlohmann::json or_null(const std::optional<double>& v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); }
+
+nlohmann::ordered_json compare_arm(const AblationArm& arm, const ArmFigures& f, const ArmFigures& control) {
+  nlohmann::ordered_json row = {{"name", arm.name},
+                                {"overrides", arm.overrides},
+                                {"loss_rel_diff", loss_rel_diff(f, control, arm.name)},
+                                {"allocated_peak_mb", or_null(f.allocated_mb.min())},
+                                {"allocated_change_pct", change_pct(f.allocated_mb.min(), control.allocated_mb.min())},
+                                {"allocated_max_mb", or_null(f.allocated_mb.max())},
+                                {"rss_peak_mb", or_null(f.rss_mb)},
+                                {"rss_change_pct", change_pct(f.rss_mb, control.rss_mb)},
+                                {"step_time_ms", or_null(f.step_ms.median())},
+                                {"step_time_change_pct", change_pct(f.step_ms.median(), control.step_ms.median())}};
+  return row;
+}
+
+std::string cell_number(const nlohmann::json& v, const char* fmt) {
+  return v.is_number() ? format(fmt, v.get<double>()) : std::string("n/a");
+}
+
+std::string inside_mark(const nlohmann::json& inside) {
+  if (!inside.is_boolean()) return "";
+  return inside.get<bool>() ? " (noise)" : " **(outside)**";
+}
+
+}  // namespace
+
+AblationFeature parse_ablation_feature(const std::string& argument) {
+  const size_t colon = argument.find(':');
+  if (colon == std::string::npos)
+    fail("--feature '", argument, "': expected NAME:KEY=VALUE[,KEY=VALUE...], e.g. no_recompute:features.recompute=false");
+  AblationFeature feature;
+  feature.name = argument.substr(0, colon);
+  if (!is_valid_name(feature.name))
+    fail("--feature '", argument, "': the name '", feature.name, "' must be letters, digits, '_', '-' or '.'");
+  if (feature.name == "control" || feature.name == "control_repeat")
+    fail("--feature '", argument, "': '", feature.name, "' names the control runs; pick another name");
+  const std::string rest = argument.substr(colon + 1);
+  size_t start = 0;
+  while (start <= rest.size()) {
+    const size_t comma = rest.find(',', start);
+    const std::string item = trim(rest.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (item.find('=') == std::string::npos || item.front() == '=')
+      fail("--feature '", argument, "': '", item, "' is not KEY=VALUE");
+    feature.overrides.push_back(item);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return feature;
+}
+
+nlohmann::ordered_json ablation_table(const AblationArm& control, const AblationArm* control_repeat,
+                                      const std::vector<AblationArm>& features, int64_t skip) {
+  const auto base = arm_figures(control, skip);
+  nlohmann::ordered_json table = {{"steps", static_cast<int64_t>(base.loss.size())}, {"skip", skip}};
+  table["control"] = {{"overrides", control.overrides},
+                      {"allocated_peak_mb", or_null(base.allocated_mb.min())},
+                      {"allocated_max_mb", or_null(base.allocated_mb.max())},
+                      {"rss_peak_mb", or_null(base.rss_mb)},
+                      {"step_time_ms", or_null(base.step_ms.median())},
+                      {"steady_steps", static_cast<int64_t>(base.step_ms.values.size())}};
+  nlohmann::ordered_json noise = {{"loss_rel_diff", nullptr},
+                                  {"allocated_change_pct", nullptr},
+                                  {"rss_change_pct", nullptr},
+                                  {"step_time_change_pct", nullptr}};
+  if (control_repeat) {
+    const auto repeat = compare_arm(*control_repeat, arm_figures(*control_repeat, skip), base);
+    table["control_repeat"] = repeat;
+    noise["loss_rel_diff"] = repeat["loss_rel_diff"];
+    // max(|the repeat's change|, band), in % of the control's value.
+    auto floor_pct = [&](const char* key, std::optional<double> control_value, double band) -> nlohmann::json {
+      if (!repeat[key].is_number() || !control_value || *control_value <= 0) return nullptr;
+      return std::max(std::abs(repeat[key].get<double>()), 100.0 * band / *control_value);
+    };
+    noise["allocated_change_pct"] = floor_pct("allocated_change_pct", base.allocated_mb.min(), 1.0);
+    noise["step_time_change_pct"] =
+        floor_pct("step_time_change_pct", base.step_ms.median(), 2.0 * base.step_ms.median_difference_se());
+    // RSS is not judged (null floor): it has one value per run, and identical CPU runs differ by
+    // several % (which malloc arena serves a thread's frees depends on timing), so one repeat
+    // cannot bound it: a do-nothing feature would land outside such a floor half the time.
+  }
+  table["noise"] = noise;
+  table["features"] = nlohmann::ordered_json::array();
+  for (const auto& arm : features) {
+    auto row = compare_arm(arm, arm_figures(arm, skip), base);
+    nlohmann::ordered_json inside;
+    for (const char* key : kMeasures) {
+      if (!noise[key].is_number() || !row[key].is_number()) {
+        inside[key] = nullptr;
+      } else {
+        inside[key] = std::abs(row[key].get<double>()) <= noise[key].get<double>();
+      }
+    }
+    row["inside_noise"] = inside;
+    table["features"].push_back(std::move(row));
+  }
+  return table;
+}
+
+std::string ablation_markdown(const nlohmann::ordered_json& t) {
+  const auto& c = t["control"];
+  std::string md = format("# Feature ablation\n\n%lld steps per run; memory peaks and step times leave out the first %lld.\n\n",
+                          static_cast<long long>(t["steps"].get<int64_t>()), static_cast<long long>(t["skip"].get<int64_t>()));
+  md += "Control: " + cell_number(c["allocated_peak_mb"], "%.1f") + " MiB allocated peak (least step; " + cell_number(c["allocated_max_mb"], "%.1f") + " MiB the largest), " +
+        cell_number(c["rss_peak_mb"], "%.1f") + " MiB peak RSS, " + cell_number(c["step_time_ms"], "%.1f") +
+        " ms median step.\n\n";
+  const auto& noise = t["noise"];
+  if (t.contains("control_repeat")) {
+    md += "Noise floor (the control repeated): loss " + cell_number(noise["loss_rel_diff"], "%.2e") + ", allocated ±" +
+          cell_number(noise["allocated_change_pct"], "%.2f") + " %, step time ±" + cell_number(noise["step_time_change_pct"], "%.2f") + " %.\n\n";
+    md += "RSS is reported, not judged: identical CPU runs differ by several %, more than one repeat can bound.\n\n";
+  } else {
+    md += "No noise floor: run with --repeat-control to judge the differences.\n\n";
+  }
+  md += "| feature | overrides | loss sum\\|a-b\\|/sum\\|b\\| | allocated peak | RSS peak | step time |\n";
+  md += "|---|---|---|---|---|---|\n";
+  for (const auto& f : t["features"]) {
+    std::string overrides;
+    for (const auto& o : f["overrides"]) overrides += (overrides.empty() ? "" : ", ") + ("`" + o.get<std::string>() + "`");
+    const auto& in = f["inside_noise"];
+    md += "| " + f["name"].get<std::string>() + " | " + overrides + " | " + cell_number(f["loss_rel_diff"], "%.2e") +
+          inside_mark(in["loss_rel_diff"]) + " | " + cell_number(f["allocated_peak_mb"], "%.1f MiB") + " (" +
+          cell_number(f["allocated_change_pct"], "%+.2f %%") + ")" + inside_mark(in["allocated_change_pct"]) + " | " +
+          cell_number(f["rss_peak_mb"], "%.1f MiB") + " (" + cell_number(f["rss_change_pct"], "%+.2f %%") + ")" +
+          inside_mark(in["rss_change_pct"]) + " | " + cell_number(f["step_time_ms"], "%.1f ms") + " (" +
+          cell_number(f["step_time_change_pct"], "%+.2f %%") + ")" + inside_mark(in["step_time_change_pct"]) + " |\n";
+  }
+  return md;
+}
+
+nlohmann::json ablation_figure(const nlohmann::ordered_json& table, const std::string& title) {
+  auto number_or_null = [](const nlohmann::ordered_json& v) {
+    return v.is_number() ? nlohmann::json(v.get<double>()) : nlohmann::json(nullptr);
+  };
+  nlohmann::json features = nlohmann::json::array();
+  for (const auto& f : table["features"]) {
+    nlohmann::json row = {{"name", f["name"].get<std::string>()}};
+    for (const char* key : kMeasures) {
+      row[key] = f[key].is_number() ? f[key].get<double>() : 0.0;  // a bar of 0 where not measured
+      const auto& inside = f["inside_noise"][key];
+      row["inside_noise"][key] = inside.is_boolean() ? nlohmann::json(inside.get<bool>()) : nlohmann::json(nullptr);
+    }
+    features.push_back(std::move(row));
+  }
+  nlohmann::json noise;
+  for (const char* key : kMeasures) noise[key] = number_or_null(table["noise"][key]);
+  return {{"figure", "ablation"}, {"title", title}, {"features", features}, {"noise", noise}};
+}
+
+namespace {
+
+struct AblateOptions {
+  std::string config_path;
+  std::vector<std::string> feature_arguments;
+  std::vector<std::string> overrides;
+  int64_t steps = 20;
+  int64_t skip = 5;
+  bool repeat_control = false;
+  int nproc = 2;
+  std::string out_dir = "runs/ablation";
+  std::string launcher;  // empty: <tools_python()> -m torch.distributed.run
+  std::string title;
+};
+
+// Trains one arm into out_dir/runs/<name> and reads its metrics.
+AblationArm run_arm(const AblateOptions& o, const std::string& name, const std::vector<std::string>& feature_overrides,
+                    size_t index, size_t count) {
+  const fs::path dir = fs::path(o.out_dir) / "runs" / name;
+  fs::remove_all(dir);  // an arm is always a fresh run (the train command refuses an earlier one)
+  fs::create_directories(dir);
+  std::vector<std::string> argv;
+  if (o.nproc > 1) {
+    if (o.launcher.empty()) {
+      argv = {tools_python(), "-m", "torch.distributed.run"};
+    } else {
+      argv = {o.launcher};
+    }
+    argv.insert(argv.end(), {"--standalone", "--nproc_per_node", std::to_string(o.nproc), "--no-python"});
+  }
+  argv.push_back((fs::path(executable_dir()) / "mmtrain").string());
+  argv.insert(argv.end(), {"train", o.config_path});
+  std::vector<std::string> overrides = o.overrides;
+  overrides.insert(overrides.end(), feature_overrides.begin(), feature_overrides.end());
+  // What every arm shares, set last so that no feature can change it.
+  overrides.insert(overrides.end(), {"training.train_iters=" + std::to_string(o.steps), "training.save=", "training.load=",
+                                     "logging.output_dir=" + dir.string(), "logging.progress=false",
+                                     "tools.memory_profile.enable=true", "tools.memory_profile.start_step=1",
+                                     "tools.memory_profile.end_step=0"});
+  for (const auto& item : overrides) argv.insert(argv.end(), {"--set", item});
+  std::string described;
+  for (const auto& item : feature_overrides) described += (described.empty() ? "" : ", ") + item;
+  std::printf("ablate: [%zu/%zu] %s%s%s ...\n", index, count, name.c_str(), described.empty() ? "" : ": ",
+              described.c_str());
+  std::fflush(stdout);
+  ProcessOptions process;
+  process.output_path = (dir / "train.log").string();
+  const auto start = std::chrono::steady_clock::now();
+  const int status = run_process(argv, process);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (status != 0) {
+    std::ifstream log(process.output_path);
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(log, line);) lines.push_back(line);
+    // The ranks' own errors ("mmtrain: error: ...") come before the launcher's summary of them.
+    std::string errors, tail;
+    int shown = 0;
+    for (const auto& line : lines)
+      if (line.find("error:") != std::string::npos && shown++ < 4) errors += "  " + line + "\n";
+    for (size_t i = lines.size() > 10 ? lines.size() - 10 : 0; i < lines.size(); ++i) tail += "  " + lines[i] + "\n";
+    fail("ablate: run '", name, "' failed with status ", status, " after ", format("%.1f", seconds), " s; its log (",
+         process.output_path, ")", errors.empty() ? "" : " says:\n" + errors + "and", " ends:\n", tail);
+  }
+  std::printf("ablate: [%zu/%zu] %s done in %.1f s\n", index, count, name.c_str(), seconds);
+  AblationArm arm;
+  arm.name = name;
+  arm.overrides = feature_overrides;
+  arm.records = parse_training_log_file((dir / "metrics.jsonl").string());
+  if (static_cast<int64_t>(arm.records.size()) != o.steps)
+    fail("ablate: run '", name, "' logged ", arm.records.size(), " iterations, expected ", o.steps, " (",
+         (dir / "metrics.jsonl").string(), ")");
+  return arm;
+}
+
+void ablate(const AblateOptions& o) {
+  if (o.steps < 2) fail("ablate: --steps must be at least 2, found ", o.steps);
+  if (o.skip < 0 || o.skip >= o.steps) fail("ablate: --skip must be in [0, --steps), found ", o.skip);
+  if (o.nproc < 1) fail("ablate: --nproc must be at least 1, found ", o.nproc);
+  if (o.feature_arguments.empty()) fail("ablate: give at least one --feature NAME:KEY=VALUE");
+  if (!fs::is_regular_file(o.config_path)) fail("ablate: config '", o.config_path, "' is not a file");
+  std::vector<AblationFeature> features;
+  std::set<std::string> names;
+  for (const auto& argument : o.feature_arguments) {
+    features.push_back(parse_ablation_feature(argument));
+    if (!names.insert(features.back().name).second) fail("ablate: feature '", features.back().name, "' is given twice");
+  }
+  const size_t count = features.size() + 1 + (o.repeat_control ? 1 : 0);
+  size_t index = 0;
+  const auto control = run_arm(o, "control", {}, ++index, count);
+  std::vector<AblationArm> arms;
+  for (const auto& feature : features) arms.push_back(run_arm(o, feature.name, feature.overrides, ++index, count));
+  std::optional<AblationArm> repeat;
+  if (o.repeat_control) repeat = run_arm(o, "control_repeat", {}, ++index, count);
+
+  auto table = ablation_table(control, repeat ? &*repeat : nullptr, arms, o.skip);
+  table["config"] = o.config_path;
+  table["nproc"] = o.nproc;
+  const auto markdown = ablation_markdown(table);
+  const fs::path out(o.out_dir);
+  const auto md_path = (out / "ablation.md").string(), json_path = (out / "ablation.json").string(),
+             png_path = (out / "ablation.png").string();
+  std::ofstream(md_path) << markdown;
+  std::ofstream(json_path) << table.dump(2) << "\n";
+  const std::string title =
+      o.title.empty() ? format("%s: %lld steps on %d rank%s", fs::path(o.config_path).filename().c_str(),
+                               static_cast<long long>(o.steps), o.nproc, o.nproc == 1 ? "" : "s")
+                      : o.title;
+  draw_figure(ablation_figure(table, title), png_path);
+  std::printf("\n%s\nwrote %s, %s, %s (runs under %s/runs)\n", markdown.c_str(), md_path.c_str(), json_path.c_str(),
+              png_path.c_str(), o.out_dir.c_str());
+  std::printf("%s\n", table.dump().c_str());
+}
+
+}  // namespace
+
+void add_ablate_commands(CLI::App& app, Commands& commands) {
+  auto o = std::make_shared<AblateOptions>();
+  auto* ablate_cmd = app.add_subcommand(
+      "ablate", "the seeds' feature ablation: control vs each feature (loss, memory, step time, noise floor)");
+  ablate_cmd->add_option("config", o->config_path, "YAML config of the control run")->required();
+  ablate_cmd
+      ->add_option("--feature", o->feature_arguments,
+                   "NAME:KEY=VALUE[,KEY=VALUE...]: a run with these overrides on top of the control (repeatable)")
+      ->required();
+  ablate_cmd->add_option("--set", o->overrides, "an override every run gets, control included (repeatable)");
+  ablate_cmd->add_option("--steps", o->steps, "training iterations per run")->capture_default_str();
+  ablate_cmd->add_option("--skip", o->skip, "warm-up iterations left out of memory peaks and step times")
+      ->capture_default_str();
+  ablate_cmd->add_flag("--repeat-control,--repeat_control", o->repeat_control,
+                       "run the control twice: the repeat is the noise floor each difference is judged against");
+  ablate_cmd->add_option("--nproc", o->nproc, "ranks per run (torch.distributed.run when more than 1)")
+      ->capture_default_str();
+  ablate_cmd->add_option("--out", o->out_dir, "directory of ablation.md/.json/.png and the runs")->capture_default_str();
+  ablate_cmd->add_option("--launcher", o->launcher,
+                         "launcher program instead of `python -m torch.distributed.run` (e.g. torchrun)");
+  ablate_cmd->add_option("--title", o->title, "figure title");
+  commands.add(ablate_cmd, [o] { ablate(*o); });
+}
+
+}  // namespace mmtrain

@@ -1,0 +1,58 @@
+// `mmtrain ablate`: the seeds' feature-ablation table. The control run (the config as given) and
+// one run per feature (the config plus that feature's overrides) train the same steps on the same
+// data and seed; each feature is judged against the control by
+//   loss        sum_i |loss_f(i) - loss_c(i)| / sum_i |loss_c(i)| over the common iterations
+//   allocated   the peak of tensor memory in use (tools.memory_profile's step_peak_mb, max over
+//               ranks) of the least demanding step after the warm-up; change in % of the
+//               control's. The least, because when FSDP's prefetches and reduce-scatters overlap
+//               moves a step's peak by a few % from one iteration to the next (the largest is
+//               reported too, as allocated_max_mb): the least is what the step itself needs.
+//   RSS         the process's peak resident memory (peak_rss_mb of the last record; the analogue
+//               of the caching allocator's reserved memory), change in %
+//   step time   the median step time after the warm-up, change in %
+// A repeat of the control (run last, so that it also spans the machine's drift over the whole
+// ablation) is the noise floor: a difference no larger than the floor is "inside the noise".
+//   loss             the repeat's loss difference (0 where the runs are deterministic)
+//   allocated        max(|the repeat's change|, 1 MiB as a % of the control)
+//   step time        max(|the repeat's change|, 2 standard errors of the difference of two medians
+//                    of the control's step times: 2 * 1.2533 * sd * sqrt(2 / n), in %)
+//   RSS              reported, not judged: one value per run, and identical CPU runs differ by
+//                    several % (malloc arenas), which one repeat cannot bound
+#pragma once
+#include "tools/logs.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mmtrain {
+
+// --feature NAME:KEY=VALUE[,KEY=VALUE...], e.g. "no_recompute:features.recompute=false".
+struct AblationFeature {
+  std::string name;
+  std::vector<std::string> overrides;  // "KEY=VALUE", applied after the common --set overrides
+};
+AblationFeature parse_ablation_feature(const std::string& argument);
+
+// One finished run of the ablation.
+struct AblationArm {
+  std::string name;
+  std::vector<std::string> overrides;
+  std::vector<LogRecord> records;  // its metrics.jsonl
+};
+
+// The table as JSON: {"steps", "skip", "control": {...}, "noise": {...} (nulls without a repeat),
+// "features": [{"name", "overrides", "loss_rel_diff", "allocated_peak_mb", "allocated_change_pct",
+// "rss_peak_mb", "rss_change_pct", "step_time_ms", "step_time_change_pct",
+// "inside_noise": {per measure: true, false, or null without a repeat}}]}.
+// skip: warm-up iterations left out of the memory peak and the step times.
+nlohmann::ordered_json ablation_table(const AblationArm& control, const AblationArm* control_repeat,
+                                      const std::vector<AblationArm>& features, int64_t skip);
+// The table as markdown, one row per feature, each difference marked inside / outside the noise.
+std::string ablation_markdown(const nlohmann::ordered_json& table);
+// The figure spec for src/tools/plot_figures.py (three bar panels with the noise bands).
+nlohmann::json ablation_figure(const nlohmann::ordered_json& table, const std::string& title);
+
+}  // namespace mmtrain
