@@ -4,7 +4,7 @@
 #   2. this CPU's GEMM FLOP/s, the stand-in for a device peak in MFU
 #   3. 2-rank FSDP training through torchrun, with recompute and checkpoints
 #   4. export of the final checkpoint back to the HF layout
-#   5. loss, step time, TFLOP/s and MFU from the run's metrics.jsonl
+#   5. loss, step time, TFLOP/s and MFU from the run's metrics.jsonl, and its figure (logs plot)
 # then tiny Magistral (Mistral3: Pixtral + projector + Mistral LM) on generated image-text
 # conversations: chat template, image pipeline, pixtral collator, 2-rank training.
 set -euo pipefail
@@ -28,7 +28,8 @@ OMP_NUM_THREADS=1 "$PWD/.venv/bin/torchrun" --nproc-per-node 2 --master-port 295
 
 "$BIN" convert magihuman ckpt-to-hf --load_dir "$RUN/checkpoints" --save_dir "$RUN/export" --model_assets_dir "$RUN/base"
 
-"$BIN" logs summary "$RUN/metrics.jsonl" > "$RUN/summary.json"
+"$BIN" logs summary "$RUN/metrics.jsonl" | tail -n 1 > "$RUN/summary.json"  # its last line is the JSON
+"$BIN" logs plot "$RUN" --out "$RUN/plot.png" --title "tiny MagiHuman, 2 CPU ranks"
 "$PY" - "$RUN/summary.json" <<'PYEOF'
 import json, sys
 s = json.load(open(sys.argv[1]))
@@ -36,17 +37,15 @@ print(f"demo: {s['iterations']} iterations, loss {s['loss_last']:.4f} (zero-pred
       f"median step {s['step_time_ms']['median']:.1f} ms, {s['tflops_per_device_median'] * 1e3:.2f} GFLOP/s per rank, "
       f"MFU {100 * s['mfu_median']:.1f} % of this CPU's GEMM")
 PYEOF
-echo "demo: checkpoints in $RUN/checkpoints, HF export in $RUN/export"
+echo "demo: checkpoints in $RUN/checkpoints, HF export in $RUN/export, figure $RUN/plot.png"
 
 M3_RUN=runs/magistral_tiny
 rm -rf "$M3_RUN"
 "$BIN" fixture mistral3 --out "$M3_RUN/data" --samples 64 --seed 1 --bad-records
 OMP_NUM_THREADS=1 "$PWD/.venv/bin/torchrun" --nproc-per-node 2 --master-port 29532 --no-python \
-  "$BIN" train examples/magistral/magistral_tiny.yaml --set training.train_iters=60 \
-  --set data.dataset_param.preprocess_parameters.model_name_or_path="$M3_RUN/data/tekken.json" \
-  --set data.dataset_param.basic_parameters.dataset="$M3_RUN/data/conversations.json" \
-  --set logging.output_dir="$M3_RUN" --set training.save="$M3_RUN/checkpoints" --set logging.hardware_flops="$peak"
-"$BIN" logs summary "$M3_RUN/metrics.jsonl" > "$M3_RUN/summary.json"
+  "$BIN" train examples/magistral/magistral_tiny.yaml --set logging.hardware_flops="$peak"
+"$BIN" logs summary "$M3_RUN/metrics.jsonl" | tail -n 1 > "$M3_RUN/summary.json"
+"$BIN" logs plot "$M3_RUN" --out "$M3_RUN/plot.png" --title "tiny Magistral, 2 CPU ranks"
 "$PY" - "$M3_RUN/metrics.jsonl" "$M3_RUN/summary.json" <<'PYEOF'
 import json, sys
 losses = [json.loads(line)["loss"] for line in open(sys.argv[1]) if line.strip()]

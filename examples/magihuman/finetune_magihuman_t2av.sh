@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Full-parameter MagiHuman training through torchrun (the seed's launch script).
-#   NPROC_PER_NODE   ranks on this node (default 8)
+#   NPROC_PER_NODE   ranks on this node (default 8; the seed's NPUS_PER_NODE is an alias)
 #   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT   multi-node rendezvous (defaults: one node)
 #   CONFIG           YAML (default: the full-size config beside this script)
-#   MAGIHUMAN_FUSED_OPS=0        reference ops instead of the fused kernels (A/B runs)
+#   MAGIHUMAN_FUSED_OPS=0        reference ops instead of the fused kernels (A/B runs; the seed's
+#                                MAGIHUMAN_NPU_FUSED_OPS is an alias)
 #   MAGIHUMAN_DEINTERLEAVE_MLP=0 keep the checkpoint's interleaved gated-MLP rows (A/B runs)
 # Extra arguments go to `mmtrain train` (e.g. --set training.train_iters=100).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+source "$ROOT/examples/seed_env_aliases.sh"
 NPROC_PER_NODE=${NPROC_PER_NODE:-8}
 NNODES=${NNODES:-1}
 NODE_RANK=${NODE_RANK:-0}

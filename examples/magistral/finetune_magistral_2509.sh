@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Magistral-Small-2509 SFT through torchrun (MindSpeed-MM examples/magistral-2509 recipe).
-#   NPROC_PER_NODE   ranks on this node (default 8)
+#   NPROC_PER_NODE   ranks on this node (default 8; the seed's NPUS_PER_NODE is an alias)
 #   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT   multi-node rendezvous (defaults: one node)
 #   CONFIG           YAML (default: the full-size config beside this script)
 #   MODEL_DIR, DATA_JSON, IMAGE_DIR   override the config's model/tokenizer, records and image root
 # Extra arguments go to `mmtrain train` (e.g. --set training.train_iters=100).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+source "$ROOT/examples/seed_env_aliases.sh"
 NPROC_PER_NODE=${NPROC_PER_NODE:-8}
 NNODES=${NNODES:-1}
 NODE_RANK=${NODE_RANK:-0}

@@ -59,8 +59,9 @@ def figure_runs(spec):
                 ax.plot(xs, ys, color=color, linewidth=1.8, label=run["name"])
             elif key == "step_time_ms" and s.get("warmup", 0) > 0:
                 warm = s["warmup"]
-                ax.plot(x[:warm], y[:warm], color=color, linestyle=":", linewidth=1)
-                ax.plot(x[warm - 1:], y[warm - 1:], color=color, linewidth=1.5, label=run["name"])
+                # Dotted up to the first steady iteration, solid from there.
+                ax.plot(x[:warm + 1], y[:warm + 1], color=color, linestyle=":", linewidth=1.2)
+                ax.plot(x[warm:], y[warm:], color=color, linewidth=1.5, label=run["name"])
             else:
                 ax.plot(x, y, color=color, linewidth=1.5, label=run["name"])
         ax.set_xlabel("iteration")
@@ -119,22 +120,22 @@ def figure_compare(spec):
 def figure_ablation(spec):
     features = spec["features"]
     names = [f["name"] for f in features]
-    panels = [("loss_rel_diff", "normalized loss difference vs control\nsum|a-b|/sum|b|", False),
+    panels = [("loss_rel_diff", "normalized loss difference vs control, sum|a-b|/sum|b|", False),
               ("allocated_change_pct", "allocated peak change vs control (%)", True),
-              ("rss_change_pct", "peak RSS change vs control (%)", True),
+              ("rss_change_pct", "peak RSS change vs control (%, not judged)", True),
               ("step_time_change_pct", "median step time change vs control (%)", True)]
-    fig, axes = plt.subplots(1, len(panels), figsize=(19, 1.6 + 0.55 * max(3, len(names))))
-    for ax, (key, label, signed) in zip(axes, panels):
+    fig, axes = plt.subplots(2, 2, figsize=(14, 2.6 + 1.1 * max(2, len(names))), squeeze=False)
+    for ax, (key, label, signed) in zip(axes.flat, panels):
         values = [f[key] for f in features]
         inside = [f["inside_noise"][key] for f in features]
-        colors = ["tab:gray" if i else "tab:blue" for i in inside]
+        colors = ["lightsteelblue" if i is None else "tab:gray" if i else "tab:blue" for i in inside]
         ax.barh(names, values, color=colors)
         noise = spec["noise"][key]
         if noise is not None:
             low = -noise if signed else 0.0
             ax.axvspan(low, max(noise, 1e-300), color="tab:orange", alpha=0.2,
                        label=f"noise floor (control repeat): {noise:.3g}")
-            ax.legend(fontsize=8, loc="lower right")
+            ax.legend(fontsize=8, loc="best")
         if signed:
             ax.axvline(0, color="black", linewidth=0.8)
         ax.set_title(label, fontsize=10)
@@ -142,8 +143,9 @@ def figure_ablation(spec):
         ax.grid(True, axis="x", alpha=0.3)
         for y, v in enumerate(values):
             ax.annotate(f"{v:.3g}", (v, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
-    axes[0].set_xscale("symlog", linthresh=spec.get("loss_linthresh", 1e-6))
-    fig.text(0.01, 0.01, "grey: inside the noise floor; blue: outside it (or no floor measured)", fontsize=8)
+    axes.flat[0].set_xscale("symlog", linthresh=spec.get("loss_linthresh", 1e-6))
+    fig.text(0.01, 0.005, "grey: inside the noise floor; blue: outside it; light blue: not judged (no floor)",
+             fontsize=8)
     finish(fig, spec)
 
 
