@@ -2,6 +2,7 @@
 
 #include "checkpoint/atomic_file.h"
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/text.h"
 
 #include <fcntl.h>
@@ -133,12 +134,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
 
     std::string text(header_len, '\0');
     pread_exact(text.data(), static_cast<int64_t>(header_len), 8, "header");
-    nlohmann::ordered_json header;
-    try {
-      header = nlohmann::ordered_json::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
-      fail("safetensors file ", path, ": header is not valid JSON: ", e.what());
-    }
+    const auto header = ordered_json_parse_checked(text, "safetensors file " + path + ": header");
     if (!header.is_object())
       fail("safetensors file ", path, ": header is JSON ", header.type_name(), ", expected an object");
 
@@ -330,12 +326,7 @@ SafetensorsIndex::SafetensorsIndex(const std::string& dir) : dir_(dir) {
   if (fs::exists(index_path)) {
     sharded_ = true;
     const std::string where = index_path.string();
-    nlohmann::ordered_json index;
-    try {
-      index = nlohmann::ordered_json::parse(file_read_text(where));
-    } catch (const nlohmann::json::parse_error& e) {
-      fail("safetensors index ", where, ": not valid JSON: ", e.what());
-    }
+    const auto index = ordered_json_parse_checked(file_read_text(where), "safetensors index " + where);
     if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
       fail("safetensors index ", where, ": expected an object with a \"weight_map\" object");
     if (index.contains("metadata")) {

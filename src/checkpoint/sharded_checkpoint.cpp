@@ -1,7 +1,9 @@
 #include "checkpoint/sharded_checkpoint.h"
 
 #include "checkpoint/atomic_file.h"
+#include "core/crc32c.h"
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/text.h"
 
 #include <fcntl.h>
@@ -10,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -151,8 +154,11 @@ void save_rank_file(const fs::path& file, int64_t iteration, int rank, int world
              shape_str(t.global_shape), " has ", t.global_shape[0], " rows");
     }
     if (shards.contains(t.name)) fail(where, ": given twice");
-    shards[t.name] = {{"global_shape", t.global_shape}, {"row_begin", t.row_begin}};
-    locals.emplace_back(t.name, t.local);
+    // The checksum of exactly the bytes safetensors_write stores (it writes contiguous CPU data).
+    auto local = t.local.contiguous().cpu();
+    const uint32_t crc = crc32c(local.data_ptr(), local.nbytes());
+    shards[t.name] = {{"global_shape", t.global_shape}, {"row_begin", t.row_begin}, {"crc32c", crc32c_hex(crc)}};
+    locals.emplace_back(t.name, std::move(local));
   }
   nlohmann::ordered_json header = {
       {"iteration", iteration}, {"rank", rank}, {"world_size", world}, {"tensors", shards}};
@@ -184,7 +190,7 @@ void save_commit(const fs::path& root, const fs::path& tmp_dir, const std::strin
     SafetensorsFile file((tmp_dir / file_name).string());
     auto meta = file.metadata().find(kShardsKey);
     if (meta == file.metadata().end()) fail(where, ": ", file_name, " has no '", kShardsKey, "' metadata");
-    const auto header = nlohmann::json::parse(meta->second);
+    const auto header = json_parse_checked(meta->second, where + ": " + file_name + " '" + kShardsKey + "' metadata");
     if (header.at("rank") != r || header.at("world_size") != world || header.at("iteration") != iteration)
       fail(where, ": ", file_name, " was written by rank ", header.at("rank"), " of ", header.at("world_size"),
            " for iteration ", header.at("iteration"), ", expected rank ", r, " of ", world, " for iteration ",
@@ -208,6 +214,7 @@ void save_commit(const fs::path& root, const fs::path& tmp_dir, const std::strin
         shard_entry["rows"] = {row_begin, row_end};
         entry.ranges.emplace_back(row_begin, row_end, r);
       }
+      shard_entry["crc32c"] = shard.at("crc32c").get<std::string>();
       entry.shards.push_back(std::move(shard_entry));
     }
   }
@@ -323,17 +330,14 @@ CheckpointReader::CheckpointReader(const std::string& path) {
 
   const std::string index_path = (dir / kIndexFile).string();
   if (!fs::exists(index_path)) fail("checkpoint ", dir_, ": missing ", kIndexFile);
-  nlohmann::ordered_json index;
-  try {
-    index = nlohmann::ordered_json::parse(file_read_text(index_path));
-  } catch (const nlohmann::json::parse_error& e) {
-    fail("checkpoint ", index_path, ": not valid JSON: ", e.what());
-  }
+  const auto index = ordered_json_parse_checked(file_read_text(index_path), "checkpoint " + index_path);
   try {
     if (index.at("format") != kFormat || index.at("version") != kVersion)
       fail("checkpoint ", index_path, ": expected format '", kFormat, "' version ", kVersion, ", found ",
            index.at("format").dump(), " version ", index.at("version").dump());
     iteration_ = index.at("iteration").get<int64_t>();
+    if (iteration_ < 0 || (is_checkpoint_dir_name(dir_name) && checkpoint_dir_name(iteration_) != dir_name))
+      fail("checkpoint ", index_path, ": iteration ", iteration_, " does not match its directory ", dir_name);
     world_size_ = index.at("world_size").get<int>();
     if (world_size_ < 1) fail("checkpoint ", index_path, ": world_size must be >= 1, found ", world_size_);
     const auto file_names = index.at("files").get<std::vector<std::string>>();
@@ -367,6 +371,13 @@ CheckpointReader::CheckpointReader(const std::string& path) {
           shard.row_end = rows[1];
           ranges.emplace_back(shard.row_begin, shard.row_end, shard.rank);
           if (shard.row_begin == shard.row_end) continue;  // empty shards hold nothing to read
+        }
+        if (s.contains("crc32c")) {
+          const auto hex = s.at("crc32c").get<std::string>();
+          char* end = nullptr;
+          const unsigned long value = std::strtoul(hex.c_str(), &end, 16);
+          if (hex.size() != 8 || *end != '\0') fail(where, ": rank ", shard.rank, " crc32c '", hex, "' is not 8 hex digits");
+          shard.crc32c = static_cast<uint32_t>(value);
         }
         entry.shards.push_back(shard);
       }
@@ -413,11 +424,7 @@ CheckpointReader::CheckpointReader(const std::string& path) {
 
   const std::string state_path = (dir / kTrainerStateFile).string();
   if (!fs::exists(state_path)) fail("checkpoint ", dir_, ": missing ", kTrainerStateFile);
-  try {
-    global_state_ = nlohmann::json::parse(file_read_text(state_path));
-  } catch (const nlohmann::json::parse_error& e) {
-    fail("checkpoint ", state_path, ": not valid JSON: ", e.what());
-  }
+  global_state_ = json_parse_checked(file_read_text(state_path), "checkpoint " + state_path);
 }
 
 nlohmann::json CheckpointReader::rank_state(int rank) const {
@@ -427,11 +434,13 @@ nlohmann::json CheckpointReader::rank_state(int rank) const {
   const auto& meta = files_[rank].metadata();
   auto it = meta.find(kRankStateKey);
   if (it == meta.end()) fail("checkpoint ", files_[rank].path(), ": no '", kRankStateKey, "' in __metadata__");
-  try {
-    return nlohmann::json::parse(it->second);
-  } catch (const nlohmann::json::parse_error& e) {
-    fail("checkpoint ", files_[rank].path(), ": rank_state is not valid JSON: ", e.what());
-  }
+  return json_parse_checked(it->second, "checkpoint " + files_[rank].path() + ": rank_state");
+}
+
+// " rows [a, b)" for a shard of a tensor with rows, "" for a 0-dim one.
+std::string CheckpointReader::shard_rows_text(const TensorEntry& entry, const Shard& shard) {
+  if (entry.shape.empty()) return "";
+  return " rows [" + std::to_string(shard.row_begin) + ", " + std::to_string(shard.row_end) + ")";
 }
 
 const CheckpointReader::TensorEntry& CheckpointReader::entry(const std::string& name) const {
@@ -456,6 +465,11 @@ at::Tensor CheckpointReader::read_rows(const std::string& name, int64_t row_begi
   for (const auto& shard : e.shards) {
     const int64_t lo = std::max(row_begin, shard.row_begin), hi = std::min(row_end, shard.row_end);
     if (lo >= hi) continue;
+    if (shard.crc32c && !shard.verified) {
+      // First touch: read the whole shard once to check it, and take the rows from that.
+      out.narrow(0, lo - row_begin, hi - lo).copy_(read_verified_shard(name, shard).narrow(0, lo - shard.row_begin, hi - lo));
+      continue;
+    }
     // narrow along dim 0 of a contiguous tensor is itself contiguous: the file reads straight into out.
     files_[shard.rank].read_rows_into(name, lo - shard.row_begin, hi - shard.row_begin,
                                       out.narrow(0, lo - row_begin, hi - lo));
@@ -465,8 +479,32 @@ at::Tensor CheckpointReader::read_rows(const std::string& name, int64_t row_begi
 
 at::Tensor CheckpointReader::read_full(const std::string& name) const {
   const auto& e = entry(name);
-  if (e.shape.empty()) return files_[e.shards.front().rank].read(name);
+  if (e.shape.empty()) return read_verified_shard(name, e.shards.front());
   return read_rows(name, 0, e.shape[0]);
+}
+
+at::Tensor CheckpointReader::read_verified_shard(const std::string& name, const Shard& shard) const {
+  const auto& file = files_[shard.rank];
+  auto data = file.read(name);
+  if (shard.crc32c) {
+    const uint32_t crc = crc32c(data.data_ptr(), data.nbytes());
+    if (crc != *shard.crc32c)
+      fail("checkpoint ", dir_, ": ", file.path(), " is damaged: tensor '", name, "'", shard_rows_text(entry(name), shard),
+           " has checksum ", crc32c_hex(crc), ", index.json recorded ", crc32c_hex(*shard.crc32c),
+           " when it was saved; restore the file or load an earlier checkpoint (`mmtrain ckpt verify` checks one)");
+    shard.verified = true;
+  }
+  return data;
+}
+
+CheckpointReader::VerifyReport CheckpointReader::verify() const {
+  VerifyReport report;
+  for (const auto& name : names_)
+    for (const auto& shard : tensors_.at(name).shards) {
+      report.bytes += read_verified_shard(name, shard).nbytes();
+      ++(shard.crc32c ? report.shards_checked : report.shards_without_checksum);
+    }
+  return report;
 }
 
 }  // namespace mmtrain

@@ -126,12 +126,42 @@ nlohmann::json yaml_to_json(const YAML::Node& node, const ConfigPlace& at) {
   return object;
 }
 
+// Aliases make a YAML document a graph: `a: &x [*x]` contains itself, and nine levels of ten
+// aliases expand to a billion values. Walked without recursion before anything reads the
+// document: deeper than kMaxYamlDepth (a cycle never ends) or more than kMaxYamlValues values
+// once aliases are expanded is an error. A real config has a few hundred values, 8 levels deep.
+constexpr int kMaxYamlDepth = 64;
+constexpr int64_t kMaxYamlValues = 100000;
+
+void check_yaml_bounds(const YAML::Node& document, const std::string& source) {
+  std::vector<std::pair<YAML::Node, int>> stack = {{document, 0}};
+  int64_t values = 0;
+  while (!stack.empty()) {
+    auto [node, depth] = stack.back();
+    stack.pop_back();
+    if (++values > kMaxYamlValues)
+      fail("config ", source, ": more than ", kMaxYamlValues, " values once its aliases are expanded; refused (an alias bomb?)");
+    if (depth > kMaxYamlDepth)
+      fail("config ", source, ": nested more than ", kMaxYamlDepth, " levels deep; refused (an alias that contains itself?)");
+    if (node.IsSequence()) {
+      for (const auto& child : node) stack.emplace_back(child, depth + 1);
+    } else if (node.IsMap()) {
+      for (const auto& kv : node) {
+        stack.emplace_back(kv.first, depth + 1);
+        stack.emplace_back(kv.second, depth + 1);
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Overrides.
 
 YAML::Node scalar_or_yaml(const std::string& text) {
   try {
-    return YAML::Load(text);
+    auto node = YAML::Load(text);
+    check_yaml_bounds(node, "override '" + text + "'");
+    return node;
   } catch (const YAML::Exception&) {
     // Not valid YAML on its own (e.g. "{*}"): take the text literally.
     return YAML::Node(text);
@@ -467,6 +497,7 @@ void ConfigSchema::load(void* root, const std::string& text, const std::string& 
     fail("config ", source, ":", e.mark.line + 1, ":", e.mark.column + 1,
          ": expected valid YAML, found a syntax error: ", e.msg);
   }
+  check_yaml_bounds(document, source);
   read_section(root, document, "", ConfigPlace{source, "", ""});
   for (const auto& override_text : overrides) apply_override(root, override_text, source);
   for (const auto& step : derives_) step.run(root, ConfigCheck(source, step.section));

@@ -59,12 +59,15 @@ LaunchEnv LaunchEnv::from_environment() {
   env.world_size = env_int("WORLD_SIZE", 1);
   env.rank = env_int("RANK", 0);
   env.local_rank = env_int("LOCAL_RANK", env.rank);
+  env.local_world_size = env_int("LOCAL_WORLD_SIZE", env.world_size);
   if (const char* addr = env_or_null("MASTER_ADDR")) env.master_addr = addr;
   env.master_port = env_int("MASTER_PORT", 29500);
   const char* agent = env_or_null("TORCHELASTIC_USE_AGENT_STORE");
   env.use_agent_store = agent && std::string(agent) == "True";
   env.restart_count = env_int("TORCHELASTIC_RESTART_COUNT", 0);
   if (env.world_size < 1) fail("WORLD_SIZE must be >= 1, got ", env.world_size);
+  if (env.local_world_size < 1 || env.local_world_size > env.world_size)
+    fail("LOCAL_WORLD_SIZE=", env.local_world_size, " must be in [1, WORLD_SIZE=", env.world_size, "]");
   if (env.rank < 0 || env.rank >= env.world_size)
     fail("RANK=", env.rank, " is outside WORLD_SIZE=", env.world_size);
   if (env.world_size > 1 && !env_or_null("MASTER_ADDR"))

@@ -22,6 +22,7 @@ struct LaunchEnv {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
+  int local_world_size = 1;  // ranks on this node (torchrun's LOCAL_WORLD_SIZE): they share its memory
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   bool use_agent_store = false;

@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace mmtrain {
 
@@ -39,6 +40,9 @@ struct ModelSpec {
   // `mmtrain plan`'s activation estimate; empty: plan shows parameters and shards only.
   std::function<ActivationEstimate(const ActivationQuery& query)> activations;
   int64_t default_seqlen = 0;    // plan's tokens per sample when --seqlen is not given; 0 = required
+  // model.config keys that change how the model computes, not what it is (fused kernels, chunk
+  // sizes): a resume may change them. Every other key must equal the checkpoint's.
+  std::vector<std::string> execution_only_keys;
 };
 
 Registry<ModelSpec>& model_spec_registry();

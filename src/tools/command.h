@@ -31,5 +31,6 @@ void add_logs_commands(CLI::App& app, Commands& commands);     // logs parse | s
 void add_debug_commands(CLI::App& app, Commands& commands);    // debug collate | step | tokenize | image
 void add_measure_commands(CLI::App& app, Commands& commands);  // measure gemm
 void add_ablate_commands(CLI::App& app, Commands& commands);   // ablate CONFIG --feature ...
+void add_ckpt_commands(CLI::App& app, Commands& commands);     // ckpt verify DIR
 
 }  // namespace mmtrain

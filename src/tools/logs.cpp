@@ -1,6 +1,7 @@
 #include "tools/logs.h"
 
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/text.h"
 #include "tools/command.h"
 #include "tools/plots.h"
@@ -186,13 +187,9 @@ std::vector<LogRecord> parse_training_log(std::istream& in, const std::string& s
     if (text.empty()) continue;
     std::optional<LogRecord> record;
     if (text.front() == '{') {
-      try {
-        auto parsed = LogRecord::parse(text);
-        if (parsed.is_object() && parsed.contains("iteration") && parsed["iteration"].is_number_integer())
-          record = std::move(parsed);
-      } catch (const nlohmann::json::exception& e) {
-        fail(source, ":", line_number, ": expected a JSON metrics record, found malformed JSON (", e.what(), ")");
-      }
+      auto parsed = ordered_json_parse_checked(text, source + ":" + std::to_string(line_number) + ": a metrics record");
+      if (parsed.is_object() && parsed.contains("iteration") && parsed["iteration"].is_number_integer())
+        record = std::move(parsed);
     } else {
       record = parse_log_line(text);
     }

@@ -5,37 +5,24 @@
 //   convert   MODEL hf-to-ckpt | ckpt-to-hf        between the public HF layout and mmtrain checkpoints
 //   flops     MODEL --config CFG | --ckpt DIR ...  model FLOPs, TFLOP/s, MFU (docs/flops.md)
 //   plan      CONFIG --world-size N                per-rank memory without allocating (docs/tools.md)
-//   logs      parse | summary | compare            training logs (metrics.jsonl or Megatron lines)
+//   logs      parse | summary | compare | plot     training logs (metrics.jsonl or Megatron lines), figures
 //   debug     collate | step                       one stage of the pipeline alone
-//   measure   gemm                                 GEMM FLOP/s reached here (CPU peak for MFU)
+//   measure   gemm | cp-attention                  what this machine reaches (CPU peak for MFU)
+//   ablate    CONFIG --feature NAME:KEY=VALUE ...  the seeds' feature-ablation table
+//   ckpt      verify DIR                           check a checkpoint's files and checksums
 // Models, datasets and fixtures register themselves from their own folders, so this file and the
 // tools name none of them.
 #include "core/error.h"
+#include "core/fatal_signal.h"
 #include "core/suggest.h"
 #include "tools/command.h"
 
 #include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
 
-#include <execinfo.h>
-#include <unistd.h>
-
-#include <csignal>
 #include <cstdio>
 
 namespace {
-
-// A crash in a multi-rank job otherwise shows up only as the peers' "connection reset": print
-// where this rank died before the default handler ends it.
-void print_backtrace_and_die(int signal_number) {
-  void* frames[64];
-  const int count = backtrace(frames, 64);
-  const char header[] = "mmtrain: fatal signal, backtrace:\n";
-  (void)!write(STDERR_FILENO, header, sizeof(header) - 1);
-  backtrace_symbols_fd(frames, count, STDERR_FILENO);
-  std::signal(signal_number, SIG_DFL);
-  std::raise(signal_number);
-}
 
 // CLI11 answers a misspelled subcommand with "A subcommand is required". Where a command has
 // subcommands, the first word that is not an option must name one of them: say which word is
@@ -72,9 +59,7 @@ bool subcommands_exist(CLI::App& app, int argc, char** argv) {
 
 int main(int argc, char** argv) {
   using namespace mmtrain;
-  std::signal(SIGSEGV, print_backtrace_and_die);
-  std::signal(SIGBUS, print_backtrace_and_die);
-  std::signal(SIGABRT, print_backtrace_and_die);
+  install_fatal_signal_handlers();
   CLI::App app{"mmtrain: FSDP2 training for large multimodal models"};
   app.require_subcommand(1);
   Commands commands;
@@ -87,6 +72,7 @@ int main(int argc, char** argv) {
   add_debug_commands(app, commands);
   add_measure_commands(app, commands);
   add_ablate_commands(app, commands);
+  add_ckpt_commands(app, commands);
 
   if (!subcommands_exist(app, argc, argv)) return 2;
   CLI11_PARSE(app, argc, argv);

@@ -3,6 +3,7 @@
 #include "core/config_schema.h"
 #include "checkpoint/atomic_file.h"
 #include "core/error.h"
+#include "core/json_read.h"
 
 #include <unistd.h>
 
@@ -71,6 +72,7 @@ namespace {
 // The iteration of one metrics.jsonl line; nullopt for a line that is not a record (a crash can
 // leave half a line at the end).
 std::optional<int64_t> record_iteration(const std::string& line) {
+  if (json_nesting_depth(line) > kMaxJsonDepth) return std::nullopt;
   const auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (!record.is_object() || !record.contains("iteration") || !record["iteration"].is_number_integer())
     return std::nullopt;

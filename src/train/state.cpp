@@ -5,6 +5,9 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
+#include <set>
+
 namespace mmtrain {
 namespace {
 
@@ -51,6 +54,50 @@ std::vector<ShardedTensor> sharded_tensors(Model& model, Fsdp& fsdp, const AdamW
   return out;
 }
 
+// A training checkpoint records the effective config: its model.config must be this run's, key by
+// key, apart from the keys that only change how the model computes.
+void check_same_model_config(const CheckpointReader& reader, const StateLoadOptions& options) {
+  const auto& global = reader.global_state();
+  if (!global.contains("config") || !global["config"].contains("model") || !global["config"]["model"].contains("config"))
+    fail("cannot resume from ", reader.dir(), ": its trainer_state.json records no config.model.config to compare with");
+  const auto& saved = global["config"]["model"]["config"];
+  const auto& now = options.model_config;
+  std::set<std::string> keys;
+  for (const auto& [key, value] : saved.items()) keys.insert(key);
+  for (const auto& [key, value] : now.items()) keys.insert(key);
+  auto text = [](const nlohmann::json& map, const std::string& key) {
+    return map.contains(key) ? map[key].dump() : std::string("not set (the model's default)");
+  };
+  for (const auto& key : keys) {
+    if (std::find(options.execution_only_keys.begin(), options.execution_only_keys.end(), key) !=
+        options.execution_only_keys.end())
+      continue;
+    if (saved.contains(key) && now.contains(key) && saved[key] == now[key]) continue;
+    fail("cannot resume from ", reader.dir(), ": it trained a different model: model.config.", key, " was ",
+         text(saved, key), ", this config has ", text(now, key),
+         " (resume with the checkpoint's model, or start a new run from its weights)");
+  }
+}
+
+// Every tensor of the checkpoint must be one this run loads: a tensor the model lacks would be
+// dropped silently (a layer and its AdamW state gone).
+void check_no_extra_tensors(const CheckpointReader& reader, Model& model, bool with_optimizer) {
+  std::set<std::string> expected;
+  for (auto& [name, param] : model.named_parameters()) {
+    expected.insert(state_model_key(name));
+    if (param->trainable) {
+      expected.insert(kExpAvg + name);
+      expected.insert(kExpAvgSq + name);
+    }
+  }
+  for (const auto& name : reader.names()) {
+    const bool optimizer_state = name.rfind("optim.", 0) == 0;
+    if (expected.count(name) || (optimizer_state && !with_optimizer)) continue;
+    fail("cannot resume from ", reader.dir(), ": it holds tensor '", name,
+         "', which this model does not have (was it saved by a larger model?)");
+  }
+}
+
 void load_optimizer(const CheckpointReader& reader, Fsdp& fsdp, AdamW& adamw, int rank) {
   const auto units = fsdp.units();
   for (size_t u = 0; u < units.size(); ++u) {
@@ -67,6 +114,29 @@ void load_optimizer(const CheckpointReader& reader, Fsdp& fsdp, AdamW& adamw, in
       }
     }
   }
+}
+
+// trainer_state.json's fields, checked: a missing key, a wrong type or a value out of range is an
+// error naming the file and the key (not nlohmann's "key not found").
+std::string state_path(const CheckpointReader& reader) { return reader.dir() + "/trainer_state.json"; }
+
+std::string state_string(const CheckpointReader& reader, const char* key) {
+  const auto& g = reader.global_state();
+  if (!g.is_object() || !g.contains(key) || !g[key].is_string())
+    fail("checkpoint ", state_path(reader), ": '", key, "' must be a string, found ",
+         g.is_object() && g.contains(key) ? g[key].dump() : std::string("nothing"));
+  return g[key].get<std::string>();
+}
+
+int64_t state_int(const CheckpointReader& reader, const char* key, int64_t minimum, int64_t maximum) {
+  const auto& g = reader.global_state();
+  if (!g.is_object() || !g.contains(key) || !g[key].is_number_integer())
+    fail("checkpoint ", state_path(reader), ": '", key, "' must be an integer, found ",
+         g.is_object() && g.contains(key) ? g[key].dump() : std::string("nothing"));
+  const int64_t value = g[key].get<int64_t>();
+  if (value < minimum || value > maximum)
+    fail("checkpoint ", state_path(reader), ": '", key, "' must be in [", minimum, ", ", maximum, "], found ", value);
+  return value;
 }
 
 }  // namespace
@@ -109,25 +179,30 @@ StateLoaded state_load(const std::string& path, Comm& comm, Model& model, Fsdp& 
   StateLoaded loaded;
   loaded.dir = reader.dir();
   loaded.saved_world_size = reader.saved_world_size();
-  const std::string saved_model = global.at("model_id").get<std::string>();
+  const std::string saved_model = state_string(reader, "model_id");
   if (saved_model != options.model_id)
     fail("cannot resume from ", reader.dir(), ": it holds model '", saved_model, "', the config builds '",
          options.model_id, "'");
   // A model-only checkpoint (`mmtrain convert ... hf-to-ckpt`) starts a fresh run from its weights.
   if (global.value("model_only", false)) {
+    check_no_extra_tensors(reader, model, false);
     state_load_model(reader, model, fsdp);
     loaded.model_only = true;
     return loaded;
   }
-  const int64_t saved_gbs = global.at("global_batch_size").get<int64_t>();
+  // The iteration must be the one index.json and the directory name were written for.
+  const int64_t iteration = state_int(reader, "iteration", reader.iteration(), reader.iteration());
+  const int64_t saved_gbs = state_int(reader, "global_batch_size", 1, int64_t{1} << 40);
   if (saved_gbs != options.global_batch_size)
     fail("cannot resume from ", reader.dir(), ": it was trained with global batch size ", saved_gbs, " (world size ",
          reader.saved_world_size(), "), this run has ", options.global_batch_size, " (world size ", comm.world_size(),
          "); choose micro_batch_size/gradient_accumulation_steps so they match");
+  check_same_model_config(reader, options);
+  check_no_extra_tensors(reader, model, options.load_optimizer);
   state_load_model(reader, model, fsdp);
   if (options.load_optimizer) {
     load_optimizer(reader, fsdp, adamw, fsdp.comm().rank());
-    adamw.set_step_count(global.at("optimizer_step").get<int64_t>());
+    adamw.set_step_count(state_int(reader, "optimizer_step", 0, iteration));
   }
   // Each rank restores its own RNG stream; on another world size there is no stream to restore.
   if (options.load_rng && reader.saved_world_size() == comm.world_size()) {
@@ -135,7 +210,7 @@ StateLoaded state_load(const std::string& path, Comm& comm, Model& model, Fsdp& 
     at::Generator generator = at::detail::getDefaultCPUGenerator();
     generator.set_state(from_hex(rank_state.at("cpu_rng_state").get<std::string>()));
   }
-  loaded.iteration = global.at("iteration").get<int64_t>();
+  loaded.iteration = iteration;
   return loaded;
 }
 

@@ -42,6 +42,10 @@ struct StateLoadOptions {
   int64_t global_batch_size = 0;        // must equal the checkpoint's (the data position is step x G)
   bool load_optimizer = true;           // false: weights only (training.no_load_optim)
   bool load_rng = true;                 // false: fresh RNG (training.no_load_rng); also skipped on a new world size
+  // The model the config builds: a training checkpoint must have saved the same model.config
+  // (apart from these keys, which do not change the model: ModelSpec::execution_only_keys).
+  nlohmann::json model_config;
+  std::vector<std::string> execution_only_keys;
 };
 
 struct StateLoaded {

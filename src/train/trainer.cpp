@@ -5,6 +5,7 @@
 #include "optim/lr_schedule.h"
 #include "train/build.h"
 #include "train/memory_profile.h"
+#include "train/preflight.h"
 #include "train/profiler.h"
 #include "train/state.h"
 #include "train/train_step.h"
@@ -50,15 +51,19 @@ struct Trainer::State {
     // Deterministic kernels only (an op without one raises); the CPU kernels and the Gloo sums
     // used here are deterministic anyway, this matters on CUDA.
     if (c.training.use_deter_comp) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+    preflight_paths(c, comm().rank());
     mesh = std::make_unique<DeviceMesh>(build_mesh(c, runtime));
     if (mesh->shape().world() > 1) log("device mesh " + mesh->describe());
+    // The data first (a bad path or file fails in seconds), then the model as shapes, checked
+    // against the memory there is before its shards are allocated.
+    data = build_data(c, mesh->dp_rank(), mesh->dp_size());
+    if (const auto summary = data.dataset->summary(); !summary.empty()) log(summary);
     model = build_model(c);
+    if (!comm().device().is_cuda()) preflight_memory(c, *model, runtime.env, mesh->shape().fsdp());
     fsdp = parallelize_model(c, *model, *mesh);
     adamw = make_fsdp_adamw(*fsdp, adamw_options(c.training));
     schedule = LrSchedule::make(c.training.lr, c.training.lr_min, c.training.lr_warmup_ratio, c.training.train_iters,
                                 c.training.lr_decay_style);
-    data = build_data(c, mesh->dp_rank(), mesh->dp_size());
-    if (const auto summary = data.dataset->summary(); !summary.empty()) log(summary);
     const std::string trace_dir =
         c.tools.profile.save_path.empty() ? c.logging.output_dir + "/profile" : c.tools.profile.save_path;
     profiler = std::make_unique<StepProfiler>(c.tools.profile, comm().rank(), trace_dir, comm().device().is_cuda());
@@ -165,6 +170,8 @@ struct Trainer::State {
     options.global_batch_size = data.sampler.global_batch_size();
     options.load_optimizer = !config.training.no_load_optim;
     options.load_rng = !config.training.no_load_rng;
+    options.model_config = config.model.config;
+    options.execution_only_keys = config_model_spec(config).execution_only_keys;
     const auto loaded = state_load(path, comm(), *model, *fsdp, *adamw, options);
     if (loaded.model_only) {
       log("initialized from model-only checkpoint " + loaded.dir);

@@ -174,6 +174,8 @@ TEST(Safetensors, EachCorruptionGivesAClearErrorNamingTheFile) {
   const std::vector<Case> cases = {
       {"bad_json", R"({"weight": {"dtype": "F32", )", data, {"not valid JSON"}},
       {"not_object", R"([1, 2])", data, {"expected an object"}},
+      // Nested 60k levels deep: once a stack overflow in the error path.
+      {"deep", "{\"w\": " + std::string(60000, '[') + std::string(60000, ']') + "}", data, {"nested more than 128"}},
       {"unknown_dtype", R"({"weight":{"dtype":"F12","shape":[4,4],"data_offsets":[0,64]}})", data.substr(0, 64),
        {"'weight'", "unknown dtype", "F12"}},
       {"missing_field", R"({"weight":{"dtype":"F32","shape":[4,4]}})", data, {"'weight'", "data_offsets"}},

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <mutex>
@@ -243,6 +244,45 @@ TEST(ShardedCheckpoint, ReaderErrorsNameThePath) {
   EXPECT_THROW_WITH(reader.read_rows("embed", 3, 8), iter_dir, "'embed'", "[3, 8)", "7 rows");
   EXPECT_THROW_WITH(reader.read_rows("step", 0, 1), iter_dir, "'step'", "0-dim");
   EXPECT_THROW_WITH(reader.rank_state(2), iter_dir, "rank 2", "2 ranks");
+}
+
+// One flipped bit anywhere in a shard's bytes is found on the first read of that shard (and by
+// verify), naming the file, the tensor and its rows; the other shards still read.
+TEST(ShardedCheckpoint, AFlippedBitIsAnErrorNamingFileAndTensor) {
+  TempDir root;
+  testing::run_ranks(2, [&](Comm& comm) { save_model(root.str(), 10, comm, 300); });
+  const std::string iter_dir = root / "iter_0000010";
+  const auto index = nlohmann::json::parse(read_bytes(iter_dir + "/index.json"));
+  for (const auto& [name, t] : index["tensors"].items())
+    for (const auto& shard : t["shards"]) ASSERT_EQ(shard["crc32c"].get<std::string>().size(), 8u) << name;
+
+  const auto report = CheckpointReader(iter_dir).verify();
+  EXPECT_EQ(report.shards_without_checksum, 0);
+  // layers.0.weight, embed, bias and mask on both ranks; one_row and step on rank 0; no_rows: none.
+  EXPECT_EQ(report.shards_checked, 10);
+
+  // Flip the lowest mantissa bit of one float of rank 1's "layers.0.weight" rows [3, 5).
+  const std::string file = iter_dir + "/rank_00001.safetensors";
+  std::string bytes = read_bytes(file);
+  const auto info = SafetensorsFile(file).info("layers.0.weight");
+  uint64_t header = 0;
+  std::memcpy(&header, bytes.data(), 8);
+  bytes[8 + header + info.data_begin + 4] ^= 1;
+  write_bytes(file, bytes);
+
+  CheckpointReader reader(iter_dir);
+  EXPECT_TRUE(bitwise_equal(reader.read_rows("layers.0.weight", 0, 3),
+                            model_tensors(300)[0].second.slice(0, 0, 3).contiguous()));  // rank 0's shard
+  EXPECT_THROW_WITH(reader.read_rows("layers.0.weight", 2, 5), file, "damaged", "'layers.0.weight'", "rows [3, 5)",
+                    "checksum");
+  EXPECT_THROW_WITH(CheckpointReader(iter_dir).verify(), file, "'layers.0.weight'");
+
+  // A checkpoint written before checksums existed still loads, unchecked.
+  auto old = nlohmann::ordered_json::parse(read_bytes(iter_dir + "/index.json"));
+  for (auto& [name, t] : old["tensors"].items())
+    for (auto& shard : t["shards"]) shard.erase("crc32c");
+  write_bytes(iter_dir + "/index.json", old.dump(2));
+  EXPECT_EQ(CheckpointReader(iter_dir).verify().shards_without_checksum, 10);
 }
 
 TEST(ShardedCheckpoint, BadShardsFailEveryRankWithoutHanging) {

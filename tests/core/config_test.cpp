@@ -514,3 +514,25 @@ TEST(ConfigTest, UnimplementedFeaturesAreRefusedNotIgnored) {
 
 }  // namespace
 }  // namespace mmtrain
+
+namespace mmtrain {
+namespace {
+
+// Aliases make YAML a graph: a cycle or an alias bomb inside a free-form map is refused before
+// it is walked (a cycle was a stack overflow, nine levels of ten aliases a billion values).
+TEST(ConfigTest, AliasCyclesAndBombsAreRefused) {
+  const std::string model = "model:\n  model_id: test_transformer\n  config:\n";
+  EXPECT_CONTAINS(load_error(model + "    loop: &x [*x]\n"), "config foo.yaml: nested more than 64 levels deep");
+  std::string bomb = model + "    a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i < 9; ++i) {
+    bomb += "    a" + std::to_string(i) + ": &a" + std::to_string(i) + " [";
+    for (int k = 0; k < 10; ++k) bomb += (k ? ", *a" : "*a") + std::to_string(i - 1);
+    bomb += "]\n";
+  }
+  EXPECT_CONTAINS(load_error(bomb), "more than 100000 values once its aliases are expanded");
+  // Aliases that stay small are fine (the seeds use anchors for repeated lists).
+  EXPECT_NO_THROW(load(model + "    a: &l [1, 2]\n    b: *l\n"));
+}
+
+}  // namespace
+}  // namespace mmtrain

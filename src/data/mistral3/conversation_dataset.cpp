@@ -2,6 +2,7 @@
 
 #include "checkpoint/atomic_file.h"
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/param_map.h"
 #include "data/image/image_decode.h"
 #include "models/mistral3/config.h"
@@ -37,12 +38,7 @@ std::vector<nlohmann::json> read_records(const std::string& path) {
   if (first == std::string::npos) fail("dataset ", path, ": empty file, expected a JSON list or JSONL records");
   std::vector<nlohmann::json> records;
   if (text[first] == '[') {
-    nlohmann::json list;
-    try {
-      list = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
-      fail("dataset ", path, ": invalid JSON (", e.what(), ")");
-    }
+    auto list = json_parse_checked(text, "dataset " + path);
     for (auto& record : list) records.push_back(std::move(record));
     return records;
   }
@@ -50,11 +46,7 @@ std::vector<nlohmann::json> read_records(const std::string& path) {
   std::string line;
   for (int64_t number = 1; std::getline(lines, line); ++number) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    try {
-      records.push_back(nlohmann::json::parse(line));
-    } catch (const nlohmann::json::parse_error& e) {
-      fail("dataset ", path, " line ", number, ": invalid JSON (", e.what(), ")");
-    }
+    records.push_back(json_parse_checked(line, "dataset " + path + " line " + std::to_string(number)));
   }
   return records;
 }

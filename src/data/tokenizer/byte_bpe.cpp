@@ -1,6 +1,7 @@
 #include "data/tokenizer/byte_bpe.h"
 
 #include "core/error.h"
+#include "core/json_read.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -87,11 +88,7 @@ nlohmann::json read_json_file(const std::string& path) {
   if (!in) fail("tokenizer file ", path, ": expected a readable file, found none (missing or unreadable)");
   std::stringstream buffer;
   buffer << in.rdbuf();
-  try {
-    return nlohmann::json::parse(buffer.str());
-  } catch (const nlohmann::json::exception& e) {
-    fail("tokenizer file ", path, ": expected JSON, found a parse error: ", e.what());
-  }
+  return json_parse_checked(buffer.str(), "tokenizer file " + path);
 }
 
 const nlohmann::json& require(const nlohmann::json& object, const char* key, const std::string& where) {

@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "models/magihuman/hf_adapter.h"
+#include "models/config_check.h"
 #include "models/magihuman/model.h"
 
 #include <algorithm>
@@ -39,7 +40,14 @@ MagiHumanConfig MagiHumanConfig::from_json(const nlohmann::json& j) {
   get("norm_eps", c.norm_eps);
   get("deinterleave_mlp", c.deinterleave_mlp);
   get("fused_ops", c.fused_ops);
-  if (c.num_layers < 1) fail("model.config.num_layers must be >= 1, got ", c.num_layers);
+  require_at_least("num_layers", c.num_layers);
+  require_at_least("hidden_size", c.hidden_size);
+  require_at_least("head_dim", c.head_dim);
+  require_at_least("num_query_groups", c.num_query_groups);
+  require_at_least("video_in_channels", c.video_in_channels);
+  require_at_least("audio_in_channels", c.audio_in_channels);
+  require_at_least("text_in_channels", c.text_in_channels);
+  if (!(c.norm_eps > 0)) fail("model.config.norm_eps must be > 0, got ", c.norm_eps);
   if (c.head_dim % 8 != 0) fail("model.config.head_dim must be a multiple of 8 (RoPE bands = head_dim/8), got ", c.head_dim);
   if (c.hidden_size % c.head_dim != 0)
     fail("model.config.hidden_size ", c.hidden_size, " is not a multiple of head_dim ", c.head_dim);

@@ -73,6 +73,7 @@ ModelSpec magihuman_spec() {
     return magihuman_activation_estimate(MagiHumanConfig::from_json(q.model_config), q.seqlen * q.micro_batch_size,
                                          static_cast<int64_t>(c10::elementSize(q.param_dtype)));
   };
+  spec.execution_only_keys = {"fused_ops"};
   spec.default_seqlen = 4606;  // the seed's 256x480, 5 s sample: 3840 video + 126 audio + 640 text tokens
   return spec;
 }

@@ -1,6 +1,7 @@
 #include "models/mistral3/config.h"
 
 #include "core/error.h"
+#include "models/config_check.h"
 
 #include <algorithm>
 #include <vector>
@@ -102,6 +103,10 @@ Mistral3Config Mistral3Config::from_json(const nlohmann::json& j) {
   t.get("num_hidden_layers", c.num_layers);
   t.get("num_attention_heads", c.num_heads);
   t.get("num_key_value_heads", c.num_kv_heads);
+  require_at_least("text_config.vocab_size", c.vocab_size);
+  require_at_least("text_config.hidden_size", c.hidden_size);
+  require_at_least("text_config.num_attention_heads", c.num_heads);
+  require_at_least("text_config.num_key_value_heads", c.num_kv_heads);
   c.head_dim = c.hidden_size / c.num_heads;  // HF's default when head_dim is absent
   t.get("head_dim", c.head_dim);
   t.get("intermediate_size", c.intermediate_size);
@@ -136,14 +141,18 @@ Mistral3Config Mistral3Config::from_json(const nlohmann::json& j) {
     fail("model.config.vision_config.hidden_act: 'silu' or 'gelu' expected, got '", c.vision_act, "'");
   read_rope(v, "axial", c.vision_rope_theta);
 
-  auto positive = [](const char* what, int64_t value) {
-    if (value < 1) fail("model.config: ", what, " must be >= 1, got ", value);
-  };
-  positive("text_config.num_hidden_layers", c.num_layers);
-  positive("text_config.head_dim", c.head_dim);
-  positive("vision_config.num_hidden_layers", c.vision_num_layers);
-  positive("vision_config.patch_size", c.patch_size);
-  positive("spatial_merge_size", c.spatial_merge_size);
+  for (const auto& [key, value] : {std::pair<const char*, int64_t>{"text_config.num_hidden_layers", c.num_layers},
+                                   {"text_config.head_dim", c.head_dim},
+                                   {"text_config.intermediate_size", c.intermediate_size},
+                                   {"vision_config.hidden_size", c.vision_hidden_size},
+                                   {"vision_config.num_hidden_layers", c.vision_num_layers},
+                                   {"vision_config.num_attention_heads", c.vision_num_heads},
+                                   {"vision_config.intermediate_size", c.vision_intermediate_size},
+                                   {"vision_config.patch_size", c.patch_size},
+                                   {"vision_config.image_size", c.image_size},
+                                   {"vision_config.num_channels", c.num_channels},
+                                   {"spatial_merge_size", c.spatial_merge_size}})
+    require_at_least(key, value);
   if (c.head_dim % 2 != 0) fail("model.config.text_config.head_dim must be even (RoPE), got ", c.head_dim);
   if (c.num_heads % c.num_kv_heads != 0)
     fail("model.config.text_config: num_attention_heads ", c.num_heads, " is not a multiple of num_key_value_heads ",

@@ -2,6 +2,7 @@
 // "mistral3".
 #include "checkpoint/atomic_file.h"
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/text.h"
 #include "models/mistral3/flops.h"
 #include "models/mistral3/hf_adapter.h"
@@ -20,11 +21,7 @@ nlohmann::json config_from_checkpoint(const std::string& hf_dir) {
   const auto path = std::filesystem::path(hf_dir) / "config.json";
   if (!std::filesystem::exists(path))
     fail("mistral3 checkpoint ", hf_dir, ": no config.json; give --config with the model's model.config");
-  try {
-    return nlohmann::json::parse(file_read_text(path.string()));
-  } catch (const nlohmann::json::exception& e) {
-    fail("mistral3 checkpoint: ", path.string(), " is not valid JSON (", e.what(), ")");
-  }
+  return json_parse_checked(file_read_text(path.string()), "mistral3 checkpoint: " + path.string());
 }
 
 FlopsReport flops(const nlohmann::json& model_config, const FlopsQuery& q) {
@@ -100,6 +97,7 @@ ModelSpec mistral3_spec() {
   ModelSpec spec;
   spec.name = "mistral3";
   spec.title = "Mistral3 (Magistral-Small-2509)";
+  spec.execution_only_keys = {"loss_chunk_size"};
   spec.converter_alias = "Mistral3Converter";
   spec.build = [](const nlohmann::json& j) { return make_mistral3(Mistral3Config::from_json(j)); };
   spec.hf_adapter = [](const nlohmann::json&) { return std::make_shared<Mistral3HfAdapter>(); };

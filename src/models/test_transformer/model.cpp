@@ -1,6 +1,7 @@
 #include "models/test_transformer/model.h"
 
 #include "core/error.h"
+#include "models/config_check.h"
 #include "nn/ops.h"
 
 
@@ -170,6 +171,10 @@ TestTransformerConfig TestTransformerConfig::from_json(const nlohmann::json& j) 
   get("ffn_hidden_size", c.ffn_hidden_size);
   get("rope_theta", c.rope_theta);
   get("rms_norm_eps", c.rms_norm_eps);
+  for (const auto& [key, value] : {std::pair<const char*, int64_t>{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
+                                   {"num_layers", c.num_layers}, {"num_heads", c.num_heads},
+                                   {"num_kv_heads", c.num_kv_heads}, {"ffn_hidden_size", c.ffn_hidden_size}})
+    require_at_least(key, value);
   if (c.hidden_size % c.num_heads != 0)
     fail("model.config: hidden_size ", c.hidden_size, " is not divisible by num_heads ", c.num_heads);
   if (c.num_heads % c.num_kv_heads != 0)

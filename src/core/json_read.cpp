@@ -1,0 +1,55 @@
+#include "core/json_read.h"
+
+#include "core/error.h"
+
+namespace mmtrain {
+namespace {
+
+template <typename Json>
+Json parse_checked(const std::string& text, const std::string& source) {
+  if (json_nesting_depth(text) > kMaxJsonDepth)
+    fail(source, ": JSON nested more than ", kMaxJsonDepth, " levels deep; refused (no valid file nests that deep)");
+  try {
+    return Json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    fail(source, ": not valid JSON: ", e.what());
+  }
+}
+
+}  // namespace
+
+int json_nesting_depth(const std::string& text, int limit) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > deepest) deepest = depth;
+      if (deepest > limit) return deepest;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+nlohmann::json json_parse_checked(const std::string& text, const std::string& source) {
+  return parse_checked<nlohmann::json>(text, source);
+}
+
+nlohmann::ordered_json ordered_json_parse_checked(const std::string& text, const std::string& source) {
+  return parse_checked<nlohmann::ordered_json>(text, source);
+}
+
+}  // namespace mmtrain

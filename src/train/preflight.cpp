@@ -1,0 +1,101 @@
+#include "train/preflight.h"
+
+#include "core/error.h"
+#include "core/text.h"
+#include "fsdp/plan.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace mmtrain {
+namespace fs = std::filesystem;
+namespace {
+
+std::string gib(int64_t bytes) { return format("%.2f GiB", static_cast<double>(bytes) / (1 << 30)); }
+
+void require_path(const Config& config, const std::string& key, const std::string& path) {
+  std::error_code error;
+  if (!fs::exists(path, error))
+    fail("config ", config.source_path, ": ", key, " '", path, "' does not exist (checked before building the model)");
+}
+
+// The first integer after `key` in a /proc-style "key: value kB" file, in bytes.
+std::optional<int64_t> meminfo_bytes(const char* key) {
+  std::ifstream in("/proc/meminfo");
+  std::string name;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> name >> kib >> unit)
+    if (name == key) return kib * 1024;
+  return std::nullopt;
+}
+
+std::optional<int64_t> file_int(const char* path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text) || text == "max") return std::nullopt;
+  try {
+    return std::stoll(text);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+void preflight_paths(const Config& config, int rank) {
+  const auto& t = config.training;
+  if (!t.load.empty() && t.load != "auto") require_path(config, "training.load", t.load);
+  if (t.load.empty() && !config.model.weights_path().empty())
+    require_path(config, config.model.checkpoint_path.empty() ? "model.model_name_or_path" : "model.checkpoint_path",
+                 config.model.weights_path());
+  if (t.save.empty()) return;
+  std::error_code error;
+  fs::create_directories(t.save, error);
+  if (error)
+    fail("config ", config.source_path, ": training.save '", t.save, "' cannot be created: ", error.message(),
+         " (checked before training, not at the first save)");
+  const auto probe = (fs::path(t.save) / (".mmtrain_write_probe_rank" + std::to_string(rank))).string();
+  std::FILE* file = std::fopen(probe.c_str(), "w");
+  const bool written = file && std::fputs("probe\n", file) >= 0;
+  const int saved_errno = errno;
+  if (file) std::fclose(file);
+  fs::remove(probe, error);
+  if (!written)
+    fail("config ", config.source_path, ": training.save '", t.save, "' is not writable by rank ", rank, ": ",
+         std::strerror(saved_errno), " (checked before training, not at the first save)");
+}
+
+std::optional<int64_t> available_memory_bytes() {
+  std::optional<int64_t> available = meminfo_bytes("MemAvailable:");
+  const auto limit = file_int("/sys/fs/cgroup/memory.max");
+  const auto current = file_int("/sys/fs/cgroup/memory.current");
+  if (limit && current) {
+    const int64_t cgroup_free = std::max<int64_t>(0, *limit - *current);
+    available = available ? std::min(*available, cgroup_free) : cgroup_free;
+  }
+  return available;
+}
+
+void preflight_memory(const Config& config, Module& model, const LaunchEnv& env, int fsdp_size) {
+  const auto available = available_memory_bytes();
+  if (!available) return;
+  const auto plan = fsdp_memory_plan(model, config.parallel.fsdp_plan, fsdp_size);
+  const int64_t per_rank = plan.sharded_state_bytes() + plan.transient_bytes();
+  const int64_t node = per_rank * env.local_world_size;
+  if (node <= *available) return;
+  fail("config ", config.source_path, ": the run cannot fit this machine's memory: each rank needs at least ",
+       gib(per_rank), " (fp32 shards ", gib(plan.param_bytes), ", grads ", gib(plan.grad_bytes), ", AdamW ",
+       gib(plan.optimizer_bytes), ", gathered units ", gib(plan.transient_bytes()), "; activations not counted) x ",
+       env.local_world_size, " rank(s) on this node = ", gib(node), ", but ", gib(*available),
+       " are available (MemAvailable / cgroup limit). Use more ranks or nodes (FSDP over ", fsdp_size,
+       " now), or a smaller model; `mmtrain plan` shows the whole estimate");
+}
+
+}  // namespace mmtrain

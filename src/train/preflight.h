@@ -1,0 +1,28 @@
+// Checks a run makes before it allocates anything model-sized, so that a mistake costs seconds,
+// not the minutes (or the OOM kill) of building a 15B model first:
+//   - every path the run will read exists (the initial weights, training.load) and the save root
+//     is writable by this rank (a probe file, removed again);
+//   - the planner's per-rank bytes (fp32 shards, grads, AdamW moments and the gathered units in
+//     flight: a lower bound, activations not counted) times the ranks on this node fit the memory
+//     the process can have: the cgroup's limit or MemAvailable, whichever is smaller. CPU only
+//     for now; on CUDA the device memory would be the bound.
+#pragma once
+#include "dist/runtime.h"
+#include "nn/module.h"
+#include "train/config.h"
+
+#include <cstdint>
+#include <optional>
+
+namespace mmtrain {
+
+void preflight_paths(const Config& config, int rank);
+
+// Bytes this process may still allocate: min(MemAvailable, cgroup memory.max - memory.current);
+// nullopt when neither can be read.
+std::optional<int64_t> available_memory_bytes();
+
+// model: built (shapes only), not yet parallelized.
+void preflight_memory(const Config& config, Module& model, const LaunchEnv& env, int fsdp_size);
+
+}  // namespace mmtrain

@@ -1,0 +1,200 @@
+"""Faults and damage lose nothing silently: a checkpoint with a flipped bit is refused (and
+`mmtrain ckpt verify` finds it), a resume into a different model is refused naming the first
+difference, a torchrun restart resumes by itself from `latest` with `training.load: auto`, and a
+fatal signal is reported with its name and a backtrace."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import free_port, mmtrain_bin, read_metrics, run_mmtrain, tiny_config, write_config
+
+
+def crc32c(data: bytes) -> int:
+    """CRC-32C (Castagnoli), bit by bit: an independent reference for the checksums mmtrain writes."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, token_file):
+    """A 2-rank run of 6 iterations with checkpoints at 3 and 6."""
+    d = tmp_path_factory.mktemp("saved")
+    cfg = write_config(d / "c.yaml", tiny_config(d, token_file, iters=6, save_interval=3))
+    run_mmtrain(["train", str(cfg)], world=2)
+    return d
+
+
+def test_checksums_match_an_independent_crc32c(saved):
+    iter_dir = saved / "ckpt" / "iter_0000006"
+    index = json.loads((iter_dir / "index.json").read_text())
+    name = "model.layers.0.attn.wq.weight"
+    assert name in index["tensors"], sorted(index["tensors"])[:10]
+    shard = index["tensors"][name]["shards"][1]
+    raw = (iter_dir / shard["file"]).read_bytes()
+    header_len = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + header_len])
+    begin, end = header[name]["data_offsets"]
+    data = raw[8 + header_len + begin:8 + header_len + end]
+    assert f"{crc32c(data):08x}" == shard["crc32c"]
+
+
+def test_a_flipped_bit_stops_the_resume_and_ckpt_verify_finds_it(saved, tmp_path, token_file):
+    good = run_mmtrain(["ckpt", "verify", str(saved / "ckpt")])
+    assert "iter_0000006" in good.stdout and "shards match their checksums" in good.stdout
+    assert json.loads(good.stdout.strip().splitlines()[-1])["ok"] is True
+
+    damaged = tmp_path / "ckpt"
+    subprocess.run(["cp", "-r", str(saved / "ckpt"), str(damaged)], check=True)
+    rank_file = damaged / "iter_0000006" / "rank_00001.safetensors"
+    raw = bytearray(rank_file.read_bytes())
+    raw[-3] ^= 0x01  # a mantissa bit of the last tensor's last element
+    rank_file.write_bytes(bytes(raw))
+
+    bad = run_mmtrain(["ckpt", "verify", str(damaged)], check=False)
+    assert bad.returncode != 0 and str(rank_file) in bad.stderr and "damaged" in bad.stderr, bad.stderr
+    cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, iters=8))
+    proc = run_mmtrain(["train", str(cfg), "--set", f"training.load={damaged}"], world=2, check=False)
+    assert proc.returncode != 0 and "is damaged" in proc.stderr and "rank_00001.safetensors" in proc.stderr, \
+        proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("change, key", [
+    ("model.config.num_layers=1", "model.config.num_layers was 2, this config has 1"),
+    # Same tensor shapes, another model: 4 query / 2 KV heads of 8 vs 2 / 1 of 16.
+    ("model.config.num_heads=2", "model.config.num_heads was 4, this config has 2"),
+])
+def test_resume_refuses_a_different_model(saved, tmp_path, token_file, change, key):
+    cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, iters=8))
+    extra = ["--set", "model.config.num_kv_heads=1"] if "num_heads" in change else []
+    proc = run_mmtrain(["train", str(cfg), "--set", f"training.load={saved / 'ckpt'}", "--set", change, *extra],
+                       world=2, check=False)
+    assert proc.returncode != 0 and key in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_model_only_checkpoint_with_tensors_the_model_lacks_is_refused(tmp_path, token_file):
+    # A 2-layer model-only checkpoint loaded into a 1-layer model: layer 1 would vanish silently.
+    two = write_config(tmp_path / "two.yaml", tiny_config(tmp_path, token_file, iters=2))
+    run_mmtrain(["fixture", "test_transformer-weights", "--config", str(two), "--out", str(tmp_path / "hf")])
+    run_mmtrain(["convert", "test_transformer", "hf-to-ckpt", "--hf_dir", str(tmp_path / "hf"), "--save_dir",
+                 str(tmp_path / "base"), "--config", str(two)])
+    proc = run_mmtrain(["train", str(two), "--set", f"training.load={tmp_path / 'base'}", "--set",
+                        "model.config.num_layers=1"], check=False)
+    assert proc.returncode != 0 and "'model.layers.1." in proc.stderr and "does not have" in proc.stderr, \
+        proc.stderr[-2000:]
+
+
+def test_torchrun_restart_resumes_from_latest(tmp_path, token_file):
+    """Kill a rank mid-run under torchrun --max-restarts 1: the restarted ranks resume from `latest`
+    (training.load: auto) and the loss curve equals an uninterrupted run."""
+    straight = tmp_path / "straight"
+    straight.mkdir()
+    cfg = write_config(straight / "c.yaml", tiny_config(straight, token_file, iters=30))
+    run_mmtrain(["train", str(cfg), "--set", "training.save="], world=2)
+    reference = read_metrics(straight / "run")
+
+    run_dir = tmp_path / "restarted"
+    run_dir.mkdir()
+    cfg = write_config(run_dir / "c.yaml", tiny_config(run_dir, token_file, iters=30, save_interval=10))
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    cmd = [torchrun, "--nproc-per-node", "2", "--max-restarts", "1", "--master-port", str(free_port()), "--no-python",
+           str(mmtrain_bin()), "train", str(cfg), "--set", "training.load=auto"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    metrics = run_dir / "run" / "metrics.jsonl"
+    killed = False
+    deadline = time.time() + 240
+    while time.time() < deadline and not killed:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 15:
+            ranks = subprocess.run(["pgrep", "-f", f"{mmtrain_bin()} train {cfg}"], capture_output=True, text=True)
+            pids = [int(p) for p in ranks.stdout.split()]
+            if pids:
+                os.kill(max(pids), signal.SIGKILL)  # one rank dies after iteration 15 (latest = 10)
+                killed = True
+        time.sleep(0.05)
+    output, _ = launcher.communicate(timeout=300)
+    assert killed, "the run never reached iteration 15"
+    assert launcher.returncode == 0, output[-4000:]
+    assert "training.load: auto: resuming from the newest checkpoint" in output, output[-4000:]
+    got = read_metrics(run_dir / "run")
+    assert [m["iteration"] for m in got] == list(range(1, 31))
+    assert [m["loss"] for m in got] == [m["loss"] for m in reference]
+
+
+@pytest.mark.parametrize("sig, name", [(signal.SIGFPE, "SIGFPE"), (signal.SIGBUS, "SIGBUS"), (signal.SIGILL, "SIGILL"),
+                                       (signal.SIGSEGV, "SIGSEGV")])
+def test_a_fatal_signal_is_named_with_a_backtrace(tmp_path, token_file, sig, name):
+    cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, iters=100000))
+    proc = subprocess.Popen([str(mmtrain_bin()), "train", str(cfg), "--set", "training.save="],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().strip()):
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -sig, (proc.returncode, err[-2000:])
+    assert f"mmtrain: fatal signal {name}" in err and "backtrace:" in err, err[-2000:]
+
+
+@pytest.mark.parametrize("edit, needles", [
+    (lambda s: s.pop("global_batch_size"), ["trainer_state.json", "'global_batch_size' must be an integer, found nothing"]),
+    (lambda s: s.update(iteration=-5), ["trainer_state.json", "'iteration' must be in [6, 6], found -5"]),
+    (lambda s: s.update(iteration=2 ** 62), ["'iteration' must be in [6, 6]"]),
+    (lambda s: s.update(optimizer_step="7"), ["'optimizer_step' must be an integer, found \"7\""]),
+    (lambda s: s.update(model_id=3), ["'model_id' must be a string, found 3"]),
+])
+def test_a_damaged_trainer_state_names_the_file_and_key(saved, tmp_path, token_file, edit, needles):
+    damaged = tmp_path / "ckpt"
+    subprocess.run(["cp", "-r", str(saved / "ckpt"), str(damaged)], check=True)
+    path = damaged / "iter_0000006" / "trainer_state.json"
+    state = json.loads(path.read_text())
+    edit(state)
+    path.write_text(json.dumps(state))
+    cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, iters=8))
+    # 1 rank x 2 accumulation steps keeps the saved global batch of 4.
+    proc = run_mmtrain(["train", str(cfg), "--set", f"training.load={damaged}", "--set",
+                        "training.gradient_accumulation_steps=2"], check=False)
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    for needle in needles:
+        assert needle in proc.stderr, proc.stderr[-2000:]
+    assert "internal error" not in proc.stderr and "fatal signal" not in proc.stderr
+
+
+def test_preflight_refuses_before_building(tmp_path, token_file):
+    cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, iters=2))
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    proc = run_mmtrain(["train", str(cfg), "--set", f"training.save={a_file}/ckpt"], check=False)
+    assert proc.returncode != 0 and "training.save" in proc.stderr and "cannot be created" in proc.stderr, proc.stderr
+    proc = run_mmtrain(["train", str(cfg), "--set", f"model.model_name_or_path={tmp_path / 'no_weights'}"], check=False)
+    assert proc.returncode != 0 and "model.model_name_or_path" in proc.stderr and "does not exist" in proc.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_the_15b_model_on_one_process_is_refused_with_the_numbers(tmp_path):
+    """It used to allocate ~245 GB of shards and be OOM-killed with no message."""
+    data = tmp_path / "data"
+    run_mmtrain(["fixture", "magihuman", "--out", str(data), "--samples", "2", "--video-grid", "1,2,2",
+                 "--audio-tokens", "3", "--text-tokens", "2", "--video-channels", "192", "--audio-channels", "64",
+                 "--text-channels", "3584"])
+    from conftest import REPO
+    started = time.time()
+    proc = run_mmtrain(["train", str(REPO / "examples/magihuman/magihuman_config_t2av.yaml"),
+                        "--set", "model.model_name_or_path=", "--set", "model.checkpoint_path=",
+                        "--set", f"data.dataset_param.data_root={data}", "--set", f"training.save={tmp_path / 'ckpt'}",
+                        "--set", f"logging.output_dir={tmp_path / 'run'}", "--set", "training.micro_batch_size=1",
+                        "--set", "training.gradient_accumulation_steps=1"], check=False)
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    for needle in ["cannot fit this machine's memory", "fp32 shards 56.99 GiB", "AdamW 113.99 GiB", "are available"]:
+        assert needle in proc.stderr, proc.stderr
+    assert time.time() - started < 30
