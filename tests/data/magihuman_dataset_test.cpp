@@ -14,6 +14,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 namespace mmtrain::magihuman {
 namespace {
@@ -168,6 +169,39 @@ TEST(MagiHumanDatasetTest, ContentErrorsNameTheFileAndAreLazy) {
   const auto cond_st = f.file("conditions", "a", ".safetensors").string();
   std::ofstream(cond_st, std::ios::binary) << "12345678";
   EXPECT_CONTAINS(error_of([&] { f.open().get(0); }), cond_st);
+}
+
+// Values and shapes that would only fail later, far from their file: NaN/Inf, a grid whose
+// product overflows, a non-regular file where a sample should be.
+TEST(MagiHumanDatasetTest, NonFiniteValuesOverflowingGridsAndNonRegularFilesNameTheFile) {
+  Fixture f;
+  f.write("a", 1.0f);
+  const auto audio = f.file("audio_latents", "a").string();
+  auto bad = at::ones({4, kCa});
+  bad[2][3] = std::numeric_limits<float>::quiet_NaN();
+  write_pt_file(audio, {{"audio_latent", bad}});
+  auto ds = f.open();
+  auto e = error_of([&] { ds.get(0); });
+  EXPECT_CONTAINS(e, audio);
+  EXPECT_CONTAINS(e, "NaN or Inf values (first in row 2 of 4)");
+  bad[2][3] = std::numeric_limits<float>::infinity();
+  write_pt_file(audio, {{"audio_latent", bad}});
+  EXPECT_CONTAINS(error_of([&] { ds.get(0); }), "NaN or Inf");
+
+  f.write("a", 1.0f);
+  const auto latents = f.file("latents", "a").string();
+  // 2^22 x 2^22 x 2^22 wraps to 0 in 64 bits.
+  const int64_t big = int64_t{1} << 22;
+  write_pt_file(latents, {{"video_latent", at::ones({6, kCv})}, {"video_grid_thw", at::tensor({big, big, big})}});
+  e = error_of([&] { ds.get(0); });
+  EXPECT_CONTAINS(e, latents);
+  EXPECT_CONTAINS(e, "overflows");
+
+  f.write("a", 1.0f);
+  fs::create_directories(f.root() / "conditions" / "b.pt");  // a directory where a sample file should be
+  e = error_of([&] { f.open(); });
+  EXPECT_CONTAINS(e, (f.root() / "conditions" / "b.pt").string());
+  EXPECT_CONTAINS(e, "not a regular file");
 }
 
 TEST(MagiHumanDatasetTest, RegisteredNames) {

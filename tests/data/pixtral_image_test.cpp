@@ -206,6 +206,31 @@ TEST(ImageDecode, FileErrorsNameThePath) {
   const auto good = dir / "ok.png";
   write_file(good, kGrayPng);
   EXPECT_EQ(decode_image_file(good).sizes(), (at::IntArrayRef{1, 3, 3}));
+
+  // One flipped bit in the pixel data: stb alone would decode it; the chunk's CRC refuses it.
+  auto damaged = kGrayPng;
+  const size_t idat = std::search(damaged.begin(), damaged.end(), "IDAT", "IDAT" + 4) - damaged.begin();
+  ASSERT_LT(idat + 4, damaged.size());
+  damaged[idat + 5] ^= 0x01;
+  const auto crc = dir / "crc.png";
+  write_file(crc, damaged);
+  EXPECT_THROW_WITH(decode_image_file(crc), crc, "'IDAT'", "CRC");
+
+  EXPECT_THROW_WITH(decode_image_file("/dev/zero"), "/dev/zero", "not a regular file");
+  EXPECT_THROW_WITH(read_image_dims("/dev/zero"), "/dev/zero", "not a regular file");
+}
+
+// A PNG whose header claims 20000 x 20000 pixels (400 Mpx) is refused from the header alone.
+TEST(ImageDecode, PixelBombsAreRefusedBeforeDecoding) {
+  auto bomb = kGrayPng;  // IHDR: width at bytes 16..19, height at 20..23, then its CRC at 29..32
+  const uint8_t side[4] = {0x00, 0x00, 0x4e, 0x20};  // 20000
+  std::copy(side, side + 4, bomb.begin() + 16);
+  std::copy(side, side + 4, bomb.begin() + 20);
+  TempDir dir;
+  const auto path = dir / "bomb.png";
+  write_file(path, bomb);
+  EXPECT_THROW_WITH(read_image_dims(path), path, "400000000 pixels", "decompression-bomb");
+  EXPECT_THROW_WITH(decode_image_file(path), path, "400000000 pixels");
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <stb/stb_image.h>
 
+#include <array>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,64 @@
 #include <vector>
 
 namespace mmtrain::image {
+namespace {
+
+// CRC-32 (IEEE 802.3, zlib's), which every PNG chunk carries over its type and data.
+uint32_t png_crc(const uint8_t* data, size_t size) {
+  static const auto table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  uint32_t c = 0xffffffffu;
+  for (size_t i = 0; i < size; ++i) c = table[(c ^ data[i]) & 0xff] ^ (c >> 8);
+  return c ^ 0xffffffffu;
+}
+
+uint32_t big_endian32(const uint8_t* p) {
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
+}
+
+// stb_image ignores PNG checksums; Pillow refuses a chunk whose CRC does not match. So do we:
+// a damaged file is an error naming the chunk, not an image with wrong pixels.
+void check_png_chunks(const uint8_t* data, size_t size, const std::string& label) {
+  static const uint8_t kSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  if (size < 8 || std::memcmp(data, kSignature, 8) != 0) return;  // not a PNG
+  size_t at = 8;
+  while (at + 12 <= size) {
+    const uint32_t length = big_endian32(data + at);
+    if (length > size - at - 12) return;  // truncated: stb's decode says so
+    const uint8_t* type = data + at + 4;
+    const uint32_t stored = big_endian32(type + 4 + length);
+    if (png_crc(type, 4 + length) != stored)
+      fail("image ", label, ": PNG chunk '", std::string(reinterpret_cast<const char*>(type), 4), "' at byte ", at,
+           " fails its CRC check (the file is damaged)");
+    if (std::memcmp(type, "IEND", 4) == 0) return;
+    at += 12 + length;
+  }
+}
+
+// The pixel count PIL refuses as a decompression bomb (2 x Image.MAX_IMAGE_PIXELS): an image
+// this large is refused from its header, before gigabytes are decoded.
+void check_pixel_count(int64_t width, int64_t height, const std::string& label) {
+  if (width * height > kMaxImagePixels)
+    fail("image ", label, ": ", width, "x", height, " = ", width * height, " pixels, more than the limit of ",
+         kMaxImagePixels, " (PIL's decompression-bomb bound); refused before decoding");
+}
+
+void require_regular_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) fail("image ", path, ": no such file");
+  if (std::filesystem::is_directory(path, ec)) fail("image ", path, ": is a directory, expected an image file");
+  if (!std::filesystem::is_regular_file(path, ec))
+    fail("image ", path, ": not a regular file (a FIFO, device or socket), expected an image file");
+}
+
+}  // namespace
 
 at::Tensor composite_on_white(const at::Tensor& rgba) {
   if (rgba.dim() != 3 || rgba.size(2) != 4 || rgba.scalar_type() != at::kByte)
@@ -47,6 +106,9 @@ at::Tensor decode_image_bytes(const uint8_t* data, size_t size, const std::strin
   if (size == 0) fail("image ", label, ": empty (0 bytes), expected an encoded image (PNG, JPEG, ...)");
   if (size > static_cast<size_t>(INT32_MAX)) fail("image ", label, ": ", size, " bytes, stb_image reads at most 2 GiB");
   int width = 0, height = 0, channels = 0;
+  if (stbi_info_from_memory(data, static_cast<int>(size), &width, &height, &channels))
+    check_pixel_count(width, height, label);
+  check_png_chunks(data, size, label);
   // Ask for 4 channels always; `channels` still reports the source's (2 and 4 = transparency,
   // which includes a PNG tRNS chunk).
   std::unique_ptr<stbi_uc, void (*)(void*)> pixels(
@@ -64,9 +126,7 @@ at::Tensor decode_image_bytes(const uint8_t* data, size_t size, const std::strin
 }
 
 at::Tensor decode_image_file(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) fail("image ", path, ": no such file");
-  if (std::filesystem::is_directory(path, ec)) fail("image ", path, ": is a directory, expected an image file");
+  require_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("image ", path, ": cannot open for reading");
   std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -75,9 +135,7 @@ at::Tensor decode_image_file(const std::string& path) {
 }
 
 ImageDims read_image_dims(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) fail("image ", path, ": no such file");
-  if (std::filesystem::is_directory(path, ec)) fail("image ", path, ": is a directory, expected an image file");
+  require_regular_file(path);
   int width = 0, height = 0, channels = 0;
   if (!stbi_info(path.c_str(), &width, &height, &channels)) {
     const char* reason = stbi_failure_reason();
@@ -85,6 +143,7 @@ ImageDims read_image_dims(const std::string& path) {
          "); expected a PNG, JPEG, BMP, GIF, TGA, PSD or PNM image");
   }
   if (width <= 0 || height <= 0) fail("image ", path, ": header gives ", height, "x", width, " pixels, expected at least 1x1");
+  check_pixel_count(width, height, path);
   return {height, width};
 }
 

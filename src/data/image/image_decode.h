@@ -10,7 +10,9 @@
 // JPEG decoding is stb's (integer IDCT, its own chroma upsampling), not libjpeg-turbo's: pixels
 // may differ from Pillow's by a few levels (docs/image_pipeline.md). EXIF orientation is not
 // applied (neither does an HF processor given a PIL image).
-// Every error names the path (or the label given for in-memory bytes).
+// Refused, naming the path: a PNG chunk whose CRC fails (stb alone ignores CRCs; Pillow does not),
+// more than kMaxImagePixels pixels (from the header, before decoding), a path that is not a
+// regular file. Every error names the path (or the label given for in-memory bytes).
 #pragma once
 #include <ATen/ATen.h>
 
@@ -19,6 +21,9 @@
 #include <string>
 
 namespace mmtrain::image {
+
+// PIL's DecompressionBombError bound (2 x Image.MAX_IMAGE_PIXELS). Not configurable yet.
+constexpr int64_t kMaxImagePixels = 178956970;
 
 // Reads and decodes `path`. Fails when the file is missing, unreadable, empty or not a decodable
 // image, naming the path and stb's reason.

@@ -85,7 +85,9 @@ bool is_sample_file(const fs::path& p) { return p.extension() == ".pt" || p.exte
 std::map<std::string, std::string> list_dir(const fs::path& dir) {
   std::map<std::string, std::string> out;
   for (const auto& entry : fs::directory_iterator(dir)) {
-    if (!entry.is_regular_file() || !is_sample_file(entry.path())) continue;
+    if (!is_sample_file(entry.path())) continue;
+    if (!entry.is_regular_file())
+      fail(entry.path().string(), ": not a regular file (a directory, FIFO or device), expected a sample file");
     const auto stem = entry.path().stem().string();
     const auto [it, inserted] = out.emplace(stem, entry.path().string());
     if (!inserted)
@@ -153,7 +155,14 @@ at::Tensor as_rows(at::Tensor t, int64_t width, const std::string& what, const s
   if (t.size(1) != width)
     fail(path, ": ", what, " has ", t.size(1), " channels, expected ", width, " (", where_key(width_key),
          ", which must equal model.config.", width_key, ")");
-  return t.to(at::kFloat).contiguous();
+  auto rows = t.to(at::kFloat).contiguous();
+  // A NaN or Inf here would only surface steps later as "grad norm is nan", naming no sample.
+  const auto finite_rows = at::isfinite(rows).all(1);
+  if (!finite_rows.all().item<bool>()) {
+    const int64_t row = (~finite_rows).nonzero()[0][0].item<int64_t>();
+    fail(path, ": ", what, " holds NaN or Inf values (first in row ", row, " of ", rows.size(0), ")");
+  }
+  return rows;
 }
 
 }  // namespace
@@ -268,7 +277,10 @@ Batch PrecomputedDataset::get(int64_t index) const {
   const auto* thw = grid_long.data_ptr<int64_t>();
   if (thw[0] <= 0 || thw[1] <= 0 || thw[2] <= 0)
     fail(s.latents, ": video_grid_thw must be positive, found (", thw[0], ", ", thw[1], ", ", thw[2], ")");
-  if (thw[0] * thw[1] * thw[2] != video.size(0))
+  int64_t tokens = 0;
+  if (__builtin_mul_overflow(thw[0], thw[1], &tokens) || __builtin_mul_overflow(tokens, thw[2], &tokens))
+    fail(s.latents, ": video_grid_thw (", thw[0], ", ", thw[1], ", ", thw[2], ") overflows a 64-bit token count");
+  if (tokens != video.size(0))
     fail(s.latents, ": video_grid_thw (", thw[0], ", ", thw[1], ", ", thw[2], ") gives ", thw[0] * thw[1] * thw[2],
          " tokens, but the video latent has ", video.size(0), " rows");
 
