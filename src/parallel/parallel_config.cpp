@@ -12,6 +12,7 @@ void ParallelConfig::declare(ConfigSection<ParallelConfig>& s) {
       .field("ulysses_parallel_size", &ParallelConfig::ulysses_parallel_size)
       .field("expert_parallel_size", &ParallelConfig::expert_parallel_size)
       .field("expert_fully_shard_parallel_size", &ParallelConfig::expert_fully_shard_parallel_size, AutoSizeCodec{})
+      .field("timeout_s", &ParallelConfig::timeout_s)
       .check([](const ParallelConfig& c, const ConfigCheck& check) {
         check.auto_or_positive("data_parallel_size", c.data_parallel_size);
         check.auto_or_positive("fully_shard_parallel_size", c.fully_shard_parallel_size);
@@ -20,6 +21,7 @@ void ParallelConfig::declare(ConfigSection<ParallelConfig>& s) {
         check.at_least("ulysses_parallel_size", c.ulysses_parallel_size, 1);
         check.at_least("expert_parallel_size", c.expert_parallel_size, 1);
         check.auto_or_positive("expert_fully_shard_parallel_size", c.expert_fully_shard_parallel_size);
+        check.at_least("timeout_s", c.timeout_s, 1);
       })
       .section("fsdp_plan", &ParallelConfig::fsdp_plan, FsdpConfig::declare);
 }

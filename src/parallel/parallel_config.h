@@ -15,6 +15,10 @@ struct ParallelConfig {
   int ulysses_parallel_size = 1;
   int expert_parallel_size = 1;
   int expert_fully_shard_parallel_size = 1;    // 0 = "auto": world / expert_parallel_size
+  // How long a collective (and the rendezvous) may wait for its peers before failing: a hung or
+  // dead rank is reported after this, not never. Checkpoint saves wait at barriers while rank 0
+  // commits, so it must exceed the longest save.
+  int timeout_s = 600;
   FsdpConfig fsdp_plan;
 
   static void declare(ConfigSection<ParallelConfig>& section);

@@ -13,7 +13,8 @@
 // A repeat of the control (run last, so that it also spans the machine's drift over the whole
 // ablation) is the noise floor: a difference no larger than the floor is "inside the noise".
 //   loss             the repeat's loss difference (0 where the runs are deterministic)
-//   allocated        max(|the repeat's change|, 1 MiB as a % of the control)
+//   allocated        max(|the repeat's change|, half the range of the control's per-step peaks
+//                    (how far communication timing moves them), 1 MiB), as a % of the control
 //   step time        max(|the repeat's change|, 2 standard errors of the difference of two medians
 //                    of the control's step times: 2 * 1.2533 * sd * sqrt(2 / n), in %)
 //   RSS              reported, not judged: one value per run, and identical CPU runs differ by

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/fatal_signal.h"
 #include "core/suggest.h"
+#include "dist/failure_report.h"
 #include "tools/command.h"
 
 #include <CLI/CLI.hpp>
@@ -80,13 +81,20 @@ int main(int argc, char** argv) {
     commands.run_parsed();
   } catch (const Error& e) {
     std::fprintf(stderr, "mmtrain: error: %s\n", e.what());
+    report_failure_to_launcher(e.what());
     return 1;
   } catch (const c10::Error& e) {
     // From LibTorch or c10d (e.g. a peer rank died): the message without LibTorch's C++ frames.
-    std::fprintf(stderr, "mmtrain: error: %s\n", e.what_without_backtrace());
+    const std::string message = e.what_without_backtrace();
+    std::fprintf(stderr, "mmtrain: error: %s%s\n", message.c_str(),
+                 is_peer_failure(message) ? " (a peer rank failed or was killed: its own error comes first in "
+                                            "torchrun's report)"
+                                          : "");
+    report_failure_to_launcher(message);
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mmtrain: internal error: %s\n", e.what());
+    report_failure_to_launcher(std::string("internal error: ") + e.what());
     return 2;
   }
   return 0;

@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <chrono>
 #include <memory>
 
 namespace mmtrain {
@@ -20,7 +21,8 @@ void add_train_commands(CLI::App& app, Commands& commands) {
   train->add_option("--set", o->overrides, "override a config key: --set training.lr=3e-4 (repeatable)");
   commands.add(train, [o] {
     auto config = config_load(o->config_path, o->overrides);
-    auto runtime = runtime_init(LaunchEnv::from_environment(), default_device());
+    auto runtime = runtime_init(LaunchEnv::from_environment(), default_device(),
+                                std::chrono::seconds(config.parallel.timeout_s));
     Trainer trainer(std::move(config), std::move(runtime));
     trainer.run();
   });

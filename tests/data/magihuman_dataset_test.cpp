@@ -10,6 +10,7 @@
 #include "test_util.h"
 
 #include <gtest/gtest.h>
+#include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <filesystem>
@@ -202,6 +203,27 @@ TEST(MagiHumanDatasetTest, NonFiniteValuesOverflowingGridsAndNonRegularFilesName
   e = error_of([&] { f.open(); });
   EXPECT_CONTAINS(e, (f.root() / "conditions" / "b.pt").string());
   EXPECT_CONTAINS(e, "not a regular file");
+}
+
+// A .pt sample whose pickle nests 300k lists crashed LibTorch's unpickler; it is refused first.
+TEST(MagiHumanDatasetTest, ADeeplyNestedPickleIsRefusedBeforeUnpickling) {
+  Fixture f;
+  f.write("a", 1.0f);
+  const auto latents = f.file("latents", "a").string();
+  std::string pickle = std::string("\x80\x02}\x8c\x0c") + "video_latent";
+  pickle += std::string(300000, ']') + std::string(299999, 'a') + "s.";
+  {
+    std::ofstream out(latents, std::ios::binary | std::ios::trunc);
+    caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
+      out.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+      return n;
+    });
+    writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+    writer.writeEndOfFile();
+  }
+  const auto e = error_of([&] { f.open().get(0); });
+  EXPECT_CONTAINS(e, latents);
+  EXPECT_CONTAINS(e, "more than 10000 lists, dicts and tuples");
 }
 
 TEST(MagiHumanDatasetTest, RegisteredNames) {

@@ -70,6 +70,7 @@ def token_file(tmp_path_factory) -> Path:
 def tiny_config(tmp: Path, tokens: Path, *, mbs=2, accum=1, iters=20, save_interval=0, load="", extra=""):
     return f"""
 parallel:
+  timeout_s: 120
   fsdp_plan:
     apply_modules: ["layers.{{*}}"]
     num_to_forward_prefetch: 1

@@ -65,6 +65,10 @@ def test_a_flipped_bit_stops_the_resume_and_ckpt_verify_finds_it(saved, tmp_path
     proc = run_mmtrain(["train", str(cfg), "--set", f"training.load={damaged}"], world=2, check=False)
     assert proc.returncode != 0 and "is damaged" in proc.stderr and "rank_00001.safetensors" in proc.stderr, \
         proc.stderr[-3000:]
+    # Only rank 1 reads that file; rank 0 then loses its peer. torchrun's root cause is rank 1's
+    # own error (its error file), not rank 0's lost connection.
+    root_cause = proc.stderr[proc.stderr.index("Root Cause"):]
+    assert "rank      : 1" in root_cause.split("Other Failures")[0] and "is damaged" in root_cause, root_cause
 
 
 @pytest.mark.parametrize("change, key", [
@@ -198,3 +202,39 @@ def test_the_15b_model_on_one_process_is_refused_with_the_numbers(tmp_path):
     for needle in ["cannot fit this machine's memory", "fp32 shards 56.99 GiB", "AdamW 113.99 GiB", "are available"]:
         assert needle in proc.stderr, proc.stderr
     assert time.time() - started < 30
+
+
+def test_a_hung_rank_is_reported_after_parallel_timeout_s(tmp_path, token_file):
+    cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, iters=100000))
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    cmd = [torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()), "--no-python", str(mmtrain_bin()),
+           "train", str(cfg), "--set", "training.save=", "--set", "parallel.timeout_s=5"]
+    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=dict(os.environ, OMP_NUM_THREADS="1"))
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    stopped = None
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and stopped is None:
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+                ranks = subprocess.run(["pgrep", "-f", f"{mmtrain_bin()} train {cfg}"], capture_output=True, text=True)
+                pids = [int(p) for p in ranks.stdout.split()]
+                if pids:
+                    stopped = max(pids)
+                    os.kill(stopped, signal.SIGSTOP)  # hung: alive, holding its sockets, doing nothing
+            time.sleep(0.05)
+        assert stopped is not None, "the run never reached iteration 3"
+        hung_at = time.time()
+        output, _ = launcher.communicate(timeout=180)
+        assert launcher.returncode != 0
+        assert time.time() - hung_at < 120, "the survivors waited far longer than parallel.timeout_s"
+        assert "timed out" in output.lower(), output[-4000:]
+    finally:
+        if stopped is not None:
+            for sig in (signal.SIGKILL, signal.SIGCONT):
+                try:
+                    os.kill(stopped, sig)
+                except ProcessLookupError:
+                    pass
+        if launcher.poll() is None:
+            launcher.kill()

@@ -109,7 +109,6 @@ def test_ablate_judges_features_against_the_control_repeat(tmp_path, token_file)
     # 1 time in 20, so this test does not assert it; tests/tools/ablate_test.cpp checks the rule.)
     inside = f["no_progress"]["inside_noise"]
     assert inside["loss_rel_diff"] and inside["allocated_change_pct"], inside
-    assert f["no_progress"]["allocated_change_pct"] == 0.0  # the allocations are deterministic too
     assert inside["rss_change_pct"] is None  # reported, not judged
     # Recompute off keeps the activations: same losses, more allocated memory, outside the floor.
     assert f["no_recompute"]["loss_rel_diff"] == 0.0

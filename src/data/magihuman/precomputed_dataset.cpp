@@ -7,8 +7,10 @@
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "core/param_map.h"
+#include "core/pickle_scan.h"
 #include "core/suggest.h"
 
+#include <caffe2/serialize/in_memory_adapter.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickle.h>
@@ -19,7 +21,9 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <set>
+#include <tuple>
 
 namespace mmtrain::magihuman {
 namespace fs = std::filesystem;
@@ -184,9 +188,20 @@ std::map<std::string, at::Tensor> read_sample_file(const std::string& path) {
     for (const auto& name : file.names()) out[name] = file.read(name);
     return out;
   }
+  const auto bytes = read_bytes(path);
+  // The pickle inside the zip is scanned before LibTorch sees it (core/pickle_scan.h). A file that
+  // is not a torch zip archive is left to pickle_load, which says so.
+  std::optional<std::tuple<at::DataPtr, size_t>> pickle;
+  try {
+    caffe2::serialize::PyTorchStreamReader archive(
+        std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), static_cast<off_t>(bytes.size())));
+    if (archive.hasRecord("data.pkl")) pickle = archive.getRecord("data.pkl");
+  } catch (const c10::Error&) {
+  }
+  if (pickle) scan_pickle(static_cast<const char*>(std::get<0>(*pickle).get()), std::get<1>(*pickle), path + ": data.pkl");
   c10::IValue value;
   try {
-    value = torch::jit::pickle_load(read_bytes(path));
+    value = torch::jit::pickle_load(bytes);
   } catch (const c10::Error& e) {
     fail(path, ": expected a file written by Python torch.save (zip format, torch >= 1.6 default) holding a dict "
          "of tensors; it could not be read: ", e.what_without_backtrace());

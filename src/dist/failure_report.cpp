@@ -1,0 +1,31 @@
+#include "dist/failure_report.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+
+namespace mmtrain {
+
+bool is_peer_failure(const std::string& message) {
+  for (const char* sign : {"Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out waiting",
+                           "timed out", "Socket Timeout"})
+    if (message.find(sign) != std::string::npos) return true;
+  return false;
+}
+
+void report_failure_to_launcher(const std::string& message) {
+  const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+  if (!path || !*path) return;
+  const bool after_peer = is_peer_failure(message);
+  const long long timestamp = static_cast<long long>(std::time(nullptr)) + (after_peer ? 2 : 0);
+  const char* rank = std::getenv("RANK");
+  const std::string shown = "mmtrain rank " + std::string(rank ? rank : "?") + ": " + message +
+                            (after_peer ? " (a peer rank failed or was killed first: see its error)" : "");
+  const nlohmann::json file = {
+      {"message", {{"message", shown}, {"extraInfo", {{"py_callstack", shown}, {"timestamp", std::to_string(timestamp)}}}}}};
+  std::ofstream(path) << file.dump() << "\n";
+}
+
+}  // namespace mmtrain
