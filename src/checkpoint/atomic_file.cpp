@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -62,6 +63,11 @@ void file_write_atomic(const std::string& path, const std::string& content) {
 }
 
 std::string file_read_text(const std::string& path) {
+  std::error_code error;
+  // A directory opens as an empty stream, and a FIFO or /dev/zero never ends: name them instead.
+  if (std::filesystem::exists(path, error) && !std::filesystem::is_regular_file(path, error))
+    fail(path, ": not a regular file (", std::filesystem::is_directory(path, error) ? "a directory" : "a FIFO, device or socket",
+         "), expected a file");
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("cannot open ", path, ": ", std::strerror(errno));
   std::ostringstream content;

@@ -50,6 +50,14 @@ std::optional<int64_t> file_int(const char* path) {
 }  // namespace
 
 void preflight_paths(const Config& config, int rank) {
+  // Checkpoints record the effective config as JSON, which must be UTF-8: a path that is not
+  // failed at the first save, after the training.
+  try {
+    (void)config_to_json(config).dump();
+  } catch (const nlohmann::json::exception& e) {
+    fail("config ", config.source_path, ": a value is not valid UTF-8 (", e.what(),
+         "); checkpoints record the config as JSON, so every path and string must be UTF-8");
+  }
   const auto& t = config.training;
   if (!t.load.empty() && t.load != "auto") require_path(config, "training.load", t.load);
   if (t.load.empty() && !config.model.weights_path().empty())

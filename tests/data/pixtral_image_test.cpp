@@ -217,6 +217,7 @@ TEST(ImageDecode, FileErrorsNameThePath) {
   EXPECT_THROW_WITH(decode_image_file(crc), crc, "'IDAT'", "CRC");
 
   EXPECT_THROW_WITH(decode_image_file("/dev/zero"), "/dev/zero", "not a regular file");
+  EXPECT_THROW_WITH(decode_image_file(std::string(good) + std::string("\0x.png", 6)), good, "NUL byte");
   EXPECT_THROW_WITH(read_image_dims("/dev/zero"), "/dev/zero", "not a regular file");
 }
 

@@ -64,6 +64,9 @@ void check_pixel_count(int64_t width, int64_t height, const std::string& label) 
 }
 
 void require_regular_file(const std::string& path) {
+  // A NUL inside the name would silently cut the path C functions see.
+  if (path.find('\0') != std::string::npos)
+    fail("image path '", path.substr(0, path.find('\0')), "\\0...' contains a NUL byte");
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) fail("image ", path, ": no such file");
   if (std::filesystem::is_directory(path, ec)) fail("image ", path, ": is a directory, expected an image file");
