@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Benchmark: mmtrain vs PyTorch FSDP2, both on WORLD (2) gloo ranks on CPU, one intra-op thread
-# per rank, same fixture and same YAML (bench/README.md). The two trainers run one after the
-# other, never together. The last line of stdout is exactly the JSON object
-#   {"mmtrain_step_ms":..,"torch_step_ms":..,"ratio":..,"mmtrain_rss_mb":..,"torch_rss_mb":..,"loss_rel_diff":..}
+# per rank, same fixture and same YAML (bench/README.md). PyTorch runs three ways: as shipped in
+# the reference (single-tensor AdamW, glibc malloc), with AdamW(fused=True), and fused with
+# tcmalloc preloaded. The arms run one at a time, interleaved over ROUNDS rounds (A B C D, then
+# D C B A, ...), so drift on a shared machine falls on every arm alike. The last line of stdout
+# is one JSON object (fields in bench/README.md).
 # Usage: bench/fsdp_vs_torch.sh [BUILD_DIR]      (default build; binary BUILD_DIR/bin/mmtrain,
 #        or $MMTRAIN_BIN). Size knobs from the environment: STEPS WARMUP LAYERS HIDDEN HEADS
-#        KV_HEADS FFN VOCAB SEQ MBS WORLD SAMPLES PARAM_DTYPE; BENCH_DIR (default BUILD_DIR/bench).
-# Without a binary the torch side still runs, mmtrain fields are null and the exit status is 2.
+#        KV_HEADS FFN VOCAB SEQ MBS WORLD SAMPLES PARAM_DTYPE; ROUNDS (2); BENCH_DIR (default
+#        BUILD_DIR/bench); MMTRAIN_PRELOAD=LIB adds an arm "mmtrain_preload" (mmtrain with LIB
+#        in LD_PRELOAD), for allocator A/B runs.
+# Without a binary the torch arms still run, mmtrain fields are null and the exit status is 2.
 set -euo pipefail
 BUILD_DIR=${1:-build}
 cd "$(dirname "$0")/.."
@@ -16,32 +20,44 @@ PY="$ROOT/.venv/bin/python"
 BIN=${MMTRAIN_BIN:-$BUILD_DIR/bin/mmtrain}
 BENCH_DIR=${BENCH_DIR:-$BUILD_DIR/bench}
 WORLD=${WORLD:-2}
+ROUNDS=${ROUNDS:-2}
+TCMALLOC=${TCMALLOC:-/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4}
 # Every rank single-threaded on both sides: the comparison is per-core work, not thread scaling.
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
+[ -f "$TCMALLOC" ] || { echo "bench: $TCMALLOC is missing (Debian libtcmalloc-minimal4; scripts/setup.sh installs it)" >&2; exit 1; }
 mkdir -p "$BENCH_DIR"
 "$PY" bench/torch_fsdp2_reference.py prepare --dir "$BENCH_DIR" >&2
+PARAM_DTYPE=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['PARAM_DTYPE'])" "$BENCH_DIR/bench_meta.json")
 
 status=0
+arms=(torch_shipped torch_fused torch_fused_tcmalloc)
 if [ -x "$BIN" ]; then
-  echo "bench: mmtrain on $WORLD ranks (log $BENCH_DIR/mmtrain.log)" >&2
-  if ! "$PY" -m torch.distributed.run --standalone --nproc-per-node "$WORLD" --no-python \
-      "$BIN" train "$BENCH_DIR/bench.yaml" >"$BENCH_DIR/mmtrain.log" 2>&1; then
-    echo "bench: mmtrain failed; last lines of its log:" >&2
-    tail -n 40 "$BENCH_DIR/mmtrain.log" >&2
-    exit 1
-  fi
+  arms=(mmtrain "${arms[@]}")
+  [ -n "${MMTRAIN_PRELOAD:-}" ] && arms+=(mmtrain_preload)
+  # The peak the ideal step is measured against: this CPU's GEMM rate in the params' dtype, on
+  # one thread, taken in the same run.
+  echo "bench: GEMM peak ($PARAM_DTYPE, 1 thread)" >&2
+  "$BIN" measure gemm --dtype "$PARAM_DTYPE" --threads 1 --repeats 5 | tail -n 1 >"$BENCH_DIR/gemm.json"
 else
-  echo "bench: no mmtrain binary at $BIN: running the torch side only" >&2
+  echo "bench: no mmtrain binary at $BIN: running the torch arms only" >&2
   status=2
 fi
 
-echo "bench: PyTorch FSDP2 on $WORLD gloo ranks (log $BENCH_DIR/torch.log)" >&2
-if ! "$PY" bench/torch_fsdp2_reference.py torch --dir "$BENCH_DIR" >"$BENCH_DIR/torch.log" 2>&1; then
-  echo "bench: torch reference failed; last lines of its log:" >&2
-  tail -n 40 "$BENCH_DIR/torch.log" >&2
-  exit 1
-fi
+arm_command() {  # arm_command ARM OUT
+  case "$1" in
+    mmtrain) "$PY" -m torch.distributed.run --standalone --nproc-per-node "$WORLD" --no-python \
+               "$BIN" train "$BENCH_DIR/bench.yaml" --set "logging.output_dir=$2" ;;
+    mmtrain_preload) LD_PRELOAD=$MMTRAIN_PRELOAD "$PY" -m torch.distributed.run --standalone \
+               --nproc-per-node "$WORLD" --no-python "$BIN" train "$BENCH_DIR/bench.yaml" --set "logging.output_dir=$2" ;;
+    torch_shipped) "$PY" bench/torch_fsdp2_reference.py torch --dir "$BENCH_DIR" --adamw single --out "$2" ;;
+    torch_fused) "$PY" bench/torch_fsdp2_reference.py torch --dir "$BENCH_DIR" --adamw fused --out "$2" ;;
+    torch_fused_tcmalloc) LD_PRELOAD=$TCMALLOC "$PY" bench/torch_fsdp2_reference.py torch --dir "$BENCH_DIR" \
+               --adamw fused --out "$2" ;;
+  esac
+}
+. bench/bench_arms.sh
+run_rounds "${arms[@]}"
 
-"$PY" bench/torch_fsdp2_reference.py summarize --dir "$BENCH_DIR"
+"$PY" bench/bench_summary.py --dir "$BENCH_DIR" --arms "${arms[@]}"
 exit $status

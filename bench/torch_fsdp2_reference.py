@@ -3,17 +3,12 @@
 Contract:
   prepare --dir D     reads the size knobs from the environment (KNOBS below), writes
                       D/fixture/{model,tokens}.safetensors (reused when the knobs are unchanged),
-                      D/bench.yaml (the one config both trainers read; logging.output_dir =
-                      D/mmtrain_run) and D/bench_meta.json; clears old D/*_run outputs.
-  torch --dir D       PyTorch FSDP2 (tests/parity/reference_transformer.py) on WORLD gloo ranks,
-                      one intra-op thread each, output D/torch_run/metrics.jsonl.
-  summarize --dir D   prints, as its last line, exactly
-                      {"mmtrain_step_ms":..,"torch_step_ms":..,"ratio":..,"mmtrain_rss_mb":..,
-                       "torch_rss_mb":..,"loss_rel_diff":..}
-                      step_ms = median step_time_ms over the iterations after WARMUP;
-                      rss_mb = max peak_rss_mb (already the max over ranks); ratio = mmtrain/torch;
-                      loss_rel_diff = sum|mm-torch| / sum|torch| over the common iterations.
-                      mmtrain fields are null when D/mmtrain_run/metrics.jsonl is absent.
+                      D/bench.yaml (the one config every arm reads) and D/bench_meta.json; clears
+                      old D/runs.
+  torch --dir D --adamw {fused,single} --out O
+                      PyTorch FSDP2 (tests/parity/reference_transformer.py) on WORLD gloo ranks,
+                      one intra-op thread each, output O/metrics.jsonl.
+The summary of a run: bench/bench_summary.py.
 Step time on both sides spans forward + backward of every micro-batch, grad-norm/clip and the
 optimizer step (the reference starts its clock before the first micro-batch's forward and stops
 it after optimizer.step() and zero_grad()).
@@ -24,7 +19,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,7 +62,7 @@ def prepare(d: str) -> None:
         # seq_len + 1 tokens per sample: the model trains on SEQ positions.
         rt.make_fixture(fixture_dir, model_cfg, k["SAMPLES"], k["SEQ"] + 1, k["SEED"])
         json.dump(fixture_key, open(key_path, "w"))
-    for run in ("mmtrain_run", "torch_run"):
+    for run in ("mmtrain_run", "torch_run", "runs"):
         shutil.rmtree(os.path.join(d, run), ignore_errors=True)
     cfg = mu.mmtrain_config(model_path, tokens_path, model_cfg, os.path.join(d, "mmtrain_run"),
                             micro_batch_size=k["MBS"], gradient_accumulation_steps=1,
@@ -80,54 +74,27 @@ def prepare(d: str) -> None:
     print(json.dumps({"bench_dir": d, **k}))
 
 
-def run_torch(d: str) -> None:
+def run_torch(d: str, adamw: str, out: str) -> None:
     k = json.load(open(os.path.join(d, "bench_meta.json")))
     cfg = config_io.apply_overrides(config_io.load_yaml(os.path.join(d, "bench.yaml")),
-                                    [f"logging.output_dir={os.path.join(d, 'torch_run')}"])
-    result = rt.train(cfg, k["WORLD"], fsdp=True, threads=1)
+                                    [f"logging.output_dir={out}"])
+    result = rt.train(cfg, k["WORLD"], fsdp=True, threads=1, adamw=adamw)
     print(json.dumps({"torch_iterations": len(result.metrics), "final_loss": result.metrics[-1]["loss"]}))
-
-
-def _median_step(metrics: list[dict], warmup: int) -> float:
-    measured = [m["step_time_ms"] for m in metrics if m["iteration"] > warmup]
-    if not measured:
-        raise ValueError("no measured steps after warm-up")
-    return statistics.median(measured)
-
-
-def summarize(d: str) -> dict:
-    k = json.load(open(os.path.join(d, "bench_meta.json")))
-    torch_metrics = mu.read_metrics(os.path.join(d, "torch_run", "metrics.jsonl"))
-    mm_path = os.path.join(d, "mmtrain_run", "metrics.jsonl")
-    mm_metrics = mu.read_metrics(mm_path) if os.path.exists(mm_path) else None
-    torch_ms = _median_step(torch_metrics, k["WARMUP"])
-    out = {"mmtrain_step_ms": None, "torch_step_ms": round(torch_ms, 3), "ratio": None,
-           "mmtrain_rss_mb": None, "torch_rss_mb": round(max(m["peak_rss_mb"] for m in torch_metrics), 1),
-           "loss_rel_diff": None}
-    if mm_metrics:
-        mm_ms = _median_step(mm_metrics, k["WARMUP"])
-        mm_loss = {m["iteration"]: m["loss"] for m in mm_metrics}
-        common = [m for m in torch_metrics if m["iteration"] in mm_loss]
-        out.update(mmtrain_step_ms=round(mm_ms, 3), ratio=round(mm_ms / torch_ms, 4),
-                   mmtrain_rss_mb=round(max(m["peak_rss_mb"] for m in mm_metrics), 1),
-                   loss_rel_diff=mu.curve_rel_diff([mm_loss[m["iteration"]] for m in common],
-                                                   [m["loss"] for m in common]))
-    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("cmd", choices=["prepare", "torch", "summarize"])
+    parser.add_argument("cmd", choices=["prepare", "torch"])
     parser.add_argument("--dir", required=True)
+    parser.add_argument("--adamw", choices=rt.ADAMW_KINDS, default="fused", help="torch: AdamW implementation")
+    parser.add_argument("--out", help="torch: output directory (metrics.jsonl)")
     args = parser.parse_args()
     d = os.path.abspath(args.dir)
     os.makedirs(d, exist_ok=True)
     if args.cmd == "prepare":
         prepare(d)
-    elif args.cmd == "torch":
-        run_torch(d)
     else:
-        print(json.dumps(summarize(d), separators=(",", ":")))
+        run_torch(d, args.adamw, os.path.abspath(args.out or os.path.join(d, "torch_run")))
     return 0
 
 

@@ -49,7 +49,7 @@ CommWork Comm::all_gather_into_coalesced(std::vector<at::Tensor> outs,
   return CommWork(work, [outs, ins] {});
 }
 
-CommWork Comm::reduce_scatter_sum(at::Tensor out, at::Tensor in) {
+CommWork Comm::reduce_scatter_sum(at::Tensor out, at::Tensor in, TensorPool* scratch) {
   TORCH_CHECK(in.numel() == out.numel() * world_size_, "reduce_scatter_sum: in has ", in.numel(),
               " elements, expected ", out.numel() * world_size_);
   if (world_size_ == 1) {
@@ -62,16 +62,19 @@ CommWork Comm::reduce_scatter_sum(at::Tensor out, at::Tensor in) {
     opts.reduceOp = c10d::ReduceOp::SUM;
     return CommWork(backend_->_reduce_scatter_base(out, in, opts), [out, in] {});
   }
-  auto received = at::empty({world_size_, out.numel()}, in.options());
+  auto received = scratch ? scratch->take({world_size_, out.numel()}, in.options())
+                          : at::empty({world_size_, out.numel()}, in.options());
   std::vector<int64_t> splits(world_size_, out.numel());
   auto in_flat = in.view(-1);
   auto received_flat = received.view(-1);
   auto work = backend_->alltoall_base(received_flat, in_flat, splits, splits);
-  return CommWork(work, [out, in, received] {
-    // Sum in rank order so every rank's result is bitwise deterministic.
+  return CommWork(work, [out, in, received, scratch]() mutable {
+    // Sum in rank order so every rank's result is bitwise deterministic; the first two rows in
+    // one pass.
     auto out_flat = out.view(-1);
-    out_flat.copy_(received[0]);
-    for (int64_t r = 1; r < received.size(0); ++r) out_flat.add_(received[r]);
+    at::add_out(out_flat, received[0], received[1]);
+    for (int64_t r = 2; r < received.size(0); ++r) out_flat.add_(received[r]);
+    if (scratch) scratch->give(std::move(received));
   });
 }
 

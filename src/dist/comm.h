@@ -5,6 +5,8 @@
 // Ops must be issued in the same order on every rank. Averages are SUM then divide: Gloo has
 // no AVG. World size 1 needs no backend: ops become local copies.
 #pragma once
+#include "core/tensor_pool.h"
+
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
@@ -47,7 +49,9 @@ class Comm {
   // out [n] <- sum over ranks of in[rank*n : (rank+1)*n], in is [W * n]. Same dtype. Native on
   // NCCL; on Gloo an all-to-all plus a local sum in rank order, which moves (W-1)/W of the data
   // like a real reduce-scatter (Gloo's own fallback all-reduces everything: twice the traffic).
-  CommWork reduce_scatter_sum(at::Tensor out, at::Tensor in);
+  // scratch: where the Gloo path takes its receive buffer [W * n] from and gives it back to on
+  // completion (its owner must take and give on the thread that calls wait()); null: allocated.
+  CommWork reduce_scatter_sum(at::Tensor out, at::Tensor in, TensorPool* scratch = nullptr);
   CommWork all_reduce_sum(at::Tensor t);
   CommWork all_reduce_max(at::Tensor t);
   // Equal splits: in [W * n] -> out [W * n], block i of in goes to rank i.

@@ -9,8 +9,10 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/record_function.h>
 
+#include <chrono>
 #include <cmath>
 #include <map>
+#include <utility>
 
 namespace mmtrain {
 namespace {
@@ -86,8 +88,27 @@ std::string profile_name(const char* what, const FsdpUnit& unit) {
 
 }  // namespace
 
+namespace {
+
+// Reductions kept in flight while the next unit's backward runs (post_backward).
+constexpr size_t kReductionsInFlight = kFsdpReductionsInFlight;
+
+// Units gathered at once: the one running and its prefetches.
+size_t units_in_flight(const FsdpConfig& config) {
+  return 1 + static_cast<size_t>(std::max(config.num_to_forward_prefetch, config.num_to_backward_prefetch));
+}
+
+}  // namespace
+
 Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Device device, FsdpReduction reduction)
-    : comm_(std::move(comm)), config_(std::move(config)), device_(device), reduction_(std::move(reduction)) {
+    : comm_(std::move(comm)),
+      config_(std::move(config)),
+      device_(device),
+      reduction_(std::move(reduction)),
+      // A unit's gather plus its prefetches are in flight at once.
+      gather_buffers_(units_in_flight(config_)),
+      // Per reduction in flight, plus the one being packed: an input, an output and a receive buffer.
+      reduce_buffers_(3 * (kReductionsInFlight + 1)) {
   if (!config_.ignored_modules.empty())
     fail("fsdp_plan.ignored_modules: unsharded modules are not implemented; leave the list empty");
   if (config_.cpu_offload) fail("fsdp_plan.cpu_offload: offload to the host is not implemented; leave it false");
@@ -232,33 +253,40 @@ void Fsdp::release_gather_storage(const at::Tensor& t) {
   const size_t nbytes = storage->nbytes();
   auto released = storage->set_data_ptr(at::DataPtr(nullptr, t.device()));
   storage->set_nbytes(0);
-  // Keep as many buffers of a size as can be in flight at once (the unit in use, its prefetches
-  // and one being freed); the rest go back to the allocator.
+  // Keep as many buffers of a size as can be in use at once (a unit is resharded before the
+  // gather that reuses its buffers); the rest go back to the allocator.
   auto& free_list = free_gather_storage_[nbytes];
-  const size_t keep = 2 + std::max(config_.num_to_forward_prefetch, config_.num_to_backward_prefetch);
-  if (nbytes > 0 && free_list.size() < keep) free_list.push_back(std::move(released));
+  if (nbytes > 0 && free_list.size() < units_in_flight(config_)) free_list.push_back(std::move(released));
 }
 
 void Fsdp::unshard_async(FsdpUnit& unit) {
   if (unit.state != FsdpUnit::State::sharded) return;
   RECORD_USER_SCOPE(profile_name("fsdp::all_gather", unit));
+  // The cast to gather_dtype is one pass over the unit's flat shard; each param's input is its
+  // view of that. One coalesced collective per unit writes straight into the params' gathered
+  // buffers: Gloo copies its flat result out to them once (a flat all-gather into one buffer
+  // would need a second copy-out), NCCL gathers into them directly.
+  unit.gather_input = gather_buffers_.take({unit.shard_flat.numel()}, unit.shard_flat.options().dtype(unit.gather_dtype));
+  unit.gather_input.copy_(unit.shard_flat);
   std::vector<at::Tensor> outs, ins;
-  unit.gather_inputs.clear();
   for (auto& p : unit.params) {
     acquire_gather_storage(p.gathered);
     outs.push_back(p.gathered.view(-1));
-    ins.push_back(p.shard.view(-1).to(unit.gather_dtype));
+    ins.push_back(p.view_of(unit.gather_input).view(-1));
   }
-  unit.gather_inputs = ins;
   unit.gather_work = comm_->all_gather_into_coalesced(outs, ins);
   unit.state = FsdpUnit::State::gathering;
 }
 
 void Fsdp::wait_unshard(FsdpUnit& unit) {
   if (unit.state != FsdpUnit::State::gathering) return;
-  RECORD_USER_SCOPE(profile_name("fsdp::wait_all_gather", unit));
-  unit.gather_work.wait();
-  unit.gather_inputs.clear();
+  {
+    RECORD_USER_SCOPE(profile_name("fsdp::wait_all_gather", unit));
+    timed_wait(unit.gather_work);
+  }
+  // The root gathers once per step (its size is its own): pooling its input would only hold memory.
+  auto input = std::exchange(unit.gather_input, at::Tensor());
+  if (!unit.is_root) gather_buffers_.give(std::move(input));
   unit.state = FsdpUnit::State::unsharded;
 }
 
@@ -307,7 +335,7 @@ void Fsdp::post_backward(FsdpUnit& unit, const std::vector<at::Tensor>& grads) {
   RECORD_USER_SCOPE(profile_name("fsdp::reduce_scatter", unit));
   const int world = comm_->world_size();
   int64_t total = unit.shard_flat.numel();
-  auto reduce_input = at::empty({world, total}, unit.shard_flat.options().dtype(config_.reduce_dtype));
+  auto reduce_input = reduce_buffers_.take({world, total}, unit.shard_flat.options().dtype(config_.reduce_dtype));
   for (size_t i = 0; i < unit.params.size(); ++i) {
     const auto& p = unit.params[i];
     const auto& layout = p.layout;
@@ -329,12 +357,25 @@ void Fsdp::post_backward(FsdpUnit& unit, const std::vector<at::Tensor>& grads) {
     }
   }
   reshard(unit);
-  auto output = at::empty({total}, reduce_input.options());
-  auto work = comm_->reduce_scatter_sum(output, reduce_input.view(-1));
-  pending_.push_back({&unit, output, std::move(work)});
+  // Nothing to add to yet (the first micro-batch): reduce straight into grad_flat.
+  const bool into_grad = unit.grad_is_zero && config_.reduce_dtype == at::kFloat;
+  auto output = into_grad ? unit.grad_flat : reduce_buffers_.take({total}, reduce_input.options());
+  unit.grad_is_zero = false;
+  auto work = comm_->reduce_scatter_sum(output, reduce_input.view(-1), &reduce_buffers_);
+  pending_.push_back({&unit, reduce_input, output, std::move(work)});
   // A bounded number of reductions in flight overlaps communication with the next unit's
   // backward without holding every unit's reduce buffer.
-  drain_reductions(2);
+  drain_reductions(kReductionsInFlight);
+}
+
+void Fsdp::timed_wait(CommWork& work) {
+  const auto started = std::chrono::steady_clock::now();
+  work.wait();
+  comm_wait_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+}
+
+double Fsdp::take_comm_wait_ms() {
+  return std::exchange(comm_wait_ms_, 0.0);
 }
 
 void Fsdp::drain_reductions(size_t keep_in_flight) {
@@ -343,33 +384,51 @@ void Fsdp::drain_reductions(size_t keep_in_flight) {
   while (pending_.size() > keep_in_flight) {
     auto pending = std::move(pending_.front());
     pending_.pop_front();
-    RECORD_USER_SCOPE(profile_name("fsdp::wait_reduce_scatter", *pending.unit));
-    pending.work.wait();
-    if (reduction_.replicate && reduction_.replicate->world_size() > 1)
-      reduction_.replicate->all_reduce_sum(pending.output).wait();
+    {
+      RECORD_USER_SCOPE(profile_name("fsdp::wait_reduce_scatter", *pending.unit));
+      timed_wait(pending.work);
+      if (reduction_.replicate && reduction_.replicate->world_size() > 1) {
+        auto replica_work = reduction_.replicate->all_reduce_sum(pending.output);
+        timed_wait(replica_work);
+      }
+    }
     if (divisor > 1) pending.output.div_(divisor);
-    pending.unit->grad_flat.add_(pending.output.to(at::kFloat));
+    auto& grad = pending.unit->grad_flat;
+    if (!pending.output.is_same(grad)) {
+      grad.add_(pending.output.to(at::kFloat));
+      reduce_buffers_.give(std::move(pending.output));
+    }
+    reduce_buffers_.give(std::move(pending.input));
   }
 }
 
 void Fsdp::finish_backward() {
   drain_reductions(0);
+  reduce_buffers_.clear();
   // A unit whose params got no grad at all (unused this step) still has to let go of them.
   for (auto& unit : units_) reshard(*unit);
 }
 
 void Fsdp::zero_grad() {
-  for (auto& unit : units_) unit->grad_flat.zero_();
+  for (auto& unit : units_) {
+    if (!unit->grad_is_zero) unit->grad_flat.zero_();
+    unit->grad_is_zero = true;
+  }
 }
 
 double Fsdp::clip_grad_norm(double max_norm) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
+  for (auto& unit : units_)
+    if (unit->grad_flat.numel() > 0) grads.push_back(unit->grad_flat);
+  // One fp32 pass per unit (the kernel clip_grad_norm_'s _foreach_norm runs); the units' squares
+  // and the ranks' sums add in double.
   double sum_squares = 0.0;
-  for (auto& unit : units_) sum_squares += unit->grad_flat.to(at::kDouble).pow(2).sum().item<double>();
+  if (!grads.empty()) sum_squares = at::stack(at::_foreach_norm(grads)).to(at::kDouble).pow(2).sum().item<double>();
   const double norm = std::sqrt(comm_->all_reduce_sum(sum_squares));
   if (max_norm > 0) {
     const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0)
-      for (auto& unit : units_) unit->grad_flat.mul_(coef);
+    if (coef < 1.0) at::_foreach_mul_(grads, coef);
   }
   return norm;
 }

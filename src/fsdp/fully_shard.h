@@ -14,6 +14,7 @@
 // of the steps around it. With a replicate group (HSDP) the reduce-scattered grads are all-reduced
 // across the replicas of the shard group. Non-goals: tensor parallelism, per-parameter placements.
 #pragma once
+#include "core/tensor_pool.h"
 #include "dist/comm.h"
 #include "fsdp/fsdp_config.h"
 #include "fsdp/shard_layout.h"
@@ -53,10 +54,11 @@ struct FsdpUnit {
   at::ScalarType gather_dtype = at::kFloat;  // param_dtype, or fp32 for a unit that computes in fp32 (plan.h)
   at::Tensor shard_flat;       // fp32 [S], S = sum of padded shard sizes: the optimizer's params
   at::Tensor grad_flat;        // fp32 [S]: accumulated, reduced grads
+  bool grad_is_zero = true;    // grad_flat holds zeros (since zero_grad): the reduction writes, not adds
   at::Tensor anchor;           // scalar leaf that makes UnitGather part of the graph
   State state = State::sharded;
   CommWork gather_work;
-  std::vector<at::Tensor> gather_inputs;  // gather_dtype casts of the shards, alive until wait()
+  at::Tensor gather_input;     // gather_dtype [S]: shard_flat cast, alive until the gather's wait()
   size_t order = 0;            // position in forward order
   Fsdp* engine = nullptr;      // the engine the autograd Functions call back into
 };
@@ -110,6 +112,9 @@ class Fsdp {
   // Global L2 norm of the grads across all shards; scales them by max_norm / (norm + 1e-6)
   // when that is below 1 (torch.nn.utils.clip_grad_norm_). max_norm <= 0: only measures.
   double clip_grad_norm(double max_norm);
+  // Milliseconds this rank spent blocked in waits for collectives (all-gathers, reduce-scatters,
+  // the replica all-reduce) since the last call; resets the count.
+  double take_comm_wait_ms();
 
   std::vector<FsdpUnit*> units();
   const Comm& comm() const { return *comm_; }
@@ -138,10 +143,13 @@ class Fsdp {
   void unshard_async(FsdpUnit& unit);
   void wait_unshard(FsdpUnit& unit);
   void drain_reductions(size_t keep_in_flight);
+  // Runs wait() and adds the time it blocked to comm_wait_ms_.
+  void timed_wait(CommWork& work);
 
   struct PendingReduction {
     FsdpUnit* unit;
-    at::Tensor output;  // reduce_dtype [S]
+    at::Tensor input;   // reduce_dtype [W, S], back to the pool after the wait
+    at::Tensor output;  // reduce_dtype [S]; unit->grad_flat itself when written in place
     CommWork work;
   };
 
@@ -151,6 +159,13 @@ class Fsdp {
   FsdpReduction reduction_;
   std::vector<std::unique_ptr<FsdpUnit>> units_;  // forward order; the root first
   std::deque<PendingReduction> pending_;
+  // Every unit of a transformer gathers and reduces the same sizes, so buffers are reused
+  // instead of allocated per unit. Gather inputs stay pooled across steps; the reduce pool
+  // (reduce inputs, outputs and Gloo's receive buffers) empties at the end of each backward, so
+  // its buffers never add to the forward pass's peak.
+  TensorPool gather_buffers_;
+  TensorPool reduce_buffers_;
+  double comm_wait_ms_ = 0;
   std::unordered_map<size_t, std::vector<at::DataPtr>> free_gather_storage_;  // nbytes -> buffers
 };
 

@@ -133,7 +133,8 @@ FsdpMemoryPlan fsdp_memory_plan(const std::vector<PlanParam>& params, const std:
   plan.units_in_flight = std::min<int64_t>(k, static_cast<int64_t>(others));
   for (size_t begin = 1; begin + plan.units_in_flight <= plan.units.size() && plan.units_in_flight > 0; ++begin) {
     int64_t bytes = 0;
-    for (size_t u = begin; u < begin + plan.units_in_flight; ++u) bytes += plan.units[u].gathered_numel * p_of(plan.units[u]);
+    for (size_t u = begin; u < begin + plan.units_in_flight; ++u)
+      bytes += (plan.units[u].gathered_numel + plan.units[u].shard_numel) * p_of(plan.units[u]);  // gathered + cast input
     if (bytes > plan.in_flight_bytes) {
       plan.in_flight_bytes = bytes;
       plan.in_flight_first = plan.units[begin].name;
@@ -141,7 +142,7 @@ FsdpMemoryPlan fsdp_memory_plan(const std::vector<PlanParam>& params, const std:
   }
 
   // Backward of one unit (post_backward): autograd's grads of its params (param_dtype), and the
-  // reduce-scatter buffers of up to three units (two in flight, one being packed).
+  // reduce-scatter buffers of the units in flight and the one being packed.
   std::vector<int64_t> reduce_sizes;
   int64_t largest_grad_bytes = 0;
   for (const auto& unit : plan.units) {
@@ -150,7 +151,8 @@ FsdpMemoryPlan fsdp_memory_plan(const std::vector<PlanParam>& params, const std:
   }
   std::sort(reduce_sizes.rbegin(), reduce_sizes.rend());
   plan.reduce_bytes = largest_grad_bytes;
-  for (size_t i = 0; i < std::min<size_t>(3, reduce_sizes.size()); ++i) plan.reduce_bytes += reduce_sizes[i];
+  const size_t reducing = kFsdpReductionsInFlight + 1;
+  for (size_t i = 0; i < std::min(reducing, reduce_sizes.size()); ++i) plan.reduce_bytes += reduce_sizes[i];
   return plan;
 }
 

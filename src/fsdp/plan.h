@@ -8,11 +8,13 @@
 //   grads      4 · Σ_u S_u            fp32 reduced grads (Fsdp::grad_flat)
 //   optimizer  8 · Σ_u S_u            AdamW exp_avg + exp_avg_sq
 //   root       W · S_root · p         the root unit, gathered for the whole step (p = param_dtype size)
-//   in flight  max over k consecutive non-root units of Σ W · S_u · p, k = 1 + max(forward,
-//              backward prefetch): the running unit plus the ones prefetched behind it
-//              (all units when reshard_after_forward is off)
-//   reduce     backward of one unit: its unsharded grads (numel · p) plus up to 3 reduce-scatter
-//              buffers [W·S_u] + [S_u] in reduce_dtype (2 in flight + the one being packed)
+//   in flight  max over k consecutive non-root units of Σ (W + 1) · S_u · p, k = 1 + max(forward,
+//              backward prefetch): the running unit plus the ones prefetched behind it, each
+//              gathered [W·S_u] and its cast input [S_u] (all units when reshard_after_forward is off)
+//   reduce     backward of one unit: its unsharded grads (numel · p) plus the reduce-scatter
+//              buffers of kFsdpReductionsInFlight + 1 units (in flight + the one being packed), each
+//              [W·S_u] input + [S_u] output in reduce_dtype (NCCL's; on Gloo a reduction also holds
+//              a [W·S_u] receive buffer, Comm::reduce_scatter_sum)
 // Activations are model-specific: models/model_plan.h.
 #pragma once
 #include "fsdp/fsdp_config.h"
@@ -27,6 +29,9 @@
 namespace mmtrain {
 
 class Module;
+
+// Reduce-scatters Fsdp keeps in flight while the next unit's backward runs.
+constexpr int kFsdpReductionsInFlight = 1;
 
 // Which unit every parameter belongs to. units[0] is the root (""), then every module (other
 // than the root) matching an apply_modules pattern, in module order. A parameter belongs to the

@@ -2,14 +2,17 @@
 
 #include "core/error.h"
 
-#include <cmath>
 
 namespace mmtrain {
 
 AdamW::AdamW(std::vector<at::Tensor> params, std::vector<at::Tensor> grads, AdamWOptions options)
     : params_(std::move(params)), grads_(std::move(grads)), options_(options) {
   if (params_.size() != grads_.size()) fail("AdamW: ", params_.size(), " params but ", grads_.size(), " grads");
-  for (const auto& p : params_) states_.push_back({at::zeros_like(p), at::zeros_like(p)});
+  for (const auto& p : params_) {
+    if (p.scalar_type() != at::kFloat) fail("AdamW: params must be fp32 (the FSDP shards), got ", p.scalar_type());
+    states_.push_back({at::zeros_like(p), at::zeros_like(p)});
+    steps_.push_back(at::zeros({}, p.options()));
+  }
   masks_.resize(params_.size());
 }
 
@@ -23,28 +26,26 @@ void AdamW::set_update_mask(size_t i, at::Tensor mask) {
 void AdamW::step(double lr) {
   at::NoGradGuard no_grad;
   ++step_count_;
-  const double bias_correction1 = 1.0 - std::pow(options_.beta1, static_cast<double>(step_count_));
-  const double bias_correction2 = 1.0 - std::pow(options_.beta2, static_cast<double>(step_count_));
-  const double step_size = lr / bias_correction1;
-  const double bias_correction2_sqrt = std::pow(bias_correction2, 0.5);  // as Python: x ** 0.5
+  // One kernel call over every param that updates; a masked param keeps a copy of its frozen
+  // elements and gets them back afterwards (the kernel has no mask).
+  std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+  std::vector<std::pair<size_t, at::Tensor>> restore;  // (param index, values before the step)
   for (size_t i = 0; i < params_.size(); ++i) {
-    auto& param = params_[i];
-    const auto& grad = grads_[i];
-    auto& state = states_[i];
-    const auto& mask = masks_[i];
-    at::Tensor before;
-    if (mask.defined()) {
-      if (!mask.any().item<bool>()) continue;  // wholly frozen: no update, moments stay zero
-      before = param.clone();
+    if (masks_[i].defined()) {
+      if (!masks_[i].any().item<bool>()) continue;  // wholly frozen: no update, moments stay zero
+      restore.emplace_back(i, params_[i].clone());
     }
-    // The same op sequence as torch.optim.adamw._single_tensor_adamw, so results match bitwise.
-    param.mul_(1.0 - lr * options_.weight_decay);
-    state.exp_avg.lerp_(grad, 1.0 - options_.beta1);
-    state.exp_avg_sq.mul_(options_.beta2).addcmul_(grad, grad, 1.0 - options_.beta2);
-    auto denom = (state.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(options_.eps);
-    param.addcdiv_(state.exp_avg, denom, -step_size);
-    if (mask.defined()) param.copy_(at::where(mask, param, before));
+    steps_[i].fill_(static_cast<double>(step_count_));
+    params.push_back(params_[i]);
+    grads.push_back(grads_[i]);
+    exp_avgs.push_back(states_[i].exp_avg);
+    exp_avg_sqs.push_back(states_[i].exp_avg_sq);
+    steps.push_back(steps_[i]);
   }
+  if (params.empty()) return;
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, options_.beta1,
+                    options_.beta2, options_.weight_decay, options_.eps, /*amsgrad=*/false, /*maximize=*/false);
+  for (auto& [i, before] : restore) params_[i].copy_(at::where(masks_[i], params_[i], before));
 }
 
 int64_t AdamW::state_bytes() const {

@@ -1,6 +1,7 @@
-// AdamW over flat fp32 shards with the semantics of torch.optim.AdamW (foreach=False):
-// decoupled weight decay, bias-corrected moments, eps added after the sqrt. Elementwise, so a
-// flat shard with zero padding behaves exactly like the per-parameter update (padding stays 0).
+// AdamW over flat fp32 shards: torch.optim.AdamW(fused=True), by calling the same ATen kernel
+// (at::_fused_adamw_): decoupled weight decay, bias-corrected moments, eps added after the sqrt,
+// one pass over param, grad and both moments per step. Elementwise, so a flat shard with zero
+// padding behaves exactly like the per-parameter update (padding stays 0).
 #pragma once
 #include <ATen/ATen.h>
 
@@ -41,6 +42,7 @@ class AdamW {
   std::vector<at::Tensor> grads_;
   std::vector<AdamWState> states_;
   std::vector<at::Tensor> masks_;  // per param, undefined = update everything
+  std::vector<at::Tensor> steps_;  // per param, fp32 scalar = step_count_ (the kernel's state_steps)
   AdamWOptions options_;
   int64_t step_count_ = 0;
 };

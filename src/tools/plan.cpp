@@ -94,7 +94,9 @@ void plan_memory(const PlanOptions& o) {
   row("root unit, gathered all step (" + p_name + ")", plan.root_gathered_bytes);
   row(std::to_string(plan.units_in_flight) + " units in flight (" + p_name + ", from '" + plan.in_flight_first + "')",
       plan.in_flight_bytes);
-  row("backward: unit grads (" + p_name + ") + 3 reduce-scatter bufs (" + r_name + ")", plan.reduce_bytes);
+  row("backward: unit grads (" + p_name + ") + " + std::to_string(kFsdpReductionsInFlight + 1) +
+          " reduce-scatter bufs (" + r_name + ")",
+      plan.reduce_bytes);
 
   nlohmann::ordered_json j = {{"config", cfg.source_path},
                               {"model_id", id},

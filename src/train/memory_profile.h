@@ -1,9 +1,9 @@
 // tools.memory_profile: how much tensor memory each phase of a step needs. While enabled, the
 // CPU allocator is wrapped by a counting one (every tensor allocation and free, on every thread,
 // adjusts a live-bytes counter and its peak); each phase (train/train_step.h: data, forward,
-// backward, optimizer) records the peak of live bytes reached inside it. A logged step gains
+// backward, clip, optimizer) records the peak of live bytes reached inside it. A logged step gains
 //   "memory": {"live_start_mb", "data_peak_mb", "forward_peak_mb", "backward_peak_mb",
-//              "optimizer_peak_mb", "step_peak_mb"}   (the max over ranks)
+//              "clip_peak_mb", "optimizer_peak_mb", "step_peak_mb"}   (the max over ranks)
 // in metrics.jsonl. These are allocated bytes (torch.cuda.max_memory_allocated's measure), below
 // the process RSS, which adds the allocator's slack, the code and the communication buffers.
 // CPU only for now: on CUDA the caching allocator's own statistics are the measure to use.

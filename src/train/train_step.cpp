@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <optional>
+#include <utility>
 
 namespace mmtrain {
 namespace {
@@ -13,19 +14,19 @@ namespace {
 // One phase: a profiler scope (when a profiler is on) and the listener's begin/end around it.
 class PhaseScope {
  public:
-  PhaseScope(StepPhaseListener* listener, StepPhase phase)
-      : listener_(listener), phase_(phase), record_(at::RecordScope::USER_SCOPE) {
+  PhaseScope(const StepPhaseListeners& listeners, StepPhase phase)
+      : listeners_(listeners), phase_(phase), record_(at::RecordScope::USER_SCOPE) {
     if (record_.isActive()) record_.before(std::string("mmtrain::") + step_phase_name(phase));
-    if (listener_) listener_->phase_begins(phase_);
+    for (auto* listener : listeners_) listener->phase_begins(phase_);
   }
   ~PhaseScope() {
-    if (listener_) listener_->phase_ends(phase_);
+    for (auto* listener : listeners_) listener->phase_ends(phase_);
   }
   PhaseScope(const PhaseScope&) = delete;
   PhaseScope& operator=(const PhaseScope&) = delete;
 
  private:
-  StepPhaseListener* listener_;
+  const StepPhaseListeners& listeners_;
   StepPhase phase_;
   at::RecordFunction record_;
 };
@@ -37,20 +38,32 @@ const char* step_phase_name(StepPhase phase) {
     case StepPhase::data: return "data";
     case StepPhase::forward: return "forward";
     case StepPhase::backward: return "backward";
+    case StepPhase::clip: return "clip";
     case StepPhase::optimizer: return "optimizer";
   }
   return "?";
 }
 
+void PhaseTimer::phase_begins(StepPhase phase) {
+  began_[static_cast<size_t>(phase)] = std::chrono::steady_clock::now();
+}
+
+void PhaseTimer::phase_ends(StepPhase phase) {
+  const auto i = static_cast<size_t>(phase);
+  ms_[i] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began_[i]).count();
+}
+
+std::array<double, kStepPhases> PhaseTimer::take_ms() { return std::exchange(ms_, {}); }
+
 ModelOutput forward_backward(Model& model, Fsdp& fsdp, const Batch& batch, double loss_divisor,
-                             StepPhaseListener* listener) {
+                             const StepPhaseListeners& listeners) {
   ModelOutput out;
   {
-    PhaseScope scope(listener, StepPhase::forward);
+    PhaseScope scope(listeners, StepPhase::forward);
     fsdp.begin_forward();
     out = model.forward(batch);
   }
-  PhaseScope scope(listener, StepPhase::backward);
+  PhaseScope scope(listeners, StepPhase::backward);
   (loss_divisor == 1.0 ? out.loss : out.loss / loss_divisor).backward();
   fsdp.finish_backward();
   return out;
@@ -63,18 +76,21 @@ StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, const StepSettings&
   for (int m = 0; m < settings.accumulation; ++m) {
     Batch batch;
     {
-      PhaseScope scope(settings.listener, StepPhase::data);
+      PhaseScope scope(settings.listeners, StepPhase::data);
       batch = micro_batch(m);
     }
-    const auto out = forward_backward(model, fsdp, batch, settings.accumulation, settings.listener);
+    const auto out = forward_backward(model, fsdp, batch, settings.accumulation, settings.listeners);
     stats.loss_sum += out.loss.item<double>();
     stats.flops += model.train_flops(batch);
     stats.tokens += static_cast<double>(out.tokens);
   }
-  PhaseScope scope(settings.listener, StepPhase::optimizer);
-  stats.grad_norm = fsdp.clip_grad_norm(settings.clip_grad);
+  {
+    PhaseScope scope(settings.listeners, StepPhase::clip);
+    stats.grad_norm = fsdp.clip_grad_norm(settings.clip_grad);
+  }
   if (!std::isfinite(stats.grad_norm))
     fail("iteration ", settings.iteration, ": grad norm is ", stats.grad_norm, " (NaN/Inf): stopping");
+  PhaseScope scope(settings.listeners, StepPhase::optimizer);
   adamw.step(settings.lr);
   return stats;
 }

@@ -7,15 +7,20 @@
 #include "models/model.h"
 #include "optim/adamw.h"
 
+#include <array>
+#include <chrono>
 #include <functional>
+#include <vector>
 
 namespace mmtrain {
 
 // Where a step is: each phase is a profiler scope ("mmtrain::forward", ... in a Kineto trace)
-// and is reported to the listener, if any (the memory profile keeps a peak per phase).
-enum class StepPhase { data, forward, backward, optimizer };
-const char* step_phase_name(StepPhase phase);  // "data", "forward", "backward", "optimizer"
-constexpr int kStepPhases = 4;
+// and is reported to the listeners (the phase timer behind metrics.jsonl's phases_ms; the memory
+// profile keeps a peak per phase). data, forward and backward run once per micro-batch; clip is
+// the global grad norm and clipping, optimizer the AdamW step.
+enum class StepPhase { data, forward, backward, clip, optimizer };
+const char* step_phase_name(StepPhase phase);  // "data", "forward", "backward", "clip", "optimizer"
+constexpr int kStepPhases = 5;
 
 class StepPhaseListener {
  public:
@@ -24,10 +29,24 @@ class StepPhaseListener {
   virtual void phase_ends(StepPhase phase) = 0;
 };
 
+// Wall milliseconds per phase, summed over a step's micro-batches.
+class PhaseTimer : public StepPhaseListener {
+ public:
+  void phase_begins(StepPhase phase) override;
+  void phase_ends(StepPhase phase) override;
+  // Milliseconds per phase (indexed by StepPhase) since the last call; resets them.
+  std::array<double, kStepPhases> take_ms();
+
+ private:
+  std::array<double, kStepPhases> ms_{};
+  std::array<std::chrono::steady_clock::time_point, kStepPhases> began_{};
+};
+
 // One micro-batch's forward and backward of loss / loss_divisor; the grads land in the FSDP grad
 // shards. Returns the model's output (its loss undivided).
+using StepPhaseListeners = std::vector<StepPhaseListener*>;
 ModelOutput forward_backward(Model& model, Fsdp& fsdp, const Batch& batch, double loss_divisor = 1.0,
-                             StepPhaseListener* listener = nullptr);
+                             const StepPhaseListeners& listeners = {});
 
 struct StepStats {
   double loss_sum = 0;    // Σ over micro-batches of this rank's loss
@@ -41,7 +60,7 @@ struct StepSettings {
   int accumulation = 1;   // micro-batches; each loss is divided by it
   double lr = 0;
   double clip_grad = 0;   // max global grad norm; <= 0 measures the norm without clipping
-  StepPhaseListener* listener = nullptr;
+  StepPhaseListeners listeners;
 };
 
 // One optimizer step over micro_batch(0 .. accumulation-1). Fails, naming the iteration, on a

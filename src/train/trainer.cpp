@@ -29,6 +29,7 @@ struct Trainer::State {
   LrSchedule schedule;
   DataPipeline data;
   std::unique_ptr<MemoryProfile> memory_profile;
+  PhaseTimer phase_timer;  // every step: metrics.jsonl phases_ms
   std::unique_ptr<StepProfiler> profiler;
   int64_t start_step = 0;  // optimizer steps already taken
 
@@ -90,6 +91,21 @@ struct Trainer::State {
                        (loader.drop_last ? " (the rest of each epoch dropped)" : " (batches run on into the next epoch)");
     text += loader.num_workers > 0 ? ", " + std::to_string(loader.num_workers) + " loader threads" : ", loaded inline";
     return text;
+  }
+
+  // This rank's milliseconds per phase of the step just run, indexed by StepPhase, then
+  // comm_wait (the time blocked on FSDP's collectives, part of forward and backward).
+  std::vector<double> step_phases_ms() {
+    const auto ms = phase_timer.take_ms();
+    std::vector<double> out(ms.begin(), ms.end());
+    out.push_back(fsdp->take_comm_wait_ms());
+    return out;
+  }
+  static nlohmann::json phases_record(const std::vector<double>& ms) {
+    nlohmann::json out = nlohmann::json::object();
+    for (int p = 0; p < kStepPhases; ++p) out[step_phase_name(static_cast<StepPhase>(p))] = std::round(ms[p] * 10) / 10;
+    out["comm_wait"] = std::round(ms[kStepPhases] * 10) / 10;
+    return out;
   }
 
   // A step's memory peaks, the max over ranks (every rank profiles the same steps).
@@ -204,9 +220,10 @@ struct Trainer::State {
       settings.accumulation = accum;
       settings.lr = schedule.at(step);
       settings.clip_grad = t.clip_grad;
+      settings.listeners = {&phase_timer};
       const bool memory_step = memory_profile->covers(step + 1);
       if (memory_step) {
-        settings.listener = memory_profile.get();
+        settings.listeners.push_back(memory_profile.get());
         memory_profile->begin_step();
       }
       profiler->begin_step(step + 1);
@@ -218,7 +235,11 @@ struct Trainer::State {
       const bool traced = profiler->tracing();
       profiler->end_step(step + 1);
       const auto totals = comm().all_reduce_sum(std::vector<double>{stats.loss_sum, stats.flops, stats.tokens});
-      const double rss_mb = comm().all_reduce_max(std::vector<double>{peak_rss_mb()})[0];
+      const auto phases = step_phases_ms();
+      std::vector<double> maxed = phases;  // [phases..., peak RSS]
+      maxed.push_back(peak_rss_mb());
+      maxed = comm().all_reduce_max(maxed);
+      const double rss_mb = maxed.back();
       const double step_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
 
@@ -231,7 +252,9 @@ struct Trainer::State {
                                {"lr", settings.lr},
                                {"step_time_ms", step_ms},
                                {"tokens", static_cast<int64_t>(totals[2])},
-                               {"peak_rss_mb", rss_mb}};
+                               {"peak_rss_mb", rss_mb},
+                               {"phases_ms", phases_record(phases)},
+                               {"phases_max_ms", phases_record(maxed)}};
       if (totals[1] > 0) {
         const double tflops = totals[1] / world / (step_ms / 1000.0) / 1e12;
         record["tflops_per_device"] = tflops;

@@ -3,7 +3,7 @@
 // reference's autograd, a float64 central-difference check of each fused backward, and the same
 // bits with 1 and 2 threads. Inputs reach beyond the ±7 clamps and hit them exactly.
 #include "core/error.h"
-#include "models/magihuman/fused_ops.h"
+#include "nn/fused_ops.h"
 #include "models/magihuman/ops.h"
 
 #include <ATen/Parallel.h>

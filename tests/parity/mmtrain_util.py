@@ -54,6 +54,20 @@ def shard_rows(num_rows: int, rank: int, world: int) -> tuple[int, int]:
     return start, max(0, min(chunk, num_rows - start))
 
 
+def load_own_rows(named_params, get_slice, rank: int, world: int) -> None:
+    """Fills each FSDP2 DTensor param's local shard with its rows of the full tensor: get_slice(name)
+    is a safetensors slice (safe_open(...).get_slice), so no rank reads more than its rows."""
+    import torch
+    with torch.no_grad():
+        for name, p in named_params:
+            local = p.to_local()
+            start, rows = shard_rows(p.shape[0], rank, world)
+            if local.shape[0] != rows:
+                raise RuntimeError(f"{name}: FSDP2 shard has {local.shape[0]} rows, expected {rows}")
+            if rows:
+                local.copy_(get_slice(name)[start:start + rows])
+
+
 def iter_dir_name(iteration: int) -> str:
     return f"iter_{iteration:07d}"
 

@@ -393,35 +393,46 @@ def forward(params, batch, precision="fp32", cfg=None):
     = audio channels then zeros, text rows = 0. Dtype fp32 (fp64 in fp64 mode)."""
     cfg = cfg or infer_config(params)
     num = Numerics(precision)
-    p = params
+    h, packing = adapter(params, batch, cfg, num)
+    for i in range(cfg["num_layers"]):
+        h = layer(h, params, i, cfg, packing, num)
+    return heads(h, params, cfg, packing, num)
+
+
+def adapter(p, batch, cfg, num):
+    """fp32 embedders on each modality's own columns -> h [L, D]; and the packing the layers and
+    heads share: (modality [L], groups, rope [L, 6 nb], cu_seqlens)."""
     x = num.f(batch["x"])
     modality = batch["modality_mapping"].long()
-    cu_seqlens = batch["cu_seqlens"]
     L = x.shape[0]
     groups = modality_groups(modality)
     cv, ca, ct = cfg["video_in_channels"], cfg["audio_in_channels"], cfg["text_in_channels"]
-
-    # Adapter: fp32 embedders on each modality's own columns; RoPE from coords.
     rope = rope_table(num.f(batch["coords_mapping"]), num.f(p["adapter.rope.bands"]))
     embed = []
     for m, name, width in ((VIDEO, "video", cv), (AUDIO, "audio", ca), (TEXT, "text", ct)):
         rows = groups[m]
         embed.append((rows, F.linear(x[rows, :width], num.f(p[f"adapter.{name}_embedder.weight"]),
                                      num.f(p[f"adapter.{name}_embedder.bias"]))))
-    h = scatter_rows(L, embed, cfg["hidden_size"], x)
+    return scatter_rows(L, embed, cfg["hidden_size"], x), (modality, groups, rope, batch["cu_seqlens"])
 
-    for i in range(cfg["num_layers"]):
-        e = experts(cfg, i)
-        pre = f"block.layers.{i}."
-        h = h + attention(h, p, pre + "attention.", cfg, e, modality, groups, rope, cu_seqlens, num)
-        h = h + mlp(h, p, pre + "mlp.", cfg, i, e, modality, groups, num)
 
-    heads = []
+def layer(h, p, i, cfg, packing, num):
+    """Transformer layer i (attention then MLP, both residual) on h [L, D]."""
+    modality, groups, rope, cu_seqlens = packing
+    e, pre = experts(cfg, i), f"block.layers.{i}."
+    h = h + attention(h, p, pre + "attention.", cfg, e, modality, groups, rope, cu_seqlens, num)
+    return h + mlp(h, p, pre + "mlp.", cfg, i, e, modality, groups, num)
+
+
+def heads(h, p, cfg, packing, num):
+    """Final norm + linear of video and audio rows -> the prediction [L, out_width]."""
+    groups = packing[1]
+    out = []
     for m, name in ((VIDEO, "video"), (AUDIO, "audio")):
         rows = groups[m]
         y = rms_norm(h[rows], p[f"final_norm_{name}.weight"], None, 1, cfg["norm_eps"], num)
-        heads.append((rows, F.linear(y, num.f(p[f"final_linear_{name}.weight"]))))
-    return scatter_rows(L, heads, out_width(cfg), h)
+        out.append((rows, F.linear(y, num.f(p[f"final_linear_{name}.weight"]))))
+    return scatter_rows(h.shape[0], out, out_width(cfg), h)
 
 
 def flow_matching_loss(pred, batch, cfg):

@@ -389,13 +389,18 @@ def micro_batch_indices(step: int, micro: int, rank: int, ranks: int, mbs: int, 
     return torch.arange(base, base + mbs) % num_samples
 
 
+# torch.optim.AdamW implementations: "fused" (fused=True, one ATen kernel per step; what mmtrain
+# runs) and "single" (foreach=False, the per-tensor op sequence).
+ADAMW_KINDS = ("fused", "single")
+
+
 class _StepRunner:
     """The per-step loop shared by plain and FSDP2 training. `ranks`/`rank` describe the data
     split this process runs; plain training runs all W*accum micro-batches itself."""
 
     def __init__(self, rc: RunConfig, model: nn.Module, rank: int, ranks: int, accum: int,
                  distributed: bool, forward: Callable[[torch.Tensor], torch.Tensor],
-                 after_backward: Callable[[], None] | None = None):
+                 after_backward: Callable[[], None] | None = None, adamw: str = "fused"):
         self.rc, self.model, self.rank, self.ranks, self.accum = rc, model, rank, ranks, accum
         self.distributed = distributed
         self.forward = forward
@@ -406,8 +411,11 @@ class _StepRunner:
             raise ValueError(f"{rc.tokens_path}: tokens must be int64 [N, S], got {self.tokens.dtype} "
                              f"{tuple(self.tokens.shape)}")
         self.params = list(model.parameters())
+        if adamw not in ADAMW_KINDS:
+            raise ValueError(f"adamw must be one of {ADAMW_KINDS}, got {adamw!r}")
         self.optimizer = torch.optim.AdamW(self.params, lr=rc.lr, betas=(rc.adam_beta1, rc.adam_beta2),
-                                           eps=rc.adam_eps, weight_decay=rc.weight_decay, foreach=False)
+                                           eps=rc.adam_eps, weight_decay=rc.weight_decay,
+                                           foreach=False, fused=(adamw == "fused"))
 
     def grad_norm_and_clip(self) -> float:
         grads = [p.grad for p in self.params if p.grad is not None]
@@ -478,14 +486,14 @@ def _train_loop(runner: _StepRunner, rc: RunConfig, out_dir: str, write: bool,
     return metrics
 
 
-def _train_plain(rc: RunConfig, world_size: int, out_dir: str) -> None:
+def _train_plain(rc: RunConfig, world_size: int, out_dir: str, adamw: str) -> None:
     model = ReferenceTransformer(rc.model)
     model.load_state_dict(load_file(rc.model_path), strict=True)
     apply_recompute(model, rc)
     accum = rc.grad_accum * world_size  # the W ranks' micro-batches, in rank order
 
     if rc.param_dtype == torch.float32:
-        runner = _StepRunner(rc, model, 0, 1, accum, False, forward=model)
+        runner = _StepRunner(rc, model, 0, 1, accum, False, forward=model, adamw=adamw)
         _train_loop(runner, rc, out_dir, write=True)
     else:
         # FSDP2 MixedPrecisionPolicy emulation: forward/backward on a low-precision copy of the
@@ -511,7 +519,8 @@ def _train_plain(rc: RunConfig, world_size: int, out_dir: str) -> None:
                 low.grad = None
 
         sync_compute_params()
-        runner = _StepRunner(rc, model, 0, 1, accum, False, forward=compute, after_backward=accumulate_grads)
+        runner = _StepRunner(rc, model, 0, 1, accum, False, forward=compute, after_backward=accumulate_grads,
+                             adamw=adamw)
         _train_loop(runner, rc, out_dir, write=True, on_step=sync_compute_params)
 
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -547,24 +556,20 @@ def _build_fsdp_model(rc: RunConfig, rank: int, world: int) -> ReferenceTransfor
             mod.set_modules_to_backward_prefetch(list(reversed(layers[max(0, i - rc.backward_prefetch):i])))
 
     model.to_empty(device="cpu")
-    with safe_open(rc.model_path, "pt") as f, torch.no_grad():
-        for name, p in model.named_parameters():
-            local = p.to_local()
-            start, rows = mmtrain_util.shard_rows(p.shape[0], rank, world)
-            if local.shape[0] != rows:
-                raise RuntimeError(f"{name}: FSDP2 shard has {local.shape[0]} rows, expected {rows}")
-            if rows:
-                local.copy_(f.get_slice(name)[start:start + rows])
+    with safe_open(rc.model_path, "pt") as f:
+        mmtrain_util.load_own_rows(model.named_parameters(), f.get_slice, rank, world)
     return model
 
 
-def _fsdp_worker(rank: int, world: int, port: int, cfg: dict, out_dir: str, backend: str, threads: int) -> None:
+def _fsdp_worker(rank: int, world: int, port: int, cfg: dict, out_dir: str, backend: str, threads: int,
+                 adamw: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    _fsdp_rank_main(rank, world, cfg, out_dir, backend, threads)
+    _fsdp_rank_main(rank, world, cfg, out_dir, backend, threads, adamw)
 
 
-def _fsdp_rank_main(rank: int, world: int, cfg: dict, out_dir: str, backend: str, threads: int) -> None:
+def _fsdp_rank_main(rank: int, world: int, cfg: dict, out_dir: str, backend: str, threads: int,
+                    adamw: str = "fused") -> None:
     """One FSDP2 rank; the process group comes from MASTER_ADDR/MASTER_PORT (env://)."""
     import torch.distributed as dist
 
@@ -573,7 +578,7 @@ def _fsdp_rank_main(rank: int, world: int, cfg: dict, out_dir: str, backend: str
     try:
         rc = RunConfig.from_yaml_dict(cfg)
         model = _build_fsdp_model(rc, rank, world)
-        runner = _StepRunner(rc, model, rank, world, rc.grad_accum, True, forward=model)
+        runner = _StepRunner(rc, model, rank, world, rc.grad_accum, True, forward=model, adamw=adamw)
         _train_loop(runner, rc, out_dir, write=(rank == 0))
 
         full = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}  # collective
@@ -596,22 +601,22 @@ def free_port() -> int:
 
 
 def train(cfg: dict, world_size: int, backend: str = "gloo", fsdp: bool = True,
-          threads: int | None = None) -> TrainResult:
+          threads: int | None = None, adamw: str = "fused") -> TrainResult:
     """Runs the reference training described by the mmtrain YAML dict `cfg` (see module doc).
-    threads: intra-op threads per rank (default $OMP_NUM_THREADS or 1)."""
+    threads: intra-op threads per rank (default $OMP_NUM_THREADS or 1); adamw: one of ADAMW_KINDS."""
     rc = RunConfig.from_yaml_dict(cfg)
     out_dir = rc.output_dir or tempfile.mkdtemp(prefix="torch_ref_")
     os.makedirs(out_dir, exist_ok=True)
     threads = threads or int(os.environ.get("OMP_NUM_THREADS", "1"))
     if fsdp:
         import torch.multiprocessing as mp
-        mp.spawn(_fsdp_worker, args=(world_size, free_port(), cfg, out_dir, backend, threads),
+        mp.spawn(_fsdp_worker, args=(world_size, free_port(), cfg, out_dir, backend, threads, adamw),
                  nprocs=world_size, join=True)
     else:
         saved_threads = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            _train_plain(rc, world_size, out_dir)
+            _train_plain(rc, world_size, out_dir, adamw)
         finally:
             torch.set_num_threads(saved_threads)
     metrics = mmtrain_util.read_metrics(os.path.join(out_dir, "metrics.jsonl"))

@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 #include "models/magihuman/flops.h"
-#include "models/magihuman/fused_ops.h"
+#include "nn/fused_ops.h"
 #include "models/magihuman/ops.h"
 #include "parallel/context_parallel.h"
 
@@ -72,7 +72,7 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& w) {
   return at::linear(x.to(w.scalar_type()), w).to(at::kFloat);
 }
 
-// model.config.fused_ops picks the fused CPU kernels (fused_ops.h) or the reference ATen ops
+// model.config.fused_ops picks the fused CPU kernels (nn/fused_ops.h) or the reference ATen ops
 // (ops.h, the oracle); tensors off the CPU always take the reference ops.
 at::Tensor norm_1p(const MagiHumanConfig& c, const at::Tensor& x, const at::Tensor& w) {
   return c.fused_ops && x.is_cpu() ? fused_rms_norm_1p(x, w, c.norm_eps) : rms_norm_1p(x, w, c.norm_eps);

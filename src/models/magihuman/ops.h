@@ -1,5 +1,5 @@
 // MagiHuman's building blocks (upstream daVinci-MagiHuman's dit_module.py), as reference ATen ops with
-// autograd. Fused CPU kernels with the same contracts live in fused_ops.h;
+// autograd. Fused CPU kernels with the same contracts live in nn/fused_ops.h;
 // these stay the oracle they are tested against (model.config.fused_ops picks one set).
 //   rms_norm_1p:  x * rsqrt(mean(x^2) + eps) * (1 + w), in fp32, result in x's dtype
 //   swiglu7:      gate = x[..., :I] (halves layout) or x[..., 0::2] (interleaved),

@@ -61,7 +61,7 @@ class GatedMlp : public Module {
   // down(act(gate x) * up x), act = silu or exact gelu
   at::Tensor forward(const at::Tensor& x, bool silu) const {
     auto g = lin(x, gate_proj);
-    return lin((silu ? at::silu(g) : at::gelu(g)) * lin(x, up_proj), down_proj);
+    return lin(silu ? silu_mul(g, lin(x, up_proj)) : at::gelu(g) * lin(x, up_proj), down_proj);
   }
   std::shared_ptr<Weight> gate_proj, up_proj, down_proj;
 };

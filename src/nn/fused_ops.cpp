@@ -1,10 +1,10 @@
-// Fused CPU kernels (contracts in fused_ops.h). Op order follows the reference ops in ops.cpp,
+// Fused CPU kernels (contracts in fused_ops.h). Op order follows the reference ops,
 // one fp32 operation for one ATen operation, so that the forwards (and for swiglu7/gelu7/rope the
 // backwards, whose order follows the autograd formulas of mul, sigmoid, clamp and slice) agree
 // bitwise. Where ATen's own kernels fix the bits (the mean's summation order, MKL's rsqrt, the
 // vectorised exp inside sigmoid) the kernels call them on small cache-resident blocks of scratch.
 // The deliberate exception: RMSNorm's backward is the closed form, not the chain of autograd nodes.
-#include "models/magihuman/fused_ops.h"
+#include "nn/fused_ops.h"
 
 #include "core/error.h"
 
@@ -17,7 +17,7 @@
 #include <cmath>
 #include <vector>
 
-namespace mmtrain::magihuman {
+namespace mmtrain {
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -193,17 +193,20 @@ void rms_norm_backward_kernel(const at::Tensor& x, const RowLayout& layout, cons
   });
 }
 
-struct RmsNorm1pFunction : torch::autograd::Function<RmsNorm1pFunction> {
-  // Saves x and (1 + w) in opmath, not w itself, as the reference graph does: a parameter that
+// y = x * rsqrt(mean(x^2) + eps) * (w + weight_offset): offset 1 is MagiHuman's (1 + w), 0 Llama's.
+struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
+  // Saves x and (w + offset) in opmath, not w itself, as the reference graph does: a parameter that
   // FSDP reshards after forward is never held by the graph.
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps,
+                            double weight_offset) {
     RowLayout layout;
     auto xr = addressable_rows(x, layout);
     auto y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
     at::Tensor rstd, gamma;
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "fused_rms_norm_1p", [&] {
       const auto acc = opmath_dtype<scalar_t>();
-      gamma = (weight.to(acc) + 1.0).contiguous();  // (1 + w), as the reference: w.float() + 1
+      gamma = weight.to(acc);
+      gamma = (weight_offset != 0.0 ? gamma + weight_offset : gamma).contiguous();  // (1 + w): w.float() + 1
       rstd = at::empty({x.numel() / std::max<int64_t>(1, x.size(-1))}, x.options().dtype(acc));
       rms_norm_forward_kernel<scalar_t>(xr, layout, gamma, eps, y, rstd);
     });
@@ -220,7 +223,7 @@ struct RmsNorm1pFunction : torch::autograd::Function<RmsNorm1pFunction> {
     const auto rstd = ctx->saved_data["rstd"].toTensor();
     const bool need_dx = ctx->needs_input_grad(0), need_dw = ctx->needs_input_grad(1);
     at::Tensor dx, dw;
-    if (!grads[0].defined() || (!need_dx && !need_dw)) return {dx, dw, at::Tensor()};
+    if (!grads[0].defined() || (!need_dx && !need_dw)) return {dx, dw, at::Tensor(), at::Tensor()};
     RowLayout layout;
     auto xr = addressable_rows(x, layout);
     auto gy = grads[0].to(x.scalar_type()).contiguous();
@@ -230,7 +233,7 @@ struct RmsNorm1pFunction : torch::autograd::Function<RmsNorm1pFunction> {
       rms_norm_backward_kernel<scalar_t>(xr, layout, gamma, rstd, gy, dx, dw_acc, need_dx, need_dw);
     });
     if (need_dw) dw = dw_acc.to(ctx->saved_data["weight_dtype"].toScalarType());
-    return {dx, dw, at::Tensor()};
+    return {dx, dw, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -522,6 +525,65 @@ struct PartialRopeFunction : torch::autograd::Function<PartialRopeFunction> {
   }
 };
 
+// ---------------------------------------------------------------------------------------------
+// silu(g) * u (the SwiGLU product of the Llama-family MLP)
+
+// out = g * s * u with s = sigmoid(g), blocks of kSigmoidBlock elements through ATen's sigmoid.
+// Backward: du = go * g * s; dg = go * u * s * (1 + g * (1 - s)).
+template <typename scalar_t>
+void silu_mul_kernel(const scalar_t* g, const scalar_t* u, const scalar_t* go, scalar_t* out, scalar_t* dg,
+                     scalar_t* du, int64_t n) {
+  using acc_t = at::opmath_type<scalar_t>;
+  at::parallel_for(0, divup(n, kSigmoidBlock), 1, [&](int64_t bb, int64_t be) {
+    std::vector<acc_t> s(kSigmoidBlock);
+    for (int64_t b = bb; b < be; ++b) {
+      const int64_t e0 = b * kSigmoidBlock, m = std::min(n, e0 + kSigmoidBlock) - e0;
+      for (int64_t i = 0; i < m; ++i) s[i] = static_cast<acc_t>(g[e0 + i]);
+      sigmoid_inplace(s.data(), m);
+      for (int64_t i = 0; i < m; ++i) {
+        const int64_t e = e0 + i;
+        const acc_t gv = static_cast<acc_t>(g[e]), uv = static_cast<acc_t>(u[e]), sv = s[i];
+        if (!go) {
+          out[e] = static_cast<scalar_t>(gv * sv * uv);
+          continue;
+        }
+        const acc_t gov = static_cast<acc_t>(go[e]);
+        du[e] = static_cast<scalar_t>(gov * gv * sv);
+        dg[e] = static_cast<scalar_t>(gov * uv * sv * (acc_t(1) + gv * (acc_t(1) - sv)));
+      }
+    }
+  });
+}
+
+struct SiluMulFunction : torch::autograd::Function<SiluMulFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_in, const at::Tensor& up_in) {
+    auto gate = gate_in.contiguous(), up = up_in.to(gate.scalar_type()).contiguous();
+    auto out = at::empty(gate.sizes(), gate.options());
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate.scalar_type(), "fused_silu_mul", [&] {
+      silu_mul_kernel<scalar_t>(gate.const_data_ptr<scalar_t>(), up.const_data_ptr<scalar_t>(), nullptr,
+                                out.mutable_data_ptr<scalar_t>(), nullptr, nullptr, gate.numel());
+    });
+    ctx->save_for_backward({gate, up});
+    ctx->saved_data["up_dtype"] = up_in.scalar_type();
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& gate = saved[0];
+    const auto& up = saved[1];
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
+    auto go = grads[0].to(gate.scalar_type()).contiguous();
+    auto dg = at::empty(gate.sizes(), gate.options()), du = at::empty(gate.sizes(), gate.options());
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate.scalar_type(), "fused_silu_mul_backward", [&] {
+      silu_mul_kernel<scalar_t>(gate.const_data_ptr<scalar_t>(), up.const_data_ptr<scalar_t>(),
+                                go.const_data_ptr<scalar_t>(), nullptr, dg.mutable_data_ptr<scalar_t>(),
+                                du.mutable_data_ptr<scalar_t>(), gate.numel());
+    });
+    return {dg, du.to(ctx->saved_data["up_dtype"].toScalarType())};
+  }
+};
+
 }  // namespace
 
 at::Tensor fused_rms_norm_1p(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -529,7 +591,15 @@ at::Tensor fused_rms_norm_1p(const at::Tensor& x, const at::Tensor& weight, doub
   check_cpu_floating(weight, "fused_rms_norm_1p", "weight");
   if (x.dim() < 1 || weight.dim() != 1 || weight.size(0) != x.size(-1))
     fail("fused_rms_norm_1p: weight has shape ", weight.sizes(), " for x ", x.sizes(), "; expected [", x.size(-1), "]");
-  return RmsNorm1pFunction::apply(x, weight, eps);
+  return RmsNormFunction::apply(x, weight, eps, 1.0);
+}
+
+at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_cpu_floating(x, "fused_rms_norm", "x");
+  check_cpu_floating(weight, "fused_rms_norm", "weight");
+  if (x.dim() < 1 || weight.dim() != 1 || weight.size(0) != x.size(-1))
+    fail("fused_rms_norm: weight has shape ", weight.sizes(), " for x ", x.sizes(), "; expected [", x.size(-1), "]");
+  return RmsNormFunction::apply(x, weight, eps, 0.0);
 }
 
 at::Tensor fused_swiglu7(const at::Tensor& u, bool interleaved) {
@@ -548,4 +618,13 @@ at::Tensor fused_partial_rope(const at::Tensor& x, const at::Tensor& rope) {
   return PartialRopeFunction::apply(x, rope);
 }
 
-}  // namespace mmtrain::magihuman
+at::Tensor fused_silu_mul(const at::Tensor& gate, const at::Tensor& up) {
+  check_cpu_floating(gate, "fused_silu_mul", "gate");
+  check_cpu_floating(up, "fused_silu_mul", "up");
+  if (gate.sizes() != up.sizes())
+    fail("fused_silu_mul: gate has shape ", gate.sizes(), " but up ", up.sizes(), "; expected the same");
+  return SiluMulFunction::apply(gate, up);
+}
+
+}  // namespace mmtrain
+
