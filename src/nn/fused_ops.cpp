@@ -584,22 +584,24 @@ struct SiluMulFunction : torch::autograd::Function<SiluMulFunction> {
   }
 };
 
+// The checks and the call both RMSNorm entry points share; op names the entry point in errors.
+at::Tensor rms_norm_checked(const char* op, const at::Tensor& x, const at::Tensor& weight, double eps,
+                            double weight_offset) {
+  check_cpu_floating(x, op, "x");
+  check_cpu_floating(weight, op, "weight");
+  if (x.dim() < 1 || weight.dim() != 1 || weight.size(0) != x.size(-1))
+    fail(op, ": weight has shape ", weight.sizes(), " for x ", x.sizes(), "; expected [", x.size(-1), "]");
+  return RmsNormFunction::apply(x, weight, eps, weight_offset);
+}
+
 }  // namespace
 
 at::Tensor fused_rms_norm_1p(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  check_cpu_floating(x, "fused_rms_norm_1p", "x");
-  check_cpu_floating(weight, "fused_rms_norm_1p", "weight");
-  if (x.dim() < 1 || weight.dim() != 1 || weight.size(0) != x.size(-1))
-    fail("fused_rms_norm_1p: weight has shape ", weight.sizes(), " for x ", x.sizes(), "; expected [", x.size(-1), "]");
-  return RmsNormFunction::apply(x, weight, eps, 1.0);
+  return rms_norm_checked("fused_rms_norm_1p", x, weight, eps, 1.0);
 }
 
 at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  check_cpu_floating(x, "fused_rms_norm", "x");
-  check_cpu_floating(weight, "fused_rms_norm", "weight");
-  if (x.dim() < 1 || weight.dim() != 1 || weight.size(0) != x.size(-1))
-    fail("fused_rms_norm: weight has shape ", weight.sizes(), " for x ", x.sizes(), "; expected [", x.size(-1), "]");
-  return RmsNormFunction::apply(x, weight, eps, 0.0);
+  return rms_norm_checked("fused_rms_norm", x, weight, eps, 0.0);
 }
 
 at::Tensor fused_swiglu7(const at::Tensor& u, bool interleaved) {
