@@ -3,18 +3,19 @@
 // data and seed; each feature is judged against the control by
 //   loss        sum_i |loss_f(i) - loss_c(i)| / sum_i |loss_c(i)| over the common iterations
 //   allocated   the peak of tensor memory in use (tools.memory_profile's step_peak_mb, max over
-//               ranks) of the least demanding step after the warm-up; change in % of the
-//               control's. The least, because when FSDP's prefetches and reduce-scatters overlap
-//               moves a step's peak by a few % from one iteration to the next (the largest is
-//               reported too, as allocated_max_mb): the least is what the step itself needs.
+//               ranks) of the most demanding step after the warm-up; change in % of the
+//               control's. Communication timing (which prefetches, reduce-scatters and Gloo
+//               temporaries overlap) moves a step's peak down from that worst case by a few %,
+//               differently in every run; most steps reach the worst case, so the largest is the
+//               stable figure, and the one to provision for (the least is reported too, as
+//               allocated_least_mb).
 //   RSS         the process's peak resident memory (peak_rss_mb of the last record; the analogue
 //               of the caching allocator's reserved memory), change in %
 //   step time   the median step time after the warm-up, change in %
 // A repeat of the control (run last, so that it also spans the machine's drift over the whole
 // ablation) is the noise floor: a difference no larger than the floor is "inside the noise".
 //   loss             the repeat's loss difference (0 where the runs are deterministic)
-//   allocated        max(|the repeat's change|, half the range of the control's per-step peaks
-//                    (how far communication timing moves them), 1 MiB), as a % of the control
+//   allocated        max(|the repeat's change|, 1 MiB), as a % of the control
 //   step time        max(|the repeat's change|, 2 standard errors of the difference of two medians
 //                    of the control's step times: 2 * 1.2533 * sd * sqrt(2 / n), in %)
 //   RSS              reported, not judged: one value per run, and identical CPU runs differ by
@@ -46,7 +47,7 @@ struct AblationArm {
 
 // The table as JSON: {"steps", "skip", "control": {...}, "noise": {...} (nulls without a repeat),
 // "features": [{"name", "overrides", "loss_rel_diff", "allocated_peak_mb", "allocated_change_pct",
-// "rss_peak_mb", "rss_change_pct", "step_time_ms", "step_time_change_pct",
+// "allocated_least_mb", "rss_peak_mb", "rss_change_pct", "step_time_ms", "step_time_change_pct",
 // "inside_noise": {per measure: true, false, or null without a repeat}}]}.
 // skip: warm-up iterations left out of the memory peak and the step times.
 nlohmann::ordered_json ablation_table(const AblationArm& control, const AblationArm* control_repeat,

@@ -89,7 +89,7 @@ def test_ablate_judges_features_against_the_control_repeat(tmp_path, token_file)
     # Deep and wide enough that recompute's saved activations are ~17 MiB (the memory floor is >= 1 MiB).
     cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, mbs=16, iters=10))
     out = tmp_path / "ablation"
-    proc = run_mmtrain(["ablate", str(cfg), "--steps", "8", "--skip", "2", "--repeat-control", "--nproc", "2",
+    proc = run_mmtrain(["ablate", str(cfg), "--steps", "10", "--skip", "2", "--repeat-control", "--nproc", "2",
                         "--out", str(out),
                         "--set", "model.config.hidden_size=256", "--set", "model.config.ffn_hidden_size=1024",
                         "--set", "model.config.num_layers=6",

@@ -21,8 +21,8 @@ AblationArm arm(const std::string& name, const std::vector<double>& losses, cons
                    {"step_time_ms", step_ms[i]},
                    {"peak_rss_mb", rss_mb}};
     // The first iteration's peak is larger (warm-up): the table must leave it out. The third
-    // iteration's is larger too (communication overlapping differently): the least counts.
-    r["memory"] = {{"step_peak_mb", i == 0 ? allocated_mb * 3 : i == 2 ? allocated_mb + 10 : allocated_mb}};
+    // iteration's is smaller (communication overlapping less): the largest counts.
+    r["memory"] = {{"step_peak_mb", i == 0 ? allocated_mb * 3 : i == 2 ? allocated_mb - 10 : allocated_mb}};
     a.records.push_back(std::move(r));
   }
   return a;
@@ -40,13 +40,13 @@ TEST(Ablate, TableAgainstAControlRepeat) {
   const auto t = ablation_table(control, &repeat, {same, lighter, other}, 1);
 
   EXPECT_EQ(t["steps"], 4);
-  EXPECT_DOUBLE_EQ(t["control"]["allocated_peak_mb"].get<double>(), 200.0);  // the least of 200, 210, 200
-  EXPECT_DOUBLE_EQ(t["control"]["allocated_max_mb"].get<double>(), 210.0);
+  EXPECT_DOUBLE_EQ(t["control"]["allocated_peak_mb"].get<double>(), 200.0);  // the largest of 200, 190, 200
+  EXPECT_DOUBLE_EQ(t["control"]["allocated_least_mb"].get<double>(), 190.0);
   EXPECT_DOUBLE_EQ(t["control"]["step_time_ms"].get<double>(), 100.0);       // median of 100, 102, 98
   const auto& noise = t["noise"];
   EXPECT_DOUBLE_EQ(noise["loss_rel_diff"].get<double>(), 0.0);
-  // The control's range (200..210 MiB) = 10 MiB of 200 MiB; the repeat changed nothing.
-  EXPECT_DOUBLE_EQ(noise["allocated_change_pct"].get<double>(), 5.0);
+  // The repeat changed nothing: the 1 MiB band, of 200 MiB.
+  EXPECT_DOUBLE_EQ(noise["allocated_change_pct"].get<double>(), 0.5);
   EXPECT_TRUE(noise["rss_change_pct"].is_null());                      // reported, not judged
   // sd of {100, 102, 98} = 2; 2 * 1.2533 * 2 * sqrt(2/3) / 100 * 100 % = 4.093 % > the repeat's 1 %.
   EXPECT_NEAR(noise["step_time_change_pct"].get<double>(), 2 * 1.2533 * 2 * std::sqrt(2.0 / 3.0), 1e-9);
