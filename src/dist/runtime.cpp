@@ -136,13 +136,13 @@ Runtime runtime_init(const LaunchEnv& env, Device device, std::chrono::milliseco
   opts.port = static_cast<std::uint16_t>(env.master_port);
   opts.numWorkers = env.world_size;
   opts.timeout = timeout;
+  const std::string attempt_prefix = "/worker/attempt_" + std::to_string(env.restart_count);
   c10::intrusive_ptr<c10d::Store> store;
   if (env.use_agent_store) {
     // torchrun's agent owns the server on MASTER_PORT: every rank is a client.
     opts.isServer = false;
-    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
-    store = c10::make_intrusive<c10d::PrefixStore>(
-        "/worker/attempt_" + std::to_string(env.restart_count), store);
+    store = c10::make_intrusive<c10d::PrefixStore>(attempt_prefix,
+                                                   c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts));
   } else {
     opts.isServer = env.rank == 0;
     opts.multiTenant = true;
@@ -151,6 +151,16 @@ Runtime runtime_init(const LaunchEnv& env, Device device, std::chrono::milliseco
   rt.store = c10::make_intrusive<c10d::PrefixStore>("mmtrain_default_pg", store);
   rt.comm = std::make_shared<Comm>(make_backend(rt.store, env.rank, env.world_size, device, timeout),
                                    env.rank, env.world_size, comm_device);
+  // The heartbeat's own client (every rank has connected by now: the backend's rendezvous waited
+  // for all of them), under the same prefixes.
+  c10d::TCPStoreOptions client = opts;
+  client.isServer = false;
+  client.numWorkers = std::nullopt;
+  client.waitWorkers = false;
+  c10::intrusive_ptr<c10d::Store> heartbeat_store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, client);
+  if (env.use_agent_store) heartbeat_store = c10::make_intrusive<c10d::PrefixStore>(attempt_prefix, heartbeat_store);
+  rt.peer_watch = std::make_shared<PeerWatch>(
+      c10::make_intrusive<c10d::PrefixStore>("mmtrain_default_pg", heartbeat_store), env.rank, env.world_size);
   return rt;
 }
 

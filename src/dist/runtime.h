@@ -9,6 +9,7 @@
 // No WORLD_SIZE in the environment means a single process with no backend at all.
 #pragma once
 #include "dist/comm.h"
+#include "dist/peer_watch.h"
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -41,6 +42,7 @@ struct Runtime {
   Device device = Device::cpu;
   c10::intrusive_ptr<c10d::Store> store;
   std::shared_ptr<Comm> comm;
+  std::shared_ptr<PeerWatch> peer_watch;  // every rank's heartbeat (null for one process)
 };
 
 // Connects to the rendezvous of env and builds a Gloo (cpu) or NCCL (cuda) backend.

@@ -1,4 +1,6 @@
 // `mmtrain train CONFIG [--set key=value ...]`: one training run (under torchrun for several ranks).
+#include "core/error.h"
+#include "dist/failure_report.h"
 #include "dist/runtime.h"
 #include "tools/command.h"
 #include "train/trainer.h"
@@ -23,8 +25,19 @@ void add_train_commands(CLI::App& app, Commands& commands) {
     auto config = config_load(o->config_path, o->overrides);
     auto runtime = runtime_init(LaunchEnv::from_environment(), default_device(),
                                 std::chrono::seconds(config.parallel.timeout_s));
-    Trainer trainer(std::move(config), std::move(runtime));
-    trainer.run();
+    const auto peer_watch = runtime.peer_watch;
+    try {
+      Trainer trainer(std::move(config), std::move(runtime));
+      trainer.run();
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      // A collective failed because a peer went away (Gloo's own exceptions, or c10d's): say which.
+      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+      const std::string message = c10_error ? c10_error->what_without_backtrace() : e.what();
+      if (!peer_watch || !is_peer_failure(message)) throw;
+      fail(peer_watch->describe_silent_ranks(), "; this rank's collective failed with: ", message);
+    }
   });
 }
 

@@ -204,6 +204,56 @@ def test_the_15b_model_on_one_process_is_refused_with_the_numbers(tmp_path):
     assert time.time() - started < 30
 
 
+def rank_pids(cfg) -> dict:
+    """{RANK: pid} of the `mmtrain train cfg` processes running now."""
+    found = subprocess.run(["pgrep", "-f", f"{mmtrain_bin()} train {cfg}"], capture_output=True, text=True)
+    ranks = {}
+    for pid in (int(p) for p in found.stdout.split()):
+        try:
+            environ = (open(f"/proc/{pid}/environ", "rb").read()).split(b"\0")
+        except OSError:
+            continue
+        for item in environ:
+            if item.startswith(b"RANK="):
+                ranks[int(item[5:])] = pid
+    return ranks
+
+
+def test_the_survivors_name_the_killed_rank(tmp_path, token_file):
+    """Two torchrun agents as two nodes. Gloo only tells rank 0 that a socket closed; its
+    heartbeat check names rank 1, which died on the other node (where node 0's agent cannot see it)."""
+    cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, iters=100000))
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    port = str(free_port())
+    agents = [subprocess.Popen([torchrun, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
+                                "--master-addr", "127.0.0.1", "--master-port", port, "--no-python", str(mmtrain_bin()),
+                                "train", str(cfg), "--set", "training.save="],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=dict(os.environ, OMP_NUM_THREADS="1"))
+              for node in (0, 1)]
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    killed = False
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not killed:
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+                ranks = rank_pids(cfg)
+                if 1 in ranks:
+                    os.kill(ranks[1], signal.SIGKILL)
+                    killed = True
+            time.sleep(0.05)
+        assert killed, "the run never reached iteration 3"
+        node0, _ = agents[0].communicate(timeout=120)
+        agents[1].communicate(timeout=120)
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+    assert agents[0].returncode != 0 and agents[1].returncode != 0
+    errors = [line for line in node0.splitlines() if "mmtrain: error" in line]
+    assert errors and "rank 1 has stopped answering" in errors[0], node0[-4000:]
+
+
 def test_a_hung_rank_is_reported_after_parallel_timeout_s(tmp_path, token_file):
     cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, iters=100000))
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
@@ -217,10 +267,9 @@ def test_a_hung_rank_is_reported_after_parallel_timeout_s(tmp_path, token_file):
         deadline = time.time() + 120
         while time.time() < deadline and stopped is None:
             if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
-                ranks = subprocess.run(["pgrep", "-f", f"{mmtrain_bin()} train {cfg}"], capture_output=True, text=True)
-                pids = [int(p) for p in ranks.stdout.split()]
-                if pids:
-                    stopped = max(pids)
+                ranks = rank_pids(cfg)
+                if 1 in ranks:
+                    stopped = ranks[1]
                     os.kill(stopped, signal.SIGSTOP)  # hung: alive, holding its sockets, doing nothing
             time.sleep(0.05)
         assert stopped is not None, "the run never reached iteration 3"
@@ -229,6 +278,7 @@ def test_a_hung_rank_is_reported_after_parallel_timeout_s(tmp_path, token_file):
         assert launcher.returncode != 0
         assert time.time() - hung_at < 120, "the survivors waited far longer than parallel.timeout_s"
         assert "timed out" in output.lower(), output[-4000:]
+        assert "rank 1 has stopped answering" in output, output[-4000:]
     finally:
         if stopped is not None:
             for sig in (signal.SIGKILL, signal.SIGCONT):

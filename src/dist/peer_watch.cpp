@@ -1,0 +1,70 @@
+#include "dist/peer_watch.h"
+
+namespace mmtrain {
+
+PeerWatch::PeerWatch(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, std::chrono::milliseconds period)
+    : store_(std::move(store)), rank_(rank), world_size_(world_size), period_(period) {
+  thread_ = std::thread([this] { beat(); });
+}
+
+PeerWatch::~PeerWatch() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+std::string PeerWatch::key(int rank) const { return "mmtrain_heartbeat/" + std::to_string(rank); }
+
+void PeerWatch::beat() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    lock.unlock();
+    try {
+      store_->add(key(rank_), 1);
+    } catch (const std::exception&) {
+      return;  // the store is gone (its host died): nobody can read a heartbeat any more
+    }
+    lock.lock();
+    wake_.wait_for(lock, period_, [this] { return stopping_; });
+  }
+}
+
+std::vector<int> PeerWatch::silent_ranks(std::chrono::milliseconds window) const {
+  // add(key, 0) reads a counter (and creates it at 0 for a rank that never beat).
+  auto read_all = [&] {
+    std::vector<int64_t> beats(static_cast<size_t>(world_size_));
+    for (int r = 0; r < world_size_; ++r) beats[static_cast<size_t>(r)] = store_->add(key(r), 0);
+    return beats;
+  };
+  const auto before = read_all();
+  std::this_thread::sleep_for(window);
+  const auto after = read_all();
+  std::vector<int> silent;
+  for (int r = 0; r < world_size_; ++r)
+    if (r != rank_ && after[static_cast<size_t>(r)] == before[static_cast<size_t>(r)]) silent.push_back(r);
+  return silent;
+}
+
+std::string PeerWatch::describe_silent_ranks() const {
+  std::vector<int> silent;
+  try {
+    silent = silent_ranks(3 * period_);
+  } catch (const std::exception&) {
+    return "the rendezvous store cannot be reached either, so its host (rank 0, or torchrun's agent) died or its "
+           "node is unreachable";
+  }
+  if (silent.empty())
+    return "every other rank still answers its heartbeat, so the failure is in the network or in a rank that is "
+           "alive but failed";
+  std::string names;
+  for (size_t i = 0; i < silent.size(); ++i)
+    names += (i == 0 ? "" : i + 1 == silent.size() ? " and " : ", ") + std::to_string(silent[i]);
+  return std::string(silent.size() == 1 ? "rank " : "ranks ") + names + (silent.size() == 1 ? " has" : " have") +
+         " stopped answering (its heartbeat in the rendezvous store stopped: killed, crashed, stopped, or its "
+         "node lost)";
+}
+
+}  // namespace mmtrain

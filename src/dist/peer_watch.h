@@ -1,0 +1,49 @@
+// Which ranks are still alive, for the error a survivor prints when a collective fails. When a
+// rank is killed, the others only learn that a socket closed ("Connection closed by peer
+// [127.0.0.1]:41235"), which names no rank. Every rank therefore bumps a counter in the
+// rendezvous store once a period, on a thread of its own and over a store client of its own
+// (so a main thread blocked in the store does not look dead); a survivor that sees a peer
+// failure reads every counter, waits a few periods and reads again: the ranks whose counter did
+// not move are the ones that died or stopped (SIGKILL, a crash, SIGSTOP, a frozen node).
+#pragma once
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace mmtrain {
+
+class PeerWatch {
+ public:
+  PeerWatch(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
+            std::chrono::milliseconds period = std::chrono::seconds(1));
+  ~PeerWatch();  // stops this rank's heartbeat
+  PeerWatch(const PeerWatch&) = delete;
+  PeerWatch& operator=(const PeerWatch&) = delete;
+
+  // The other ranks whose heartbeat did not advance over `window` (which should span several
+  // periods), in rank order. Throws when the store cannot be read.
+  std::vector<int> silent_ranks(std::chrono::milliseconds window) const;
+  // silent_ranks over 3 periods, as a sentence for an error message: "rank 3 stopped answering
+  // ...", "every other rank still answers ...", or why the store could not tell.
+  std::string describe_silent_ranks() const;
+
+ private:
+  void beat();
+  std::string key(int rank) const;
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  int rank_;
+  int world_size_;
+  std::chrono::milliseconds period_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace mmtrain
