@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 
 namespace mmtrain {
 namespace {
@@ -238,6 +239,72 @@ TEST(PixtralCollator, PackedRowsRestartPositionsPerSample) {
   }
   EXPECT_EQ(samples, 12);
   EXPECT_CONTAINS(error_of([&] { collator.collate({ds.get(0), ds.get(1)}, gen); }), "micro_batch_size 1");
+}
+
+// A fixture of 4 samples whose sample 1 has an image with damaged pixel data: its header reads (the
+// constructor keeps it), its IDAT chunk fails the CRC check at decode.
+fs::path fixture_with_a_damaged_image() {
+  const fs::path d = fs::temp_directory_path() / ("mmtrain_m3_damaged_" + std::to_string(::getpid()));
+  mistral3::Mistral3DataFixture o;
+  o.samples = 4;
+  mistral3::fixture_mistral3_data(d.string(), o);
+  const fs::path image = d / "images" / "img_1_0.png";
+  std::ifstream in(image, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  const std::string png(bytes.begin(), bytes.end());
+  const size_t idat = png.find("IDAT");
+  EXPECT_NE(idat, std::string::npos);
+  bytes[idat + 5] ^= 0x01;
+  std::ofstream(image, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return d;
+}
+
+Config damaged_data_config(const fs::path& dir, bool packing) {
+  auto c = data_config(packing ? "      packing: true" : "", 256);
+  c.data.dataset_param["basic_parameters"]["dataset"] = (dir / "conversations.json").string();
+  c.data.dataset_param["preprocess_parameters"]["model_name_or_path"] = (dir / "tekken.json").string();
+  return c;
+}
+
+TEST(ConversationDataset, AnImageThatFailsToDecodeIsACountedSkip) {
+  const auto dir = fixture_with_a_damaged_image();
+  mistral3::ConversationDataset ds(options_of(damaged_data_config(dir, false)));
+  ASSERT_EQ(ds.size(), 4);  // the header reads: kept
+  ::testing::internal::CaptureStderr();
+  const auto second = ds.get(1);
+  const auto warning = ::testing::internal::GetCapturedStderr();
+  EXPECT_CONTAINS(warning, "sample 1 skipped");
+  EXPECT_CONTAINS(warning, "img_1_0.png");
+  EXPECT_CONTAINS(warning, "CRC");
+  EXPECT_CONTAINS(warning, "1 skipped so far");
+  EXPECT_EQ(ds.skipped(), 1);
+  // Item 1 is the next sample that decodes, sample 2, every time.
+  EXPECT_TRUE(second.at("input_ids").equal(ds.get(2).at("input_ids")));
+  EXPECT_TRUE(ds.get(1).at("pixel_values").equal(second.at("pixel_values")));
+  EXPECT_EQ(ds.skipped(), 1);
+
+  mistral3::ConversationDataset packed(options_of(damaged_data_config(dir, true)));
+  ::testing::internal::CaptureStderr();
+  int64_t samples = 0;
+  for (int64_t i = 0; i < packed.size(); ++i) samples += packed.get(i).at("cu_seqlens").size(0) - 1;
+  ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(samples, 3);  // the row holding sample 1 lost it
+  EXPECT_EQ(packed.skipped(), 1);
+  fs::remove_all(dir);
+}
+
+TEST(ConversationDataset, MaxImagePixelsIsTheDecodeCap) {
+  const auto options = options_of(data_config("", 256));
+  EXPECT_EQ(options.max_image_pixels, image::kDefaultMaxImagePixels);
+  auto c = data_config("", 256);
+  c.data.dataset_param["preprocess_parameters"]["max_image_pixels"] = 400;  // the fixture's images are 8..40 px a side
+  mistral3::ConversationDataset capped(options_of(c));
+  EXPECT_GT(capped.dropped().at("image file unreadable"), 1);  // the fixture's own unreadable one, and more
+  EXPECT_LT(capped.size(), 12);
+  EXPECT_CONTAINS(capped.summary(), "pixels, more than the limit of 400");
+  c.data.dataset_param["preprocess_parameters"]["max_image_pixels"] = 0;
+  EXPECT_CONTAINS(error_of([&] { options_of(c); }), "max_image_pixels: expected >= 1 pixel, found 0");
 }
 
 TEST(ConversationDataset, ConfigErrorsNameTheKey) {

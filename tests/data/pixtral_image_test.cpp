@@ -232,6 +232,13 @@ TEST(ImageDecode, PixelBombsAreRefusedBeforeDecoding) {
   write_file(path, bomb);
   EXPECT_THROW_WITH(read_image_dims(path), path, "400000000 pixels", "decompression-bomb");
   EXPECT_THROW_WITH(decode_image_file(path), path, "400000000 pixels");
+  // A cap of one's own: the 3x1 image passes at 3 pixels and is refused at 2.
+  const auto small = dir / "small.png";
+  write_file(small, kGrayPng);
+  EXPECT_EQ(read_image_dims(small, 3).width, 3);
+  EXPECT_EQ(decode_image_file(small, 3).size(1), 3);
+  EXPECT_THROW_WITH(read_image_dims(small, 2), small, "3 pixels, more than the limit of 2", "max_image_pixels");
+  EXPECT_THROW_WITH(decode_image_file(small, 2), small, "more than the limit of 2");
 }
 
 }  // namespace

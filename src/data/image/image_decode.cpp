@@ -55,12 +55,13 @@ void check_png_chunks(const uint8_t* data, size_t size, const std::string& label
   }
 }
 
-// The pixel count PIL refuses as a decompression bomb (2 x Image.MAX_IMAGE_PIXELS): an image
-// this large is refused from its header, before gigabytes are decoded.
-void check_pixel_count(int64_t width, int64_t height, const std::string& label) {
-  if (width * height > kMaxImagePixels)
+// An image above the cap (by default PIL's decompression-bomb bound) is refused from its header,
+// before gigabytes are decoded.
+void check_pixel_count(int64_t width, int64_t height, int64_t max_pixels, const std::string& label) {
+  if (width * height > max_pixels)
     fail("image ", label, ": ", width, "x", height, " = ", width * height, " pixels, more than the limit of ",
-         kMaxImagePixels, " (PIL's decompression-bomb bound); refused before decoding");
+         max_pixels, max_pixels == kDefaultMaxImagePixels ? " (PIL's decompression-bomb bound)" : "",
+         "; refused before decoding (the limit is preprocess_parameters.max_image_pixels)");
 }
 
 void require_regular_file(const std::string& path) {
@@ -105,12 +106,12 @@ at::Tensor composite_on_white(const at::Tensor& rgba) {
   return out;
 }
 
-at::Tensor decode_image_bytes(const uint8_t* data, size_t size, const std::string& label) {
+at::Tensor decode_image_bytes(const uint8_t* data, size_t size, const std::string& label, int64_t max_pixels) {
   if (size == 0) fail("image ", label, ": empty (0 bytes), expected an encoded image (PNG, JPEG, ...)");
   if (size > static_cast<size_t>(INT32_MAX)) fail("image ", label, ": ", size, " bytes, stb_image reads at most 2 GiB");
   int width = 0, height = 0, channels = 0;
   if (stbi_info_from_memory(data, static_cast<int>(size), &width, &height, &channels))
-    check_pixel_count(width, height, label);
+    check_pixel_count(width, height, max_pixels, label);
   check_png_chunks(data, size, label);
   // Ask for 4 channels always; `channels` still reports the source's (2 and 4 = transparency,
   // which includes a PNG tRNS chunk).
@@ -128,16 +129,16 @@ at::Tensor decode_image_bytes(const uint8_t* data, size_t size, const std::strin
   return rgba.narrow(2, 0, 3).contiguous();
 }
 
-at::Tensor decode_image_file(const std::string& path) {
+at::Tensor decode_image_file(const std::string& path, int64_t max_pixels) {
   require_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("image ", path, ": cannot open for reading");
   std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) fail("image ", path, ": read error");
-  return decode_image_bytes(bytes.data(), bytes.size(), path);
+  return decode_image_bytes(bytes.data(), bytes.size(), path, max_pixels);
 }
 
-ImageDims read_image_dims(const std::string& path) {
+ImageDims read_image_dims(const std::string& path, int64_t max_pixels) {
   require_regular_file(path);
   int width = 0, height = 0, channels = 0;
   if (!stbi_info(path.c_str(), &width, &height, &channels)) {
@@ -146,7 +147,7 @@ ImageDims read_image_dims(const std::string& path) {
          "); expected a PNG, JPEG, BMP, GIF, TGA, PSD or PNM image");
   }
   if (width <= 0 || height <= 0) fail("image ", path, ": header gives ", height, "x", width, " pixels, expected at least 1x1");
-  check_pixel_count(width, height, path);
+  check_pixel_count(width, height, max_pixels, path);
   return {height, width};
 }
 

@@ -11,7 +11,7 @@
 // may differ from Pillow's by a few levels (docs/image_pipeline.md). EXIF orientation is not
 // applied (neither does an HF processor given a PIL image).
 // Refused, naming the path: a PNG chunk whose CRC fails (stb alone ignores CRCs; Pillow does not),
-// more than kMaxImagePixels pixels (from the header, before decoding), a path that is not a
+// more than max_pixels pixels (from the header, before decoding), a path that is not a
 // regular file. Every error names the path (or the label given for in-memory bytes).
 #pragma once
 #include <ATen/ATen.h>
@@ -22,15 +22,17 @@
 
 namespace mmtrain::image {
 
-// PIL's DecompressionBombError bound (2 x Image.MAX_IMAGE_PIXELS). Not configurable yet.
-constexpr int64_t kMaxImagePixels = 178956970;
+// The default pixel cap: PIL's DecompressionBombError bound (2 x Image.MAX_IMAGE_PIXELS). The
+// Magistral dataset takes another from preprocess_parameters.max_image_pixels.
+constexpr int64_t kDefaultMaxImagePixels = 178956970;
 
-// Reads and decodes `path`. Fails when the file is missing, unreadable, empty or not a decodable
-// image, naming the path and stb's reason.
-at::Tensor decode_image_file(const std::string& path);
+// Reads and decodes `path`. Fails when the file is missing, unreadable, empty, not a decodable
+// image or larger than max_pixels, naming the path and the reason.
+at::Tensor decode_image_file(const std::string& path, int64_t max_pixels = kDefaultMaxImagePixels);
 
 // Decodes `size` bytes of an encoded image; `label` names the source in errors.
-at::Tensor decode_image_bytes(const uint8_t* data, size_t size, const std::string& label);
+at::Tensor decode_image_bytes(const uint8_t* data, size_t size, const std::string& label,
+                              int64_t max_pixels = kDefaultMaxImagePixels);
 
 struct ImageDims {
   int64_t height = 0;
@@ -40,7 +42,7 @@ struct ImageDims {
 // The pixel size from the file's header alone (no decode). Fails like decode_image_file for a
 // missing file or an unrecognised/corrupt header; a file whose pixel data is damaged passes here
 // and fails at decode.
-ImageDims read_image_dims(const std::string& path);
+ImageDims read_image_dims(const std::string& path, int64_t max_pixels = kDefaultMaxImagePixels);
 
 // RGBA uint8 [H, W, 4] -> RGB uint8 [H, W, 3] over opaque white, bit-exact with Pillow's
 // Image.alpha_composite(white, rgba).convert("RGB").

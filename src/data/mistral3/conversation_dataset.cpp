@@ -132,7 +132,7 @@ ConversationDataOptions ConversationDataOptions::from_config(const DataConfig& d
   basic.check_known_keys({"template", "dataset", "dataset_dir", "cutoff_len", "max_samples", "packing", "default_system"});
   const auto pre = p.child("preprocess_parameters");
   pre.check_known_keys({"model_name_or_path", "fix_mistral_regex", "split_special_tokens", "image_longest_edge",
-                        "align_to_merged_patch"});
+                        "align_to_merged_patch", "max_image_pixels"});
 
   const auto template_name = basic.get_string("template", "mistral");
   if (template_name != "mistral")
@@ -162,6 +162,9 @@ ConversationDataOptions ConversationDataOptions::from_config(const DataConfig& d
   o.image.longest_edge = pre.get_int("image_longest_edge", m.image_size);
   o.image.align_to_merged_patch = pre.get_bool("align_to_merged_patch", true);
   o.image.validate();
+  o.max_image_pixels = pre.get_int("max_image_pixels", image::kDefaultMaxImagePixels);
+  if (o.max_image_pixels < 1)
+    fail(pre.where("max_image_pixels"), ": expected >= 1 pixel, found ", o.max_image_pixels);
   return o;
 }
 
@@ -207,7 +210,7 @@ ConversationDataset::ConversationDataset(const ConversationDataOptions& options)
       }
       image::ImageDims dims;
       try {
-        dims = image::read_image_dims(path.string());
+        dims = image::read_image_dims(path.string(), options_.max_image_pixels);
       } catch (const Error& e) {
         image_problem = "image file unreadable";
         drop(image_problem, label + ": " + e.what());
@@ -262,7 +265,12 @@ int64_t ConversationDataset::size() const {
   return options_.packing ? static_cast<int64_t>(bins_.size()) : static_cast<int64_t>(samples_.size());
 }
 
-Batch ConversationDataset::build(const Sample& sample) const {
+std::optional<Batch> ConversationDataset::build(int64_t index) const {
+  {
+    std::lock_guard<std::mutex> lock(undecodable_mutex_);
+    if (undecodable_.count(index)) return std::nullopt;
+  }
+  const Sample& sample = samples_[static_cast<size_t>(index)];
   const auto encoded = encode(sample);
   if (!encoded.problem.empty())  // the constructor kept it, and encoding is deterministic
     fail("dataset ", options_.dataset_file, ": a kept sample no longer encodes (", encoded.problem, ")");
@@ -274,7 +282,17 @@ Batch ConversationDataset::build(const Sample& sample) const {
   std::vector<at::Tensor> pixels;
   std::vector<int64_t> sizes;
   for (const auto& path : sample.image_paths) {
-    pixels.push_back(image::pixtral_preprocess(image::decode_image_file(path), options_.image).unsqueeze(0));
+    at::Tensor rgb;
+    try {
+      rgb = image::decode_image_file(path, options_.max_image_pixels);
+    } catch (const Error& e) {
+      std::lock_guard<std::mutex> lock(undecodable_mutex_);
+      if (undecodable_.insert(index).second)
+        std::fprintf(stderr, "[mmtrain] warning: dataset %s: sample %lld skipped: %s (%zu skipped so far)\n",
+                     options_.dataset_file.c_str(), static_cast<long long>(index), e.what(), undecodable_.size());
+      return std::nullopt;
+    }
+    pixels.push_back(image::pixtral_preprocess(rgb, options_.image).unsqueeze(0));
     sizes.push_back(pixels.back().size(2));
     sizes.push_back(pixels.back().size(3));
   }
@@ -283,30 +301,47 @@ Batch ConversationDataset::build(const Sample& sample) const {
   return out;
 }
 
+int64_t ConversationDataset::skipped() const {
+  std::lock_guard<std::mutex> lock(undecodable_mutex_);
+  return static_cast<int64_t>(undecodable_.size());
+}
+
 Batch ConversationDataset::get(int64_t index) const {
   if (index < 0 || index >= size()) fail("dataset ", options_.dataset_file, ": index ", index, " out of range [0, ", size(), ")");
-  if (!options_.packing) return build(samples_[index]);
-  std::vector<at::Tensor> ids, labels, positions, pixels, sizes;
-  std::vector<int64_t> cu{0};
-  for (int64_t s : bins_[index]) {
-    auto item = build(samples_[s]);
-    const int64_t length = item["input_ids"].size(0);
-    ids.push_back(item["input_ids"]);
-    labels.push_back(item["labels"]);
-    positions.push_back(at::arange(length, at::kLong));
-    cu.push_back(cu.back() + length);
-    if (item.count("pixel_values")) {
-      pixels.push_back(item["pixel_values"]);
-      sizes.push_back(item["image_sizes"]);
+  // Item `index`, else the next one (in item order, wrapping) that still has a sample that decodes.
+  for (int64_t k = 0; k < size(); ++k) {
+    const int64_t item = (index + k) % size();
+    if (!options_.packing) {
+      if (auto built = build(item)) return std::move(*built);
+      continue;
     }
+    std::vector<at::Tensor> ids, labels, positions, pixels, sizes;
+    std::vector<int64_t> cu{0};
+    for (int64_t s : bins_[static_cast<size_t>(item)]) {
+      auto built = build(s);
+      if (!built) continue;
+      auto& sample = *built;
+      const int64_t length = sample["input_ids"].size(0);
+      ids.push_back(sample["input_ids"]);
+      labels.push_back(sample["labels"]);
+      positions.push_back(at::arange(length, at::kLong));
+      cu.push_back(cu.back() + length);
+      if (sample.count("pixel_values")) {
+        pixels.push_back(sample["pixel_values"]);
+        sizes.push_back(sample["image_sizes"]);
+      }
+    }
+    if (ids.empty()) continue;
+    Batch out{{"input_ids", at::cat(ids)}, {"labels", at::cat(labels)}, {"position_ids", at::cat(positions)},
+              {"cu_seqlens", at::tensor(cu, at::kLong)}};
+    if (!pixels.empty()) {
+      out["pixel_values"] = image::concat_padded_images(pixels);
+      out["image_sizes"] = at::cat(sizes);
+    }
+    return out;
   }
-  Batch out{{"input_ids", at::cat(ids)}, {"labels", at::cat(labels)}, {"position_ids", at::cat(positions)},
-            {"cu_seqlens", at::tensor(cu, at::kLong)}};
-  if (!pixels.empty()) {
-    out["pixel_values"] = image::concat_padded_images(pixels);
-    out["image_sizes"] = at::cat(sizes);
-  }
-  return out;
+  fail("dataset ", options_.dataset_file, ": no sample decodes any more: every one has an image that failed (",
+       skipped(), " skipped; the first warnings name the files)");
 }
 
 std::string ConversationDataset::summary() const {

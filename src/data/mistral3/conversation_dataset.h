@@ -14,7 +14,11 @@
 // missing or unreadable (header check), image tokens cut by truncation, nothing supervised left.
 // get(i) encodes sample i again (chat template, cutoff_len truncation, image expansion) and
 // decodes its images, so memory holds conversations, not tokens or pixels. A file whose header
-// reads but whose pixels do not decode fails in get() with an error naming it.
+// reads but whose pixels do not decode (a PNG chunk failing its CRC, a truncated JPEG) is found
+// only there: its sample is skipped, with a warning naming the file and the count so far
+// (skipped()); item i then takes the next sample that decodes (i + 1, i + 2, ...), a packed row
+// simply loses that sample. The choice depends only on the files, so every run and every resume
+// sees the same items.
 //
 // packing: true turns the samples into bins of at most cutoff_len tokens (LLaMA-Factory's
 // greedy_knapsack over the sample lengths); an item is then a whole bin with position_ids
@@ -26,11 +30,15 @@
 #pragma once
 #include "data/chat/mistral_chat.h"
 #include "data/dataset.h"
+#include "data/image/image_decode.h"
 #include "data/image/pixtral_image.h"
 #include "data/mistral3/image_token_check.h"
 
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -46,6 +54,7 @@ struct ConversationDataOptions {
   bool packing = false;        // basic_parameters.packing
   tokenizer::TextTokenizerOptions tokenizer;  // preprocess_parameters.{fix_mistral_regex, split_special_tokens}
   image::PixtralImageConfig image;            // patch/merge from model.config; preprocess_parameters.{image_longest_edge, align_to_merged_patch}
+  int64_t max_image_pixels = image::kDefaultMaxImagePixels;  // preprocess_parameters.max_image_pixels
 
   static ConversationDataOptions from_config(const DataConfig& data, const ModelConfig& model);
 };
@@ -61,6 +70,8 @@ class ConversationDataset : public Dataset {
   // Per-reason counts of dropped records, and how many records were read.
   const std::map<std::string, int64_t>& dropped() const { return dropped_; }
   int64_t records() const { return records_; }
+  // Samples skipped so far because an image failed to decode (on this process).
+  int64_t skipped() const;
 
  private:
   struct Sample {
@@ -75,7 +86,8 @@ class ConversationDataset : public Dataset {
   };
 
   Encoded encode(const Sample& sample) const;
-  Batch build(const Sample& sample) const;
+  // Sample `index` as an item; nothing when one of its images does not decode (then skipped).
+  std::optional<Batch> build(int64_t index) const;
   void drop(const std::string& reason, const std::string& example);
 
   ConversationDataOptions options_;
@@ -86,6 +98,8 @@ class ConversationDataset : public Dataset {
   int64_t records_ = 0;
   std::map<std::string, int64_t> dropped_;
   std::map<std::string, std::string> first_example_;  // reason -> first record that hit it
+  mutable std::mutex undecodable_mutex_;                // get() runs on the loader's workers
+  mutable std::set<int64_t> undecodable_;               // samples with an image that failed to decode
 };
 
 // LLaMA-Factory's greedy_knapsack: lengths sorted ascending; each bin repeatedly takes the
