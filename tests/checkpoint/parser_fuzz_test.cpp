@@ -1,5 +1,7 @@
 // A seeded mutation fuzzer over the parsers of files mmtrain did not write itself: a safetensors
-// file (header and data), a checkpoint's index.json and trainer_state.json, and a YAML config.
+// file (header and data), a checkpoint's index.json and trainer_state.json, a YAML config, and a
+// torch.save .pt sample (the whole file, and its pickle re-packed into a valid zip so that the
+// mutations reach the unpickler rather than stopping at the zip's checksums).
 // Each round damages a valid input (bit flips, byte overwrites with JSON/YAML punctuation, cuts,
 // duplicated spans, deep bracket runs, huge numbers) and parses it: the only acceptable outcomes
 // are success or an mmtrain::Error. Any other exception fails the test; a crash fails the binary.
@@ -8,8 +10,12 @@
 #include "checkpoint/sharded_checkpoint.h"
 #include "checkpoint_test_util.h"
 #include "core/error.h"
+#include "data/magihuman/precomputed_dataset.h"
 #include "multirank_harness.h"
 #include "train/config.h"
+
+#include <caffe2/serialize/in_memory_adapter.h>
+#include <caffe2/serialize/inline_container.h>
 
 #include <gtest/gtest.h>
 
@@ -132,6 +138,55 @@ logging: {output_dir: runs/x}
 tools: {profile: {enable: false, ranks: [0]}}
 )";
   fuzz("YAML config", valid, [&](const std::string& text) { config_from_yaml_string(text, "fuzz.yaml", {}); });
+}
+
+// The records of a torch zip archive, in order (names without the archive's folder).
+std::vector<std::pair<std::string, std::string>> zip_records(const std::string& bytes) {
+  caffe2::serialize::PyTorchStreamReader reader(
+      std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), static_cast<off_t>(bytes.size())));
+  std::vector<std::pair<std::string, std::string>> records;
+  for (const auto& name : reader.getAllRecords()) {
+    auto [data, size] = reader.getRecord(name);
+    records.emplace_back(name, std::string(static_cast<const char*>(data.get()), size));
+  }
+  return records;
+}
+
+std::string zip_of(const std::vector<std::pair<std::string, std::string>>& records) {
+  std::string out;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
+    out.append(static_cast<const char*>(data), n);
+    return n;
+  });
+  for (const auto& [name, data] : records) writer.writeRecord(name, data.data(), data.size());
+  writer.writeEndOfFile();
+  return out;
+}
+
+TEST(ParserFuzz, TorchPtSamples) {
+  TempDir dir;
+  const std::string path = dir / "a.pt";
+  magihuman::write_pt_file(path, {{"latent", at::arange(24, at::kFloat).view({2, 3, 4})},
+                                  {"mask", at::ones({3}, at::kBool)},
+                                  {"ids", at::arange(5, at::kLong)}});
+  const std::string valid = read_bytes(path);
+  const std::string damaged = dir / "b.pt";
+  auto parse = [&](const std::string& bytes) {
+    write_bytes(damaged, bytes);
+    magihuman::read_sample_file(damaged);
+  };
+  fuzz("torch .pt file", valid, parse);
+
+  const auto records = zip_records(valid);
+  size_t pickle_at = records.size();
+  for (size_t i = 0; i < records.size(); ++i)
+    if (records[i].first == "data.pkl") pickle_at = i;
+  ASSERT_LT(pickle_at, records.size()) << "no data.pkl in the archive";
+  fuzz("torch .pt pickle", records[pickle_at].second, [&](const std::string& pickle) {
+    auto repacked = records;
+    repacked[pickle_at].second = pickle;
+    parse(zip_of(repacked));
+  });
 }
 
 }  // namespace
