@@ -5,6 +5,10 @@
 #include "fsdp/plan.h"
 
 #include <unistd.h>
+#ifdef MMTRAIN_CUDA
+#include <c10/cuda/CUDAException.h>
+#include <cuda_runtime_api.h>
+#endif
 
 #include <cerrno>
 #include <cstdio>
@@ -91,19 +95,34 @@ std::optional<int64_t> available_memory_bytes() {
   return available;
 }
 
-void preflight_memory(const Config& config, Module& model, const LaunchEnv& env, int fsdp_size) {
-  const auto available = available_memory_bytes();
+std::optional<int64_t> cuda_free_memory_bytes() {
+#ifdef MMTRAIN_CUDA
+  size_t free_bytes = 0, total_bytes = 0;
+  C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return static_cast<int64_t>(free_bytes);
+#else
+  return std::nullopt;
+#endif
+}
+
+void preflight_memory(const Config& config, Module& model, const LaunchEnv& env, Device device, int fsdp_size) {
+  // On CPU the ranks of a node share its memory; on CUDA each rank has a device of its own.
+  const bool cuda = device == Device::cuda;
+  const auto available = cuda ? cuda_free_memory_bytes() : available_memory_bytes();
   if (!available) return;
   const auto plan = fsdp_memory_plan(model, config.parallel.fsdp_plan, fsdp_size);
   const int64_t per_rank = plan.sharded_state_bytes() + plan.transient_bytes();
-  const int64_t node = per_rank * env.local_world_size;
-  if (node <= *available) return;
-  fail("config ", config.source_path, ": the run cannot fit this machine's memory: each rank needs at least ",
+  const int sharing = cuda ? 1 : env.local_world_size;
+  const int64_t needed = per_rank * sharing;
+  if (needed <= *available) return;
+  const std::string where = cuda ? "this rank's GPU (cuda:" + std::to_string(env.local_rank) + ")" : "this machine";
+  fail("config ", config.source_path, ": the run cannot fit ", where, "'s memory: each rank needs at least ",
        gib(per_rank), " (fp32 shards ", gib(plan.param_bytes), ", grads ", gib(plan.grad_bytes), ", AdamW ",
-       gib(plan.optimizer_bytes), ", gathered units ", gib(plan.transient_bytes()), "; activations not counted) x ",
-       env.local_world_size, " rank(s) on this node = ", gib(node), ", but ", gib(*available),
-       " are available (MemAvailable / cgroup limit). Use more ranks or nodes (FSDP over ", fsdp_size,
-       " now), or a smaller model; `mmtrain plan` shows the whole estimate");
+       gib(plan.optimizer_bytes), ", gathered units ", gib(plan.transient_bytes()), "; activations not counted)",
+       cuda ? "" : format(" x %d rank(s) on this node = %s", sharing, gib(needed).c_str()), ", but ", gib(*available),
+       cuda ? " are free on the device (cudaMemGetInfo)" : " are available (MemAvailable / cgroup limit)",
+       ". Use more ranks or nodes (FSDP over ", fsdp_size, " now), or a smaller model; `mmtrain plan` shows the "
+       "whole estimate");
 }
 
 }  // namespace mmtrain

@@ -3,9 +3,9 @@
 //   - every path the run will read exists (the initial weights, training.load) and the save root
 //     is writable by this rank (a probe file, removed again);
 //   - the planner's per-rank bytes (fp32 shards, grads, AdamW moments and the gathered units in
-//     flight: a lower bound, activations not counted) times the ranks on this node fit the memory
-//     the process can have: the cgroup's limit or MemAvailable, whichever is smaller. CPU only
-//     for now; on CUDA the device memory would be the bound.
+//     flight: a lower bound, activations not counted) fit the memory there is: on CPU, times the
+//     ranks on this node, the cgroup's limit or MemAvailable, whichever is smaller; on CUDA, the
+//     free memory of this rank's device (cudaMemGetInfo).
 #pragma once
 #include "dist/runtime.h"
 #include "nn/module.h"
@@ -22,7 +22,10 @@ void preflight_paths(const Config& config, int rank);
 // nullopt when neither can be read.
 std::optional<int64_t> available_memory_bytes();
 
+// Bytes free on this process's current CUDA device; nullopt in a build without CUDA.
+std::optional<int64_t> cuda_free_memory_bytes();
+
 // model: built (shapes only), not yet parallelized.
-void preflight_memory(const Config& config, Module& model, const LaunchEnv& env, int fsdp_size);
+void preflight_memory(const Config& config, Module& model, const LaunchEnv& env, Device device, int fsdp_size);
 
 }  // namespace mmtrain

@@ -60,7 +60,7 @@ struct Trainer::State {
     data = build_data(c, mesh->dp_rank(), mesh->dp_size());
     if (const auto summary = data.dataset->summary(); !summary.empty()) log(summary);
     model = build_model(c);
-    if (!comm().device().is_cuda()) preflight_memory(c, *model, runtime.env, mesh->shape().fsdp());
+    preflight_memory(c, *model, runtime.env, runtime.device, mesh->shape().fsdp());
     fsdp = parallelize_model(c, *model, *mesh);
     adamw = make_fsdp_adamw(*fsdp, adamw_options(c.training));
     schedule = LrSchedule::make(c.training.lr, c.training.lr_min, c.training.lr_warmup_ratio, c.training.train_iters,
