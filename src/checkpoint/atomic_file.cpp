@@ -1,6 +1,7 @@
 #include "checkpoint/atomic_file.h"
 
 #include "core/error.h"
+#include "core/regular_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -8,7 +9,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -63,11 +63,7 @@ void file_write_atomic(const std::string& path, const std::string& content) {
 }
 
 std::string file_read_text(const std::string& path) {
-  std::error_code error;
-  // A directory opens as an empty stream, and a FIFO or /dev/zero never ends: name them instead.
-  if (std::filesystem::exists(path, error) && !std::filesystem::is_regular_file(path, error))
-    fail(path, ": not a regular file (", std::filesystem::is_directory(path, error) ? "a directory" : "a FIFO, device or socket",
-         "), expected a file");
+  require_regular_file(path, path, "a file");
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("cannot open ", path, ": ", std::strerror(errno));
   std::ostringstream content;

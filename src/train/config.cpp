@@ -4,6 +4,7 @@
 
 #include "core/config_schema.h"
 #include "core/error.h"
+#include "core/regular_file.h"
 #include "core/suggest.h"
 #include "data/dataset.h"
 #include "models/model_spec.h"
@@ -93,9 +94,7 @@ Config config_from_yaml_string(const std::string& text, const std::string& sourc
 }
 
 Config config_load(const std::string& path, const std::vector<std::string>& overrides) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) fail("config ", path, ": expected a YAML file, found no such file");
-  if (std::filesystem::is_directory(path, ec)) fail("config ", path, ": expected a YAML file, found a directory");
+  require_regular_file(path, "config " + path, "a YAML file");
   std::ifstream in(path);
   std::ostringstream text;
   if (in) text << in.rdbuf();

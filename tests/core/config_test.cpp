@@ -396,8 +396,8 @@ TEST(ConfigTest, LoadFromFileAndMissingFile) {
   std::remove(path.c_str());
 
   const std::string missing = ::testing::TempDir() + "no_such_config.yaml";
-  EXPECT_CONTAINS(error_of([&] { config_load(missing); }), "config " + missing + ": expected a YAML file, found no such file");
-  EXPECT_CONTAINS(error_of([&] { config_load(::testing::TempDir()); }), "found a directory");
+  EXPECT_CONTAINS(error_of([&] { config_load(missing); }), "config " + missing + ": no such file");
+  EXPECT_CONTAINS(error_of([&] { config_load(::testing::TempDir()); }), "not a regular file (a directory), expected a YAML file");
   EXPECT_CONTAINS(load_error("model: [\n"), "config foo.yaml:2:1: expected valid YAML, found a syntax error");
 }
 

@@ -3,12 +3,12 @@
 #include "data/image/image_decode.h"
 
 #include "core/error.h"
+#include "core/regular_file.h"
 
 #include <stb/stb_image.h>
 
 #include <array>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <vector>
@@ -64,16 +64,6 @@ void check_pixel_count(int64_t width, int64_t height, int64_t max_pixels, const 
          "; refused before decoding (the limit is preprocess_parameters.max_image_pixels)");
 }
 
-void require_regular_file(const std::string& path) {
-  // A NUL inside the name would silently cut the path C functions see.
-  if (path.find('\0') != std::string::npos)
-    fail("image path '", path.substr(0, path.find('\0')), "\\0...' contains a NUL byte");
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) fail("image ", path, ": no such file");
-  if (std::filesystem::is_directory(path, ec)) fail("image ", path, ": is a directory, expected an image file");
-  if (!std::filesystem::is_regular_file(path, ec))
-    fail("image ", path, ": not a regular file (a FIFO, device or socket), expected an image file");
-}
 
 }  // namespace
 
@@ -130,7 +120,7 @@ at::Tensor decode_image_bytes(const uint8_t* data, size_t size, const std::strin
 }
 
 at::Tensor decode_image_file(const std::string& path, int64_t max_pixels) {
-  require_regular_file(path);
+  require_regular_file(path, "image " + path, "an image file");
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("image ", path, ": cannot open for reading");
   std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -139,7 +129,7 @@ at::Tensor decode_image_file(const std::string& path, int64_t max_pixels) {
 }
 
 ImageDims read_image_dims(const std::string& path, int64_t max_pixels) {
-  require_regular_file(path);
+  require_regular_file(path, "image " + path, "an image file");
   int width = 0, height = 0, channels = 0;
   if (!stbi_info(path.c_str(), &width, &height, &channels)) {
     const char* reason = stbi_failure_reason();

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/param_map.h"
 #include "core/pickle_scan.h"
+#include "core/regular_file.h"
 #include "core/suggest.h"
 
 #include <caffe2/serialize/in_memory_adapter.h>
@@ -90,8 +91,7 @@ std::map<std::string, std::string> list_dir(const fs::path& dir) {
   std::map<std::string, std::string> out;
   for (const auto& entry : fs::directory_iterator(dir)) {
     if (!is_sample_file(entry.path())) continue;
-    if (!entry.is_regular_file())
-      fail(entry.path().string(), ": not a regular file (a directory, FIFO or device), expected a sample file");
+    require_regular_file(entry.path().string(), entry.path().string(), "a sample file");
     const auto stem = entry.path().stem().string();
     const auto [it, inserted] = out.emplace(stem, entry.path().string());
     if (!inserted)

@@ -1,0 +1,17 @@
+// The check before a file is opened for reading: a directory opens as an empty stream, a FIFO or
+// /dev/zero blocks or never ends, and a NUL byte inside the name silently cuts the path the C
+// library sees. Each of these is named, instead of surfacing as an empty or missing file.
+#pragma once
+#include <string>
+
+namespace mmtrain {
+
+// Fails unless `path` names a regular file (or a link to one), with one of
+//   "<label>: no such file"
+//   "<label>: not a regular file (a directory), expected <expected>"
+//   "<label>: not a regular file (a FIFO, device or socket), expected <expected>"
+//   "<label up to the NUL>\\0...: the path contains a NUL byte"
+// where label is what the caller calls the file ("image /a/b.png", "config x.yaml", a path).
+void require_regular_file(const std::string& path, const std::string& label, const std::string& expected);
+
+}  // namespace mmtrain
