@@ -1,0 +1,66 @@
+"""Do the hostile-input and fault tests guard their fixes? Each entry breaks one fix in the
+source (one exact string replaced), rebuilds, runs the test that should catch it, and restores
+the file. Every test must fail while its fix is broken. About 10 minutes on 2 cores:
+
+    python3 scripts/check_guards.py            # all
+    python3 scripts/check_guards.py pixel CRC  # the entries whose name contains a word
+
+Run it on a clean tree (it rewrites files in place and restores them). Writes
+build/check_guards.json. An entry whose string no longer occurs fails loudly: update it."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+G = "build/bin/mmtrain_tests --gtest_filter="
+PY = "MMTRAIN_BIN=build/bin/mmtrain timeout 400 .venv/bin/python -m pytest -q -x tests/e2e/"
+M = [
+ ("json depth limit", "src/core/json_read.cpp", "if (json_nesting_depth(text) > kMaxJsonDepth)", "if (false && json_nesting_depth(text) > kMaxJsonDepth)", G + "JsonRead.*:SafetensorsTest.*"),
+ ("YAML depth bound (alias cycle)", "src/core/config_schema.cpp", "if (depth > kMaxYamlDepth)", "if (false)", G + "ConfigTest.AliasCyclesAndBombsAreRefused"),
+ ("YAML value bound (alias bomb)", "src/core/config_schema.cpp", "if (++values > kMaxYamlValues)", "if (++values < 0)", G + "ConfigTest.AliasCyclesAndBombsAreRefused"),
+ ("pickle container bound", "src/core/pickle_scan.cpp", "if (++scan.containers > kMaxPickleContainers)", "if (++scan.containers < 0)", G + "PickleScan.*"),
+ ("model sizes >= 1", "src/models/config_check.h", "if (value < minimum) fail(", "if (false) fail(", G + "ModelConfig.*"),
+ ("sigaltstack", "src/core/fatal_signal.cpp", "if (stack.ss_sp) sigaltstack(&stack, nullptr);", "", G + "FatalSignal*"),
+ ("launch env strict ints", "src/dist/runtime.cpp", "int parsed = std::stoi(value, &used);", "int parsed = static_cast<int>(std::stoll(value, &used));", G + "LaunchEnv*"),
+ ("PNG CRC check", "src/data/image/image_decode.cpp", "  check_png_chunks(data, size, label);\n", "", G + "ImageDecode.*"),
+ ("pixel cap", "src/data/image/image_decode.cpp", "  if (width * height > max_pixels)", "  if (false)", G + "ImageDecode.*"),
+ ("regular-file check", "src/core/regular_file.cpp", "  if (std::filesystem::is_regular_file(status)) return;", "  return;", G + "Preflight.*:ImageDecode.*:MagiHumanDatasetTest.*:ConfigTest.*"),
+ ("NaN/Inf in a sample", "src/data/magihuman/precomputed_dataset.cpp", "if (!finite_rows.all().item<bool>()) {", "if (false) {", G + "MagiHumanDatasetTest.NonFinite*"),
+ ("T*H*W overflow", "src/data/magihuman/precomputed_dataset.cpp", "if (__builtin_mul_overflow(thw[0], thw[1], &tokens) || __builtin_mul_overflow(tokens, thw[2], &tokens))", "if ((tokens = thw[0] * thw[1] * thw[2]), false)", G + "MagiHumanDatasetTest.NonFinite*"),
+ ("bad image is a skip", "src/data/mistral3/conversation_dataset.cpp", "undecodable_.size());\n      return std::nullopt;", "undecodable_.size());\n      throw;", G + "ConversationDataset.*"),
+ ("heartbeat names the dead rank", "src/dist/peer_watch.cpp", "if (r != rank_ && after[static_cast<size_t>(r)] == before[static_cast<size_t>(r)]) silent.push_back(r);", "", G + "PeerWatch.*"),
+ ("checkpoint checksum verified", "src/checkpoint/sharded_checkpoint.cpp", "    if (crc != *shard.crc32c)\n      fail(", "    if (false)\n      fail(", PY + "test_faults.py -k flipped_bit"),
+ ("strict resume: model config", "src/train/state.cpp", "  check_same_model_config(reader, options);\n", "", PY + "test_faults.py -k refuses_a_different_model"),
+ ("trainer_state typed reads", "src/train/state.cpp", "  if (!g.is_object() || !g.contains(key) || !g[key].is_number_integer())", "  if (false)", PY + "test_faults.py -k damaged_trainer_state"),
+ ("memory pre-flight", "src/train/trainer.cpp", "    preflight_memory(c, *model, runtime.env, runtime.device, mesh->shape().fsdp());\n", "", PY + "test_faults.py -k 15b"),
+ ("training.load: auto", "src/train/trainer.cpp", "    if (checkpoint_saved_under(t.save)) {", "    if (false) {", PY + "test_faults.py -k restart_resumes"),
+]
+only = sys.argv[1:]
+results = []
+for name, path, old, new, test in M:
+    if only and not any(o in name for o in only): continue
+    full = os.path.join(REPO, path)
+    src = open(full).read()
+    if src.count(old) != 1:
+        sys.exit(f"{name}: '{old}' occurs {src.count(old)} times in {path}, expected once: update this entry")
+    open(full, "w").write(src.replace(old, new))
+    t0 = time.time()
+    try:
+        b = subprocess.run("cmake --build build -j2", shell=True, cwd=REPO, capture_output=True, text=True)
+        if b.returncode != 0:
+            outcome = "BUILD FAILED: " + b.stdout[-500:]
+        else:
+            # The address-space cap keeps a broken alias-bomb bound from taking the machine's memory.
+            r = subprocess.run("ulimit -v 8000000; " + test, shell=True, cwd=REPO, capture_output=True, text=True, timeout=600)
+            outcome = "test FAILS (good)" if r.returncode != 0 else "test PASSES (bad: the test does not guard it)"
+    except subprocess.TimeoutExpired:
+        outcome = "test timed out (counts as failing)"
+    finally:
+        open(full, "w").write(src)
+    results.append((name, test.replace(G, "gtest ").replace(PY, "pytest "), outcome, round(time.time() - t0)))
+    print(f"{name:40s} {outcome[:60]:60s} {round(time.time()-t0)} s", flush=True)
+subprocess.run("cmake --build build -j2", shell=True, cwd=REPO, capture_output=True)
+json.dump(results, open(os.path.join(REPO, "build", "check_guards.json"), "w"), indent=1)
+sys.exit(0 if all("FAILS" in r[2] or "timed out" in r[2] for r in results) else 1)
