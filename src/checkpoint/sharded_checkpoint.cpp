@@ -301,6 +301,21 @@ std::string checkpoint_save(const std::string& save_root, int64_t iteration, Com
 // ---------------------------------------------------------------------------------------------
 // Reading
 
+namespace {
+
+// An index.json field that must fit an int (the world size, a rank): nlohmann's get<int>() would
+// wrap 4294967297 to 1.
+int index_int(const nlohmann::ordered_json& object, const char* key, const std::string& where) {
+  const auto& v = object.at(key);
+  const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(INT32_MAX)
+                    : v.is_number_integer() ? v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX
+                                            : false;
+  if (!fits) fail(where, ": '", key, "' must be an integer of 32 bits, found ", v.dump());
+  return static_cast<int>(v.get<int64_t>());
+}
+
+}  // namespace
+
 CheckpointReader::CheckpointReader(const std::string& path) {
   const fs::path p(path);
   if (!fs::exists(p)) fail("checkpoint ", path, ": no such file or directory");
@@ -338,7 +353,7 @@ CheckpointReader::CheckpointReader(const std::string& path) {
     iteration_ = index.at("iteration").get<int64_t>();
     if (iteration_ < 0 || (is_checkpoint_dir_name(dir_name) && checkpoint_dir_name(iteration_) != dir_name))
       fail("checkpoint ", index_path, ": iteration ", iteration_, " does not match its directory ", dir_name);
-    world_size_ = index.at("world_size").get<int>();
+    world_size_ = index_int(index, "world_size", "checkpoint " + index_path);
     if (world_size_ < 1) fail("checkpoint ", index_path, ": world_size must be >= 1, found ", world_size_);
     const auto file_names = index.at("files").get<std::vector<std::string>>();
     if (static_cast<int>(file_names.size()) != world_size_)
@@ -357,7 +372,7 @@ CheckpointReader::CheckpointReader(const std::string& path) {
       std::vector<std::tuple<int64_t, int64_t, int>> ranges;
       for (const auto& s : t.at("shards")) {
         Shard shard;
-        shard.rank = s.at("rank").get<int>();
+        shard.rank = index_int(s, "rank", where);
         if (shard.rank < 0 || shard.rank >= world_size_)
           fail(where, ": shard rank ", shard.rank, " out of range for world size ", world_size_);
         if (entry.shape.empty()) {

@@ -239,6 +239,17 @@ TEST(ShardedCheckpoint, ReaderErrorsNameThePath) {
   write_bytes(gap + "/index.json", json.dump(2));
   EXPECT_THROW_WITH(CheckpointReader{gap}, gap + "/index.json", "'bias'", "no rank holds rows [3, 4)");
 
+  // A world size past 32 bits is refused, not wrapped (4294967297 used to read as 1).
+  const std::string huge = damaged_copy("huge_world");
+  json = nlohmann::ordered_json::parse(read_bytes(huge + "/index.json"));
+  json["world_size"] = 4294967297ull;
+  write_bytes(huge + "/index.json", json.dump(2));
+  EXPECT_THROW_WITH(CheckpointReader{huge}, huge + "/index.json", "'world_size' must be an integer of 32 bits, found 4294967297");
+  json["world_size"] = 2;
+  json["tensors"]["bias"]["shards"][1]["rank"] = 4294967297ull;
+  write_bytes(huge + "/index.json", json.dump(2));
+  EXPECT_THROW_WITH(CheckpointReader{huge}, huge + "/index.json", "'bias'", "'rank' must be an integer of 32 bits");
+
   CheckpointReader reader(root.str());
   EXPECT_THROW_WITH(reader.read_full("nope"), iter_dir, "'nope'");
   EXPECT_THROW_WITH(reader.read_rows("embed", 3, 8), iter_dir, "'embed'", "[3, 8)", "7 rows");
