@@ -32,6 +32,7 @@ M = [
  ("bad image is a skip", "src/data/mistral3/conversation_dataset.cpp", "undecodable_.size());\n      return std::nullopt;", "undecodable_.size());\n      throw;", G + "ConversationDataset.*"),
  ("heartbeat names the dead rank", "src/dist/peer_watch.cpp", "if (r != rank_ && after[static_cast<size_t>(r)] == before[static_cast<size_t>(r)]) silent.push_back(r);", "", G + "PeerWatch.*"),
  ("index.json ints not wrapped", "src/checkpoint/sharded_checkpoint.cpp", "  if (!fits) fail(", "  if (false) fail(", G + "ShardedCheckpoint.ReaderErrorsNameThePath"),
+ ("tokenizer ids bounded", "src/data/tokenizer/hf_bpe.cpp", "if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= kMaxTokenId)", "if (false)", G + "HfBpeTokenizer.*"),
  ("checkpoint checksum verified", "src/checkpoint/sharded_checkpoint.cpp", "    if (crc != *shard.crc32c)\n      fail(", "    if (false)\n      fail(", PY + "test_faults.py -k flipped_bit"),
  ("strict resume: model config", "src/train/state.cpp", "  check_same_model_config(reader, options);\n", "", PY + "test_faults.py -k refuses_a_different_model"),
  ("trainer_state typed reads", "src/train/state.cpp", "  if (!g.is_object() || !g.contains(key) || !g[key].is_number_integer())", "  if (false)", PY + "test_faults.py -k damaged_trainer_state"),

@@ -252,6 +252,19 @@ TEST(HfBpeTokenizer, LoadErrorsSayWhatAndWhere) {
   file["added_tokens"][0]["lstrip"] = true;
   write(dir / "lstrip.json", file.dump());
   EXPECT_CONTAINS(error_of([&] { HfBpeTokenizer::load(dir / "lstrip.json"); }), "added_tokens[0].lstrip: expected false");
+  // Ids index a table: negative ones (which wrote outside it) and huge ones (which allocated
+  // tens of GB) are refused.
+  for (const int64_t id : {int64_t{-1}, int64_t{2147483647}, int64_t{4294967296}}) {
+    file = tiny_hf();
+    file["added_tokens"][1]["id"] = id;
+    write(dir / "id.json", file.dump());
+    EXPECT_CONTAINS(error_of([&] { HfBpeTokenizer::load(dir / "id.json"); }),
+                    "added_tokens[1].id: expected a token id in [0, 16777216), found " + std::to_string(id));
+    file = tiny_hf();
+    file["model"]["vocab"]["ab"] = id;
+    write(dir / "id.json", file.dump());
+    EXPECT_CONTAINS(error_of([&] { HfBpeTokenizer::load(dir / "id.json"); }), "vocab[\"ab\"]: expected a token id in [0, 16777216)");
+  }
 }
 
 TEST(ByteBpe, TekkenPatternPieces) {

@@ -11,6 +11,16 @@ namespace mmtrain::tokenizer {
 
 namespace {
 
+// Ids index the id -> token table: a negative id would write outside it, and one near 2^31
+// would allocate tens of GB. The largest real vocabularies are ~260K ids.
+constexpr int64_t kMaxTokenId = int64_t{1} << 24;
+
+int32_t token_id(const nlohmann::json& id, const std::string& where) {
+  if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= kMaxTokenId)
+    fail(where, ": expected a token id in [0, ", kMaxTokenId, "), found ", id.dump());
+  return static_cast<int32_t>(id.get<int64_t>());
+}
+
 // tokenizers' ByteLevel(use_regex=true) split, the GPT-2 pattern.
 const char* const kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
@@ -79,11 +89,9 @@ HfBpeTokenizer HfBpeTokenizer::load(const std::string& path, const HfBpeOptions&
     tok.id_to_token_[id] = token;
   };
   for (const auto& [token, id] : vocab.items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
-      fail(mwhere, ".vocab[\"", token, "\"]: expected a non-negative id, found ", id.dump());
-    }
-    tok.vocab_.emplace(token, id.get<int32_t>());
-    note_token(token, id.get<int32_t>());
+    const int32_t checked = token_id(id, mwhere + ".vocab[\"" + token + "\"]");
+    tok.vocab_.emplace(token, checked);
+    note_token(token, checked);
   }
   if (model.contains("unk_token") && model.at("unk_token").is_string()) {
     const auto it = tok.vocab_.find(model.at("unk_token").get<std::string>());
@@ -127,7 +135,7 @@ HfBpeTokenizer HfBpeTokenizer::load(const std::string& path, const HfBpeOptions&
       const std::string awhere = where + " added_tokens[" + std::to_string(i) + "]";
       AddedToken token;
       token.content = require_string(added[i], "content", awhere);
-      token.id = static_cast<int32_t>(require_int(added[i], "id", awhere));
+      token.id = token_id(require(added[i], "id", awhere), awhere + ".id");
       token.special = flag(added[i], "special");
       token.normalized = flag(added[i], "normalized");
       for (const char* unsupported : {"lstrip", "rstrip", "single_word"}) {
