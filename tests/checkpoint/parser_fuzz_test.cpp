@@ -1,6 +1,6 @@
 // A seeded mutation fuzzer over the parsers of files mmtrain did not write itself: a safetensors
-// file (header and data), a checkpoint's index.json and trainer_state.json, a YAML config, and a
-// torch.save .pt sample (the whole file, and its pickle re-packed into a valid zip so that the
+// file (header and data), a checkpoint's index.json and trainer_state.json, a YAML config, a
+// tekken.json tokenizer, and a torch.save .pt sample (the whole file, and its pickle re-packed into a valid zip so that the
 // mutations reach the unpickler rather than stopping at the zip's checksums).
 // Each round damages a valid input (bit flips, byte overwrites with JSON/YAML punctuation, cuts,
 // duplicated spans, deep bracket runs, huge numbers) and parses it: the only acceptable outcomes
@@ -11,6 +11,8 @@
 #include "checkpoint_test_util.h"
 #include "core/error.h"
 #include "data/magihuman/precomputed_dataset.h"
+#include "data/mistral3/fixture.h"
+#include "data/tokenizer/text_tokenizer.h"
 #include "multirank_harness.h"
 #include "train/config.h"
 
@@ -138,6 +140,20 @@ logging: {output_dir: runs/x}
 tools: {profile: {enable: false, ranks: [0]}}
 )";
   fuzz("YAML config", valid, [&](const std::string& text) { config_from_yaml_string(text, "fuzz.yaml", {}); });
+}
+
+TEST(ParserFuzz, TekkenTokenizer) {
+  TempDir dir;
+  mistral3::Mistral3DataFixture fixture;
+  fixture.samples = 1;
+  mistral3::fixture_mistral3_data(dir.str(), fixture);
+  const std::string valid = read_bytes(dir / "tekken.json");
+  fs::create_directories(dir / "damaged");
+  const std::string damaged = (fs::path(dir / "damaged") / "tekken.json").string();
+  fuzz("tekken.json", valid, [&](const std::string& text) {
+    write_bytes(damaged, text);
+    tokenizer::load_text_tokenizer(damaged)->encode("[INST] a b <image>");
+  });
 }
 
 // The records of a torch zip archive, in order (names without the archive's folder).
