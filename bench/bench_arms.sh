@@ -1,10 +1,35 @@
-# Sourced by the A/B benches (fsdp_vs_torch.sh, magihuman_vs_torch.sh).
+# Sourced by the A/B benches (fsdp_vs_torch.sh, magihuman_vs_torch.sh), from the repository root.
+#   bench_setup DIR_NAME [BUILD_DIR]
+#                       the settings both benches share: BUILD_DIR (default build, made
+#                       absolute), PY, BIN ($MMTRAIN_BIN or BUILD_DIR/bin/mmtrain), BENCH_DIR
+#                       (default BUILD_DIR/DIR_NAME, created), WORLD (2), ROUNDS (2), TCMALLOC
+#                       (which must exist), and one intra-op thread per rank on both sides: the
+#                       comparison is per-core work, not thread scaling.
+#   mmtrain_arm OUT     mmtrain trains BENCH_DIR/bench.yaml on WORLD ranks, logging into OUT.
 #   run_rounds ARM...   runs every arm once per round for ROUNDS rounds, in the order A B C, then
 #                       C B A, ..., so drift on a shared machine falls on every arm alike. Each run
 #                       is `arm_command ARM OUT` (the caller defines it), writing OUT/metrics.jsonl,
 #                       with OUT = $BENCH_DIR/runs/ARM_rK and its log beside it; on a failure it
 #                       prints the log's tail and exits 1.
-# Needs BENCH_DIR and ROUNDS.
+bench_setup() {
+  BUILD_DIR=${2:-build}
+  case "$BUILD_DIR" in /*) ;; *) BUILD_DIR="$PWD/$BUILD_DIR" ;; esac
+  PY="$PWD/.venv/bin/python"
+  BIN=${MMTRAIN_BIN:-$BUILD_DIR/bin/mmtrain}
+  BENCH_DIR=${BENCH_DIR:-$BUILD_DIR/$1}
+  WORLD=${WORLD:-2}
+  ROUNDS=${ROUNDS:-2}
+  TCMALLOC=${TCMALLOC:-/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4}
+  export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+  [ -f "$TCMALLOC" ] || { echo "bench: $TCMALLOC is missing (Debian libtcmalloc-minimal4; scripts/setup.sh installs it)" >&2; exit 1; }
+  mkdir -p "$BENCH_DIR"
+}
+
+mmtrain_arm() {
+  "$PY" -m torch.distributed.run --standalone --nproc-per-node "$WORLD" --no-python \
+    "$BIN" train "$BENCH_DIR/bench.yaml" --set "logging.output_dir=$1"
+}
+
 run_rounds() {
   local arms=("$@") order round i arm out
   mkdir -p "$BENCH_DIR/runs"

@@ -12,21 +12,9 @@
 #        in LD_PRELOAD), for allocator A/B runs.
 # Without a binary the torch arms still run, mmtrain fields are null and the exit status is 2.
 set -euo pipefail
-BUILD_DIR=${1:-build}
 cd "$(dirname "$0")/.."
-ROOT=$PWD
-case "$BUILD_DIR" in /*) ;; *) BUILD_DIR="$ROOT/$BUILD_DIR" ;; esac
-PY="$ROOT/.venv/bin/python"
-BIN=${MMTRAIN_BIN:-$BUILD_DIR/bin/mmtrain}
-BENCH_DIR=${BENCH_DIR:-$BUILD_DIR/bench}
-WORLD=${WORLD:-2}
-ROUNDS=${ROUNDS:-2}
-TCMALLOC=${TCMALLOC:-/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4}
-# Every rank single-threaded on both sides: the comparison is per-core work, not thread scaling.
-export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-
-[ -f "$TCMALLOC" ] || { echo "bench: $TCMALLOC is missing (Debian libtcmalloc-minimal4; scripts/setup.sh installs it)" >&2; exit 1; }
-mkdir -p "$BENCH_DIR"
+. bench/bench_arms.sh
+bench_setup bench "${1:-build}"
 "$PY" bench/torch_fsdp2_reference.py prepare --dir "$BENCH_DIR" >&2
 PARAM_DTYPE=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['PARAM_DTYPE'])" "$BENCH_DIR/bench_meta.json")
 
@@ -46,17 +34,14 @@ fi
 
 arm_command() {  # arm_command ARM OUT
   case "$1" in
-    mmtrain) "$PY" -m torch.distributed.run --standalone --nproc-per-node "$WORLD" --no-python \
-               "$BIN" train "$BENCH_DIR/bench.yaml" --set "logging.output_dir=$2" ;;
-    mmtrain_preload) LD_PRELOAD=$MMTRAIN_PRELOAD "$PY" -m torch.distributed.run --standalone \
-               --nproc-per-node "$WORLD" --no-python "$BIN" train "$BENCH_DIR/bench.yaml" --set "logging.output_dir=$2" ;;
+    mmtrain) mmtrain_arm "$2" ;;
+    mmtrain_preload) LD_PRELOAD=$MMTRAIN_PRELOAD mmtrain_arm "$2" ;;
     torch_shipped) "$PY" bench/torch_fsdp2_reference.py torch --dir "$BENCH_DIR" --adamw single --out "$2" ;;
     torch_fused) "$PY" bench/torch_fsdp2_reference.py torch --dir "$BENCH_DIR" --adamw fused --out "$2" ;;
     torch_fused_tcmalloc) LD_PRELOAD=$TCMALLOC "$PY" bench/torch_fsdp2_reference.py torch --dir "$BENCH_DIR" \
                --adamw fused --out "$2" ;;
   esac
 }
-. bench/bench_arms.sh
 run_rounds "${arms[@]}"
 
 "$PY" bench/bench_summary.py --dir "$BENCH_DIR" --arms "${arms[@]}"

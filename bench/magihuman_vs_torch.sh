@@ -9,21 +9,10 @@
 #   TEXT_TOKENS SAMPLES WORLD (bench/torch_magihuman_fsdp.py); ROUNDS (2); BENCH_DIR (default
 #   BUILD_DIR/bench_magihuman).
 set -euo pipefail
-BUILD_DIR=${1:-build}
 cd "$(dirname "$0")/.."
-ROOT=$PWD
-case "$BUILD_DIR" in /*) ;; *) BUILD_DIR="$ROOT/$BUILD_DIR" ;; esac
-PY="$ROOT/.venv/bin/python"
-BIN=${MMTRAIN_BIN:-$BUILD_DIR/bin/mmtrain}
-BENCH_DIR=${BENCH_DIR:-$BUILD_DIR/bench_magihuman}
-WORLD=${WORLD:-2}
-ROUNDS=${ROUNDS:-2}
-TCMALLOC=${TCMALLOC:-/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4}
-export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-
+. bench/bench_arms.sh
+bench_setup bench_magihuman "${1:-build}"
 [ -x "$BIN" ] || { echo "bench: no mmtrain binary at $BIN (build first: make build)" >&2; exit 1; }
-[ -f "$TCMALLOC" ] || { echo "bench: $TCMALLOC is missing (Debian libtcmalloc-minimal4; scripts/setup.sh installs it)" >&2; exit 1; }
-mkdir -p "$BENCH_DIR"
 echo "bench: fixture, weights and batches (reused while the knobs are unchanged)" >&2
 "$PY" bench/torch_magihuman_fsdp.py prepare --dir "$BENCH_DIR" --mmtrain "$BIN" >&2
 echo "bench: GEMM peak (fp32, 1 thread)" >&2
@@ -31,13 +20,11 @@ echo "bench: GEMM peak (fp32, 1 thread)" >&2
 
 arm_command() {  # arm_command ARM OUT
   case "$1" in
-    mmtrain) "$PY" -m torch.distributed.run --standalone --nproc-per-node "$WORLD" --no-python \
-               "$BIN" train "$BENCH_DIR/bench.yaml" --set "logging.output_dir=$2" ;;
+    mmtrain) mmtrain_arm "$2" ;;
     torch_fused) "$PY" bench/torch_magihuman_fsdp.py torch --dir "$BENCH_DIR" --out "$2" ;;
     torch_fused_tcmalloc) LD_PRELOAD=$TCMALLOC "$PY" bench/torch_magihuman_fsdp.py torch --dir "$BENCH_DIR" --out "$2" ;;
   esac
 }
-. bench/bench_arms.sh
 arms=(mmtrain torch_fused torch_fused_tcmalloc)
 run_rounds "${arms[@]}"
 
