@@ -2,13 +2,13 @@
 
 #include "core/error.h"
 
+#include <utility>
+
 namespace mmtrain {
 
 void CommWork::wait() {
-  if (work_) {
-    work_->wait();
-    work_.reset();
-  }
+  for (auto& work : works_) work->wait();
+  works_.clear();
   if (on_complete_) {
     auto finish = std::move(on_complete_);
     on_complete_ = nullptr;
@@ -19,7 +19,7 @@ void CommWork::wait() {
 Comm::Comm(c10::intrusive_ptr<c10d::Backend> backend, int rank, int world_size, at::Device device)
     : backend_(std::move(backend)), rank_(rank), world_size_(world_size), device_(device) {
   if (world_size_ > 1 && !backend_) fail("Comm: world size ", world_size_, " needs a backend");
-  native_reduce_scatter_ = backend_ && backend_->getBackendName() == "nccl";
+  native_collectives_ = backend_ && backend_->getBackendName() == "nccl";
 }
 
 CommWork Comm::all_gather_into(at::Tensor out, at::Tensor in) {
@@ -33,49 +33,127 @@ CommWork Comm::all_gather_into(at::Tensor out, at::Tensor in) {
   return CommWork(backend_->_allgather_base(out, in), [out, in] {});
 }
 
-CommWork Comm::all_gather_into_coalesced(std::vector<at::Tensor> outs,
-                                         std::vector<at::Tensor> ins) {
-  TORCH_CHECK(outs.size() == ins.size(), "all_gather_into_coalesced: ", outs.size(), " outputs for ",
-              ins.size(), " inputs");
+int Comm::take_tags(int count) {
+  if (next_tag_ + count > kLastCollectiveTag) next_tag_ = kFirstCollectiveTag;
+  return std::exchange(next_tag_, next_tag_ + count);
+}
+
+CommWork Comm::all_gather_in_place(std::vector<at::Tensor> outs) {
   for (size_t i = 0; i < outs.size(); ++i)
-    TORCH_CHECK(outs[i].numel() == ins[i].numel() * world_size_, "all_gather_into_coalesced: out ",
-                i, " has ", outs[i].numel(), " elements, expected ", ins[i].numel() * world_size_);
+    TORCH_CHECK(outs[i].is_contiguous() && outs[i].numel() % world_size_ == 0, "all_gather_in_place: out ", i,
+                " must be contiguous with a multiple of ", world_size_, " elements, has ", outs[i].numel());
+  if (world_size_ == 1) return {};
+  ++issued_;
+  auto block = [this](const at::Tensor& out, int r) {
+    const int64_t n = out.numel() / world_size_;
+    return out.view(-1).narrow(0, r * n, n);
+  };
+  if (native_collectives_) {
+    std::vector<at::Tensor> ins;
+    for (auto& out : outs) ins.push_back(block(out, rank_));
+    return CommWork(backend_->allgather_into_tensor_coalesced(outs, ins), [outs, ins] {});
+  }
+  const int first_tag = take_tags(static_cast<int>(outs.size()));
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (int peer = 0; peer < world_size_; ++peer) {
+    if (peer == rank_) continue;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      std::vector<at::Tensor> mine{block(outs[i], rank_)}, theirs{block(outs[i], peer)};
+      works.push_back(backend_->send(mine, peer, first_tag + static_cast<int>(i)));
+      works.push_back(backend_->recv(theirs, peer, first_tag + static_cast<int>(i)));
+    }
+  }
+  return CommWork(std::move(works), [outs] {});
+}
+
+CommWork Comm::reduce_scatter_sum_blocks(std::vector<at::Tensor> outs, std::vector<std::vector<at::Tensor>> blocks,
+                                         TensorPool* scratch) {
+  TORCH_CHECK(outs.size() == blocks.size(), "reduce_scatter_sum_blocks: ", outs.size(), " outputs for ",
+              blocks.size(), " inputs");
+  int64_t total = 0;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    TORCH_CHECK(blocks[i].size() == static_cast<size_t>(world_size_), "reduce_scatter_sum_blocks: input ", i, " has ",
+                blocks[i].size(), " blocks, expected ", world_size_);
+    for (auto& b : blocks[i])
+      TORCH_CHECK(b.is_contiguous() && b.numel() == outs[i].numel() && b.scalar_type() == outs[i].scalar_type(),
+                  "reduce_scatter_sum_blocks: input ", i, " needs contiguous blocks of ", outs[i].numel(), " ",
+                  outs[i].scalar_type(), " elements");
+    total += outs[i].numel();
+  }
   if (world_size_ == 1) {
-    for (size_t i = 0; i < outs.size(); ++i) outs[i].view(-1).copy_(ins[i].view(-1));
+    for (size_t i = 0; i < outs.size(); ++i) outs[i].view(-1).copy_(blocks[i][0].view(-1));
     return {};
   }
   ++issued_;
-  auto work = backend_->allgather_into_tensor_coalesced(outs, ins);
-  return CommWork(work, [outs, ins] {});
+  if (outs.empty()) return {};
+  const auto options = outs[0].options();
+  auto take = [&](at::IntArrayRef shape) { return scratch ? scratch->take(shape, options) : at::empty(shape, options); };
+  if (native_collectives_) {
+    // Row r of the pack is what goes to rank r: every input's block r, one after another.
+    auto packed = take({world_size_, total});
+    auto reduced = take({total});
+    for (int r = 0; r < world_size_; ++r) {
+      int64_t offset = 0;
+      for (size_t i = 0; i < outs.size(); ++i) {
+        packed[r].narrow(0, offset, outs[i].numel()).copy_(blocks[i][r].view(-1));
+        offset += outs[i].numel();
+      }
+    }
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    auto work = backend_->_reduce_scatter_base(reduced, packed, opts);
+    return CommWork(work, [outs, packed, reduced, scratch]() mutable {
+      int64_t offset = 0;
+      for (auto& out : outs) {
+        out.view(-1).copy_(reduced.narrow(0, offset, out.numel()));
+        offset += out.numel();
+      }
+      if (scratch) {
+        scratch->give(std::move(packed));
+        scratch->give(std::move(reduced));
+      }
+    });
+  }
+  // received[k]: what the k-th other rank (in rank order) sent for this rank's blocks.
+  auto received = take({world_size_ - 1, total});
+  const int first_tag = take_tags(static_cast<int>(outs.size()));
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (int peer = 0, k = 0; peer < world_size_; ++peer) {
+    if (peer == rank_) continue;
+    int64_t offset = 0;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      std::vector<at::Tensor> mine{blocks[i][peer]}, theirs{received[k].narrow(0, offset, outs[i].numel())};
+      works.push_back(backend_->send(mine, peer, first_tag + static_cast<int>(i)));
+      works.push_back(backend_->recv(theirs, peer, first_tag + static_cast<int>(i)));
+      offset += outs[i].numel();
+    }
+    ++k;
+  }
+  const int me = rank_, world = world_size_;
+  return CommWork(std::move(works), [outs, blocks, received, scratch, me, world]() mutable {
+    // Rank r's block of input i, in rank order, so the sum is the same on every rank.
+    int64_t offset = 0;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const int64_t n = outs[i].numel();
+      auto from = [&](int r) {
+        return r == me ? blocks[i][me].view(-1) : received[r < me ? r : r - 1].narrow(0, offset, n);
+      };
+      auto out = outs[i].view(-1);
+      at::add_out(out, from(0), from(1));
+      for (int r = 2; r < world; ++r) out.add_(from(r));
+      offset += n;
+    }
+    if (scratch) scratch->give(std::move(received));
+  });
 }
 
 CommWork Comm::reduce_scatter_sum(at::Tensor out, at::Tensor in, TensorPool* scratch) {
   TORCH_CHECK(in.numel() == out.numel() * world_size_, "reduce_scatter_sum: in has ", in.numel(),
               " elements, expected ", out.numel() * world_size_);
-  if (world_size_ == 1) {
-    out.view(-1).copy_(in.view(-1));
-    return {};
-  }
-  ++issued_;
-  if (native_reduce_scatter_) {
-    c10d::ReduceScatterOptions opts;
-    opts.reduceOp = c10d::ReduceOp::SUM;
-    return CommWork(backend_->_reduce_scatter_base(out, in, opts), [out, in] {});
-  }
-  auto received = scratch ? scratch->take({world_size_, out.numel()}, in.options())
-                          : at::empty({world_size_, out.numel()}, in.options());
-  std::vector<int64_t> splits(world_size_, out.numel());
-  auto in_flat = in.view(-1);
-  auto received_flat = received.view(-1);
-  auto work = backend_->alltoall_base(received_flat, in_flat, splits, splits);
-  return CommWork(work, [out, in, received, scratch]() mutable {
-    // Sum in rank order so every rank's result is bitwise deterministic; the first two rows in
-    // one pass.
-    auto out_flat = out.view(-1);
-    at::add_out(out_flat, received[0], received[1]);
-    for (int64_t r = 2; r < received.size(0); ++r) out_flat.add_(received[r]);
-    if (scratch) scratch->give(std::move(received));
-  });
+  auto rows = in.contiguous().view({world_size_, out.numel()});
+  std::vector<at::Tensor> blocks;
+  for (int r = 0; r < world_size_; ++r) blocks.push_back(rows[r]);
+  return reduce_scatter_sum_blocks({out}, {blocks}, scratch);
 }
 
 CommWork Comm::all_reduce_sum(at::Tensor t) {

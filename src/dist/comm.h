@@ -21,14 +21,17 @@ class CommWork {
  public:
   CommWork() = default;
   CommWork(c10::intrusive_ptr<c10d::Work> work, std::function<void()> on_complete)
-      : work_(std::move(work)), on_complete_(std::move(on_complete)) {}
+      : works_{std::move(work)}, on_complete_(std::move(on_complete)) {}
+  // An op made of several backend ops (the sends and receives of a point-to-point collective).
+  CommWork(std::vector<c10::intrusive_ptr<c10d::Work>> works, std::function<void()> on_complete)
+      : works_(std::move(works)), on_complete_(std::move(on_complete)) {}
   // Blocks until the op is complete and its output written; idempotent.
   void wait();
-  bool pending() const { return work_ || on_complete_; }
+  bool pending() const { return !works_.empty() || on_complete_; }
 
  private:
-  c10::intrusive_ptr<c10d::Work> work_;
-  std::function<void()> on_complete_;  // runs after work_ finished: copy-out, local reduction
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+  std::function<void()> on_complete_;  // runs after works_ finished: copy-out, local reduction
 };
 
 class Comm {
@@ -44,13 +47,24 @@ class Comm {
 
   // out [W * n] <- concat over ranks of in [n] (rank order). Same dtype.
   CommWork all_gather_into(at::Tensor out, at::Tensor in);
-  // One all-gather for several tensors (one FSDP unit): outs[i] [W * n_i] <- ins[i] [n_i].
-  CommWork all_gather_into_coalesced(std::vector<at::Tensor> outs, std::vector<at::Tensor> ins);
-  // out [n] <- sum over ranks of in[rank*n : (rank+1)*n], in is [W * n]. Same dtype. Native on
-  // NCCL; on Gloo an all-to-all plus a local sum in rank order, which moves (W-1)/W of the data
-  // like a real reduce-scatter (Gloo's own fallback all-reduces everything: twice the traffic).
-  // scratch: where the Gloo path takes its receive buffer [W * n] from and gives it back to on
-  // completion (its owner must take and give on the thread that calls wait()); null: allocated.
+  // In-place all-gather of several tensors (one FSDP unit's params): outs[i] is [W * n_i], and
+  // its block [rank * n_i, (rank + 1) * n_i) already holds this rank's data; afterwards block r
+  // holds rank r's. On Gloo every block travels point to point from its place on the sender
+  // straight into its place on each receiver: Gloo's coalesced all-gather would flatten the
+  // inputs, gather into a staging buffer and copy out, three more passes over the unit on the
+  // cores that compute. NCCL: one coalesced all-gather.
+  CommWork all_gather_in_place(std::vector<at::Tensor> outs);
+  // Reduce-scatter of several tensors: outs[i] [n_i] <- the sum over ranks r, in rank order, of
+  // rank r's blocks[i][rank()]. blocks[i] holds W contiguous [n_i] tensors, the one at index q
+  // for rank q: views into the grads themselves need no packing. Same dtype throughout. Gloo:
+  // point to point (moving (W-1)/W of the data, like a real reduce-scatter) plus a local sum, so
+  // every rank's result is bitwise deterministic; NCCL: packed into one [W, sum n_i] buffer for
+  // one native reduce-scatter. scratch: where the receive (Gloo) or pack (NCCL) buffers are taken
+  // from and given back to on completion (its owner must take and give on the thread that calls
+  // wait()); null: allocated.
+  CommWork reduce_scatter_sum_blocks(std::vector<at::Tensor> outs, std::vector<std::vector<at::Tensor>> blocks,
+                                     TensorPool* scratch = nullptr);
+  // out [n] <- sum over ranks of in[rank*n : (rank+1)*n], in is [W * n]: the one-tensor case.
   CommWork reduce_scatter_sum(at::Tensor out, at::Tensor in, TensorPool* scratch = nullptr);
   CommWork all_reduce_sum(at::Tensor t);
   CommWork all_reduce_max(at::Tensor t);
@@ -76,8 +90,15 @@ class Comm {
   int rank_ = 0;
   int world_size_ = 1;
   at::Device device_ = at::kCPU;
-  bool native_reduce_scatter_ = false;
+  // The first of `count` consecutive tags for the messages of one point-to-point collective.
+  // Every rank issues the same collectives in the same order, so tags match across ranks; they
+  // start above the small tags callers of send/recv use and cycle long before overflow.
+  int take_tags(int count);
+
+  bool native_collectives_ = false;  // NCCL: coalesced and reduce-scatter ops are native
   std::atomic<int64_t> issued_{0};
+  int next_tag_ = kFirstCollectiveTag;
+  static constexpr int kFirstCollectiveTag = 1 << 20, kLastCollectiveTag = 1 << 30;
 };
 
 }  // namespace mmtrain

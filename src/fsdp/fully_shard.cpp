@@ -105,8 +105,6 @@ Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Dev
       config_(std::move(config)),
       device_(device),
       reduction_(std::move(reduction)),
-      // A unit's gather plus its prefetches are in flight at once.
-      gather_buffers_(units_in_flight(config_)),
       // Per reduction in flight, plus the one being packed: an input, an output and a receive buffer.
       reduce_buffers_(3 * (kReductionsInFlight + 1)) {
   if (!config_.ignored_modules.empty())
@@ -262,19 +260,19 @@ void Fsdp::release_gather_storage(const at::Tensor& t) {
 void Fsdp::unshard_async(FsdpUnit& unit) {
   if (unit.state != FsdpUnit::State::sharded) return;
   RECORD_USER_SCOPE(profile_name("fsdp::all_gather", unit));
-  // The cast to gather_dtype is one pass over the unit's flat shard; each param's input is its
-  // view of that. One coalesced collective per unit writes straight into the params' gathered
-  // buffers: Gloo copies its flat result out to them once (a flat all-gather into one buffer
-  // would need a second copy-out), NCCL gathers into them directly.
-  unit.gather_input = gather_buffers_.take({unit.shard_flat.numel()}, unit.shard_flat.options().dtype(unit.gather_dtype));
-  unit.gather_input.copy_(unit.shard_flat);
-  std::vector<at::Tensor> outs, ins;
+  // Each param's shard is cast straight into this rank's block of its gathered buffer, and the
+  // in-place all-gather fills the other blocks: the gathered buffer [W * padded_rows, ...] is the
+  // ranks' padded shards one after another, so nothing is copied out afterwards.
+  const int rank = comm_->rank();
+  std::vector<at::Tensor> outs;
   for (auto& p : unit.params) {
     acquire_gather_storage(p.gathered);
-    outs.push_back(p.gathered.view(-1));
-    ins.push_back(p.view_of(unit.gather_input).view(-1));
+    auto flat = p.gathered.view(-1);
+    const int64_t n = p.layout.shard_numel();
+    flat.narrow(0, rank * n, n).copy_(p.shard.view(-1));
+    outs.push_back(flat);
   }
-  unit.gather_work = comm_->all_gather_into_coalesced(outs, ins);
+  unit.gather_work = comm_->all_gather_in_place(std::move(outs));
   unit.state = FsdpUnit::State::gathering;
 }
 
@@ -284,9 +282,6 @@ void Fsdp::wait_unshard(FsdpUnit& unit) {
     RECORD_USER_SCOPE(profile_name("fsdp::wait_all_gather", unit));
     timed_wait(unit.gather_work);
   }
-  // The root gathers once per step (its size is its own): pooling its input would only hold memory.
-  auto input = std::exchange(unit.gather_input, at::Tensor());
-  if (!unit.is_root) gather_buffers_.give(std::move(input));
   unit.state = FsdpUnit::State::unsharded;
 }
 
@@ -334,37 +329,50 @@ void Fsdp::pre_backward(FsdpUnit& unit) {
 void Fsdp::post_backward(FsdpUnit& unit, const std::vector<at::Tensor>& grads) {
   RECORD_USER_SCOPE(profile_name("fsdp::reduce_scatter", unit));
   const int world = comm_->world_size();
-  int64_t total = unit.shard_flat.numel();
-  auto reduce_input = reduce_buffers_.take({world, total}, unit.shard_flat.options().dtype(config_.reduce_dtype));
+  const int64_t total = unit.shard_flat.numel();
+  const auto reduce_options = unit.shard_flat.options().dtype(config_.reduce_dtype);
+  // Nothing to add to yet (the first micro-batch): reduce straight into grad_flat.
+  const bool into_grad = unit.grad_is_zero && config_.reduce_dtype == at::kFloat;
+  auto output = into_grad ? unit.grad_flat : reduce_buffers_.take({total}, reduce_options);
+  unit.grad_is_zero = false;
+  // Rank r's block of a param's grad: its rows [r * padded_rows, (r + 1) * padded_rows). A grad
+  // already in reduce_dtype whose rows split evenly is sent from where it lies; the others (a
+  // cast, padding rows, frozen or unused params: zeros) are staged in rows of `staged` [W, S].
+  at::Tensor staged;
+  std::vector<at::Tensor> outs;
+  std::vector<std::vector<at::Tensor>> blocks;
   for (size_t i = 0; i < unit.params.size(); ++i) {
     const auto& p = unit.params[i];
     const auto& layout = p.layout;
-    auto dst = reduce_input.narrow(1, p.offset, layout.shard_numel())
-                   .view({world, layout.padded_rows, layout.row_numel});
-    if (!grads[i].defined() || !p.param->requires_grad) {  // frozen params reduce zeros
+    const int64_t n = layout.shard_numel();
+    outs.push_back(output.narrow(0, p.offset, n));
+    const bool has_grad = grads[i].defined() && p.param->requires_grad;
+    if (has_grad && grads[i].scalar_type() == config_.reduce_dtype && layout.dim0 == layout.padded_rows * world) {
+      auto grad = grads[i].contiguous().view(-1);
+      blocks.emplace_back();
+      for (int r = 0; r < world; ++r) blocks.back().push_back(grad.narrow(0, r * n, n));
+      continue;
+    }
+    if (!staged.defined()) staged = reduce_buffers_.take({world, total}, reduce_options);
+    auto dst = staged.narrow(1, p.offset, n).view({world, layout.padded_rows, layout.row_numel});
+    if (!has_grad) {
       dst.zero_();
-      continue;
+    } else {
+      auto grad = grads[i].reshape({layout.dim0, layout.row_numel});
+      for (int r = 0; r < world; ++r) {
+        const int64_t rows = layout.rows(r);
+        if (rows > 0) dst[r].narrow(0, 0, rows).copy_(grad.narrow(0, layout.row_begin(r), rows));
+        if (rows < layout.padded_rows) dst[r].narrow(0, rows, layout.padded_rows - rows).zero_();
+      }
     }
-    auto grad = grads[i].reshape({layout.dim0, layout.row_numel});
-    if (layout.dim0 == layout.padded_rows * world) {
-      dst.copy_(grad.view({world, layout.padded_rows, layout.row_numel}));
-      continue;
-    }
-    for (int r = 0; r < world; ++r) {
-      const int64_t rows = layout.rows(r);
-      if (rows > 0) dst[r].narrow(0, 0, rows).copy_(grad.narrow(0, layout.row_begin(r), rows));
-      if (rows < layout.padded_rows) dst[r].narrow(0, rows, layout.padded_rows - rows).zero_();
-    }
+    blocks.emplace_back();
+    for (int r = 0; r < world; ++r) blocks.back().push_back(staged[r].narrow(0, p.offset, n));
   }
   reshard(unit);
-  // Nothing to add to yet (the first micro-batch): reduce straight into grad_flat.
-  const bool into_grad = unit.grad_is_zero && config_.reduce_dtype == at::kFloat;
-  auto output = into_grad ? unit.grad_flat : reduce_buffers_.take({total}, reduce_input.options());
-  unit.grad_is_zero = false;
-  auto work = comm_->reduce_scatter_sum(output, reduce_input.view(-1), &reduce_buffers_);
-  pending_.push_back({&unit, reduce_input, output, std::move(work)});
+  auto work = comm_->reduce_scatter_sum_blocks(std::move(outs), std::move(blocks), &reduce_buffers_);
+  pending_.push_back({&unit, staged, output, std::move(work)});
   // A bounded number of reductions in flight overlaps communication with the next unit's
-  // backward without holding every unit's reduce buffer.
+  // backward without holding every unit's grads.
   drain_reductions(kReductionsInFlight);
 }
 
@@ -398,7 +406,7 @@ void Fsdp::drain_reductions(size_t keep_in_flight) {
       grad.add_(pending.output.to(at::kFloat));
       reduce_buffers_.give(std::move(pending.output));
     }
-    reduce_buffers_.give(std::move(pending.input));
+    if (pending.staged.defined()) reduce_buffers_.give(std::move(pending.staged));
   }
 }
 

@@ -58,7 +58,6 @@ struct FsdpUnit {
   at::Tensor anchor;           // scalar leaf that makes UnitGather part of the graph
   State state = State::sharded;
   CommWork gather_work;
-  at::Tensor gather_input;     // gather_dtype [S]: shard_flat cast, alive until the gather's wait()
   size_t order = 0;            // position in forward order
   Fsdp* engine = nullptr;      // the engine the autograd Functions call back into
 };
@@ -148,7 +147,7 @@ class Fsdp {
 
   struct PendingReduction {
     FsdpUnit* unit;
-    at::Tensor input;   // reduce_dtype [W, S], back to the pool after the wait
+    at::Tensor staged;  // reduce_dtype [W, S] when some grads needed staging, back to the pool after the wait
     at::Tensor output;  // reduce_dtype [S]; unit->grad_flat itself when written in place
     CommWork work;
   };
@@ -159,11 +158,9 @@ class Fsdp {
   FsdpReduction reduction_;
   std::vector<std::unique_ptr<FsdpUnit>> units_;  // forward order; the root first
   std::deque<PendingReduction> pending_;
-  // Every unit of a transformer gathers and reduces the same sizes, so buffers are reused
-  // instead of allocated per unit. Gather inputs stay pooled across steps; the reduce pool
-  // (reduce inputs, outputs and Gloo's receive buffers) empties at the end of each backward, so
-  // its buffers never add to the forward pass's peak.
-  TensorPool gather_buffers_;
+  // Every unit of a transformer reduces the same sizes, so its buffers are reused instead of
+  // allocated per unit. The reduce pool (staged grads, outputs and Gloo's receive buffers)
+  // empties at the end of each backward, so its buffers never add to the forward pass's peak.
   TensorPool reduce_buffers_;
   double comm_wait_ms_ = 0;
   std::unordered_map<size_t, std::vector<at::DataPtr>> free_gather_storage_;  // nbytes -> buffers

@@ -134,19 +134,20 @@ FsdpMemoryPlan fsdp_memory_plan(const std::vector<PlanParam>& params, const std:
   for (size_t begin = 1; begin + plan.units_in_flight <= plan.units.size() && plan.units_in_flight > 0; ++begin) {
     int64_t bytes = 0;
     for (size_t u = begin; u < begin + plan.units_in_flight; ++u)
-      bytes += (plan.units[u].gathered_numel + plan.units[u].shard_numel) * p_of(plan.units[u]);  // gathered + cast input
+      bytes += plan.units[u].gathered_numel * p_of(plan.units[u]);  // shards are cast into it directly
     if (bytes > plan.in_flight_bytes) {
       plan.in_flight_bytes = bytes;
       plan.in_flight_first = plan.units[begin].name;
     }
   }
 
-  // Backward of one unit (post_backward): autograd's grads of its params (param_dtype), and the
-  // reduce-scatter buffers of the units in flight and the one being packed.
+  // Backward of one unit (post_backward): autograd's grads of its params (param_dtype), and per
+  // reduction in flight or being issued its grads held until sent (or their staged copy in
+  // reduce_dtype), its [S] output and Gloo's [(W-1) S] receive buffer.
   std::vector<int64_t> reduce_sizes;
   int64_t largest_grad_bytes = 0;
   for (const auto& unit : plan.units) {
-    reduce_sizes.push_back((unit.gathered_numel + unit.shard_numel) * r);
+    reduce_sizes.push_back((unit.gathered_numel + world * unit.shard_numel) * r);
     largest_grad_bytes = std::max(largest_grad_bytes, unit.numel * p_of(unit));
   }
   std::sort(reduce_sizes.rbegin(), reduce_sizes.rend());

@@ -8,13 +8,13 @@
 //   grads      4 · Σ_u S_u            fp32 reduced grads (Fsdp::grad_flat)
 //   optimizer  8 · Σ_u S_u            AdamW exp_avg + exp_avg_sq
 //   root       W · S_root · p         the root unit, gathered for the whole step (p = param_dtype size)
-//   in flight  max over k consecutive non-root units of Σ (W + 1) · S_u · p, k = 1 + max(forward,
+//   in flight  max over k consecutive non-root units of Σ W · S_u · p, k = 1 + max(forward,
 //              backward prefetch): the running unit plus the ones prefetched behind it, each
-//              gathered [W·S_u] and its cast input [S_u] (all units when reshard_after_forward is off)
-//   reduce     backward of one unit: its unsharded grads (numel · p) plus the reduce-scatter
-//              buffers of kFsdpReductionsInFlight + 1 units (in flight + the one being packed), each
-//              [W·S_u] input + [S_u] output in reduce_dtype (NCCL's; on Gloo a reduction also holds
-//              a [W·S_u] receive buffer, Comm::reduce_scatter_sum)
+//              gathered [W·S_u] (all units when reshard_after_forward is off)
+//   reduce     backward of one unit: its unsharded grads (numel · p) plus, for the
+//              kFsdpReductionsInFlight + 1 largest units (in flight + the one being issued), 2W · S_u
+//              in reduce_dtype: the grads held until sent (or their staged copy) [W·S_u], the
+//              output [S_u] and Gloo's receive buffer [(W-1)·S_u] (Comm::reduce_scatter_sum_blocks)
 // Activations are model-specific: models/model_plan.h.
 #pragma once
 #include "fsdp/fsdp_config.h"

@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+
 namespace mmtrain {
 namespace {
 
@@ -29,6 +33,56 @@ TEST_P(CommTest, ReduceScatterSumsEachBlock) {
       auto expected = at::arange(4 * comm.rank(), 4 * comm.rank() + 4, at::kFloat) *
                       static_cast<float>(world * (world + 1) / 2);
       EXPECT_TRUE(at::allclose(out.to(at::kFloat), expected, 1e-2, 0)) << out;
+    }
+  });
+}
+
+// Rank r's values of part i: distinct per rank, part and element, with fractions that make the
+// order of a sum visible in its last bits.
+at::Tensor rank_values(int rank, int part, int64_t n) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 * rank + part);
+  return at::randn({n}, gen) * 1e3;
+}
+
+TEST_P(CommTest, InPlaceAllGatherFillsEveryRanksBlockOfEachTensor) {
+  const int world = GetParam();
+  testing::run_ranks(world, [&](Comm& comm) {
+    const std::vector<int64_t> sizes = {3, 5, 1};
+    std::vector<at::Tensor> outs;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      auto out = at::full({world * sizes[i]}, NAN);
+      out.narrow(0, comm.rank() * sizes[i], sizes[i]).copy_(rank_values(comm.rank(), i, sizes[i]));
+      outs.push_back(out);
+    }
+    comm.all_gather_in_place(outs).wait();
+    for (size_t i = 0; i < sizes.size(); ++i)
+      for (int r = 0; r < world; ++r)
+        EXPECT_TRUE(at::equal(outs[i].narrow(0, r * sizes[i], sizes[i]), rank_values(r, i, sizes[i])))
+            << "part " << i << ", rank " << r << "'s block";
+  });
+}
+
+TEST_P(CommTest, BlockReduceScatterSumsEachRanksBlockInRankOrder) {
+  const int world = GetParam();
+  testing::run_ranks(world, [&](Comm& comm) {
+    // Part 0: blocks are slices of one flat tensor (a grad sent where it lies); part 1: rows of a
+    // [W, n] tensor (a staged grad). Every rank expects the rank-order sum of its own blocks.
+    const std::vector<int64_t> sizes = {4, 7};
+    std::vector<at::Tensor> outs;
+    std::vector<std::vector<at::Tensor>> blocks(sizes.size());
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      auto values = rank_values(comm.rank(), i, world * sizes[i]);
+      auto rows = i == 0 ? values : values.view({world, sizes[i]}).contiguous();
+      for (int q = 0; q < world; ++q) blocks[i].push_back(i == 0 ? rows.narrow(0, q * sizes[i], sizes[i]) : rows.view({world, sizes[i]})[q]);
+      outs.push_back(at::empty({sizes[i]}));
+    }
+    TensorPool scratch(2);
+    comm.reduce_scatter_sum_blocks(outs, blocks, &scratch).wait();
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      auto expected = rank_values(0, i, world * sizes[i]).narrow(0, comm.rank() * sizes[i], sizes[i]).clone();
+      for (int r = 1; r < world; ++r)
+        expected += rank_values(r, i, world * sizes[i]).narrow(0, comm.rank() * sizes[i], sizes[i]);
+      EXPECT_TRUE(at::equal(outs[i], expected)) << "part " << i << ": " << outs[i] << " vs " << expected;
     }
   });
 }

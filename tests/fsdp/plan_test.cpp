@@ -81,7 +81,7 @@ TEST(FsdpPlan, DeepestUnitOwnsAParam) {
 
 TEST(FsdpPlan, InFlightWindowFollowsPrefetch) {
   // Units of 10, 50, 20, 30 rows x 1 (fp32, one rank): windows of 2 -> 50+20 = 70 from u1, each
-  // unit gathered (W S) plus its cast input (S).
+  // unit gathered (W S; the shards are cast straight into it).
   const std::vector<PlanParam> params = {{"u.0.w", {10}}, {"u.1.w", {50}}, {"u.2.w", {20}}, {"u.3.w", {30}}};
   FsdpConfig options;
   options.apply_modules = {"u.{*}"};
@@ -89,17 +89,17 @@ TEST(FsdpPlan, InFlightWindowFollowsPrefetch) {
   options.num_to_backward_prefetch = 0;
   auto plan = fsdp_memory_plan(params, module_names_from_params(params), options, 1);
   EXPECT_EQ(plan.units_in_flight, 2);
-  EXPECT_EQ(plan.in_flight_bytes, 2 * 70 * 4);
+  EXPECT_EQ(plan.in_flight_bytes, 70 * 4);
   EXPECT_EQ(plan.in_flight_first, "u.1");
   EXPECT_EQ(plan.root_gathered_bytes, 0);
   options.num_to_backward_prefetch = 2;  // the larger of the two prefetch depths counts
   plan = fsdp_memory_plan(params, module_names_from_params(params), options, 1);
-  EXPECT_EQ(plan.in_flight_bytes, 2 * 100 * 4);
+  EXPECT_EQ(plan.in_flight_bytes, 100 * 4);
   options.reshard_after_forward = false;  // everything stays gathered
   plan = fsdp_memory_plan(params, module_names_from_params(params), options, 1);
-  EXPECT_EQ(plan.in_flight_bytes, 2 * 110 * 4);
-  // Backward: grads of the largest unit + the reduce buffers of the 2 largest units (one in flight,
-  // one being packed), each [W S] input + [S] output, W = 1.
+  EXPECT_EQ(plan.in_flight_bytes, 110 * 4);
+  // Backward: grads of the largest unit + the reductions of the 2 largest units (one in flight,
+  // one being issued), each 2 W S: grads held or staged [W S], output [S], receive [(W-1) S], W = 1.
   EXPECT_EQ(plan.reduce_bytes, 50 * 4 + (2 * 50 + 2 * 30) * 4);
 }
 
