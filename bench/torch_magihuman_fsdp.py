@@ -67,56 +67,11 @@ def model_config(k: dict) -> dict:
 
 
 def bench_yaml(k: dict, d: str) -> str:
-    c = model_config(k)
-    return f"""# bench/magihuman_vs_torch.sh: MagiHuman where compute dominates (written by prepare).
-parallel:
-  fully_shard_parallel_size: auto
-  fsdp_plan:
-    apply_modules:
-      - dit.block.layers.{{*}}
-    param_dtype: fp32
-    reduce_dtype: fp32
-    num_to_forward_prefetch: 1
-    num_to_backward_prefetch: 1
-model:
-  model_id: magihuman
-  model_name_or_path: {d}/weights
-  config:
-    num_layers: {c['num_layers']}
-    hidden_size: {c['hidden_size']}
-    head_dim: {c['head_dim']}
-    num_query_groups: {c['num_query_groups']}
-    video_in_channels: {c['video_in_channels']}
-    audio_in_channels: {c['audio_in_channels']}
-    text_in_channels: {c['text_in_channels']}
-    mm_layers: {c['mm_layers']}
-    gelu7_layers: {c['gelu7_layers']}
-data:
-  dataset_param:
-    dataset_type: magihuman_precomputed
-    data_root: {d}/data
-  dataloader_param:
-    collate_param:
-      model_name: magihuman
-features:
-  loss_cfg:
-    loss_type: raw
-training:
-  micro_batch_size: 1
-  gradient_accumulation_steps: 1
-  seed: 42
-  lr: 1.0e-4
-  lr_min: 1.0e-5
-  lr_warmup_ratio: 0.1
-  lr_decay_style: cosine
-  weight_decay: 0.01
-  clip_grad: 1.0
-  train_iters: {k['WARMUP'] + k['STEPS']}
-  save: ""
-logging:
-  output_dir: {d}/runs/unused
-  progress: false
-"""
+    training = {"micro_batch_size": 1, "gradient_accumulation_steps": 1, "seed": 42, "lr": 1.0e-4, "lr_min": 1.0e-5,
+                "lr_warmup_ratio": 0.1, "lr_decay_style": "cosine", "weight_decay": 0.01, "clip_grad": 1.0,
+                "train_iters": k["WARMUP"] + k["STEPS"]}
+    return mu.magihuman_yaml("bench/magihuman_vs_torch.sh: MagiHuman where compute dominates (written by prepare).",
+                             model_config(k), f"{d}/weights", f"{d}/data", training, f"{d}/runs/unused")
 
 
 def prepare(d: str, mmtrain: str) -> None:

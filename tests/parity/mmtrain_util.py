@@ -19,6 +19,9 @@ Contract:
       torchrun --standalone --nproc-per-node W --no-python BIN train CFG [--set k=v ...]
       with OMP_NUM_THREADS=1 per rank; raises MmtrainFailed with the log tail on failure.
   mmtrain_config(...) -> the mmtrain YAML as a dict with every training key explicit.
+  magihuman_yaml(title, c, weights, data_root, training, output_dir) -> the YAML text of a MagiHuman
+      run (FSDP over the DiT's layers in fp32, model config c from reference_magihuman.make_config,
+      the precomputed-latent dataset, raw loss) with the given training keys.
   Comparison metrics: curve_rel_diff (sum|a-b|/sum|b|), step_rel_diffs, param_rel_diffs
       (per tensor ||a-b||_2 / ||b||_2).
 """
@@ -289,6 +292,69 @@ def mmtrain_config(model_path: str, tokens_path: str, model_cfg: dict, output_di
 
 class MmtrainFailed(RuntimeError):
     pass
+
+
+def magihuman_yaml(title: str, c: dict, weights, data_root, training: dict, output_dir) -> str:
+    """A MagiHuman config in plain YAML (no anchors), which config_io reads too."""
+    def scalar(value):  # YAML 1.1 (PyYAML) reads 1e-05 as a string: a float's mantissa needs a dot
+        text = json.dumps(value)
+        if isinstance(value, float) and "e" in text and "." not in text.split("e")[0]:
+            text = text.replace("e", ".0e", 1)
+        return text
+
+    training_lines = "\n".join(f"  {key}: {scalar(value)}" for key, value in training.items())
+    return f"""# {title}
+parallel:
+  fully_shard_parallel_size: auto
+  fsdp_plan:
+    apply_modules:
+      - dit.block.layers.{{*}}
+    param_dtype: fp32
+    reduce_dtype: fp32
+    num_to_forward_prefetch: 1
+    num_to_backward_prefetch: 1
+
+model:
+  model_id: magihuman
+  model_name_or_path: {weights}
+  config:
+    num_layers: {c['num_layers']}
+    hidden_size: {c['hidden_size']}
+    head_dim: {c['head_dim']}
+    num_query_groups: {c['num_query_groups']}
+    video_in_channels: {c['video_in_channels']}
+    audio_in_channels: {c['audio_in_channels']}
+    text_in_channels: {c['text_in_channels']}
+    mm_layers: {c['mm_layers']}
+    gelu7_layers: {c['gelu7_layers']}
+    enable_attn_gating: true
+    norm_eps: 1.0e-6
+    deinterleave_mlp: true
+    fused_ops: true
+
+data:
+  dataset_param:
+    dataset_type: magihuman_precomputed
+    data_root: {data_root}
+    sigma_sampling: logit_normal
+    logit_normal_loc: 0.0
+    logit_normal_scale: 1.0
+  dataloader_param:
+    collate_param:
+      model_name: magihuman
+
+features:
+  loss_cfg:
+    loss_type: raw
+
+training:
+{training_lines}
+  save: ""
+
+logging:
+  output_dir: {output_dir}
+  progress: false
+"""
 
 
 def torchrun_cmd(world: int) -> list[str]:

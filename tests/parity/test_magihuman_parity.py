@@ -28,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 import reference_magihuman as R  # noqa: E402
+import mmtrain_util as mu  # noqa: E402
 
 # Reuse the e2e helpers (run_mmtrain, write_config, mmtrain_bin) under a name of our own, so that
 # this module and tests/e2e/conftest.py never collide as `conftest` in sys.modules.
@@ -97,67 +98,10 @@ def require(*path):
 
 
 def config_yaml(tmp, weights, data):
-    c = TINY
-    return f"""# Tiny MagiHuman for tests/parity/test_magihuman_parity.py: the 15B model's structure at toy size.
-parallel:
-  fully_shard_parallel_size: auto
-  fsdp_plan:
-    apply_modules:
-      - dit.block.layers.{{*}}
-    param_dtype: fp32
-    reduce_dtype: fp32
-    num_to_forward_prefetch: 1
-    num_to_backward_prefetch: 1
-
-model:
-  model_id: magihuman
-  model_name_or_path: &MAGIHUMAN_CKPT {weights}
-  checkpoint_path: *MAGIHUMAN_CKPT
-  config:
-    num_layers: {c['num_layers']}
-    hidden_size: {c['hidden_size']}
-    head_dim: {c['head_dim']}
-    num_query_groups: {c['num_query_groups']}
-    video_in_channels: {c['video_in_channels']}
-    audio_in_channels: {c['audio_in_channels']}
-    text_in_channels: {c['text_in_channels']}
-    mm_layers: {c['mm_layers']}
-    gelu7_layers: {c['gelu7_layers']}
-    enable_attn_gating: true
-    norm_eps: 1.0e-6
-    deinterleave_mlp: true
-    fused_ops: true
-
-data:
-  dataset_param:
-    dataset_type: magihuman_precomputed
-    data_root: {data}
-    sigma_sampling: logit_normal
-    logit_normal_loc: 0.0
-    logit_normal_scale: 1.0
-  dataloader_param:
-    collate_param:
-      model_name: magihuman
-
-features:
-  loss_cfg:
-    loss_type: raw
-
-training:
-  micro_batch_size: {SAMPLES}
-  gradient_accumulation_steps: 1
-  seed: 42
-  lr: 1.0e-4
-  lr_decay_style: constant
-  weight_decay: 0.0
-  clip_grad: 1.0
-  train_iters: 1
-  save: ""
-
-logging:
-  output_dir: {tmp / 'run'}
-  progress: false
-"""
+    training = {"micro_batch_size": SAMPLES, "gradient_accumulation_steps": 1, "seed": 42, "lr": 1.0e-4,
+                "lr_decay_style": "constant", "weight_decay": 0.0, "clip_grad": 1.0, "train_iters": 1}
+    return mu.magihuman_yaml("Tiny MagiHuman for tests/parity/test_magihuman_parity.py: the 15B model's structure at "
+                             "toy size.", TINY, weights, data, training, tmp / "run")
 
 
 def rel_l2(got, want):
