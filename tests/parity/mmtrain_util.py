@@ -41,6 +41,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+import config_io
+
 INDEX_FORMAT = "mmtrain.sharded_checkpoint"
 MODEL_PREFIX = "model."
 _RANK_FILE_RE = re.compile(r"^rank_(\d{5})\.safetensors$")
@@ -296,65 +298,25 @@ class MmtrainFailed(RuntimeError):
 
 def magihuman_yaml(title: str, c: dict, weights, data_root, training: dict, output_dir) -> str:
     """A MagiHuman config in plain YAML (no anchors), which config_io reads too."""
-    def scalar(value):  # YAML 1.1 (PyYAML) reads 1e-05 as a string: a float's mantissa needs a dot
-        text = json.dumps(value)
-        if isinstance(value, float) and "e" in text and "." not in text.split("e")[0]:
-            text = text.replace("e", ".0e", 1)
-        return text
-
-    training_lines = "\n".join(f"  {key}: {scalar(value)}" for key, value in training.items())
-    return f"""# {title}
-parallel:
-  fully_shard_parallel_size: auto
-  fsdp_plan:
-    apply_modules:
-      - dit.block.layers.{{*}}
-    param_dtype: fp32
-    reduce_dtype: fp32
-    num_to_forward_prefetch: 1
-    num_to_backward_prefetch: 1
-
-model:
-  model_id: magihuman
-  model_name_or_path: {weights}
-  config:
-    num_layers: {c['num_layers']}
-    hidden_size: {c['hidden_size']}
-    head_dim: {c['head_dim']}
-    num_query_groups: {c['num_query_groups']}
-    video_in_channels: {c['video_in_channels']}
-    audio_in_channels: {c['audio_in_channels']}
-    text_in_channels: {c['text_in_channels']}
-    mm_layers: {c['mm_layers']}
-    gelu7_layers: {c['gelu7_layers']}
-    enable_attn_gating: true
-    norm_eps: 1.0e-6
-    deinterleave_mlp: true
-    fused_ops: true
-
-data:
-  dataset_param:
-    dataset_type: magihuman_precomputed
-    data_root: {data_root}
-    sigma_sampling: logit_normal
-    logit_normal_loc: 0.0
-    logit_normal_scale: 1.0
-  dataloader_param:
-    collate_param:
-      model_name: magihuman
-
-features:
-  loss_cfg:
-    loss_type: raw
-
-training:
-{training_lines}
-  save: ""
-
-logging:
-  output_dir: {output_dir}
-  progress: false
-"""
+    model_keys = ("num_layers", "hidden_size", "head_dim", "num_query_groups", "video_in_channels",
+                  "audio_in_channels", "text_in_channels", "mm_layers", "gelu7_layers")
+    cfg = {
+        "parallel": {"fully_shard_parallel_size": "auto",
+                     "fsdp_plan": {"apply_modules": ["dit.block.layers.{*}"], "param_dtype": "fp32",
+                                   "reduce_dtype": "fp32", "num_to_forward_prefetch": 1,
+                                   "num_to_backward_prefetch": 1}},
+        "model": {"model_id": "magihuman", "model_name_or_path": str(weights),
+                  "config": {**{key: c[key] for key in model_keys}, "enable_attn_gating": True, "norm_eps": 1.0e-6,
+                             "deinterleave_mlp": True, "fused_ops": True}},
+        "data": {"dataset_param": {"dataset_type": "magihuman_precomputed", "data_root": str(data_root),
+                                   "sigma_sampling": "logit_normal", "logit_normal_loc": 0.0,
+                                   "logit_normal_scale": 1.0},
+                 "dataloader_param": {"collate_param": {"model_name": "magihuman"}}},
+        "features": {"loss_cfg": {"loss_type": "raw"}},
+        "training": {**training, "save": ""},
+        "logging": {"output_dir": str(output_dir), "progress": False},
+    }
+    return f"# {title}\n" + config_io.dump_yaml(cfg)
 
 
 def torchrun_cmd(world: int) -> list[str]:
