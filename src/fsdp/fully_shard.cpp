@@ -105,7 +105,7 @@ Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Dev
       config_(std::move(config)),
       device_(device),
       reduction_(std::move(reduction)),
-      // Per reduction in flight, plus the one being packed: an input, an output and a receive buffer.
+      // Per reduction in flight, plus the one being issued: staged grads, an output and a receive buffer.
       reduce_buffers_(3 * (kReductionsInFlight + 1)) {
   if (!config_.ignored_modules.empty())
     fail("fsdp_plan.ignored_modules: unsharded modules are not implemented; leave the list empty");
