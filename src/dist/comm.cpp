@@ -22,17 +22,6 @@ Comm::Comm(c10::intrusive_ptr<c10d::Backend> backend, int rank, int world_size, 
   native_collectives_ = backend_ && backend_->getBackendName() == "nccl";
 }
 
-CommWork Comm::all_gather_into(at::Tensor out, at::Tensor in) {
-  TORCH_CHECK(out.numel() == in.numel() * world_size_, "all_gather_into: out has ", out.numel(),
-              " elements, expected ", in.numel() * world_size_);
-  if (world_size_ == 1) {
-    out.view(-1).copy_(in.view(-1));
-    return {};
-  }
-  ++issued_;
-  return CommWork(backend_->_allgather_base(out, in), [out, in] {});
-}
-
 int Comm::take_tags(int count) {
   if (next_tag_ + count > kLastCollectiveTag) next_tag_ = kFirstCollectiveTag;
   return std::exchange(next_tag_, next_tag_ + count);
@@ -145,15 +134,6 @@ CommWork Comm::reduce_scatter_sum_blocks(std::vector<at::Tensor> outs, std::vect
     }
     if (scratch) scratch->give(std::move(received));
   });
-}
-
-CommWork Comm::reduce_scatter_sum(at::Tensor out, at::Tensor in, TensorPool* scratch) {
-  TORCH_CHECK(in.numel() == out.numel() * world_size_, "reduce_scatter_sum: in has ", in.numel(),
-              " elements, expected ", out.numel() * world_size_);
-  auto rows = in.contiguous().view({world_size_, out.numel()});
-  std::vector<at::Tensor> blocks;
-  for (int r = 0; r < world_size_; ++r) blocks.push_back(rows[r]);
-  return reduce_scatter_sum_blocks({out}, {blocks}, scratch);
 }
 
 CommWork Comm::all_reduce_sum(at::Tensor t) {

@@ -45,8 +45,6 @@ class Comm {
   at::Device device() const { return device_; }
   const c10::intrusive_ptr<c10d::Backend>& backend() const { return backend_; }
 
-  // out [W * n] <- concat over ranks of in [n] (rank order). Same dtype.
-  CommWork all_gather_into(at::Tensor out, at::Tensor in);
   // In-place all-gather of several tensors (one FSDP unit's params): outs[i] is [W * n_i], and
   // its block [rank * n_i, (rank + 1) * n_i) already holds this rank's data; afterwards block r
   // holds rank r's. On Gloo every block travels point to point from its place on the sender
@@ -64,8 +62,6 @@ class Comm {
   // wait()); null: allocated.
   CommWork reduce_scatter_sum_blocks(std::vector<at::Tensor> outs, std::vector<std::vector<at::Tensor>> blocks,
                                      TensorPool* scratch = nullptr);
-  // out [n] <- sum over ranks of in[rank*n : (rank+1)*n], in is [W * n]: the one-tensor case.
-  CommWork reduce_scatter_sum(at::Tensor out, at::Tensor in, TensorPool* scratch = nullptr);
   CommWork all_reduce_sum(at::Tensor t);
   CommWork all_reduce_max(at::Tensor t);
   // Equal splits: in [W * n] -> out [W * n], block i of in goes to rank i.
