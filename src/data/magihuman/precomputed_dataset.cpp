@@ -14,6 +14,7 @@
 #include <caffe2/serialize/in_memory_adapter.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/import_read.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <algorithm>
@@ -189,19 +190,17 @@ std::map<std::string, at::Tensor> read_sample_file(const std::string& path) {
     return out;
   }
   const auto bytes = read_bytes(path);
-  // The pickle inside the zip is scanned before LibTorch sees it (core/pickle_scan.h). A file that
-  // is not a torch zip archive is left to pickle_load, which says so.
-  std::optional<std::tuple<at::DataPtr, size_t>> pickle;
+  c10::IValue value;
   try {
     caffe2::serialize::PyTorchStreamReader archive(
         std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), static_cast<off_t>(bytes.size())));
-    if (archive.hasRecord("data.pkl")) pickle = archive.getRecord("data.pkl");
-  } catch (const c10::Error&) {
-  }
-  if (pickle) scan_pickle(static_cast<const char*>(std::get<0>(*pickle).get()), std::get<1>(*pickle), path + ": data.pkl");
-  c10::IValue value;
-  try {
-    value = torch::jit::pickle_load(bytes);
+    // The pickle inside the zip is scanned before LibTorch unpickles it (core/pickle_scan.h).
+    if (archive.hasRecord("data.pkl")) {
+      const auto [pickle, size] = archive.getRecord("data.pkl");
+      scan_pickle(static_cast<const char*>(pickle.get()), size, path + ": data.pkl");
+    }
+    // What torch::jit::pickle_load does, on the archive already open.
+    value = torch::jit::readArchiveAndTensors("data", "", "", std::nullopt, std::nullopt, std::nullopt, archive);
   } catch (const c10::Error& e) {
     fail(path, ": expected a file written by Python torch.save (zip format, torch >= 1.6 default) holding a dict "
          "of tensors; it could not be read: ", e.what_without_backtrace());
