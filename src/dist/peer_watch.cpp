@@ -4,32 +4,43 @@ namespace mmtrain {
 
 PeerWatch::PeerWatch(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, std::chrono::milliseconds period)
     : store_(std::move(store)), rank_(rank), world_size_(world_size), period_(period) {
-  thread_ = std::thread([this] { beat(); });
+  beat_ = std::make_shared<Beat>();
+  beat_->store = store_;
+  beat_->key = key(rank_);
+  beat_->period = period_;
+  thread_ = std::thread([state = beat_] { beat(state); });
 }
 
 PeerWatch::~PeerWatch() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
+  std::unique_lock<std::mutex> lock(beat_->mutex);
+  beat_->stopping = true;
+  beat_->wake.notify_all();
+  const bool finished = beat_->wake.wait_for(lock, period_, [this] { return beat_->finished; });
+  lock.unlock();
+  if (finished) {
+    thread_.join();
+  } else {
+    thread_.detach();  // still inside the store: it ends when the store answers or the process exits
   }
-  wake_.notify_all();
-  thread_.join();
 }
 
 std::string PeerWatch::key(int rank) const { return "mmtrain_heartbeat/" + std::to_string(rank); }
 
-void PeerWatch::beat() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (!stopping_) {
+void PeerWatch::beat(const std::shared_ptr<Beat>& state) {
+  std::unique_lock<std::mutex> lock(state->mutex);
+  while (!state->stopping) {
     lock.unlock();
     try {
-      store_->add(key(rank_), 1);
+      state->store->add(state->key, 1);
     } catch (const std::exception&) {
-      return;  // the store is gone (its host died): nobody can read a heartbeat any more
+      lock.lock();
+      break;  // the store is gone (its host died): nobody can read a heartbeat any more
     }
     lock.lock();
-    wake_.wait_for(lock, period_, [this] { return stopping_; });
+    state->wake.wait_for(lock, state->period, [&] { return state->stopping; });
   }
+  state->finished = true;
+  state->wake.notify_all();
 }
 
 std::vector<int> PeerWatch::silent_ranks(std::chrono::milliseconds window) const {

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -21,7 +22,10 @@ class PeerWatch {
  public:
   PeerWatch(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
             std::chrono::milliseconds period = std::chrono::seconds(1));
-  ~PeerWatch();  // stops this rank's heartbeat
+  // Stops this rank's heartbeat. A beat stuck in the store (its host SIGSTOPped or its node
+  // frozen: the client then waits for the store timeout, up to parallel.timeout_s) is waited for
+  // at most one period and then left to the thread, so a rank's exit never hangs on it.
+  ~PeerWatch();
   PeerWatch(const PeerWatch&) = delete;
   PeerWatch& operator=(const PeerWatch&) = delete;
 
@@ -33,16 +37,25 @@ class PeerWatch {
   std::string describe_silent_ranks() const;
 
  private:
-  void beat();
+  // What the heartbeat thread uses, shared with it: a thread left stuck in the store after the
+  // destructor returned still owns it.
+  struct Beat {
+    c10::intrusive_ptr<c10d::Store> store;
+    std::string key;
+    std::chrono::milliseconds period;
+    std::mutex mutex;
+    std::condition_variable wake;
+    bool stopping = false;
+    bool finished = false;
+  };
+  static void beat(const std::shared_ptr<Beat>& state);
   std::string key(int rank) const;
 
   c10::intrusive_ptr<c10d::Store> store_;
   int rank_;
   int world_size_;
   std::chrono::milliseconds period_;
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  bool stopping_ = false;
+  std::shared_ptr<Beat> beat_;
   std::thread thread_;
 };
 

@@ -5,7 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <thread>
 
 namespace mmtrain {
 namespace {
@@ -33,6 +37,61 @@ TEST(PeerWatch, ARankThatNeverStartedIsSilent) {
   PeerWatch rank0(store, 0, 2, milliseconds(20));
   EXPECT_EQ(rank0.silent_ranks(milliseconds(200)), (std::vector<int>{1}));
   EXPECT_EQ(rank0.describe_silent_ranks().rfind("rank 1 has stopped answering", 0), 0u) << rank0.describe_silent_ranks();
+}
+
+// A store whose add() hangs while it is frozen, as a TCPStore client does when the store's host
+// is SIGSTOPped (it waits for the store timeout, up to parallel.timeout_s).
+class FreezableStore : public c10d::HashStore {
+ public:
+  int64_t add(const std::string& key, int64_t value) override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    ++adds_;
+    changed_.notify_all();
+    changed_.wait(lock, [this] { return !frozen_; });
+    lock.unlock();
+    return c10d::HashStore::add(key, value);
+  }
+  void freeze() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    frozen_ = true;
+  }
+  void thaw() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    frozen_ = false;
+    changed_.notify_all();
+  }
+  // Waits until some add() call has begun after this one was made.
+  void wait_for_next_add() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const int64_t seen = adds_;
+    changed_.wait(lock, [&] { return adds_ > seen; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool frozen_ = false;
+  int64_t adds_ = 0;
+};
+
+TEST(PeerWatch, StoppingDoesNotWaitForAStoreThatHangs) {
+  auto store = c10::make_intrusive<FreezableStore>();
+  const milliseconds period(50);
+  auto watch = std::make_unique<PeerWatch>(store, 0, 2, period);
+  store->freeze();
+  store->wait_for_next_add();  // the heartbeat is now inside a hung add()
+  // The store answers again after 40 periods: a destructor that waited for the beat would take
+  // that long (and without the thaw, forever).
+  std::thread thaw_later([&] {
+    std::this_thread::sleep_for(40 * period);
+    store->thaw();
+  });
+  const auto started = std::chrono::steady_clock::now();
+  watch.reset();
+  const auto waited = std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - started);
+  EXPECT_LT(waited.count(), 20 * period.count()) << "stopping waited " << waited.count() << " ms on a hung store";
+  thaw_later.join();  // the left thread finishes its add and ends on its own
+  std::this_thread::sleep_for(2 * period);
 }
 
 }  // namespace
