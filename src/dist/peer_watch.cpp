@@ -3,11 +3,10 @@
 namespace mmtrain {
 
 PeerWatch::PeerWatch(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, std::chrono::milliseconds period)
-    : store_(std::move(store)), rank_(rank), world_size_(world_size), period_(period) {
-  beat_ = std::make_shared<Beat>();
-  beat_->store = store_;
+    : rank_(rank), world_size_(world_size), beat_(std::make_shared<Beat>()) {
+  beat_->store = std::move(store);
   beat_->key = key(rank_);
-  beat_->period = period_;
+  beat_->period = period;
   thread_ = std::thread([state = beat_] { beat(state); });
 }
 
@@ -15,7 +14,7 @@ PeerWatch::~PeerWatch() {
   std::unique_lock<std::mutex> lock(beat_->mutex);
   beat_->stopping = true;
   beat_->wake.notify_all();
-  const bool finished = beat_->wake.wait_for(lock, period_, [this] { return beat_->finished; });
+  const bool finished = beat_->wake.wait_for(lock, beat_->period, [this] { return beat_->finished; });
   lock.unlock();
   if (finished) {
     thread_.join();
@@ -47,7 +46,7 @@ std::vector<int> PeerWatch::silent_ranks(std::chrono::milliseconds window) const
   // add(key, 0) reads a counter (and creates it at 0 for a rank that never beat).
   auto read_all = [&] {
     std::vector<int64_t> beats(static_cast<size_t>(world_size_));
-    for (int r = 0; r < world_size_; ++r) beats[static_cast<size_t>(r)] = store_->add(key(r), 0);
+    for (int r = 0; r < world_size_; ++r) beats[static_cast<size_t>(r)] = beat_->store->add(key(r), 0);
     return beats;
   };
   const auto before = read_all();
@@ -62,7 +61,7 @@ std::vector<int> PeerWatch::silent_ranks(std::chrono::milliseconds window) const
 std::string PeerWatch::describe_silent_ranks() const {
   std::vector<int> silent;
   try {
-    silent = silent_ranks(3 * period_);
+    silent = silent_ranks(3 * beat_->period);
   } catch (const std::exception&) {
     return "the rendezvous store cannot be reached either, so its host (rank 0, or torchrun's agent) died or its "
            "node is unreachable";

@@ -37,8 +37,8 @@ class PeerWatch {
   std::string describe_silent_ranks() const;
 
  private:
-  // What the heartbeat thread uses, shared with it: a thread left stuck in the store after the
-  // destructor returned still owns it.
+  // The store and the period, shared with the heartbeat thread: a thread left stuck in the store
+  // after the destructor returned still owns them.
   struct Beat {
     c10::intrusive_ptr<c10d::Store> store;
     std::string key;
@@ -51,10 +51,8 @@ class PeerWatch {
   static void beat(const std::shared_ptr<Beat>& state);
   std::string key(int rank) const;
 
-  c10::intrusive_ptr<c10d::Store> store_;
   int rank_;
   int world_size_;
-  std::chrono::milliseconds period_;
   std::shared_ptr<Beat> beat_;
   std::thread thread_;
 };
