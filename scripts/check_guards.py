@@ -36,8 +36,22 @@ M = [
  ("checkpoint checksum verified", "src/checkpoint/sharded_checkpoint.cpp", "    if (crc != *shard.crc32c)\n      fail(", "    if (false)\n      fail(", PY + "test_faults.py -k flipped_bit"),
  ("strict resume: model config", "src/train/state.cpp", "  check_same_model_config(reader, options);\n", "", PY + "test_faults.py -k refuses_a_different_model"),
  ("trainer_state typed reads", "src/train/state.cpp", "  if (!g.is_object() || !g.contains(key) || !g[key].is_number_integer())", "  if (false)", PY + "test_faults.py -k damaged_trainer_state"),
- ("memory pre-flight", "src/train/trainer.cpp", "    preflight_memory(c, *model, runtime.env, runtime.device, mesh->shape().fsdp());\n", "", PY + "test_faults.py -k 15b"),
+ ("memory pre-flight", "src/train/trainer.cpp", "    preflight_memory(c, *model, runtime.env, runtime.device, dims.fsdp());\n", "", PY + "test_faults.py -k 15b"),
  ("training.load: auto", "src/train/trainer.cpp", "    if (checkpoint_saved_under(t.save)) {", "    if (false) {", PY + "test_faults.py -k restart_resumes"),
+ ("non-finite step stops the run", "src/train/train_step.cpp", "  if (any_bad) {", "  if (false) {", G + "TrainStep.*"),
+ ("non-finite state never saved", "src/train/state.cpp", "  if (comm.all_reduce_max(std::vector<double>{bad.empty() ? 0.0 : 1.0})[0] == 0) return;", "  return;", G + "StateSave.*"),
+ ("lr bounded", "src/train/training_config.cpp", "        if (t.lr > kMaxLearningRate) check.invalid(\"lr\", lr_cap, number(t.lr));", "", G + "ConfigTest.*"),
+ ("missing checksum field", "src/checkpoint/sharded_checkpoint.cpp", "if (!s.contains(\"crc32c\") && has_checksums)", "if (false)", G + "ShardedCheckpoint.ReaderErrorsNameThePath"),
+ ("RNG state checked", "src/train/state.cpp", "  if (state.numel() != expected)", "  if (false)", G + "StateRng.*"),
+ ("output_dir pre-flight", "src/train/preflight.cpp", "  require_writable_dir(config, \"logging.output_dir\", config.logging.output_dir, rank);\n", "", G + "Preflight.*"),
+ ("load = save root says auto", "src/train/preflight.cpp", "  if (!t.load.empty() && t.load != \"auto\" && !t.save.empty() &&", "  if (false &&", G + "Preflight.*"),
+ ("weights regular-file check", "src/train/hf_weights.cpp", "    require_regular_file(path, \"model weights '\" + path + \"'\", \"a .safetensors file or an HF model directory\");", "    fail(\"model weights '\", path, \"': no such file or directory\");", G + "WeightSource.*"),
+ ("NaN/Inf in HF weights", "src/train/hf_weights.cpp", "if (const int64_t bad = first_non_finite(rows); bad >= 0)", "if (const int64_t bad = -1; bad >= 0)", G + "WeightSource.*"),
+ ("irregular image named", "src/data/mistral3/conversation_dataset.cpp", "image_problem = fs::exists(path) || relative.empty() ? \"image not a regular file\" : \"image file missing\";", "image_problem = \"image file missing\";", G + "ConversationDataset.*"),
+ ("resize inside the skip", "src/data/mistral3/conversation_dataset.cpp", "      try {\n        sample.resized.push_back(resized_size());\n      } catch", "      sample.resized.push_back(resized_size());\n      try {\n      } catch", G + "ConversationDataset.*"),
+ ("cutoff_len >= 0", "src/data/mistral3/conversation_dataset.cpp", "  if (o.cutoff_len < 0) fail(", "  if (false) fail(", G + "ConversationDataset.*"),
+ ("token_file keys checked", "src/data/token_file_dataset.cpp", "  params.check_known_keys({\"dataset_type\", \"path\", \"max_samples\"});", "", G + "TokenFileDataset.*"),
+ ("finished run is an error", "src/train/trainer.cpp", "    if (t.load != \"auto\")\n      fail(", "    if (false)\n      fail(", PY + "test_run_tools.py -k rerun"),
 ]
 only = sys.argv[1:]
 results = []

@@ -24,7 +24,10 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kFormat = "mmtrain.sharded_checkpoint";
-constexpr int kVersion = 1;
+// Version 2 records a crc32c for every non-empty shard; version 1 (before checksums) may lack
+// them, and such shards load unchecked. Both are read; 2 is written.
+constexpr int kVersion = 2;
+constexpr int kVersionBeforeChecksums = 1;
 constexpr const char* kIndexFile = "index.json";
 constexpr const char* kTrainerStateFile = "trainer_state.json";
 constexpr const char* kLatestFile = "latest";
@@ -347,9 +350,11 @@ CheckpointReader::CheckpointReader(const std::string& path) {
   if (!fs::exists(index_path)) fail("checkpoint ", dir_, ": missing ", kIndexFile);
   const auto index = ordered_json_parse_checked(file_read_text(index_path), "checkpoint " + index_path);
   try {
-    if (index.at("format") != kFormat || index.at("version") != kVersion)
-      fail("checkpoint ", index_path, ": expected format '", kFormat, "' version ", kVersion, ", found ",
-           index.at("format").dump(), " version ", index.at("version").dump());
+    if (index.at("format") != kFormat ||
+        (index.at("version") != kVersion && index.at("version") != kVersionBeforeChecksums))
+      fail("checkpoint ", index_path, ": expected format '", kFormat, "' version ", kVersionBeforeChecksums, " or ",
+           kVersion, ", found ", index.at("format").dump(), " version ", index.at("version").dump());
+    const bool has_checksums = index.at("version") != kVersionBeforeChecksums;
     iteration_ = index.at("iteration").get<int64_t>();
     if (iteration_ < 0 || (is_checkpoint_dir_name(dir_name) && checkpoint_dir_name(iteration_) != dir_name))
       fail("checkpoint ", index_path, ": iteration ", iteration_, " does not match its directory ", dir_name);
@@ -387,6 +392,10 @@ CheckpointReader::CheckpointReader(const std::string& path) {
           ranges.emplace_back(shard.row_begin, shard.row_end, shard.rank);
           if (shard.row_begin == shard.row_end) continue;  // empty shards hold nothing to read
         }
+        if (!s.contains("crc32c") && has_checksums)
+          fail(where, ": rank ", shard.rank, "'s shard has no crc32c, which a version ", kVersion,
+               " checkpoint records for every shard: the index is damaged (only a version ", kVersionBeforeChecksums,
+               " checkpoint, written before checksums, may lack them)");
         if (s.contains("crc32c")) {
           const auto hex = s.at("crc32c").get<std::string>();
           char* end = nullptr;
@@ -440,6 +449,11 @@ CheckpointReader::CheckpointReader(const std::string& path) {
   const std::string state_path = (dir / kTrainerStateFile).string();
   if (!fs::exists(state_path)) fail("checkpoint ", dir_, ": missing ", kTrainerStateFile);
   global_state_ = json_parse_checked(file_read_text(state_path), "checkpoint " + state_path);
+}
+
+std::string CheckpointReader::rank_file(int rank) const {
+  if (rank < 0 || rank >= world_size_) fail("checkpoint ", dir_, ": rank ", rank, " of ", world_size_, " ranks requested");
+  return files_[rank].path();
 }
 
 nlohmann::json CheckpointReader::rank_state(int rank) const {

@@ -60,6 +60,7 @@ class CheckpointReader {
   int saved_world_size() const { return world_size_; }
   const nlohmann::json& global_state() const { return global_state_; }
   nlohmann::json rank_state(int rank) const;  // the rank_state the given rank saved
+  std::string rank_file(int rank) const;       // the path of rank's file (for messages)
   const nlohmann::json& plan() const { return plan_; }
 
   // Tensor names in index.json order.

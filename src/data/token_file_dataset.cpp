@@ -20,17 +20,17 @@ namespace {
 class TokenFileDataset : public Dataset {
  public:
   explicit TokenFileDataset(const DataConfig& data) {
-    if (!data.dataset_param.contains("path"))
-      fail("data.dataset_param.path: required for dataset_type token_file");
-    const auto path = data.dataset_param.at("path").get<std::string>();
+    const ParamMap params(data.dataset_param, "data.dataset_param", "dataset token_file");
+    params.check_known_keys({"dataset_type", "path", "max_samples"});
+    const auto path = params.get_string("path", "");
+    if (path.empty()) fail(params.where("path"), ": required for dataset_type token_file");
+    const int64_t max_samples = params.get_int("max_samples", 0);
+    if (max_samples < 0) fail(params.where("max_samples"), ": expected >= 0 (0 = all), found ", max_samples);
     SafetensorsFile file(path);
     tokens_ = file.read("tokens");
     if (tokens_.dim() != 2 || tokens_.scalar_type() != at::kLong)
       fail(path, ": 'tokens' must be int64 [N, S], found ", tokens_.scalar_type(), " ", tokens_.sizes());
-    if (data.dataset_param.contains("max_samples")) {
-      const auto max_samples = data.dataset_param.at("max_samples").get<int64_t>();
-      if (max_samples > 0 && max_samples < tokens_.size(0)) tokens_ = tokens_.narrow(0, 0, max_samples);
-    }
+    if (max_samples > 0 && max_samples < tokens_.size(0)) tokens_ = tokens_.narrow(0, 0, max_samples);
     if (tokens_.size(0) == 0) fail(path, ": 'tokens' has no samples");
   }
   int64_t size() const override { return tokens_.size(0); }

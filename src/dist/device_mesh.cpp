@@ -28,6 +28,11 @@ int rank_of(const MeshShape& m, const Coords& c) {
 
 }  // namespace
 
+int MeshShape::dp_rank_of(int rank) const {
+  const Coords c = coords_of(*this, rank);
+  return c.replicate * dp_shard + c.shard;
+}
+
 DeviceMesh::DeviceMesh(MeshShape shape, std::shared_ptr<Comm> world, c10::intrusive_ptr<c10d::Store> store,
                        Device device, std::chrono::milliseconds timeout)
     : shape_(shape), world_(std::move(world)) {

@@ -32,6 +32,8 @@ struct MeshShape {
   int cp() const { return ring * ulysses; }
   int fsdp() const { return dp_shard * cp(); }
   int dp() const { return dp_replicate * dp_shard; }
+  // Which sample stream (0..dp()-1) a rank of this mesh reads: replicate * dp_shard + shard.
+  int dp_rank_of(int rank) const;
 };
 
 class DeviceMesh {
@@ -50,7 +52,7 @@ class DeviceMesh {
   int shard_rank() const { return shard_rank_; }
   int ring_rank() const { return ring_rank_; }
   int ulysses_rank() const { return ulysses_rank_; }
-  int dp_rank() const { return replicate_rank_ * shape_.dp_shard + shard_rank_; }
+  int dp_rank() const { return shape_.dp_rank_of(rank()); }
   int dp_size() const { return shape_.dp(); }
 
   const std::shared_ptr<Comm>& world() const { return world_; }

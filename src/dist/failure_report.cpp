@@ -15,14 +15,18 @@ bool is_peer_failure(const std::string& message) {
   return false;
 }
 
+std::string with_peer_failure_hint(const std::string& message) {
+  if (!is_peer_failure(message)) return message;
+  return message + " (a peer rank failed or was killed first: its own error comes first in torchrun's report)";
+}
+
 void report_failure_to_launcher(const std::string& message) {
   const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
   if (!path || !*path) return;
   const bool after_peer = is_peer_failure(message);
   const long long timestamp = static_cast<long long>(std::time(nullptr)) + (after_peer ? 2 : 0);
   const char* rank = std::getenv("RANK");
-  const std::string shown = "mmtrain rank " + std::string(rank ? rank : "?") + ": " + message +
-                            (after_peer ? " (a peer rank failed or was killed first: see its error)" : "");
+  const std::string shown = "mmtrain rank " + std::string(rank ? rank : "?") + ": " + with_peer_failure_hint(message);
   const nlohmann::json file = {
       {"message", {{"message", shown}, {"extraInfo", {{"py_callstack", shown}, {"timestamp", std::to_string(timestamp)}}}}}};
   std::ofstream(path) << file.dump() << "\n";

@@ -12,6 +12,8 @@ namespace mmtrain {
 // True for the errors a rank sees when a peer died: a collective failing with a closed or reset
 // connection, or timing out.
 bool is_peer_failure(const std::string& message);
+// message, and for a peer failure the hint that the peer's own error is the one to read.
+std::string with_peer_failure_hint(const std::string& message);
 
 // Writes the torchelastic error file when running under torchrun (no-op otherwise).
 void report_failure_to_launcher(const std::string& message);

@@ -15,7 +15,7 @@
 //              kFsdpReductionsInFlight + 1 largest units (in flight + the one being issued), 2W · S_u
 //              in reduce_dtype: the grads held until sent (or their staged copy) [W·S_u], the
 //              output [S_u] and Gloo's receive buffer [(W-1)·S_u] (Comm::reduce_scatter_sum_blocks)
-// Activations are model-specific: models/model_plan.h.
+// Activations are model-specific: models/activation_estimate.h.
 #pragma once
 #include "fsdp/fsdp_config.h"
 #include "fsdp/shard_layout.h"

@@ -18,6 +18,22 @@ struct FlopsQuery {
   std::optional<double> attention_coefficient;         // a model that takes one (MagiHuman) uses it
 };
 
+// Throughput by the seeds' convention (docs/flops.md), the one place it is written: the trainer's
+// metrics, `mmtrain flops` and the models' FLOPs tools all call it.
+//   tflops_per_device = flops_per_step / step_seconds / devices / 1e12
+//   mfu               = tflops_per_device * 1e12 / hardware_flops   (0 when hardware_flops is 0)
+struct Throughput {
+  double tflops_per_device = 0;
+  double mfu = 0;
+};
+inline Throughput throughput(double flops_per_step, double devices, double step_seconds, double hardware_flops) {
+  Throughput t;
+  if (step_seconds <= 0 || devices <= 0) return t;
+  t.tflops_per_device = flops_per_step / step_seconds / devices / 1e12;
+  if (hardware_flops > 0) t.mfu = t.tflops_per_device * 1e12 / hardware_flops;
+  return t;
+}
+
 struct FlopsReport {
   std::string title;                   // first line of the summary
   std::vector<std::string> lines;      // the model's own summary lines: dimensions and terms

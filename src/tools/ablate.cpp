@@ -1,6 +1,7 @@
 #include "tools/ablate.h"
 
 #include "core/error.h"
+#include "core/statistics.h"
 #include "core/subprocess.h"
 #include "core/text.h"
 #include "tools/command.h"
@@ -37,10 +38,7 @@ struct SteadySeries {
   std::vector<double> values;
   std::optional<double> median() const {
     if (values.empty()) return std::nullopt;
-    auto v = values;
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    return mmtrain::median(values);
   }
   std::optional<double> min() const {
     if (values.empty()) return std::nullopt;

@@ -44,13 +44,15 @@ void convert_hf_to_ckpt(const std::string& model_id, const std::string& config_p
   const auto model_config = model_config_for(spec, config_path, hf_dir);
   auto model = spec.build(model_config);
   auto comm = std::make_shared<Comm>(nullptr, 0, 1);
-  Fsdp fsdp(*model, comm, FsdpConfig{});
+  const FsdpConfig plan;  // one unit, fp32: the layout every world size reshards from
+  Fsdp fsdp(*model, comm, plan);
   const int64_t conversions = load_hf_weights(*model, *make_hf_adapter(spec, model_config), fsdp, source);
   StateInfo info;
   info.model_id = model_id;
   info.config = {{"model", {{"model_id", model_id}, {"config", model_config}}}};
   info.extra = {{"source", hf_dir}};
-  info.plan = {{"converted_from", "hf"}};
+  info.plan = state_plan_entry(plan);
+  info.plan["converted_from"] = "hf";
   const auto dir = state_save(save_dir, *comm, *model, fsdp, nullptr, info);
   std::printf("hf-to-ckpt: %s -> %s (%lld tensors with a converted layout)\n", hf_dir.c_str(), dir.c_str(),
               static_cast<long long>(conversions));

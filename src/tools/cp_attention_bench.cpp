@@ -2,6 +2,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/statistics.h"
 #include "dist/device_mesh.h"
 #include "dist/runtime.h"
 #include "parallel/context_parallel.h"
@@ -59,10 +60,6 @@ void measure_cp_attention(const CpAttentionBench& o) {
     forward_ms.push_back(std::chrono::duration<double, std::milli>(forward_done - start).count());
     step_ms.push_back(std::chrono::duration<double, std::milli>(done - start).count());
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   if (mesh.rank() != 0) return;
   const nlohmann::ordered_json j = {{"ring", o.ring},
                                     {"ulysses", o.ulysses},

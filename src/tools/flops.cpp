@@ -72,13 +72,14 @@ void flops_report(const std::string& model_id, const FlopsOptions& o) {
   j["global_batch_size"] = o.global_batch_size;
   j["device_num"] = o.device_num;
   if (o.step_time > 0) {
-    const double tflops_per_device = flops_per_step / o.step_time / static_cast<double>(o.device_num) / 1e12;
+    const auto rate = throughput(flops_per_step, static_cast<double>(o.device_num), o.step_time, o.hardware_flops);
+    const double tflops_per_device = rate.tflops_per_device;
     std::printf("  throughput             %.3f TFLOP/s per device (%lld devices, step %.4f s)\n", tflops_per_device,
                 static_cast<long long>(o.device_num), o.step_time);
     j["step_time"] = o.step_time;
     j["tflops_per_device"] = tflops_per_device;
     if (o.hardware_flops > 0) {
-      const double mfu = tflops_per_device * 1e12 / o.hardware_flops;
+      const double mfu = rate.mfu;
       std::printf("  MFU                    %.2f %% of %.1f TFLOP/s\n", 100.0 * mfu, o.hardware_flops / 1e12);
       j["hardware_flops"] = o.hardware_flops;
       j["mfu"] = mfu;

@@ -3,8 +3,7 @@
 // gives its forward + backward FLOPs per sample and the terms it wants shown (ModelSpec::flops);
 // this tool adds what every model shares:
 //   flops_per_step    = flops_per_sample * global_batch_size
-//   tflops_per_device = flops_per_step / step_time / device_num / 1e12
-//   mfu               = tflops_per_device * 1e12 / hardware_flops
+//   TFLOP/s per device and MFU from it by throughput() (models/flops_report.h)
 // It prints a human summary, then one JSON object as the last line of stdout.
 #pragma once
 #include "models/flops_report.h"

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/json_read.h"
+#include "core/statistics.h"
 #include "core/text.h"
 #include "tools/command.h"
 #include "tools/plots.h"
@@ -69,27 +70,6 @@ void skip_spaces(const std::string& s, size_t& pos) {
 
 bool is_integer_key(const std::string& key) {
   return key == "consumed_samples" || key == "global_batch_size" || key == "tokens" || key.rfind("number_of_", 0) == 0;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Linear interpolation between closest ranks (numpy's default percentile).
-double percentile(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  const double rank = q / 100.0 * static_cast<double>(v.size() - 1);
-  const size_t low = static_cast<size_t>(std::floor(rank));
-  const size_t high = std::min(low + 1, v.size() - 1);
-  return v[low] + (rank - static_cast<double>(low)) * (v[high] - v[low]);
-}
-
-double mean(const std::vector<double>& v) {
-  double sum = 0;
-  for (double x : v) sum += x;
-  return sum / static_cast<double>(v.size());
 }
 
 // Finite numbers of `key` over records (NaN losses are logged as null and are skipped).

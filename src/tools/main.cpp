@@ -86,10 +86,7 @@ int main(int argc, char** argv) {
   } catch (const c10::Error& e) {
     // From LibTorch or c10d (e.g. a peer rank died): the message without LibTorch's C++ frames.
     const std::string message = e.what_without_backtrace();
-    std::fprintf(stderr, "mmtrain: error: %s%s\n", message.c_str(),
-                 is_peer_failure(message) ? " (a peer rank failed or was killed: its own error comes first in "
-                                            "torchrun's report)"
-                                          : "");
+    std::fprintf(stderr, "mmtrain: error: %s\n", with_peer_failure_hint(message).c_str());
     report_failure_to_launcher(message);
     return 1;
   } catch (const std::exception& e) {

@@ -29,7 +29,8 @@ void plan_memory(const PlanOptions& o) {
   if (o.world_size < 1) fail("plan: --world-size must be >= 1, found ", o.world_size);
   if (o.seqlen < 0) fail("plan: --seqlen must be >= 0, found ", o.seqlen);
   const auto cfg = config_load(o.config_path, o.overrides);
-  const int fsdp_size = config_fsdp_size(cfg, o.world_size);  // also checks the world size
+  const ParallelDims dims = config_check_world(cfg, o.world_size);
+  const int fsdp_size = dims.fsdp();
   const auto& fp = cfg.parallel.fsdp_plan;
   const auto& id = cfg.model.model_id;
   const auto& spec = model_spec(id, "config " + cfg.source_path + ": model.model_id");
@@ -41,7 +42,7 @@ void plan_memory(const PlanOptions& o) {
   const int64_t micro = cfg.training.micro_batch_size;
   // Context parallelism splits a micro-batch's packed tokens over the CP ranks (padded to a
   // multiple of the degree): the activations are those of the local tokens.
-  const int ring = cfg.parallel.ring_attention_size, ulysses = cfg.parallel.ulysses_parallel_size, cp = ring * ulysses;
+  const int ring = dims.ring, ulysses = dims.ulysses, cp = dims.cp();
   const int64_t tokens_per_rank = (micro * seqlen + cp - 1) / cp;
   ActivationEstimate act;
   std::string no_activations;

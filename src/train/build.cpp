@@ -11,17 +11,9 @@ const ModelSpec& config_model_spec(const Config& config) {
 
 std::shared_ptr<Model> build_model(const Config& config) { return config_model_spec(config).build(config.model.config); }
 
-DeviceMesh build_mesh(const Config& config, const Runtime& runtime) {
-  const int world = runtime.comm->world_size();
-  const int fsdp = config_fsdp_size(config, world);  // checks the world first
-  if (world == 1) return DeviceMesh::single(runtime.comm);
-  const auto& p = config.parallel;
-  MeshShape shape;
-  shape.ulysses = p.ulysses_parallel_size;
-  shape.ring = p.ring_attention_size;
-  shape.dp_shard = fsdp / shape.cp();
-  shape.dp_replicate = world / fsdp;
-  return DeviceMesh(shape, runtime.comm, runtime.store, runtime.device);
+DeviceMesh build_mesh(const ParallelDims& dims, const Runtime& runtime) {
+  if (dims.world == 1) return DeviceMesh::single(runtime.comm);
+  return DeviceMesh(dims.mesh(), runtime.comm, runtime.store, runtime.device);
 }
 
 std::unique_ptr<Fsdp> parallelize_model(const Config& config, Model& model, const DeviceMesh& mesh) {

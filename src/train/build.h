@@ -18,10 +18,9 @@ namespace mmtrain {
 // The spec of config's model.model_id (fails naming the key and the known models).
 const ModelSpec& config_model_spec(const Config& config);
 std::shared_ptr<Model> build_model(const Config& config);
-// The device mesh of the run: dp_replicate = world / fully_shard_parallel_size, dp_shard =
-// fully_shard_parallel_size / (ring x ulysses), ring and ulysses from the parallel section.
-// Collective over the runtime's world (every rank builds its groups).
-DeviceMesh build_mesh(const Config& config, const Runtime& runtime);
+// The device mesh of the run, of the shape dims gives (config_check_world's result for the
+// runtime's world). Collective over the runtime's world (every rank builds its groups).
+DeviceMesh build_mesh(const ParallelDims& dims, const Runtime& runtime);
 // The parallelize chain the config asks for (context parallelism, features.recompute_plan,
 // parallel.fsdp_plan) over the mesh.
 std::unique_ptr<Fsdp> parallelize_model(const Config& config, Model& model, const DeviceMesh& mesh);

@@ -1,5 +1,5 @@
 // The run config (contract in config.h): the seven sections mounted on one schema, the world-size
-// arithmetic, and the one list of seed keys mmtrain reads but does not implement.
+// checks (the degrees themselves are parallel/parallel_dims.h's), and the one list of seed keys mmtrain reads but does not implement.
 #include "train/config.h"
 
 #include "core/config_schema.h"
@@ -7,6 +7,7 @@
 #include "core/regular_file.h"
 #include "core/suggest.h"
 #include "data/dataset.h"
+#include "data/sampler.h"
 #include "models/model_spec.h"
 
 #include <filesystem>
@@ -60,12 +61,6 @@ const Unimplemented kUnimplemented[] = {
      "Python stack frames in the trace (mmtrain has none: its phase, FSDP-unit and op scopes nest instead)"},
 };
 
-// auto (0) resolves to all ranks outside tensor parallelism, as MindSpeed's ParallelArguments.
-int fsdp_size_from(const Config& c, int world_size) {
-  const auto& p = c.parallel;
-  return p.fully_shard_parallel_size == 0 ? world_size / p.tensor_parallel_size : p.fully_shard_parallel_size;
-}
-
 // A seed plugin path ("mindspeed_mm/fsdp/models/<model>/<model>_fsdp2") is there to register a
 // model or dataset; mmtrain has them built in, so each entry must name one of those.
 void check_plugins(const Config& c) {
@@ -104,53 +99,20 @@ Config config_load(const std::string& path, const std::vector<std::string>& over
 
 nlohmann::json config_to_json(const Config& config) { return schema().to_json(&config); }
 
-void config_check_world(const Config& c, int world_size) {
+ParallelDims config_check_world(const Config& c, int world_size) {
   const std::string where = "config " + c.source_path + ": ";
-  const auto& p = c.parallel;
-  if (world_size < 1) fail(where, "world size: expected >= 1, found ", world_size);
-  // A Config built in code skips the schema's checks; sizes below 1 would divide by zero here.
-  for (const auto& [name, size] : {std::pair<const char*, int>{"tensor_parallel_size", p.tensor_parallel_size},
-                                   {"ulysses_parallel_size", p.ulysses_parallel_size},
-                                   {"ring_attention_size", p.ring_attention_size},
-                                   {"expert_parallel_size", p.expert_parallel_size}})
-    if (size < 1) fail(where, "parallel.", name, ": expected >= 1, found ", size);
-  if (p.fully_shard_parallel_size < 0 || p.expert_fully_shard_parallel_size < 0)
-    fail(where, "parallel: expected auto or positive fully-shard sizes, found ", p.fully_shard_parallel_size, " and ",
-         p.expert_fully_shard_parallel_size);
-  const int tp = p.tensor_parallel_size, cp = p.ulysses_parallel_size * p.ring_attention_size;
-  if (world_size % (tp * cp) != 0)
-    fail(where, "parallel: expected the world size ", world_size,
-         " to be divisible by tensor_parallel_size * ulysses_parallel_size * ring_attention_size = ", tp, " * ",
-         p.ulysses_parallel_size, " * ", p.ring_attention_size, " = ", tp * cp, ", found remainder ",
-         world_size % (tp * cp));
-  const int fsdp = fsdp_size_from(c, world_size);
-  if ((world_size / tp) % fsdp != 0)
-    fail(where, "parallel.fully_shard_parallel_size: expected auto or a divisor of world size / tensor_parallel_size = ",
-         world_size / tp, ", found ", fsdp);
-  if (fsdp % cp != 0)
-    fail(where, "parallel.fully_shard_parallel_size: expected a multiple of ulysses_parallel_size * ring_attention_size = ",
-         cp, " (FSDP shards across the context-parallel ranks too), found ", fsdp);
-  const int dp = world_size / (tp * cp);
-  if (p.data_parallel_size != 0 && p.data_parallel_size != dp)
-    fail(where, "parallel.data_parallel_size: expected auto or world size / (tensor_parallel_size * ",
-         "ulysses_parallel_size * ring_attention_size) = ", dp, ", found ", p.data_parallel_size);
-  const int ep = p.expert_parallel_size;
-  if (world_size % ep != 0)
-    fail(where, "parallel.expert_parallel_size: expected a divisor of the world size ", world_size, ", found ", ep);
-  const int efsdp = p.expert_fully_shard_parallel_size == 0 ? world_size / ep : p.expert_fully_shard_parallel_size;
-  if (world_size % (ep * efsdp) != 0)
-    fail(where, "parallel.expert_fully_shard_parallel_size: expected auto or a divisor of world size / ",
-         "expert_parallel_size = ", world_size / ep, ", found ", efsdp);
+  const ParallelDims dims = parallel_dims(c.parallel, world_size, where);
   const auto& t = c.training;
-  const int64_t global = int64_t{t.micro_batch_size} * t.gradient_accumulation_steps * dp;
+  const int64_t global = global_batch_size(t.micro_batch_size, t.gradient_accumulation_steps, dims.dp());
   if (t.global_batch_size != 0 && t.global_batch_size != global)
     fail(where, "training.global_batch_size: expected 0 (derived) or micro_batch_size * gradient_accumulation_steps * ",
-         "data-parallel size = ", t.micro_batch_size, " * ", t.gradient_accumulation_steps, " * ", dp, " = ", global,
-         ", found ", t.global_batch_size);
+         "data-parallel size = ", t.micro_batch_size, " * ", t.gradient_accumulation_steps, " * ", dims.dp(), " = ",
+         global, ", found ", t.global_batch_size);
+  return dims;
 }
 
-void config_check_supported(const Config& c, int world_size) {
-  config_check_world(c, world_size);
+ParallelDims config_check_supported(const Config& c, int world_size) {
+  const ParallelDims dims = config_check_world(c, world_size);
   const std::string where = "config " + c.source_path + ": ";
   const Config defaults;
   for (const auto& key : kUnimplemented) {
@@ -160,22 +122,7 @@ void config_check_supported(const Config& c, int world_size) {
            "use the default (", fallback.dump(), ")");
   }
   check_plugins(c);
-}
-
-int config_fsdp_size(const Config& config, int world_size) {
-  config_check_world(config, world_size);
-  return fsdp_size_from(config, world_size);
-}
-
-int config_dp_size(const Config& config, int world_size) {
-  config_check_world(config, world_size);
-  const auto& p = config.parallel;
-  return world_size / (p.tensor_parallel_size * p.ulysses_parallel_size * p.ring_attention_size);
-}
-
-int64_t config_global_batch_size(const Config& config, int world_size) {
-  return int64_t{config.training.micro_batch_size} * config.training.gradient_accumulation_steps *
-         config_dp_size(config, world_size);
+  return dims;
 }
 
 }  // namespace mmtrain

@@ -12,6 +12,7 @@
 #include "models/model_config.h"
 #include "parallel/features_config.h"
 #include "parallel/parallel_config.h"
+#include "parallel/parallel_dims.h"
 #include "train/metrics.h"
 #include "train/tools_config.h"
 #include "train/training_config.h"
@@ -47,22 +48,13 @@ Config config_from_yaml_string(const std::string& text, const std::string& sourc
 // Config. source_path is not included (it is not a YAML key).
 nlohmann::json config_to_json(const Config& config);
 
-// Checks what needs the world size (MindSpeed's ParallelArguments rules): world divisible by
-// tp * ulysses * ring; fully_shard_parallel_size divides world / tp and is a multiple of
-// ulysses * ring; data_parallel_size and global_batch_size, when set, equal what world implies;
-// world divisible by expert_parallel_size * expert_fully_shard_parallel_size.
-void config_check_world(const Config& config, int world_size);
+// Checks what needs the world size: the parallel degrees (parallel_dims, which it returns) and
+// training.global_batch_size, when set, against micro x accumulation x the data-parallel size.
+ParallelDims config_check_world(const Config& config, int world_size);
 // config_check_world, then refuses, naming the key, every seed key mmtrain accepts in a YAML but
 // does not implement (the list in config.cpp: each must be left at its default), and checks
 // training.plugin against the built-in models and datasets. `train` and `debug step` call it;
-// `plan` does not (it can plan layouts mmtrain cannot run).
-void config_check_supported(const Config& config, int world_size);
-// Ranks in one FSDP shard group (the dp_shard x ulysses x ring mesh): auto -> world / tp.
-// Checks the world first.
-int config_fsdp_size(const Config& config, int world_size);
-// Data-parallel size (ranks that see different samples): world / (tp * ulysses * ring).
-int config_dp_size(const Config& config, int world_size);
-// Samples per optimizer step over all ranks: micro * accum * data-parallel size.
-int64_t config_global_batch_size(const Config& config, int world_size);
+// `plan` does not (it can plan layouts mmtrain cannot run). Returns the degrees.
+ParallelDims config_check_supported(const Config& config, int world_size);
 
 }  // namespace mmtrain

@@ -1,6 +1,8 @@
 #include "train/hf_weights.h"
 
 #include "core/error.h"
+#include "core/finite.h"
+#include "core/regular_file.h"
 #include "core/text.h"
 
 #include <filesystem>
@@ -15,7 +17,8 @@ WeightSource::WeightSource(const std::string& path) : path_(path) {
   } else if (std::filesystem::is_directory(path)) {
     index_ = std::make_unique<SafetensorsIndex>(path);
   } else {
-    fail("model weights '", path, "': no such file or directory");
+    // Not a file or a directory: say what it is (missing, a FIFO, /dev/zero, a NUL in the name).
+    require_regular_file(path, "model weights '" + path + "'", "a .safetensors file or an HF model directory");
   }
 }
 
@@ -30,7 +33,16 @@ const SafetensorsTensorInfo& WeightSource::info(const std::string& name) const {
 }
 
 at::Tensor WeightSource::read_rows(const std::string& name, int64_t begin, int64_t end) const {
-  return file_ ? file_->read_rows(name, begin, end) : index_->read_rows(name, begin, end);
+  auto rows = file_ ? file_->read_rows(name, begin, end) : index_->read_rows(name, begin, end);
+  if (const int64_t bad = first_non_finite(rows); bad >= 0)
+    fail("model weights ", file_of(name), ": tensor '", name, "' holds ", rows.reshape(-1)[bad].item<double>(),
+         " (element ", bad, " of rows [", begin, ", ", end, ")): refusing to train from non-finite weights");
+  return rows;
+}
+
+std::string WeightSource::file_of(const std::string& name) const {
+  if (file_) return path_;
+  return (std::filesystem::path(index_->dir()) / index_->file_name(name)).string();
 }
 
 int64_t load_hf_weights(Model& model, const HfAdapter& adapter, Fsdp& fsdp, const WeightSource& source) {

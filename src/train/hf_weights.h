@@ -20,7 +20,9 @@ class WeightSource {
   std::vector<std::string> names() const;
   bool contains(const std::string& name) const;
   const SafetensorsTensorInfo& info(const std::string& name) const;
+  // Rows [begin, end) of name, checked finite: NaN/Inf is an error naming the tensor and its file.
   at::Tensor read_rows(const std::string& name, int64_t begin, int64_t end) const;
+  std::string file_of(const std::string& name) const;  // the file holding name
 
  private:
   std::string path_;
@@ -29,7 +31,7 @@ class WeightSource {
 };
 
 // Loads every parameter (this rank's rows) and buffer (whole) from an HF checkpoint. Missing,
-// unexpected, mis-shaped or non-float keys are errors naming the key; the number of tensors
+// unexpected, mis-shaped, non-float or non-finite tensors are errors naming the key; the number of tensors
 // whose layout was converted must equal adapter.expected_layout_conversions(). Returns that
 // number (each rank logs it).
 int64_t load_hf_weights(Model& model, const HfAdapter& adapter, Fsdp& fsdp, const WeightSource& source);

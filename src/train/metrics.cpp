@@ -38,29 +38,26 @@ MetricsLog::~MetricsLog() {
   if (file_) std::fclose(file_);
 }
 
-void MetricsLog::record(const nlohmann::json& m, int64_t train_iters) {
+void MetricsLog::record(const StepRecord& step, int64_t train_iters) {
   if (!is_writer_) return;
-  const auto line = m.dump();
+  const auto line = step.to_json().dump();
   std::fprintf(file_, "%s\n", line.c_str());
   std::fflush(file_);
   char text[512];
   int n = std::snprintf(text, sizeof(text),
                         " iteration %8lld/%8lld | consumed samples: %10lld | elapsed time per iteration (ms): %.1f"
                         " | learning rate: %.6E | global batch size: %5lld | loss: %.6E | grad norm: %.4f",
-                        static_cast<long long>(m["iteration"].get<int64_t>()), static_cast<long long>(train_iters),
-                        static_cast<long long>(m["consumed_samples"].get<int64_t>()),
-                        m["step_time_ms"].get<double>(), m["lr"].get<double>(),
-                        static_cast<long long>(m["global_batch_size"].get<int64_t>()), m["loss"].get<double>(),
-                        m["grad_norm"].get<double>());
-  if (m.contains("tflops_per_device"))
-    n += std::snprintf(text + n, sizeof(text) - n, " | TFLOP/s per device: %.3f", m["tflops_per_device"].get<double>());
-  if (m.contains("mfu"))
-    n += std::snprintf(text + n, sizeof(text) - n, " | MFU: %.2f %%", 100.0 * m["mfu"].get<double>());
+                        static_cast<long long>(step.iteration), static_cast<long long>(train_iters),
+                        static_cast<long long>(step.consumed_samples), step.step_time_ms, step.lr,
+                        static_cast<long long>(step.global_batch_size), step.loss, step.grad_norm);
+  if (step.tflops_per_device)
+    n += std::snprintf(text + n, sizeof(text) - n, " | TFLOP/s per device: %.3f", *step.tflops_per_device);
+  if (step.mfu) n += std::snprintf(text + n, sizeof(text) - n, " | MFU: %.2f %%", 100.0 * *step.mfu);
   std::printf("%s", text);
   ++recorded_;
-  elapsed_ms_ += m["step_time_ms"].get<double>();
+  elapsed_ms_ += step.step_time_ms;
   if (progress_) {
-    const double remaining = (train_iters - m["iteration"].get<int64_t>()) * elapsed_ms_ / recorded_ / 1000.0;
+    const double remaining = (train_iters - step.iteration) * elapsed_ms_ / recorded_ / 1000.0;
     std::printf(" | ETA %.0f s", remaining);
   }
   std::printf("\n");

@@ -3,6 +3,8 @@
 //   iteration N/M | consumed samples: C | elapsed time per iteration (ms): T | learning rate: L |
 //   global batch size: G | loss: X | grad norm: Y | TFLOP/s per device: F | MFU: U %
 #pragma once
+#include "train/step_record.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -28,7 +30,7 @@ class MetricsLog {
   // it holds nothing (a fresh run) or only iterations before this run's first (a resumed one).
   MetricsLog(const std::string& output_dir, bool is_writer, bool progress);
   ~MetricsLog();
-  void record(const nlohmann::json& metrics, int64_t train_iters);
+  void record(const StepRecord& step, int64_t train_iters);
 
  private:
   std::FILE* file_ = nullptr;

@@ -1,5 +1,6 @@
 #include "train/preflight.h"
 
+#include "checkpoint/sharded_checkpoint.h"
 #include "core/error.h"
 #include "core/text.h"
 #include "fsdp/plan.h"
@@ -22,6 +23,24 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string gib(int64_t bytes) { return format("%.2f GiB", static_cast<double>(bytes) / (1 << 30)); }
+
+// Creates dir if needed and writes a probe file there as this rank would write its files.
+void require_writable_dir(const Config& config, const std::string& key, const std::string& dir, int rank) {
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error)
+    fail("config ", config.source_path, ": ", key, " '", dir, "' cannot be created: ", error.message(),
+         " (checked before training, not when it is first written)");
+  const auto probe = (fs::path(dir) / (".mmtrain_write_probe_rank" + std::to_string(rank))).string();
+  std::FILE* file = std::fopen(probe.c_str(), "w");
+  const bool written = file && std::fputs("probe\n", file) >= 0;
+  const int saved_errno = errno;
+  if (file) std::fclose(file);
+  fs::remove(probe, error);
+  if (!written)
+    fail("config ", config.source_path, ": ", key, " '", dir, "' is not writable by rank ", rank, ": ",
+         std::strerror(saved_errno), " (checked before training, not when it is first written)");
+}
 
 void require_path(const Config& config, const std::string& key, const std::string& path) {
   std::error_code error;
@@ -63,25 +82,18 @@ void preflight_paths(const Config& config, int rank) {
          "); checkpoints record the config as JSON, so every path and string must be UTF-8");
   }
   const auto& t = config.training;
+  // Resuming from this run's own save root before it holds a checkpoint is what `auto` is for.
+  if (!t.load.empty() && t.load != "auto" && !t.save.empty() && fs::path(t.load).lexically_normal() ==
+      fs::path(t.save).lexically_normal() && !checkpoint_saved_under(t.save))
+    fail("config ", config.source_path, ": training.load '", t.load, "' is this run's training.save, which holds no ",
+         "checkpoint yet; use training.load: auto, which resumes when a checkpoint is there and starts fresh when "
+         "none is");
   if (!t.load.empty() && t.load != "auto") require_path(config, "training.load", t.load);
   if (t.load.empty() && !config.model.weights_path().empty())
     require_path(config, config.model.checkpoint_path.empty() ? "model.model_name_or_path" : "model.checkpoint_path",
                  config.model.weights_path());
-  if (t.save.empty()) return;
-  std::error_code error;
-  fs::create_directories(t.save, error);
-  if (error)
-    fail("config ", config.source_path, ": training.save '", t.save, "' cannot be created: ", error.message(),
-         " (checked before training, not at the first save)");
-  const auto probe = (fs::path(t.save) / (".mmtrain_write_probe_rank" + std::to_string(rank))).string();
-  std::FILE* file = std::fopen(probe.c_str(), "w");
-  const bool written = file && std::fputs("probe\n", file) >= 0;
-  const int saved_errno = errno;
-  if (file) std::fclose(file);
-  fs::remove(probe, error);
-  if (!written)
-    fail("config ", config.source_path, ": training.save '", t.save, "' is not writable by rank ", rank, ": ",
-         std::strerror(saved_errno), " (checked before training, not at the first save)");
+  if (!t.save.empty()) require_writable_dir(config, "training.save", t.save, rank);
+  require_writable_dir(config, "logging.output_dir", config.logging.output_dir, rank);
 }
 
 std::optional<int64_t> available_memory_bytes() {

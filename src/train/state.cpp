@@ -1,6 +1,8 @@
 #include "train/state.h"
 
+#include "core/dtype.h"
 #include "core/error.h"
+#include "core/finite.h"
 #include "core/text.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -25,17 +27,47 @@ std::string to_hex(const at::Tensor& bytes) {
   return out;
 }
 
-at::Tensor from_hex(const std::string& hex) {
+// The bytes of a lowercase hex string (to_hex's output); where names the file and key.
+at::Tensor from_hex(const std::string& hex, const std::string& where) {
+  if (hex.size() % 2 != 0) fail(where, ": expected an even number of hex digits, found ", hex.size());
   auto out = at::empty({static_cast<int64_t>(hex.size() / 2)}, at::kByte);
   auto* data = out.data_ptr<uint8_t>();
-  auto value = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) data[i / 2] = static_cast<uint8_t>(value(hex[i]) * 16 + value(hex[i + 1]));
+  auto value = [&](size_t i) {
+    const char c = hex[i];
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    fail(where, ": expected hex digits 0-9a-f, found '", std::string(1, c), "' at position ", i);
+  };
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) data[i / 2] = static_cast<uint8_t>(value(i) * 16 + value(i + 1));
   return out;
 }
 
-// Params (this rank's real rows; none on HSDP replicas but the first), buffers (whole, world
-// rank 0) and, with adamw, the moments.
-std::vector<ShardedTensor> sharded_tensors(Model& model, Fsdp& fsdp, const AdamW* adamw, int world_rank) {
+}  // namespace
+
+void state_restore_rng(const CheckpointReader& reader, int rank) {
+  const auto rank_state = reader.rank_state(rank);
+  const std::string where = "checkpoint " + reader.rank_file(rank) + ": rank_state.cpu_rng_state";
+  if (!rank_state.is_object() || !rank_state.contains("cpu_rng_state"))
+    fail(where, ": missing (the rank's RNG stream; resume with training.no_load_rng: true to start a fresh one)");
+  const auto& value = rank_state["cpu_rng_state"];
+  if (!value.is_string()) fail(where, ": expected a hex string, found ", value.dump());
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  const auto state = from_hex(value.get<std::string>(), where);
+  const int64_t expected = generator.get_state().numel();
+  if (state.numel() != expected)
+    fail(where, ": expected ", expected, " bytes (", 2 * expected, " hex digits), found ", state.numel());
+  try {
+    generator.set_state(state);
+  } catch (const c10::Error& e) {
+    fail(where, ": not a CPU generator state (", e.what_without_backtrace(), ")");
+  }
+}
+
+namespace {
+
+// This rank's shards of the params (real rows; none on HSDP replicas but the first) and, with
+// adamw, of the moments.
+std::vector<ShardedTensor> trained_shards(Fsdp& fsdp, const AdamW* adamw) {
   std::vector<ShardedTensor> out;
   const int rank = fsdp.comm().rank();
   const auto units = fsdp.units();
@@ -48,10 +80,33 @@ std::vector<ShardedTensor> sharded_tensors(Model& model, Fsdp& fsdp, const AdamW
       out.push_back({kExpAvg + p.name, p.param->shape, begin, p.view_of(state.exp_avg).narrow(0, 0, rows)});
       out.push_back({kExpAvgSq + p.name, p.param->shape, begin, p.view_of(state.exp_avg_sq).narrow(0, 0, rows)});
     }
-  if (world_rank == 0)
-    for (auto& [name, param] : model.named_parameters())
-      if (!param->trainable) out.push_back({state_model_key(name), param->shape, 0, param->value});
   return out;
+}
+
+// The buffers, whole, saved by world rank 0.
+void append_buffers(Model& model, int world_rank, std::vector<ShardedTensor>& out) {
+  if (world_rank != 0) return;
+  for (auto& [name, param] : model.named_parameters())
+    if (!param->trainable) out.push_back({state_model_key(name), param->shape, 0, param->value});
+}
+
+// A checkpoint is never written from a diverged state: it would pass its checksums, and `latest`
+// would name it. Every rank reads its shards of the weights and moments (buffers may hold -inf
+// by design) and the ranks agree before anything is written, so none is left waiting in the
+// save's barriers.
+void refuse_non_finite(const std::vector<ShardedTensor>& trained, Comm& comm, int64_t iteration) {
+  std::string bad;
+  for (const auto& t : trained) {
+    if (const int64_t at = first_non_finite(t.local); at >= 0) {
+      bad = "tensor '" + t.name + "' holds " + std::to_string(t.local.reshape(-1)[at].item<double>()) +
+            " (element " + std::to_string(at) + " of rank " + std::to_string(comm.rank()) + "'s rows)";
+      break;
+    }
+  }
+  if (comm.all_reduce_max(std::vector<double>{bad.empty() ? 0.0 : 1.0})[0] == 0) return;
+  fail("checkpoint of iteration ", iteration, " not written: ",
+       bad.empty() ? "another rank holds NaN/Inf weights or moments (see its error)" : bad,
+       "; refusing to save non-finite state (`latest` keeps naming the previous checkpoint)");
 }
 
 // A training checkpoint records the effective config: its model.config must be this run's, key by
@@ -143,6 +198,13 @@ int64_t state_int(const CheckpointReader& reader, const char* key, int64_t minim
 
 std::string state_model_key(const std::string& param_name) { return "model." + param_name; }
 
+nlohmann::json state_plan_entry(const FsdpConfig& plan) {
+  return {{"apply_modules", plan.apply_modules},
+          {"param_dtype", dtype_name(plan.param_dtype)},
+          {"reduce_dtype", dtype_name(plan.reduce_dtype)},
+          {"sharding", "dim0 torch.chunk"}};
+}
+
 std::string state_save(const std::string& save_root, Comm& comm, Model& model, Fsdp& fsdp, const AdamW* adamw,
                        const StateInfo& info) {
   nlohmann::json global = {{"iteration", info.iteration}, {"model_id", info.model_id}, {"config", info.config}};
@@ -154,9 +216,11 @@ std::string state_save(const std::string& save_root, Comm& comm, Model& model, F
     global["model_only"] = true;
   }
   for (const auto& [key, value] : info.extra.items()) global[key] = value;
+  auto tensors = trained_shards(fsdp, adamw);
+  refuse_non_finite(tensors, comm, info.iteration);
+  append_buffers(model, comm.rank(), tensors);
   const nlohmann::json rank_state = {{"cpu_rng_state", to_hex(at::detail::getDefaultCPUGenerator().get_state())}};
-  return checkpoint_save(save_root, info.iteration, comm, sharded_tensors(model, fsdp, adamw, comm.rank()), global,
-                         rank_state, info.plan);
+  return checkpoint_save(save_root, info.iteration, comm, tensors, global, rank_state, info.plan);
 }
 
 void state_load_model(const CheckpointReader& reader, Model& model, Fsdp& fsdp) {
@@ -206,9 +270,7 @@ StateLoaded state_load(const std::string& path, Comm& comm, Model& model, Fsdp& 
   }
   // Each rank restores its own RNG stream; on another world size there is no stream to restore.
   if (options.load_rng && reader.saved_world_size() == comm.world_size()) {
-    const auto rank_state = reader.rank_state(comm.rank());
-    at::Generator generator = at::detail::getDefaultCPUGenerator();
-    generator.set_state(from_hex(rank_state.at("cpu_rng_state").get<std::string>()));
+    state_restore_rng(reader, comm.rank());
   }
   loaded.iteration = iteration;
   return loaded;

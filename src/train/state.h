@@ -23,6 +23,15 @@ namespace mmtrain {
 // The checkpoint name of a model parameter or buffer: "model." + name.
 std::string state_model_key(const std::string& param_name);
 
+// The index's plan entry for shards laid out by an Fsdp built with plan: apply_modules, param and
+// reduce dtypes (the YAML's spelling) and the sharding rule. The trainer and `convert` both use it.
+nlohmann::json state_plan_entry(const FsdpConfig& plan);
+
+// Restores this process's CPU generator from the rank_state that `rank` saved: its
+// cpu_rng_state must be the lowercase hex of a state of exactly the generator's size; anything
+// else is an error naming the rank file and the key.
+void state_restore_rng(const CheckpointReader& reader, int rank);
+
 struct StateInfo {
   int64_t iteration = 0;                // optimizer steps taken
   int64_t global_batch_size = 0;        // samples per step (0 for a model-only checkpoint)

@@ -1,6 +1,7 @@
 #include "train/train_step.h"
 
 #include "core/error.h"
+#include "core/finite.h"
 
 #include <ATen/record_function.h>
 
@@ -69,6 +70,33 @@ ModelOutput forward_backward(Model& model, Fsdp& fsdp, const Batch& batch, doubl
   return out;
 }
 
+namespace {
+
+// Which weight or AdamW moment of this rank's shards holds NaN/Inf, as "the weights of 'name'
+// (element i of this rank's shard)"; empty when all are finite. adamw's params are the units'
+// shard_flat, in unit order (make_fsdp_adamw).
+std::string non_finite_state(Fsdp& fsdp, const AdamW& adamw) {
+  const auto units = fsdp.units();
+  for (size_t u = 0; u < units.size(); ++u) {
+    const AdamWState* state = u < adamw.states().size() ? &adamw.states()[u] : nullptr;
+    const std::pair<const char*, at::Tensor> flats[] = {{"the weights", units[u]->shard_flat},
+                                                        {"the AdamW exp_avg", state ? state->exp_avg : at::Tensor()},
+                                                        {"the AdamW exp_avg_sq", state ? state->exp_avg_sq : at::Tensor()}};
+    for (const auto& [what, flat] : flats) {
+      const int64_t at = first_non_finite(flat);
+      if (at < 0) continue;
+      for (const auto& p : units[u]->params)
+        if (at >= p.offset && at < p.offset + p.layout.shard_numel())
+          return std::string(what) + " of '" + p.name + "' (element " + std::to_string(at - p.offset) +
+                 " of this rank's shard)";
+      return std::string(what) + " of FSDP unit '" + units[u]->name + "' (padding element " + std::to_string(at) + ")";
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
 StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, const StepSettings& settings,
                      const std::function<Batch(int micro)>& micro_batch) {
   StepStats stats;
@@ -92,6 +120,17 @@ StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, const StepSettings&
     fail("iteration ", settings.iteration, ": grad norm is ", stats.grad_norm, " (NaN/Inf): stopping");
   PhaseScope scope(settings.listeners, StepPhase::optimizer);
   adamw.step(settings.lr);
+  const std::string bad = non_finite_state(fsdp, adamw);
+  const bool any_bad = settings.world ? settings.world->all_reduce_max(std::vector<double>{bad.empty() ? 0.0 : 1.0})[0] > 0
+                                      : !bad.empty();
+  if (any_bad) {
+    const std::string what = bad.empty() ? "a weight or moment on another rank (see its error)"
+                                         : bad + (settings.world ? " on rank " + std::to_string(settings.world->rank()) : "");
+    fail("iteration ", settings.iteration, ": the AdamW step at lr ", settings.lr, " (grad norm ", stats.grad_norm,
+         ") made ", what, " NaN/Inf", settings.samples.empty() ? "" : ", reading " + settings.samples,
+         ": stopping before anything is saved (the last checkpoint holds the last good state; lower training.lr or ",
+         "training.weight_decay, or check those samples)");
+  }
   return stats;
 }
 

@@ -10,6 +10,7 @@
 #include <array>
 #include <chrono>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace mmtrain {
@@ -61,10 +62,16 @@ struct StepSettings {
   double lr = 0;
   double clip_grad = 0;   // max global grad norm; <= 0 measures the norm without clipping
   StepPhaseListeners listeners;
+  // The ranks that stop together when a step makes a weight or moment non-finite (the run's
+  // world); null: this rank decides alone.
+  Comm* world = nullptr;
+  std::string samples;    // which samples the step read ("samples 96-127 of epoch 0"), for messages
 };
 
 // One optimizer step over micro_batch(0 .. accumulation-1). Fails, naming the iteration, on a
-// NaN/Inf grad norm, before the optimizer can spread it into the weights.
+// NaN/Inf grad norm, before the optimizer can spread it into the weights; and after the step,
+// when it made a weight or an AdamW moment NaN/Inf on any rank (a learning rate or decay too
+// large for fp32), naming the tensor, lr, grad norm and samples, before a save can write it.
 StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, const StepSettings& settings,
                      const std::function<Batch(int micro)>& micro_batch);
 

@@ -1,7 +1,7 @@
 #include "train/trainer.h"
 
-#include "core/dtype.h"
 #include "core/error.h"
+#include "models/flops_report.h"
 #include "optim/lr_schedule.h"
 #include "train/build.h"
 #include "train/memory_profile.h"
@@ -43,7 +43,7 @@ struct Trainer::State {
 
   void build() {
     const auto& c = config;
-    config_check_supported(c, comm().world_size());
+    const ParallelDims dims = config_check_supported(c, comm().world_size());
     // Before any model tensor exists, so that the counting allocator sees all of them.
     if (c.tools.memory_profile.enable && comm().device().is_cuda())
       fail("config ", c.source_path, ": tools.memory_profile counts CPU tensor memory; on CUDA use "
@@ -53,14 +53,14 @@ struct Trainer::State {
     // used here are deterministic anyway, this matters on CUDA.
     if (c.training.use_deter_comp) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
     preflight_paths(c, comm().rank());
-    mesh = std::make_unique<DeviceMesh>(build_mesh(c, runtime));
+    mesh = std::make_unique<DeviceMesh>(build_mesh(dims, runtime));
     if (mesh->shape().world() > 1) log("device mesh " + mesh->describe());
     // The data first (a bad path or file fails in seconds), then the model as shapes, checked
     // against the memory there is before its shards are allocated.
     data = build_data(c, mesh->dp_rank(), mesh->dp_size());
     if (const auto summary = data.dataset->summary(); !summary.empty()) log(summary);
     model = build_model(c);
-    preflight_memory(c, *model, runtime.env, runtime.device, mesh->shape().fsdp());
+    preflight_memory(c, *model, runtime.env, runtime.device, dims.fsdp());
     fsdp = parallelize_model(c, *model, *mesh);
     adamw = make_fsdp_adamw(*fsdp, adamw_options(c.training));
     schedule = LrSchedule::make(c.training.lr, c.training.lr_min, c.training.lr_warmup_ratio, c.training.train_iters,
@@ -146,6 +146,20 @@ struct Trainer::State {
          "resume it (training.load: auto with training.save, or a checkpoint path)");
   }
 
+  // A resumed checkpoint at or past train_iters leaves nothing to train. Under training.load:
+  // auto that is a finished run started again (a requeued job): say so and exit 0. A checkpoint
+  // named explicitly was meant to be trained on: an error, naming both numbers.
+  void refuse_a_finished_run(const std::string& load) {
+    const auto& t = config.training;
+    if (start_step < t.train_iters) return;
+    const std::string what = load + " is at iteration " + std::to_string(start_step) + " and training.train_iters is " +
+                             std::to_string(t.train_iters);
+    if (t.load != "auto")
+      fail("config ", config.source_path, ": training.load ", what, ": nothing to train (raise training.train_iters ",
+           "to train on from it)");
+    log("training.load: auto: " + what + ": this run has finished, nothing to train");
+  }
+
   // A resumed run trains again what came after its checkpoint: those records go.
   void continue_metrics() {
     if (!is_rank0()) return;
@@ -167,17 +181,19 @@ struct Trainer::State {
   }
 
   void save(int64_t step) {
-    const auto& plan = config.parallel.fsdp_plan;
     StateInfo info;
     info.iteration = step;
     info.global_batch_size = data.sampler.global_batch_size();
     info.model_id = config.model.model_id;
     info.config = config_to_json(config);
-    info.plan = {{"apply_modules", plan.apply_modules},
-                 {"param_dtype", dtype_name(plan.param_dtype)},
-                 {"reduce_dtype", dtype_name(plan.reduce_dtype)},
-                 {"sharding", "dim0 torch.chunk"}};
-    log("saved checkpoint " + state_save(config.training.save, comm(), *model, *fsdp, adamw.get(), info));
+    info.plan = state_plan_entry(config.parallel.fsdp_plan);
+    std::string dir;
+    try {
+      dir = state_save(config.training.save, comm(), *model, *fsdp, adamw.get(), info);
+    } catch (const Error& e) {
+      fail(e.what(), " (training.lr of that step: ", schedule.at(step - 1), ")");
+    }
+    log("saved checkpoint " + dir);
   }
 
   void resume(const std::string& path) {
@@ -221,6 +237,12 @@ struct Trainer::State {
       settings.lr = schedule.at(step);
       settings.clip_grad = t.clip_grad;
       settings.listeners = {&phase_timer};
+      settings.world = &comm();
+      const int64_t first = data.sampler.first_position(step, 0);
+      settings.samples = "stream positions " + std::to_string(first) + "-" +
+                         std::to_string(first + data.sampler.global_batch_size() - 1) + " (epoch " +
+                         std::to_string(epoch) + "; `mmtrain debug collate --step " + std::to_string(step) +
+                         "` reads them)";
       const bool memory_step = memory_profile->covers(step + 1);
       if (memory_step) {
         settings.listeners.push_back(memory_profile.get());
@@ -243,26 +265,27 @@ struct Trainer::State {
       const double step_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
 
-      nlohmann::json record = {{"iteration", step + 1},
-                               {"consumed_samples", (step + 1) * data.sampler.global_batch_size()},
-                               {"global_batch_size", data.sampler.global_batch_size()},
-                               {"epoch", epoch},
-                               {"loss", totals[0] / (accum * world)},
-                               {"grad_norm", stats.grad_norm},
-                               {"lr", settings.lr},
-                               {"step_time_ms", step_ms},
-                               {"tokens", static_cast<int64_t>(totals[2])},
-                               {"peak_rss_mb", rss_mb},
-                               {"phases_ms", phases_record(phases)},
-                               {"phases_max_ms", phases_record(maxed)}};
+      StepRecord record;
+      record.iteration = step + 1;
+      record.global_batch_size = data.sampler.global_batch_size();
+      record.consumed_samples = (step + 1) * record.global_batch_size;
+      record.epoch = epoch;
+      record.loss = totals[0] / (accum * world);
+      record.grad_norm = stats.grad_norm;
+      record.lr = settings.lr;
+      record.step_time_ms = step_ms;
+      record.tokens = static_cast<int64_t>(totals[2]);
+      record.peak_rss_mb = rss_mb;
+      record.phases_ms = phases_record(phases);
+      record.phases_max_ms = phases_record(maxed);
       if (totals[1] > 0) {
-        const double tflops = totals[1] / world / (step_ms / 1000.0) / 1e12;
-        record["tflops_per_device"] = tflops;
-        if (config.logging.hardware_flops > 0) record["mfu"] = tflops * 1e12 / config.logging.hardware_flops;
+        const auto rate = throughput(totals[1], world, step_ms / 1000.0, config.logging.hardware_flops);
+        record.tflops_per_device = rate.tflops_per_device;
+        if (config.logging.hardware_flops > 0) record.mfu = rate.mfu;
       }
-      if (traced) record["profiled"] = true;
-      if (memory_step) record["memory"] = memory_record(memory_profile->end_step());
-      if (!std::isfinite(record["loss"].get<double>())) fail("iteration ", step + 1, ": loss is NaN/Inf: stopping");
+      record.profiled = traced;
+      if (memory_step) record.memory = memory_record(memory_profile->end_step());
+      if (!std::isfinite(record.loss)) fail("iteration ", step + 1, ": loss is NaN/Inf: stopping");
       if ((step + 1) % t.log_interval == 0 || step + 1 == t.train_iters) metrics.record(record, t.train_iters);
 
       const bool exiting = t.exit_interval > 0 && (step + 1) % t.exit_interval == 0;
@@ -286,6 +309,7 @@ Trainer::Trainer(Config config, Runtime runtime) : state_(std::make_unique<State
   if (!load.empty()) {
     s.resume(load);
     if (s.start_step == 0) s.refuse_an_earlier_run();  // a model-only checkpoint starts a fresh run
+    s.refuse_a_finished_run(load);
     s.continue_metrics();
   } else {
     s.load_weights();

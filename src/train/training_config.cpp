@@ -39,11 +39,23 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
         if (t.global_batch_size < 0)
           check.invalid("global_batch_size", "0 (derived) or a positive integer", std::to_string(t.global_batch_size));
         check.at_least("train_iters", t.train_iters, 0);
+        // AdamW moves a weight by about lr per step: far larger values overflow fp32 (1e38 does in
+        // the first step), and are typos rather than schedules.
+        const std::string lr_cap = "at most " + number(kMaxLearningRate) +
+                                   " (AdamW moves a weight by about lr per step; larger values overflow the fp32 "
+                                   "weights)";
         if (!(t.lr_min >= 0.0)) check.invalid("lr_min", ">= 0", number(t.lr_min));
+        if (t.lr_min > kMaxLearningRate) check.invalid("lr_min", lr_cap, number(t.lr_min));
+        if (t.lr > kMaxLearningRate) check.invalid("lr", lr_cap, number(t.lr));
         if (!(t.lr >= t.lr_min)) check.invalid("lr", ">= training.lr_min (" + number(t.lr_min) + ")", number(t.lr));
         check.in_unit("lr_warmup_ratio", t.lr_warmup_ratio, true);
         check.one_of("lr_decay_style", t.lr_decay_style, {"constant", "linear", "cosine"});
         if (!(t.weight_decay >= 0.0)) check.invalid("weight_decay", ">= 0", number(t.weight_decay));
+        if (t.lr * t.weight_decay > 1.0)
+          check.invalid("weight_decay", "at most 1 / training.lr (" + number(1.0 / t.lr) +
+                                            "): the decay multiplies every weight by 1 - lr x weight_decay per step, "
+                                            "and below 0 flips and grows them",
+                        number(t.weight_decay));
         check.in_unit("adam_beta1", t.adam_beta1, false);
         check.in_unit("adam_beta2", t.adam_beta2, false);
         if (!(t.adam_eps > 0.0)) check.invalid("adam_eps", "> 0", number(t.adam_eps));

@@ -10,12 +10,15 @@ namespace mmtrain {
 template <typename S>
 class ConfigSection;
 
+// The largest training.lr / lr_min accepted: AdamW moves a weight by about lr per step.
+constexpr double kMaxLearningRate = 1e3;
+
 struct TrainingConfig {
   int micro_batch_size = 1;                    // samples per rank per forward
   int gradient_accumulation_steps = 1;         // micro-batches per optimizer step
   int global_batch_size = 0;                   // 0 = micro * accum * data-parallel size; else must equal it
   uint64_t seed = 42;
-  double lr = 1e-5;                            // peak learning rate
+  double lr = 1e-5;                            // peak learning rate, at most kMaxLearningRate
   double lr_min = 0.0;                         // floor of the decay
   double lr_warmup_ratio = 0.0;                // fraction of train_iters with linear warm-up
   std::string lr_decay_style = "constant";     // constant|linear|cosine

@@ -250,6 +250,18 @@ TEST(ShardedCheckpoint, ReaderErrorsNameThePath) {
   write_bytes(huge + "/index.json", json.dump(2));
   EXPECT_THROW_WITH(CheckpointReader{huge}, huge + "/index.json", "'bias'", "'rank' must be an integer of 32 bits");
 
+  // A shard whose checksum field is gone: an error in a checkpoint written with checksums
+  // (version 2); a version-1 checkpoint, written before checksums, loads its shards unchecked.
+  const std::string no_crc = damaged_copy("no_crc");
+  json = nlohmann::ordered_json::parse(read_bytes(no_crc + "/index.json"));
+  EXPECT_EQ(json["version"], 2);
+  json["tensors"]["embed"]["shards"][1].erase("crc32c");
+  write_bytes(no_crc + "/index.json", json.dump(2));
+  EXPECT_THROW_WITH(CheckpointReader{no_crc}, no_crc + "/index.json", "'embed'", "rank 1's shard has no crc32c");
+  json["version"] = 1;
+  write_bytes(no_crc + "/index.json", json.dump(2));
+  EXPECT_TRUE(bitwise_equal(CheckpointReader(no_crc).read_full("embed"), model_tensors(100)[1].second));
+
   CheckpointReader reader(root.str());
   EXPECT_THROW_WITH(reader.read_full("nope"), iter_dir, "'nope'");
   EXPECT_THROW_WITH(reader.read_rows("embed", 3, 8), iter_dir, "'embed'", "[3, 8)", "7 rows");
@@ -288,8 +300,9 @@ TEST(ShardedCheckpoint, AFlippedBitIsAnErrorNamingFileAndTensor) {
                     "checksum");
   EXPECT_THROW_WITH(CheckpointReader(iter_dir).verify(), file, "'layers.0.weight'");
 
-  // A checkpoint written before checksums existed still loads, unchecked.
+  // A checkpoint written before checksums existed (version 1, no crc32c) still loads, unchecked.
   auto old = nlohmann::ordered_json::parse(read_bytes(iter_dir + "/index.json"));
+  old["version"] = 1;
   for (auto& [name, t] : old["tensors"].items())
     for (auto& shard : t["shards"]) shard.erase("crc32c");
   write_bytes(iter_dir + "/index.json", old.dump(2));

@@ -286,6 +286,11 @@ TEST(ConfigTest, ImpossibleCombinationsNameKeyAndFile) {
       {"training.train_iters=-1", "training.train_iters: expected >= 0, found -1"},
       {"training.lr_min=-1e-6", "training.lr_min: expected >= 0"},
       {"training.lr_min=1e-4", "training.lr: expected >= training.lr_min (0.0001), found 1e-05"},
+      {"training.lr=1e38", "training.lr: expected at most 1000 (AdamW moves a weight by about lr per step; larger "
+                           "values overflow the fp32 weights), found 1e+38"},
+      {"training.lr_min=2e3", "training.lr_min: expected at most 1000"},
+      {"training.weight_decay=2e5", "training.weight_decay: expected at most 1 / training.lr (100000): the decay "
+                                    "multiplies every weight by 1 - lr x weight_decay per step"},
       {"training.lr_warmup_ratio=1.5", "training.lr_warmup_ratio: expected a value in [0, 1], found 1.5"},
       {"training.lr_decay_style=step", "training.lr_decay_style: expected one of constant|linear|cosine, found 'step'"},
       {"training.adam_beta1=1.0", "training.adam_beta1: expected a value in [0, 1), found 1"},
@@ -403,19 +408,20 @@ TEST(ConfigTest, LoadFromFileAndMissingFile) {
 
 TEST(ConfigTest, WorldSizeChecks) {
   Config c = load(kSeedYaml);
-  EXPECT_EQ(config_fsdp_size(c, 8), 8);  // auto: the whole world when tp = 1
-  EXPECT_EQ(config_dp_size(c, 8), 8);
-  EXPECT_EQ(config_global_batch_size(c, 8), 8);
+  EXPECT_EQ(config_check_world(c, 8).fsdp(), 8);  // auto: the whole world when tp = 1
+  EXPECT_EQ(config_check_world(c, 8).dp(), 8);
 
   c.parallel.ulysses_parallel_size = 2;
-  EXPECT_EQ(config_fsdp_size(c, 8), 8);  // FSDP shards over dp x cp
-  EXPECT_EQ(config_dp_size(c, 8), 4);
+  EXPECT_EQ(config_check_world(c, 8).fsdp(), 8);  // FSDP shards over dp x cp
+  EXPECT_EQ(config_check_world(c, 8).dp(), 4);
   EXPECT_CONTAINS(error_of([&] { config_check_world(c, 7); }),
                   "config foo.yaml: parallel: expected the world size 7 to be divisible by tensor_parallel_size * "
                   "ulysses_parallel_size * ring_attention_size = 1 * 2 * 1 = 2");
 
   c.parallel.fully_shard_parallel_size = 4;  // HSDP: 2 replicas of 4-way shards
-  EXPECT_EQ(config_fsdp_size(c, 8), 4);
+  EXPECT_EQ(config_check_world(c, 8).fsdp(), 4);
+  EXPECT_EQ(config_check_world(c, 8).dp_replicate, 2);
+  EXPECT_EQ(config_check_world(c, 8).dp_shard, 2);
   c.parallel.fully_shard_parallel_size = 3;
   EXPECT_CONTAINS(error_of([&] { config_check_world(c, 8); }),
                   "parallel.fully_shard_parallel_size: expected auto or a divisor of world size / "
@@ -433,7 +439,6 @@ TEST(ConfigTest, WorldSizeChecks) {
 
   c.training.micro_batch_size = 2;
   c.training.gradient_accumulation_steps = 3;
-  EXPECT_EQ(config_global_batch_size(c, 8), 24);
   c.training.global_batch_size = 24;
   EXPECT_NO_THROW(config_check_world(c, 8));
   c.training.global_batch_size = 16;

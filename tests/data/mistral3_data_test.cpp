@@ -10,6 +10,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
+#include <stb/stb_image_write.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -179,6 +181,43 @@ TEST(ConversationDataset, DropsEachBadRecordForItsReason) {
   // Without truncation the long-prompt record is whole and kept.
   mistral3::ConversationDataset uncut(options_of(data_config("", 0)));
   EXPECT_EQ(uncut.size(), 13);
+}
+
+TEST(ConversationDataset, NegativeCutoffIsRefused) {
+  EXPECT_CONTAINS(error_of([] { options_of(data_config("", -1)); }),
+                  "data.dataset_param.basic_parameters.cutoff_len: expected >= 0 (0 = no truncation), found -1");
+}
+
+// Images that are not regular files (a directory, a FIFO, a link to a device, an empty path) and
+// one that resizes to nothing (1x4000) are named, counted skips, not "missing" or the end of the run.
+TEST(ConversationDataset, IrregularImagesAreNamedSkips) {
+  const fs::path dir = fs::temp_directory_path() / ("mmtrain_m3_irregular_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "images" / "a_directory.png");
+  fs::copy_file(fixture_dir() / "tekken.json", dir / "tekken.json");
+  ASSERT_EQ(::mkfifo((dir / "images" / "fifo.png").c_str(), 0600), 0);
+  fs::create_symlink("/dev/zero", dir / "images" / "zero.png");
+  std::vector<uint8_t> thin(3 * 4000, 200);
+  ASSERT_NE(stbi_write_png((dir / "images" / "thin.png").c_str(), 4000, 1, 3, thin.data(), 3 * 4000), 0);
+  const nlohmann::json ask = {{"from", "human"}, {"value", "<image>\nQ"}};
+  const nlohmann::json answer = {{"from", "gpt"}, {"value", "A"}};
+  nlohmann::json records = nlohmann::json::array();
+  for (const char* image : {"images/a_directory.png", "images/fifo.png", "images/zero.png", "", "images/thin.png",
+                            "images/gone.png"})
+    records.push_back({{"id", image}, {"image", image}, {"conversations", nlohmann::json::array({ask, answer})}});
+  const nlohmann::json plain_ask = {{"from", "human"}, {"value", "Q"}};
+  records.push_back({{"id", "plain"}, {"conversations", nlohmann::json::array({plain_ask, answer})}});
+  std::ofstream(dir / "conversations.json") << records.dump();
+
+  auto config = data_config();
+  config.data.dataset_param["preprocess_parameters"]["model_name_or_path"] = (dir / "tekken.json").string();
+  config.data.dataset_param["basic_parameters"]["dataset"] = (dir / "conversations.json").string();
+  mistral3::ConversationDataset ds(options_of(config));
+  EXPECT_EQ(ds.size(), 1);
+  const std::map<std::string, int64_t> expected = {
+      {"image not a regular file", 4}, {"image file missing", 1}, {"image file unreadable", 1}};
+  EXPECT_EQ(ds.dropped(), expected);
+  fs::remove_all(dir);
 }
 
 // Every [IMG] of a sample has a feature: sum over images of (H/8)*(W/8) for patch 4, merge 2.

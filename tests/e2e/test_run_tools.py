@@ -146,6 +146,14 @@ def test_a_rerun_is_refused_and_load_auto_resumes(tmp_path, token_file):
     assert [m["iteration"] for m in got] == list(range(1, 11))  # each iteration once
     assert [m["loss"] for m in got] == [m["loss"] for m in straight]
 
+    # The run is finished: a requeued `auto` run says so and exits 0; the checkpoint named
+    # explicitly is an error that names the iteration and train_iters.
+    done = run_mmtrain(["train", str(cfg), "--set", "training.load=auto"], world=2)
+    assert "this run has finished, nothing to train" in done.stdout, done.stdout[-2000:]
+    named = run_mmtrain(["train", str(cfg), "--set", f"training.load={tmp_path / 'ckpt'}"], world=2, check=False)
+    assert named.returncode != 0, named.stdout[-2000:]
+    assert "is at iteration 10 and training.train_iters is 10: nothing to train" in named.stderr, named.stderr[-2000:]
+
 
 def test_cli_names_unknown_commands():
     proc = run_mmtrain(["bogus"], check=False)

@@ -111,7 +111,7 @@ def test_checkpoint_opens_with_python_safetensors(interop_dir):
     assert name == "iter_0000007\n"
     ckpt = root / name.strip()
     index = json.loads((ckpt / "index.json").read_text())
-    assert index["format"] == "mmtrain.sharded_checkpoint" and index["version"] == 1
+    assert index["format"] == "mmtrain.sharded_checkpoint" and index["version"] == 2
     assert index["iteration"] == 7 and index["world_size"] == 2
     assert index["files"] == ["rank_00000.safetensors", "rank_00001.safetensors"]
     assert index["plan"] == {"fsdp": "chunk"}

@@ -61,19 +61,21 @@ TEST(Logs, MmtrainConsoleLineAndMetricsJsonlAgree) {
   ::testing::internal::CaptureStdout();
   {
     MetricsLog log(dir.str(), /*is_writer=*/true, /*progress=*/false);
-    for (int i = 1; i <= 3; ++i)
-      log.record({{"iteration", i},
-                  {"consumed_samples", 8 * i},
-                  {"global_batch_size", 8},
-                  {"loss", 4.0 / i},
-                  {"grad_norm", 0.5},
-                  {"lr", 3e-4},
-                  {"step_time_ms", 100.0 + i},
-                  {"tokens", 512},
-                  {"peak_rss_mb", 10.0},
-                  {"tflops_per_device", 0.125},
-                  {"mfu", 0.25}},
-                 3);
+    for (int i = 1; i <= 3; ++i) {
+      StepRecord step;
+      step.iteration = i;
+      step.consumed_samples = 8 * i;
+      step.global_batch_size = 8;
+      step.loss = 4.0 / i;
+      step.grad_norm = 0.5;
+      step.lr = 3e-4;
+      step.step_time_ms = 100.0 + i;
+      step.tokens = 512;
+      step.peak_rss_mb = 10.0;
+      step.tflops_per_device = 0.125;
+      step.mfu = 0.25;
+      log.record(step, 3);
+    }
   }
   const auto console = parse(::testing::internal::GetCapturedStdout());
   std::ifstream jsonl(dir / "metrics.jsonl");

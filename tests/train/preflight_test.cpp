@@ -22,23 +22,45 @@ std::string scratch(const std::string& name) {
   return dir.string();
 }
 
-Config config_with(const std::string& training) {
-  return config_from_yaml_string("model:\n  model_id: test_transformer\ntraining:\n" + training, "p.yaml", {});
+// A config with these training keys whose logging.output_dir is under the scratch dir `dir`.
+Config config_with(const std::string& training, const std::string& dir) {
+  return config_from_yaml_string(
+      "model:\n  model_id: test_transformer\ntraining:\n" + training + "logging:\n  output_dir: " + dir + "/out\n",
+      "p.yaml", {});
 }
 
 TEST(Preflight, PathsAreCheckedBeforeTheRun) {
   const auto dir = scratch("paths");
   std::ofstream(dir + "/a_file") << "x";
-  EXPECT_CONTAINS(testing::error_of([&] { preflight_paths(config_with("  save: " + dir + "/a_file/ckpt\n"), 0); }),
+  EXPECT_CONTAINS(testing::error_of([&] { preflight_paths(config_with("  save: " + dir + "/a_file/ckpt\n", dir), 0); }),
                   "training.save '" + dir + "/a_file/ckpt' cannot be created");
-  EXPECT_CONTAINS(testing::error_of([&] { preflight_paths(config_with("  load: " + dir + "/nowhere\n"), 0); }),
+  EXPECT_CONTAINS(testing::error_of([&] { preflight_paths(config_with("  load: " + dir + "/nowhere\n", dir), 0); }),
                   "training.load '" + dir + "/nowhere' does not exist");
-  EXPECT_NO_THROW(preflight_paths(config_with("  save: " + dir + "/ckpt\n"), 3));
+  EXPECT_NO_THROW(preflight_paths(config_with("  save: " + dir + "/ckpt\n", dir), 3));
   EXPECT_TRUE(fs::is_directory(dir + "/ckpt"));
   EXPECT_TRUE(fs::is_empty(dir + "/ckpt"));  // the probe file is gone again
   // A path that is not UTF-8 cannot be recorded in a checkpoint's JSON: refused now, not at the first save.
-  EXPECT_CONTAINS(testing::error_of([&] { preflight_paths(config_with("  save: " + dir + "/\xff\n"), 0); }),
+  EXPECT_CONTAINS(testing::error_of([&] { preflight_paths(config_with("  save: " + dir + "/\xff\n", dir), 0); }),
                   "not valid UTF-8");
+  fs::remove_all(dir);
+}
+
+TEST(Preflight, OutputDirAndLoadingFromTheOwnSaveRoot) {
+  const auto dir = scratch("output");
+  std::ofstream(dir + "/a_file") << "x";
+  const auto under_a_file = config_from_yaml_string(
+      "model:\n  model_id: test_transformer\nlogging:\n  output_dir: " + dir + "/a_file/out\n", "p.yaml", {});
+  EXPECT_CONTAINS(testing::error_of([&] { preflight_paths(under_a_file, 0); }),
+                  "logging.output_dir '" + dir + "/a_file/out' cannot be created");
+  const auto in_proc = config_from_yaml_string("model:\n  model_id: test_transformer\nlogging:\n  output_dir: /proc/mmtrain_out\n",
+                                               "p.yaml", {});
+  EXPECT_CONTAINS(testing::error_of([&] { preflight_paths(in_proc, 0); }), "logging.output_dir '/proc/mmtrain_out' cannot be created");
+
+  // training.load naming this run's own save root before it holds a checkpoint: say what auto does.
+  const auto own_root = config_with("  save: " + dir + "/ckpt\n  load: " + dir + "/ckpt\n", dir);
+  EXPECT_CONTAINS(testing::error_of([&] { preflight_paths(own_root, 0); }),
+                  "training.load '" + dir + "/ckpt' is this run's training.save, which holds no checkpoint yet; use "
+                  "training.load: auto, which resumes when a checkpoint is there and starts fresh when none is");
   fs::remove_all(dir);
 }
 

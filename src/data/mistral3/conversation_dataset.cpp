@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "core/json_read.h"
 #include "core/param_map.h"
+#include "core/regular_file.h"
 #include "data/image/image_decode.h"
 #include "models/mistral3/config.h"
 
@@ -144,6 +145,7 @@ ConversationDataOptions ConversationDataOptions::from_config(const DataConfig& d
   o.dataset_dir = basic.get_string("dataset_dir", fs::path(o.dataset_file).parent_path().string());
   o.default_system = basic.get_string("default_system", "");
   o.cutoff_len = basic.get_int("cutoff_len", o.cutoff_len);
+  if (o.cutoff_len < 0) fail(basic.where("cutoff_len"), ": expected >= 0 (0 = no truncation), found ", o.cutoff_len);
   o.max_samples = basic.get_int("max_samples", 0);
   if (o.max_samples < 0) fail(basic.where("max_samples"), ": expected >= 0 (0 = all), found ", o.max_samples);
   o.packing = basic.get_bool("packing", false);
@@ -202,22 +204,31 @@ ConversationDataset::ConversationDataset(const ConversationDataOptions& options)
     std::string image_problem;
     for (const auto& relative : images) {
       const fs::path path = fs::path(relative).is_absolute() ? fs::path(relative) : fs::path(options_.dataset_dir) / relative;
-      std::error_code ec;
-      if (!fs::is_regular_file(path, ec)) {
-        image_problem = "image file missing";
-        drop(image_problem, label + ": " + path.string());
+      // Missing, a directory, a FIFO, a link to a device or an empty name: named for what it is.
+      try {
+        require_regular_file(path.string(), path.string(), "an image file");
+      } catch (const Error& e) {
+        image_problem = fs::exists(path) || relative.empty() ? "image not a regular file" : "image file missing";
+        drop(image_problem, label + ": " + e.what());
         break;
       }
-      image::ImageDims dims;
+      // The resize inside the skip too: a 1x4000 image resizes to nothing, a named skip as well.
+      auto resized_size = [&] {
+        const auto dims = image::read_image_dims(path.string(), options_.max_image_pixels);
+        try {
+          return image::pixtral_resize_size(dims.height, dims.width, options_.image);
+        } catch (const Error& e) {
+          fail("image ", path.string(), ": ", e.what());
+        }
+      };
       try {
-        dims = image::read_image_dims(path.string(), options_.max_image_pixels);
+        sample.resized.push_back(resized_size());
       } catch (const Error& e) {
         image_problem = "image file unreadable";
         drop(image_problem, label + ": " + e.what());
         break;
       }
       sample.image_paths.push_back(path.string());
-      sample.resized.push_back(image::pixtral_resize_size(dims.height, dims.width, options_.image));
     }
     if (!image_problem.empty()) continue;
     const auto encoded = encode(sample);

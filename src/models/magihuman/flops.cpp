@@ -1,6 +1,7 @@
 #include "models/magihuman/flops.h"
 
 #include "core/error.h"
+#include "models/flops_report.h"
 #include "models/magihuman/model.h"
 
 #include <ATen/ops/diff.h>
@@ -117,8 +118,9 @@ MagiHumanThroughput magihuman_throughput(double active_linear_params, const Magi
   t.attention_flops_per_sample = magihuman_attention_flops(config, seqlens, attention_coefficient) / n;
   t.flops_per_sample = t.linear_flops_per_sample + t.attention_flops_per_sample;
   t.flops_per_step = t.flops_per_sample * static_cast<double>(global_batch_size);
-  if (step_time > 0) t.tflops_per_device = t.flops_per_step / step_time / static_cast<double>(device_num) / 1e12;
-  if (step_time > 0 && hardware_flops > 0) t.mfu = t.tflops_per_device * 1e12 / hardware_flops;
+  const auto rate = throughput(t.flops_per_step, static_cast<double>(device_num), step_time, hardware_flops);
+  t.tflops_per_device = rate.tflops_per_device;
+  t.mfu = rate.mfu;
   return t;
 }
 

@@ -12,8 +12,8 @@
 //       fwd 2 + bwd 5, inherited from causal-LM tools; full bidirectional attention is ~2x that).
 //   Throughput of a run described by seqlens = lengths of n representative samples:
 //       flops_per_sample   = model_flops(seqlens) / n
-//       tflops_per_device  = flops_per_sample · global_batch_size / step_time / device_num / 1e12
-//       mfu                = tflops_per_device · 1e12 / hardware_flops
+//       flops_per_step     = flops_per_sample · global_batch_size
+//       TFLOP/s per device and MFU from it by throughput() (models/flops_report.h)
 //   With seqlens = {4606}, gbs 8, 8 devices, 4.6348 s: 3.3258e14 FLOPs/sample, 71.76 TFLOP/s per
 //   device, 25.63 % MFU at 2.8e14 — the seed's figures.
 #pragma once

@@ -1,0 +1,25 @@
+#include "train/step_record.h"
+
+namespace mmtrain {
+
+nlohmann::json StepRecord::to_json() const {
+  nlohmann::json j = {{"iteration", iteration},
+                      {"consumed_samples", consumed_samples},
+                      {"global_batch_size", global_batch_size},
+                      {"epoch", epoch},
+                      {"loss", loss},
+                      {"grad_norm", grad_norm},
+                      {"lr", lr},
+                      {"step_time_ms", step_time_ms},
+                      {"tokens", tokens},
+                      {"peak_rss_mb", peak_rss_mb}};
+  if (!phases_ms.is_null()) j["phases_ms"] = phases_ms;
+  if (!phases_max_ms.is_null()) j["phases_max_ms"] = phases_max_ms;
+  if (tflops_per_device) j["tflops_per_device"] = *tflops_per_device;
+  if (mfu) j["mfu"] = *mfu;
+  if (profiled) j["profiled"] = true;
+  if (!memory.is_null()) j["memory"] = memory;
+  return j;
+}
+
+}  // namespace mmtrain

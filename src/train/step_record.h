@@ -1,0 +1,34 @@
+// StepRecord: what one optimizer step reports, the one declaration of metrics.jsonl's keys. The
+// trainer fills it, MetricsLog writes it (a JSON line and the Megatron-style console line), and
+// the key names here are the ones `mmtrain logs`, `plots`, `ablate` and the benches read.
+// docs/tools.md#what-each-step-records-metricsjsonl explains each key.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+
+namespace mmtrain {
+
+struct StepRecord {
+  int64_t iteration = 0;                    // 1-based: the step just taken
+  int64_t consumed_samples = 0;             // iteration x global_batch_size
+  int64_t global_batch_size = 0;
+  int64_t epoch = 0;                        // of the step's first sample, 0-based
+  double loss = 0;                          // mean over ranks and micro-batches
+  double grad_norm = 0;                     // before clipping
+  double lr = 0;
+  double step_time_ms = 0;
+  int64_t tokens = 0;                       // over all ranks
+  double peak_rss_mb = 0;                   // max over ranks
+  nlohmann::json phases_ms;                 // phase -> ms on rank 0 (data, forward, ..., comm_wait)
+  nlohmann::json phases_max_ms;             // the same, max over ranks
+  std::optional<double> tflops_per_device;  // when the model counts FLOPs
+  std::optional<double> mfu;                // a fraction, when logging.hardware_flops is set
+  bool profiled = false;                    // the step ran under the Kineto profiler
+  nlohmann::json memory;                    // per-phase peaks of a memory-profiled step; null otherwise
+
+  nlohmann::json to_json() const;
+};
+
+}  // namespace mmtrain

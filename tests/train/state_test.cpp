@@ -1,0 +1,122 @@
+// train/state: the CPU RNG stream a rank saved comes back exactly, and a damaged one (missing,
+// wrong type, bad hex, odd or wrong length) is an error naming the rank file and the key, not
+// LibTorch's "Invalid mt19937 state"; the plan entry the trainer and convert write.
+#include "train/state.h"
+
+#include "checkpoint/checkpoint_test_util.h"
+#include "checkpoint/sharded_checkpoint.h"
+#include "models/test_transformer/model.h"
+#include "multirank_harness.h"
+#include "parallel/parallelize.h"
+#include "test_util.h"
+#include "train/build.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <mutex>
+
+namespace mmtrain {
+namespace {
+
+std::string hex_of(const at::Tensor& bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (int64_t i = 0; i < bytes.numel(); ++i) {
+    const auto b = bytes.data_ptr<uint8_t>()[i];
+    out += digits[b >> 4];
+    out += digits[b & 15];
+  }
+  return out;
+}
+
+// A one-rank checkpoint under root/<name> whose rank_state is `state`.
+std::string save_with_rank_state(const testing::TempDir& root, const std::string& name, const nlohmann::json& state) {
+  Comm comm(nullptr, 0, 1);
+  const std::string save_root = root / name;
+  checkpoint_save(save_root, 1, comm, {{"w", {2}, 0, at::ones({2})}}, {{"iteration", 1}}, state, {});
+  return save_root;
+}
+
+TEST(StateRng, TheSavedStreamComesBack) {
+  testing::TempDir root;
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  const auto saved = generator.get_state();
+  const auto path = save_with_rank_state(root, "good", {{"cpu_rng_state", hex_of(saved)}});
+  const auto expected = at::randn({4}, generator);  // what the stream draws next
+  state_restore_rng(CheckpointReader(path), 0);
+  EXPECT_TRUE(at::equal(at::randn({4}, generator), expected));
+}
+
+TEST(StateRng, DamagedStatesNameFileAndKey) {
+  testing::TempDir root;
+  const std::string good = hex_of(at::detail::getDefaultCPUGenerator().get_state());
+  struct Case {
+    const char* name;
+    nlohmann::json state;
+    std::string message;
+  };
+  const Case cases[] = {
+      {"missing", nlohmann::json::object(), "rank_state.cpu_rng_state: missing"},
+      {"not_object", nlohmann::json::array(), "rank_state.cpu_rng_state: missing"},
+      {"number", {{"cpu_rng_state", 12}}, "rank_state.cpu_rng_state: expected a hex string, found 12"},
+      {"odd", {{"cpu_rng_state", "abc"}}, "expected an even number of hex digits, found 3"},
+      {"bad_digit", {{"cpu_rng_state", "zz" + good.substr(2)}}, "expected hex digits 0-9a-f, found 'z' at position 0"},
+      {"short", {{"cpu_rng_state", good.substr(0, 20)}}, "bytes (" + std::to_string(good.size()) + " hex digits), found 10"},
+  };
+  for (const auto& c : cases) {
+    const auto path = save_with_rank_state(root, c.name, c.state);
+    CheckpointReader reader(path);
+    const auto message = testing::error_of([&] { state_restore_rng(reader, 0); });
+    EXPECT_CONTAINS(message, "checkpoint " + reader.rank_file(0) + ": rank_state.cpu_rng_state") << c.name;
+    EXPECT_CONTAINS(message, c.message) << c.name;
+  }
+}
+
+// A save from NaN weights or moments is refused on every rank before anything is written;
+// `latest` keeps naming the last good checkpoint, which still verifies.
+TEST(StateSave, RefusesNonFiniteStateOnEveryRank) {
+  testing::TempDir root;
+  std::vector<std::string> errors(2);
+  std::mutex mutex;
+  testing::run_ranks(2, [&](Comm& comm_ref) {
+    std::shared_ptr<Comm> comm(&comm_ref, [](Comm*) {});
+    auto model = make_test_transformer({{"vocab_size", 64}, {"hidden_size", 16}, {"num_layers", 1},
+                                        {"num_heads", 2}, {"num_kv_heads", 1}, {"ffn_hidden_size", 24}});
+    auto fsdp = parallelize(*model, ParallelizePlan{}, comm);
+    fsdp->init_params(1);
+    auto adamw = make_fsdp_adamw(*fsdp, AdamWOptions{});
+    StateInfo info;
+    info.model_id = "test_transformer";
+    info.config = {{"model", {{"model_id", "test_transformer"}}}};
+    info.iteration = 1;
+    state_save(root.str(), *comm, *model, *fsdp, adamw.get(), info);
+    if (comm->rank() == 1) adamw->states()[0].exp_avg_sq[5].fill_(std::numeric_limits<float>::quiet_NaN());
+    info.iteration = 2;
+    const auto error = testing::error_of([&] { state_save(root.str(), *comm, *model, *fsdp, adamw.get(), info); });
+    std::lock_guard<std::mutex> lock(mutex);
+    errors[comm->rank()] = error;
+  });
+  EXPECT_CONTAINS(errors[1], "checkpoint of iteration 2 not written: tensor 'optim.exp_avg_sq.");
+  EXPECT_CONTAINS(errors[1], "holds nan (element ");
+  EXPECT_CONTAINS(errors[1], "of rank 1's rows); refusing to save non-finite state (`latest` keeps naming the previous");
+  EXPECT_CONTAINS(errors[0], "another rank holds NaN/Inf weights or moments (see its error)");
+  EXPECT_EQ(testing::read_bytes(root / "latest"), "iter_0000001\n");
+  EXPECT_FALSE(std::filesystem::exists(root / "iter_0000002.tmp"));
+  EXPECT_NO_THROW(CheckpointReader(root.str()).verify());
+}
+
+TEST(StatePlanEntry, NamesTheShardingTheTrainerUsed) {
+  FsdpConfig plan;
+  plan.apply_modules = {"layers.{*}"};
+  plan.param_dtype = at::kBFloat16;
+  const auto entry = state_plan_entry(plan);
+  EXPECT_EQ(entry["apply_modules"], nlohmann::json::array({"layers.{*}"}));
+  EXPECT_EQ(entry["param_dtype"], "bf16");
+  EXPECT_EQ(entry["reduce_dtype"], "fp32");
+  EXPECT_EQ(entry["sharding"], "dim0 torch.chunk");
+}
+
+}  // namespace
+}  // namespace mmtrain
