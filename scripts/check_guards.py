@@ -51,6 +51,11 @@ M = [
  ("resize inside the skip", "src/data/mistral3/conversation_dataset.cpp", "      try {\n        sample.resized.push_back(resized_size());\n      } catch", "      sample.resized.push_back(resized_size());\n      try {\n      } catch", G + "ConversationDataset.*"),
  ("cutoff_len >= 0", "src/data/mistral3/conversation_dataset.cpp", "  if (o.cutoff_len < 0) fail(", "  if (false) fail(", G + "ConversationDataset.*"),
  ("token_file keys checked", "src/data/token_file_dataset.cpp", "  params.check_known_keys({\"dataset_type\", \"path\", \"max_samples\"});", "", G + "TokenFileDataset.*"),
+ ("silent heartbeat ends the wait", "src/dist/peer_watch.cpp", "    if (silent) {", "    if (false) {", G + "PeerWatch.*"),
+ ("overflowing sample named", "src/train/train_step.cpp", "(NaN/Inf)\", reading(),", "(NaN/Inf)\",", PY + "test_magihuman_ranks.py -k overflows"),
+ ("yaml-cpp's depth guard named", "src/core/config_schema.cpp", "  } catch (const YAML::DeepRecursion& e) {", "  } catch (const YAML::DeepRecursion& e) {\n    throw;", G + "ConfigTest.DeepNesting*"),
+ ("PNG header over the cap", "src/data/image/image_decode.cpp", "    check_png_header_pixels(data, size, max_pixels, label);", "", G + "ImageDecode.*"),
+ ("JSON object is not JSONL", "src/data/mistral3/conversation_dataset.cpp", "if (records.empty() && text[first] == '{'", "if (false", G + "ConversationDataset.*"),
  ("finished run is an error", "src/train/trainer.cpp", "    if (t.load != \"auto\")\n      fail(", "    if (false)\n      fail(", PY + "test_run_tools.py -k rerun"),
 ]
 only = sys.argv[1:]

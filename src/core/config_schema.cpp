@@ -9,6 +9,7 @@
 #include "core/suggest.h"
 #include "core/text.h"
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -73,6 +74,14 @@ bool parse_int64(const std::string& s, int64_t& out) {
   if (errno == ERANGE) return false;
   out = value;
   return true;
+}
+
+// Digits with an optional sign: an integer, whether or not it fits 64 bits.
+bool looks_like_integer(const YAML::Node& n) {
+  if (!n.IsScalar()) return false;
+  const std::string& s = n.Scalar();
+  const std::size_t i = !s.empty() && (s[0] == '-' || s[0] == '+') ? 1 : 0;
+  return i < s.size() && s.find_first_not_of("0123456789", i) == std::string::npos;
 }
 
 bool parse_double(const std::string& s, double& out) {
@@ -217,23 +226,26 @@ std::string ConfigPlace::describe(const YAML::Node& node) const {
   return "config " + source + ":" + std::to_string(mark.line + 1);
 }
 
+// A 32-bit integer field; a larger one is out of range, said as such with the range.
 int IntCodec::read(const YAML::Node& n, const ConfigPlace& at) {
   int64_t v = 0;
-  if (!n.IsScalar() || !parse_int64(n.Scalar(), v) || v < INT_MIN || v > INT_MAX) type_error(at, n, "an integer");
+  if (!n.IsScalar() || !parse_int64(n.Scalar(), v)) type_error(at, n, "an integer");
+  if (v < INT_MIN || v > INT_MAX) type_error(at, n, "an integer in [-2147483648, 2147483647]");
   return static_cast<int>(v);
 }
 
 int AutoSizeCodec::read(const YAML::Node& n, const ConfigPlace& at) {
   if (n.IsScalar() && n.Scalar() == "auto") return 0;
   int64_t v = 0;
-  if (!n.IsScalar() || !parse_int64(n.Scalar(), v) || v < INT_MIN || v > INT_MAX)
-    type_error(at, n, "an integer or auto");
+  if (!n.IsScalar() || !parse_int64(n.Scalar(), v)) type_error(at, n, "an integer or auto");
+  if (v < INT_MIN || v > INT_MAX) type_error(at, n, "auto or an integer in [-2147483648, 2147483647]");
   return static_cast<int>(v);
 }
 
 int64_t Int64Codec::read(const YAML::Node& n, const ConfigPlace& at) {
   int64_t v = 0;
-  if (!n.IsScalar() || !parse_int64(n.Scalar(), v)) type_error(at, n, "an integer");
+  if (!n.IsScalar() || !parse_int64(n.Scalar(), v))
+    type_error(at, n, looks_like_integer(n) ? "an integer in [-2^63, 2^63 - 1]" : "an integer");
   return v;
 }
 
@@ -493,6 +505,10 @@ void ConfigSchema::load(void* root, const std::string& text, const std::string& 
   YAML::Node document;
   try {
     document = YAML::Load(text);
+  } catch (const YAML::DeepRecursion& e) {
+    // yaml-cpp's own guard (its message is a bare "bad file").
+    fail("config ", source, ":", e.mark.line + 1, ":", e.mark.column + 1, ": nested too deeply (more than ",
+         e.depth(), " levels of [ ] or { } by here); refused, a real config is a few levels deep");
   } catch (const YAML::ParserException& e) {
     fail("config ", source, ":", e.mark.line + 1, ":", e.mark.column + 1,
          ": expected valid YAML, found a syntax error: ", e.msg);

@@ -22,6 +22,9 @@ class Dataset {
   // One sample as named tensors. Loader workers call it from several threads at once: it must
   // not change shared state.
   virtual Batch get(int64_t index) const = 0;
+  // Where sample `index` comes from, for messages about it (a file, a record): "sample <index>"
+  // unless the dataset knows better.
+  virtual std::string describe(int64_t index) const { return "sample " + std::to_string(index); }
   // What the trainer logs once at start (e.g. records read and dropped); empty for nothing.
   virtual std::string summary() const { return {}; }
 };

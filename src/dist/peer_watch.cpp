@@ -1,12 +1,23 @@
 #include "dist/peer_watch.h"
 
+#include <sstream>
+
 namespace mmtrain {
 
-PeerWatch::PeerWatch(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, std::chrono::milliseconds period)
+PeerWatch::PeerWatch(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, std::chrono::milliseconds period,
+                     SilentPeerHandler on_silent, int silent_periods)
     : rank_(rank), world_size_(world_size), beat_(std::make_shared<Beat>()) {
   beat_->store = std::move(store);
   beat_->key = key(rank_);
+  beat_->done_key = done_key(rank_);
   beat_->period = period;
+  if (on_silent && world_size_ > 1) {
+    beat_->watched_rank = (rank_ + 1) % world_size_;
+    beat_->watched_key = key(beat_->watched_rank);
+    beat_->watched_done_key = done_key(beat_->watched_rank);
+    beat_->silent_periods = silent_periods;
+    beat_->on_silent = std::move(on_silent);
+  }
   thread_ = std::thread([state = beat_] { beat(state); });
 }
 
@@ -24,19 +35,51 @@ PeerWatch::~PeerWatch() {
 }
 
 std::string PeerWatch::key(int rank) const { return "mmtrain_heartbeat/" + std::to_string(rank); }
+std::string PeerWatch::done_key(int rank) const { return "mmtrain_heartbeat_done/" + std::to_string(rank); }
+
+bool PeerWatch::watched_rank_is_silent(Beat& state, int64_t& last, int& unchanged) {
+  // add(key, 0) reads a counter; 0 until the watched rank's first beat (it may start later).
+  const int64_t now = state.store->add(state.watched_key, 0);
+  unchanged = now > 0 && now == last ? unchanged + 1 : 0;
+  last = now;
+  if (unchanged < state.silent_periods) return false;
+  // A rank that exited normally marked it before its last beat stopped.
+  return state.store->add(state.watched_done_key, 0) == 0;
+}
 
 void PeerWatch::beat(const std::shared_ptr<Beat>& state) {
   std::unique_lock<std::mutex> lock(state->mutex);
+  int64_t watched_last = 0;
+  int watched_unchanged = 0;
   while (!state->stopping) {
     lock.unlock();
+    bool silent = false;
     try {
       state->store->add(state->key, 1);
+      if (state->on_silent) silent = watched_rank_is_silent(*state, watched_last, watched_unchanged);
     } catch (const std::exception&) {
       lock.lock();
       break;  // the store is gone (its host died): nobody can read a heartbeat any more
     }
+    if (silent) {
+      std::ostringstream message;
+      message << "rank " << state->watched_rank << " has stopped answering: its heartbeat in the rendezvous store "
+              << "has been silent for " << std::chrono::duration<double>(state->period * state->silent_periods).count()
+              << " s (stopped, frozen, or its node lost); stopping rather than waiting parallel.timeout_s for its "
+              << "collectives";
+      state->on_silent(message.str());
+      state->on_silent = nullptr;  // a handler that returns is told once
+    }
     lock.lock();
     state->wake.wait_for(lock, state->period, [&] { return state->stopping; });
+  }
+  if (state->stopping) {
+    lock.unlock();
+    try {
+      state->store->add(state->done_key, 1);  // a normal exit: the rank watching this one is not alarmed
+    } catch (const std::exception&) {
+    }
+    lock.lock();
   }
   state->finished = true;
   state->wake.notify_all();

@@ -5,11 +5,20 @@
 // (so a main thread blocked in the store does not look dead); a survivor that sees a peer
 // failure reads every counter, waits a few periods and reads again: the ranks whose counter did
 // not move are the ones that died or stopped (SIGKILL, a crash, SIGSTOP, a frozen node).
+//
+// A stopped or frozen rank closes no socket, so its peers' collectives would wait for
+// parallel.timeout_s (600 s by default). The heartbeat thread therefore also watches the next
+// rank's counter (rank + 1 mod W: each rank is watched once, one store read per period): when it
+// has not moved for `silent_periods` periods and that rank did not stop its heartbeat on a normal
+// exit, on_silent is called with the message (the runtime reports it and ends the process);
+// the ranks that were waiting on this one then fail at once and name the silent rank too.
+// parallel.timeout_s stays the outer bound.
 #pragma once
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -20,8 +29,11 @@ namespace mmtrain {
 
 class PeerWatch {
  public:
+  using SilentPeerHandler = std::function<void(const std::string& message)>;
+  // on_silent null: no watching (only the heartbeat and silent_ranks).
   PeerWatch(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
-            std::chrono::milliseconds period = std::chrono::seconds(1));
+            std::chrono::milliseconds period = std::chrono::seconds(1), SilentPeerHandler on_silent = nullptr,
+            int silent_periods = 10);
   // Stops this rank's heartbeat. A beat stuck in the store (its host SIGSTOPped or its node
   // frozen: the client then waits for the store timeout, up to parallel.timeout_s) is waited for
   // at most one period and then left to the thread, so a rank's exit never hangs on it.
@@ -41,7 +53,11 @@ class PeerWatch {
   // after the destructor returned still owns them.
   struct Beat {
     c10::intrusive_ptr<c10d::Store> store;
-    std::string key;
+    std::string key, done_key;               // this rank's counter, and its normal-exit mark
+    std::string watched_key, watched_done_key;  // the next rank's (empty: nothing watched)
+    int watched_rank = -1;
+    int silent_periods = 0;
+    SilentPeerHandler on_silent;
     std::chrono::milliseconds period;
     std::mutex mutex;
     std::condition_variable wake;
@@ -49,7 +65,10 @@ class PeerWatch {
     bool finished = false;
   };
   static void beat(const std::shared_ptr<Beat>& state);
+  // Reads the watched rank's counter; true when it has been silent for silent_periods reads.
+  static bool watched_rank_is_silent(Beat& state, int64_t& last, int& unchanged);
   std::string key(int rank) const;
+  std::string done_key(int rank) const;
 
   int rank_;
   int world_size_;

@@ -1,6 +1,7 @@
 #include "dist/runtime.h"
 
 #include "core/error.h"
+#include "dist/failure_report.h"
 
 #include <ATen/Context.h>
 
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 
 namespace mmtrain {
@@ -159,8 +161,16 @@ Runtime runtime_init(const LaunchEnv& env, Device device, std::chrono::milliseco
   client.waitWorkers = false;
   c10::intrusive_ptr<c10d::Store> heartbeat_store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, client);
   if (env.use_agent_store) heartbeat_store = c10::make_intrusive<c10d::PrefixStore>(attempt_prefix, heartbeat_store);
-  rt.peer_watch = std::make_shared<PeerWatch>(
-      c10::make_intrusive<c10d::PrefixStore>("mmtrain_default_pg", heartbeat_store), env.rank, env.world_size);
+  // A silent neighbour ends this rank at once (its collectives would wait parallel.timeout_s):
+  // the message goes where any rank error goes, then the process exits.
+  auto on_silent = [](const std::string& message) {
+    std::fprintf(stderr, "mmtrain: error: %s\n", message.c_str());
+    report_failure_to_launcher(message);
+    std::fflush(nullptr);
+    std::_Exit(1);
+  };
+  rt.peer_watch = std::make_shared<PeerWatch>(c10::make_intrusive<c10d::PrefixStore>("mmtrain_default_pg", heartbeat_store),
+                                              env.rank, env.world_size, std::chrono::seconds(1), on_silent);
   return rt;
 }
 

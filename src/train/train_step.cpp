@@ -116,8 +116,10 @@ StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, const StepSettings&
     PhaseScope scope(settings.listeners, StepPhase::clip);
     stats.grad_norm = fsdp.clip_grad_norm(settings.clip_grad);
   }
+  const auto reading = [&] { return settings.samples ? ", reading " + settings.samples() : std::string(); };
   if (!std::isfinite(stats.grad_norm))
-    fail("iteration ", settings.iteration, ": grad norm is ", stats.grad_norm, " (NaN/Inf): stopping");
+    fail("iteration ", settings.iteration, ": grad norm is ", stats.grad_norm, " (NaN/Inf)", reading(),
+         ": stopping before the step (a sample whose values overflow fp32, or a learning rate too large)");
   PhaseScope scope(settings.listeners, StepPhase::optimizer);
   adamw.step(settings.lr);
   const std::string bad = non_finite_state(fsdp, adamw);
@@ -127,7 +129,7 @@ StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, const StepSettings&
     const std::string what = bad.empty() ? "a weight or moment on another rank (see its error)"
                                          : bad + (settings.world ? " on rank " + std::to_string(settings.world->rank()) : "");
     fail("iteration ", settings.iteration, ": the AdamW step at lr ", settings.lr, " (grad norm ", stats.grad_norm,
-         ") made ", what, " NaN/Inf", settings.samples.empty() ? "" : ", reading " + settings.samples,
+         ") made ", what, " NaN/Inf", reading(),
          ": stopping before anything is saved (the last checkpoint holds the last good state; lower training.lr or ",
          "training.weight_decay, or check those samples)");
   }

@@ -65,11 +65,13 @@ struct StepSettings {
   // The ranks that stop together when a step makes a weight or moment non-finite (the run's
   // world); null: this rank decides alone.
   Comm* world = nullptr;
-  std::string samples;    // which samples the step read ("samples 96-127 of epoch 0"), for messages
+  // Which samples the step read ("stream positions 96-127 (epoch 0): a.pt, ..."), called only
+  // for a failure's message; null: not known.
+  std::function<std::string()> samples;
 };
 
-// One optimizer step over micro_batch(0 .. accumulation-1). Fails, naming the iteration, on a
-// NaN/Inf grad norm, before the optimizer can spread it into the weights; and after the step,
+// One optimizer step over micro_batch(0 .. accumulation-1). Fails, naming the iteration and the
+// samples, on a NaN/Inf grad norm, before the optimizer can spread it into the weights; and after the step,
 // when it made a weight or an AdamW moment NaN/Inf on any rank (a learning rate or decay too
 // large for fp32), naming the tensor, lr, grad norm and samples, before a save can write it.
 StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, const StepSettings& settings,

@@ -93,6 +93,21 @@ struct Trainer::State {
     return text;
   }
 
+  // The samples of step `step` (0-based) over all ranks, for a failure's message: their stream
+  // positions and the first few samples by what the dataset calls them (a MagiHuman file).
+  std::string describe_step_samples(int64_t step) const {
+    const auto& sampler = data.sampler;
+    const int64_t first = sampler.first_position(step, 0), count = sampler.global_batch_size();
+    std::string text = "stream positions " + std::to_string(first) + "-" + std::to_string(first + count - 1) +
+                       " (epoch " + std::to_string(sampler.epoch_of_step(step)) + "; `mmtrain debug collate --step " +
+                       std::to_string(step) + "` reads them):";
+    constexpr int64_t kShown = 8;
+    for (int64_t i = 0; i < std::min(count, kShown); ++i)
+      text += (i ? ", " : " ") + data.dataset->describe(sampler.sample_at(first + i));
+    if (count > kShown) text += ", and " + std::to_string(count - kShown) + " more";
+    return text;
+  }
+
   // This rank's milliseconds per phase of the step just run, indexed by StepPhase, then
   // comm_wait (the time blocked on FSDP's collectives, part of forward and backward).
   std::vector<double> step_phases_ms() {
@@ -238,11 +253,7 @@ struct Trainer::State {
       settings.clip_grad = t.clip_grad;
       settings.listeners = {&phase_timer};
       settings.world = &comm();
-      const int64_t first = data.sampler.first_position(step, 0);
-      settings.samples = "stream positions " + std::to_string(first) + "-" +
-                         std::to_string(first + data.sampler.global_batch_size() - 1) + " (epoch " +
-                         std::to_string(epoch) + "; `mmtrain debug collate --step " + std::to_string(step) +
-                         "` reads them)";
+      settings.samples = [this, step] { return describe_step_samples(step); };
       const bool memory_step = memory_profile->covers(step + 1);
       if (memory_step) {
         settings.listeners.push_back(memory_profile.get());

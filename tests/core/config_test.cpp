@@ -539,5 +539,23 @@ TEST(ConfigTest, AliasCyclesAndBombsAreRefused) {
   EXPECT_NO_THROW(load(model + "    a: &l [1, 2]\n    b: *l\n"));
 }
 
+// Deep flow nesting hits yaml-cpp's own guard, whose message is "bad file": said for what it is,
+// with the line. An integer past its field's range says the range.
+TEST(ConfigTest, DeepNestingAndIntegerRangeAreNamed) {
+  const std::string model = "model:\n  model_id: test_transformer\n  config:\n";
+  EXPECT_CONTAINS(load_error(model + "    a: " + std::string(3000, '[') + std::string(3000, ']') + "\n"),
+                  "config foo.yaml:4:");
+  EXPECT_CONTAINS(load_error(model + "    a: " + std::string(3000, '[') + std::string(3000, ']') + "\n"),
+                  "nested too deeply");
+  const std::string plain = "model:\n  model_id: test_transformer\n";
+  EXPECT_CONTAINS(load_error(plain + "training:\n  micro_batch_size: 3000000000\n"),
+                  "config foo.yaml:4: training.micro_batch_size: expected an integer in [-2147483648, 2147483647], "
+                  "found '3000000000'");
+  EXPECT_CONTAINS(load_error(plain + "training:\n  train_iters: 99999999999999999999\n"),
+                  "training.train_iters: expected an integer in [-2^63, 2^63 - 1]");
+  EXPECT_CONTAINS(load_error(plain + "training:\n  micro_batch_size: two\n"),
+                  "training.micro_batch_size: expected an integer, found 'two'");
+}
+
 }  // namespace
 }  // namespace mmtrain

@@ -183,6 +183,16 @@ TEST(ConversationDataset, DropsEachBadRecordForItsReason) {
   EXPECT_EQ(uncut.size(), 13);
 }
 
+TEST(ConversationDataset, AJsonObjectIsNotCalledInvalidJson) {
+  const fs::path file = fs::temp_directory_path() / ("mmtrain_m3_object_" + std::to_string(::getpid()) + ".json");
+  std::ofstream(file) << "{\n  \"conversations\": []\n}\n";
+  auto config = data_config();
+  config.data.dataset_param["basic_parameters"]["dataset"] = file.string();
+  EXPECT_CONTAINS(error_of([&] { mistral3::ConversationDataset ds(options_of(config)); }),
+                  "dataset " + file.string() + ": one JSON object, expected a list of records");
+  fs::remove(file);
+}
+
 TEST(ConversationDataset, NegativeCutoffIsRefused) {
   EXPECT_CONTAINS(error_of([] { options_of(data_config("", -1)); }),
                   "data.dataset_param.basic_parameters.cutoff_len: expected >= 0 (0 = no truncation), found -1");

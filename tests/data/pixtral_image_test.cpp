@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <fstream>
 
 namespace mmtrain::image {
@@ -239,6 +240,22 @@ TEST(ImageDecode, PixelBombsAreRefusedBeforeDecoding) {
   EXPECT_EQ(decode_image_file(small, 3).size(1), 3);
   EXPECT_THROW_WITH(read_image_dims(small, 2), small, "3 pixels, more than the limit of 2", "max_image_pixels");
   EXPECT_THROW_WITH(decode_image_file(small, 2), small, "more than the limit of 2");
+
+  // Headers stb_image itself refuses (past 2^24 a side, or its size arithmetic overflowing) are
+  // over the cap too, not an "unknown image type".
+  const std::pair<std::array<uint8_t, 4>, std::array<uint8_t, 4>> huge[] = {
+      {{0x00, 0x01, 0x86, 0xa0}, {0x00, 0x01, 0x86, 0xa0}},  // 100000 x 100000
+      {{0x80, 0x00, 0x00, 0x00}, {0x00, 0x00, 0x00, 0x01}},  // 2^31 x 1
+  };
+  for (const auto& [w, h] : huge) {
+    auto header = kGrayPng;
+    std::copy(w.begin(), w.end(), header.begin() + 16);
+    std::copy(h.begin(), h.end(), header.begin() + 20);
+    const auto claims = dir / "claims.png";
+    write_file(claims, header);
+    EXPECT_THROW_WITH(read_image_dims(claims), claims, "pixels, more than the limit of");
+    EXPECT_THROW_WITH(decode_image_file(claims), claims, "pixels, more than the limit of");
+  }
 }
 
 }  // namespace

@@ -39,6 +39,42 @@ TEST(PeerWatch, ARankThatNeverStartedIsSilent) {
   EXPECT_EQ(rank0.describe_silent_ranks().rfind("rank 1 has stopped answering", 0), 0u) << rank0.describe_silent_ranks();
 }
 
+// The heartbeat ends the wait for a stopped rank: the rank watching it is told within a few
+// periods (not parallel.timeout_s); a rank that exits normally marks it and alarms nobody.
+TEST(PeerWatch, ASilentNeighbourIsReportedAndANormalExitIsNot) {
+  c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::HashStore>();
+  const milliseconds period(20);
+  std::mutex mutex;
+  std::vector<std::string> told;
+  auto handler = [&](const std::string& message) {
+    std::lock_guard<std::mutex> lock(mutex);
+    told.push_back(message);
+  };
+  {
+    // Rank 1 exits normally while rank 0 (which watches it) runs on.
+    PeerWatch rank0(store, 0, 2, period, handler, 3);
+    { PeerWatch rank1(store, 1, 2, period, handler, 3); std::this_thread::sleep_for(5 * period); }
+    std::this_thread::sleep_for(15 * period);
+  }
+  EXPECT_TRUE(told.empty()) << told.front();
+
+  // Rank 1 of a fresh store beats once, then stops (SIGSTOP): rank 0 is told once, naming it.
+  c10::intrusive_ptr<c10d::Store> fresh = c10::make_intrusive<c10d::HashStore>();
+  fresh->add("mmtrain_heartbeat/1", 1);
+  const auto start = std::chrono::steady_clock::now();
+  PeerWatch rank0(fresh, 0, 2, period, handler, 3);
+  while (std::chrono::steady_clock::now() - start < 50 * period) {
+    std::this_thread::sleep_for(period);
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!told.empty()) break;
+  }
+  std::this_thread::sleep_for(10 * period);
+  std::lock_guard<std::mutex> lock(mutex);
+  ASSERT_EQ(told.size(), 1u);
+  EXPECT_EQ(told[0].rfind("rank 1 has stopped answering: its heartbeat in the rendezvous store has been silent", 0), 0u)
+      << told[0];
+}
+
 // A store whose add() hangs while it is frozen, as a TCPStore client does when the store's host
 // is SIGSTOPped (it waits for the store timeout, up to parallel.timeout_s).
 class FreezableStore : public c10d::HashStore {

@@ -254,11 +254,13 @@ def test_the_survivors_name_the_killed_rank(tmp_path, token_file):
     assert errors and "rank 1 has stopped answering" in errors[0], node0[-4000:]
 
 
-def test_a_hung_rank_is_reported_after_parallel_timeout_s(tmp_path, token_file):
+def stop_rank_1_at_iteration_3(tmp_path, token_file, *extra):
+    """Trains on 2 ranks, SIGSTOPs rank 1 after iteration 3; returns (launcher exit code, output,
+    seconds from the stop to the end of the run)."""
     cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, iters=100000))
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     cmd = [torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()), "--no-python", str(mmtrain_bin()),
-           "train", str(cfg), "--set", "training.save=", "--set", "parallel.timeout_s=5"]
+           "train", str(cfg), "--set", "training.save=", *extra]
     launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=dict(os.environ, OMP_NUM_THREADS="1"))
     metrics = tmp_path / "run" / "metrics.jsonl"
@@ -275,10 +277,7 @@ def test_a_hung_rank_is_reported_after_parallel_timeout_s(tmp_path, token_file):
         assert stopped is not None, "the run never reached iteration 3"
         hung_at = time.time()
         output, _ = launcher.communicate(timeout=180)
-        assert launcher.returncode != 0
-        assert time.time() - hung_at < 120, "the survivors waited far longer than parallel.timeout_s"
-        assert "timed out" in output.lower(), output[-4000:]
-        assert "rank 1 has stopped answering" in output, output[-4000:]
+        return launcher.returncode, output, time.time() - hung_at
     finally:
         if stopped is not None:
             for sig in (signal.SIGKILL, signal.SIGCONT):
@@ -288,3 +287,20 @@ def test_a_hung_rank_is_reported_after_parallel_timeout_s(tmp_path, token_file):
                     pass
         if launcher.poll() is None:
             launcher.kill()
+
+
+def test_a_hung_rank_is_reported_after_parallel_timeout_s(tmp_path, token_file):
+    code, output, waited = stop_rank_1_at_iteration_3(tmp_path, token_file, "--set", "parallel.timeout_s=5")
+    assert code != 0
+    assert waited < 120, "the survivors waited far longer than parallel.timeout_s"
+    assert "timed out" in output.lower(), output[-4000:]
+    assert "rank 1 has stopped answering" in output, output[-4000:]
+
+
+def test_a_stopped_rank_is_reported_by_its_silent_heartbeat(tmp_path, token_file):
+    # parallel.timeout_s is 120 here: the heartbeat, silent for 10 s, ends the wait long before.
+    code, output, waited = stop_rank_1_at_iteration_3(tmp_path, token_file)
+    assert code != 0
+    assert waited < 60, f"the survivor waited {waited:.0f} s for a rank whose heartbeat stopped"
+    assert "rank 1 has stopped answering: its heartbeat in the rendezvous store has been silent for 10 s" in output, \
+        output[-4000:]

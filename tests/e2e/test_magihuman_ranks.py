@@ -77,3 +77,30 @@ def test_loss_falls_below_zero_prediction_baseline(tmp_path, fixture_dirs):
     first, last = losses[:10].mean().item(), losses[-20:].mean().item()
     print(f"[magihuman tiny, 80 steps] mean loss first 10 {first:.3f}, last 20 {last:.3f} (baseline 4.0)")
     assert last < 4.0 and last < first - 0.1, (first, last)
+
+
+def test_a_sample_that_overflows_the_step_is_named_and_nothing_bad_is_saved(tmp_path, fixture_dirs):
+    """A finite sample whose values overflow fp32 inside the model stops the run at its step,
+    naming its file; the checkpoints before it are whole and `latest` names the last of them."""
+    import shutil
+    data, weights = fixture_dirs
+    local = tmp_path / "data"
+    shutil.copytree(data, local)
+    latents = sorted((local / "latents").iterdir())
+    bad = latents[2]  # read by step 3 (sorted stems, in order, one sample per step)
+    if bad.suffix == ".pt":
+        sample = torch.load(bad, weights_only=True)
+        sample["video_latent"] = sample["video_latent"] * 1e30
+        torch.save(sample, bad)
+    else:
+        from safetensors.torch import load_file, save_file
+        sample = load_file(str(bad))
+        sample["video_latent"] = sample["video_latent"] * 1e30
+        save_file(sample, str(bad))
+    text = config(tmp_path, local, weights, accum=1, iters=4).replace("save: ", "save_interval: 1, save: ")
+    cfg = write_config(tmp_path / "c.yaml", text)
+    proc = run_mmtrain(["train", str(cfg)], check=False, timeout=300)
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert "iteration 3: grad norm is" in proc.stderr and str(bad) in proc.stderr, proc.stderr[-2000:]
+    assert (tmp_path / "ckpt" / "latest").read_text().strip() == "iter_0000002"
+    run_mmtrain(["ckpt", "verify", str(tmp_path / "ckpt")])

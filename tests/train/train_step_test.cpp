@@ -40,7 +40,7 @@ std::vector<std::string> step_errors(double lr, double weight_decay, int huge_ra
     settings.iteration = 4;
     settings.lr = lr;
     settings.world = comm.get();
-    settings.samples = "stream positions 6-7";
+    settings.samples = [] { return std::string("stream positions 6-7"); };
     const auto tokens = at::randint(0, 32, {1, 9}, at::make_generator<at::CPUGeneratorImpl>(5 + comm->rank()), at::kLong);
     const auto error = testing::error_of([&] {
       train_step(*model, *fsdp, *adamw, settings, [&](int) { return Batch{{"tokens", tokens}}; });

@@ -38,9 +38,10 @@ uint32_t big_endian32(const uint8_t* p) {
 
 // stb_image ignores PNG checksums; Pillow refuses a chunk whose CRC does not match. So do we:
 // a damaged file is an error naming the chunk, not an image with wrong pixels.
+constexpr uint8_t kPngSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+
 void check_png_chunks(const uint8_t* data, size_t size, const std::string& label) {
-  static const uint8_t kSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-  if (size < 8 || std::memcmp(data, kSignature, 8) != 0) return;  // not a PNG
+  if (size < 8 || std::memcmp(data, kPngSignature, 8) != 0) return;  // not a PNG
   size_t at = 8;
   while (at + 12 <= size) {
     const uint32_t length = big_endian32(data + at);
@@ -57,6 +58,17 @@ void check_png_chunks(const uint8_t* data, size_t size, const std::string& label
 
 // An image above the cap (by default PIL's decompression-bomb bound) is refused from its header,
 // before gigabytes are decoded.
+void check_pixel_count(int64_t width, int64_t height, int64_t max_pixels, const std::string& label);
+
+// stb_image refuses a PNG whose header claims more than 2^24 pixels a side or overflows its size
+// arithmetic, and then reports the last format it tried ("unknown image type"). The first 24
+// bytes (signature, IHDR width and height) say what the file claims: checked against the cap,
+// such a header is named for what it is.
+void check_png_header_pixels(const uint8_t* data, size_t size, int64_t max_pixels, const std::string& label) {
+  if (size < 24 || std::memcmp(data, kPngSignature, 8) != 0 || std::memcmp(data + 12, "IHDR", 4) != 0) return;
+  check_pixel_count(big_endian32(data + 16), big_endian32(data + 20), max_pixels, label);
+}
+
 void check_pixel_count(int64_t width, int64_t height, int64_t max_pixels, const std::string& label) {
   if (width * height > max_pixels)
     fail("image ", label, ": ", width, "x", height, " = ", width * height, " pixels, more than the limit of ",
@@ -102,6 +114,8 @@ at::Tensor decode_image_bytes(const uint8_t* data, size_t size, const std::strin
   int width = 0, height = 0, channels = 0;
   if (stbi_info_from_memory(data, static_cast<int>(size), &width, &height, &channels))
     check_pixel_count(width, height, max_pixels, label);
+  else
+    check_png_header_pixels(data, size, max_pixels, label);
   check_png_chunks(data, size, label);
   // Ask for 4 channels always; `channels` still reports the source's (2 and 4 = transparency,
   // which includes a PNG tRNS chunk).
@@ -133,6 +147,10 @@ ImageDims read_image_dims(const std::string& path, int64_t max_pixels) {
   int width = 0, height = 0, channels = 0;
   if (!stbi_info(path.c_str(), &width, &height, &channels)) {
     const char* reason = stbi_failure_reason();
+    uint8_t header[24] = {};
+    std::ifstream in(path, std::ios::binary);
+    in.read(reinterpret_cast<char*>(header), sizeof header);
+    check_png_header_pixels(header, static_cast<size_t>(in.gcount()), max_pixels, path);
     fail("image ", path, ": cannot read the header (", reason ? reason : "unknown reason",
          "); expected a PNG, JPEG, BMP, GIF, TGA, PSD or PNM image");
   }

@@ -274,6 +274,11 @@ const std::string& PrecomputedDataset::stem(int64_t index) const {
   return samples_[index].stem;
 }
 
+std::string PrecomputedDataset::describe(int64_t index) const {
+  stem(index);  // range check
+  return samples_[index].latents;
+}
+
 Batch PrecomputedDataset::get(int64_t index) const {
   stem(index);  // range check
   const auto& s = samples_[index];

@@ -52,6 +52,7 @@ class PrecomputedDataset : public Dataset {
 
   int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
   Batch get(int64_t index) const override;
+  std::string describe(int64_t index) const override;  // its latents file
 
   const std::string& stem(int64_t index) const;
   const PrecomputedDataOptions& options() const { return options_; }

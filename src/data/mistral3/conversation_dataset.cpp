@@ -47,6 +47,10 @@ std::vector<nlohmann::json> read_records(const std::string& path) {
   std::string line;
   for (int64_t number = 1; std::getline(lines, line); ++number) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    // A pretty-printed JSON object is not JSONL: say what it is rather than "line 1: not valid JSON".
+    if (records.empty() && text[first] == '{' && !nlohmann::json::accept(line) && nlohmann::json::accept(text))
+      fail("dataset ", path, ": one JSON object, expected a list of records (a JSON list [...] or one record per ",
+           "line, JSONL)");
     records.push_back(json_parse_checked(line, "dataset " + path + " line " + std::to_string(number)));
   }
   return records;
