@@ -56,6 +56,7 @@ M = [
  ("yaml-cpp's depth guard named", "src/core/config_schema.cpp", "  } catch (const YAML::DeepRecursion& e) {", "  } catch (const YAML::DeepRecursion& e) {\n    throw;", G + "ConfigTest.DeepNesting*"),
  ("PNG header over the cap", "src/data/image/image_decode.cpp", "    check_png_header_pixels(data, size, max_pixels, label);", "", G + "ImageDecode.*"),
  ("JSON object is not JSONL", "src/data/mistral3/conversation_dataset.cpp", "if (records.empty() && text[first] == '{'", "if (false", G + "ConversationDataset.*"),
+ ("one run per save root", "src/train/save_root_lock.cpp", "  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {", "  if (false) {", G + "SaveRootLock.*"),
  ("finished run is an error", "src/train/trainer.cpp", "    if (t.load != \"auto\")\n      fail(", "    if (false)\n      fail(", PY + "test_run_tools.py -k rerun"),
 ]
 only = sys.argv[1:]

@@ -7,6 +7,7 @@
 #include "train/memory_profile.h"
 #include "train/preflight.h"
 #include "train/profiler.h"
+#include "train/save_root_lock.h"
 #include "train/state.h"
 #include "train/train_step.h"
 
@@ -31,6 +32,7 @@ struct Trainer::State {
   std::unique_ptr<MemoryProfile> memory_profile;
   PhaseTimer phase_timer;  // every step: metrics.jsonl phases_ms
   std::unique_ptr<StepProfiler> profiler;
+  std::unique_ptr<SaveRootLock> save_lock;  // rank 0, while training.save is set
   int64_t start_step = 0;  // optimizer steps already taken
 
   Comm& comm() { return *runtime.comm; }
@@ -53,6 +55,7 @@ struct Trainer::State {
     // used here are deterministic anyway, this matters on CUDA.
     if (c.training.use_deter_comp) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
     preflight_paths(c, comm().rank());
+    lock_save_root();
     mesh = std::make_unique<DeviceMesh>(build_mesh(dims, runtime));
     if (mesh->shape().world() > 1) log("device mesh " + mesh->describe());
     // The data first (a bad path or file fails in seconds), then the model as shapes, checked
@@ -79,6 +82,27 @@ struct Trainer::State {
                   comm().rank(), stats.param_bytes / 1048576.0, stats.grad_bytes / 1048576.0,
                   adamw->state_bytes() / 1048576.0, stats.unsharded_param_bytes / 1048576.0, fsdp->units().size());
     log(line);
+  }
+
+  // Rank 0 holds training.save for the run (train/save_root_lock.h); when another run holds it,
+  // every rank stops here, before anything is written.
+  void lock_save_root() {
+    const auto& save = config.training.save;
+    if (save.empty()) return;
+    std::string refused;
+    if (is_rank0()) {
+      try {
+        save_lock = std::make_unique<SaveRootLock>(save);
+      } catch (const Error& e) {
+        refused = e.what();
+      }
+    }
+    if (comm().all_reduce_max(std::vector<double>{refused.empty() ? 0.0 : 1.0})[0] > 0) {
+      if (!is_rank0()) fail("rank 0 could not lock training.save '", save, "': see its error");
+      fail(refused);
+    }
+    if (save_lock && !save_lock->previous_holder().empty())
+      log("training.save: took over the lock of an earlier run that is gone (" + save_lock->previous_holder() + ")");
   }
 
   std::string describe_data_order() const {

@@ -181,3 +181,30 @@ def test_launch_scripts_accept_the_seeds_variable_names(script, seed_env, expect
         assert text in proc.stdout, proc.stdout
     for name in seed_env:
         assert f"from the seed's {name}" in proc.stderr, proc.stderr
+
+
+def test_a_second_run_into_the_same_save_root_is_refused_up_front(tmp_path, token_file):
+    """A job started twice: the second run stops before training, naming the first's pid; once
+    the first is gone (killed), the next run takes its lock over and says whose it was."""
+    import signal
+    import time
+    from conftest import mmtrain_bin
+    cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, iters=100000, save_interval=0))
+    first = subprocess.Popen([str(mmtrain_bin()), "train", str(cfg)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        lock = tmp_path / "ckpt" / ".mmtrain.lock"
+        deadline = time.time() + 120
+        while time.time() < deadline and not (lock.exists() and lock.read_text()):
+            assert first.poll() is None, "the first run exited early"
+            time.sleep(0.05)
+        second = run_mmtrain(["train", str(cfg), "--set", f"logging.output_dir={tmp_path / 'other'}"], check=False)
+        assert second.returncode != 0
+        assert "is in use by another run" in second.stderr and f"pid {first.pid}," in second.stderr, second.stderr
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    third = run_mmtrain(["train", str(cfg), "--set", f"logging.output_dir={tmp_path / 'third'}",
+                         "--set", "training.train_iters=1"])
+    assert f"took over the lock of an earlier run that is gone (host " in third.stdout, third.stdout[-2000:]
+    assert f"pid {first.pid}," in third.stdout
