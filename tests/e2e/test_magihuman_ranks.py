@@ -88,6 +88,7 @@ def test_a_sample_that_overflows_the_step_is_named_and_nothing_bad_is_saved(tmp_
     shutil.copytree(data, local)
     latents = sorted((local / "latents").iterdir())
     bad = latents[2]  # read by step 3 (sorted stems, in order, one sample per step)
+    good = bad.read_bytes()
     if bad.suffix == ".pt":
         sample = torch.load(bad, weights_only=True)
         sample["video_latent"] = sample["video_latent"] * 1e30
@@ -104,3 +105,7 @@ def test_a_sample_that_overflows_the_step_is_named_and_nothing_bad_is_saved(tmp_
     assert "iteration 3: grad norm is" in proc.stderr and str(bad) in proc.stderr, proc.stderr[-2000:]
     assert (tmp_path / "ckpt" / "latest").read_text().strip() == "iter_0000002"
     run_mmtrain(["ckpt", "verify", str(tmp_path / "ckpt")])
+    # The sample repaired, the run resumes from the last good checkpoint and trains on.
+    bad.write_bytes(good)
+    run_mmtrain(["train", str(cfg), "--set", "training.load=auto"], timeout=300)
+    assert [m["iteration"] for m in read_metrics(tmp_path / "run")] == [1, 2, 3, 4]
