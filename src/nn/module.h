@@ -112,7 +112,4 @@ class ModuleGroup : public Module {
 std::vector<std::pair<std::string, Module*>> select_blocks(Module& model, const std::vector<std::string>& patterns,
                                                           const std::string& key);
 
-// y = x @ w^T for w [out, in] (the nn.Linear convention used by every checkpoint we load).
-inline at::Tensor linear(const at::Tensor& x, const Param& w) { return at::linear(x, w.value); }
-
 }  // namespace mmtrain

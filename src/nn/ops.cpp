@@ -17,7 +17,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 }
 
 std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& positions, int64_t head_dim, double theta) {
-  auto exponents = at::arange(0, head_dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(head_dim);
+  auto exponents = at::arange(0, head_dim, 2, positions.options().dtype(at::kLong)).to(at::kFloat) /
+                   static_cast<double>(head_dim);
   auto inv_freq = 1.0 / at::pow(theta, exponents);
   auto freqs = at::outer(positions.to(at::kFloat), inv_freq);
   auto emb = at::cat({freqs, freqs}, -1);

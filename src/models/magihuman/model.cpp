@@ -8,8 +8,9 @@
 
 #include "core/error.h"
 #include "models/magihuman/flops.h"
-#include "nn/fused_ops.h"
 #include "models/magihuman/ops.h"
+#include "nn/fused_ops.h"
+#include "nn/layers.h"
 #include "parallel/context_parallel.h"
 
 #include <array>
@@ -17,25 +18,12 @@
 namespace mmtrain::magihuman {
 namespace {
 
-// A module holding one parameter named "weight" (and optionally "bias"). The public checkpoint
-// stores linear weights and biases in bf16, norms in fp32.
-class Weight : public Module {
- public:
-  Weight(std::vector<int64_t> shape, bool is_norm, int64_t bias_rows = 0)
-      : weight(add_param("weight", std::move(shape))) {
-    weight.checkpoint_dtype = is_norm ? at::kFloat : at::kBFloat16;
-    if (is_norm) {  // (1 + w) norms: zero-centred gamma
-      weight.init_normal = false;
-      weight.init_constant = 0.0;
-    }
-    if (bias_rows > 0) {
-      bias = &add_param("bias", {bias_rows});
-      bias->checkpoint_dtype = at::kBFloat16;
-    }
-  }
-  Param& weight;
-  Param* bias = nullptr;
-};
+// The public checkpoint stores linear weights and biases in bf16, norms in fp32; norms are the
+// zero-centred (1 + w) form.
+std::shared_ptr<Linear> linear_layer(int64_t out, int64_t in, bool with_bias = false) {
+  return std::make_shared<Linear>(out, in, at::kBFloat16, with_bias);
+}
+std::shared_ptr<Norm> norm_layer(int64_t width) { return std::make_shared<Norm>(width, at::kFloat, NormInit::zero); }
 
 // Row indices of each modality in the packed sequence, computed once per forward.
 struct ModalityRows {
@@ -90,11 +78,11 @@ at::Tensor mlp_activation(const MagiHumanConfig& c, const at::Tensor& u, bool ge
 class Attention : public Module {
  public:
   Attention(const MagiHumanConfig& c, int64_t experts) : c_(c), experts_(experts) {
-    pre_norm = add_child("pre_norm", std::make_shared<Weight>(std::vector<int64_t>{c.hidden_size * experts}, true));
-    linear_qkv = add_child("linear_qkv", std::make_shared<Weight>(std::vector<int64_t>{c.qkv_width() * experts, c.hidden_size}, false));
-    linear_proj = add_child("linear_proj", std::make_shared<Weight>(std::vector<int64_t>{c.hidden_size * experts, c.hidden_size}, false));
-    q_norm = add_child("q_norm", std::make_shared<Weight>(std::vector<int64_t>{c.head_dim * experts}, true));
-    k_norm = add_child("k_norm", std::make_shared<Weight>(std::vector<int64_t>{c.head_dim * experts}, true));
+    pre_norm = add_child("pre_norm", norm_layer(c.hidden_size * experts));
+    linear_qkv = add_child("linear_qkv", linear_layer(c.qkv_width() * experts, c.hidden_size));
+    linear_proj = add_child("linear_proj", linear_layer(c.hidden_size * experts, c.hidden_size));
+    q_norm = add_child("q_norm", norm_layer(c.head_dim * experts));
+    k_norm = add_child("k_norm", norm_layer(c.head_dim * experts));
   }
 
   // h [L, D] fp32 -> [L, D] in the parameter dtype
@@ -132,7 +120,8 @@ class Attention : public Module {
     });
   }
 
-  std::shared_ptr<Weight> pre_norm, linear_qkv, linear_proj, q_norm, k_norm;
+  std::shared_ptr<Norm> pre_norm, q_norm, k_norm;
+  std::shared_ptr<Linear> linear_qkv, linear_proj;
 
  private:
   MagiHumanConfig c_;
@@ -142,11 +131,11 @@ class Attention : public Module {
 class Mlp : public Module {
  public:
   Mlp(const MagiHumanConfig& c, int64_t layer, int64_t experts) : c_(c), experts_(experts), gelu7_(c.is_gelu7_layer(layer)) {
-    pre_norm = add_child("pre_norm", std::make_shared<Weight>(std::vector<int64_t>{c.hidden_size * experts}, true));
+    pre_norm = add_child("pre_norm", norm_layer(c.hidden_size * experts));
     up_gate_proj = add_child("up_gate_proj",
-                             std::make_shared<Weight>(std::vector<int64_t>{c.up_gate_rows(layer) * experts, c.hidden_size}, false));
+                             linear_layer(c.up_gate_rows(layer) * experts, c.hidden_size));
     down_proj = add_child("down_proj",
-                          std::make_shared<Weight>(std::vector<int64_t>{c.hidden_size * experts, c.mlp_width(layer)}, false));
+                          linear_layer(c.hidden_size * experts, c.mlp_width(layer)));
   }
 
   // h [L, D] fp32 -> [L, D] fp32
@@ -159,7 +148,8 @@ class Mlp : public Module {
     });
   }
 
-  std::shared_ptr<Weight> pre_norm, up_gate_proj, down_proj;
+  std::shared_ptr<Norm> pre_norm;
+  std::shared_ptr<Linear> up_gate_proj, down_proj;
 
  private:
   MagiHumanConfig c_;
@@ -186,9 +176,9 @@ class Adapter : public Module {
  public:
   explicit Adapter(const MagiHumanConfig& c) {
     const int64_t d = c.hidden_size;
-    video_embedder = add_child("video_embedder", std::make_shared<Weight>(std::vector<int64_t>{d, c.video_in_channels}, false, d));
-    text_embedder = add_child("text_embedder", std::make_shared<Weight>(std::vector<int64_t>{d, c.text_in_channels}, false, d));
-    audio_embedder = add_child("audio_embedder", std::make_shared<Weight>(std::vector<int64_t>{d, c.audio_in_channels}, false, d));
+    video_embedder = add_child("video_embedder", linear_layer(d, c.video_in_channels, /*with_bias=*/true));
+    text_embedder = add_child("text_embedder", linear_layer(d, c.text_in_channels, /*with_bias=*/true));
+    audio_embedder = add_child("audio_embedder", linear_layer(d, c.audio_in_channels, /*with_bias=*/true));
     rope = add_child("rope", std::make_shared<ModuleGroup>());
     bands = &rope->add_param("bands", {c.rope_bands()});
     bands->trainable = false;
@@ -200,7 +190,7 @@ class Adapter : public Module {
       return 1.0 / at::pow(10000.0, exponent);
     };
   }
-  std::shared_ptr<Weight> video_embedder, text_embedder, audio_embedder;
+  std::shared_ptr<Linear> video_embedder, text_embedder, audio_embedder;
   std::shared_ptr<ModuleGroup> rope;
   Param* bands = nullptr;
 };
@@ -215,12 +205,12 @@ class MagiHumanModel : public Model, public ContextParallelModel {
     auto layer_list = block->add_child("layers", std::make_shared<ModuleGroup>());
     for (int64_t i = 0; i < c.num_layers; ++i)
       layers.push_back(layer_list->add_child(std::to_string(i), std::make_shared<Layer>(c, i)));
-    final_norm_video = dit->add_child("final_norm_video", std::make_shared<Weight>(std::vector<int64_t>{c.hidden_size}, true));
-    final_norm_audio = dit->add_child("final_norm_audio", std::make_shared<Weight>(std::vector<int64_t>{c.hidden_size}, true));
+    final_norm_video = dit->add_child("final_norm_video", norm_layer(c.hidden_size));
+    final_norm_audio = dit->add_child("final_norm_audio", norm_layer(c.hidden_size));
     final_linear_video = dit->add_child("final_linear_video",
-                                        std::make_shared<Weight>(std::vector<int64_t>{c.video_in_channels, c.hidden_size}, false));
+                                        linear_layer(c.video_in_channels, c.hidden_size));
     final_linear_audio = dit->add_child("final_linear_audio",
-                                        std::make_shared<Weight>(std::vector<int64_t>{c.audio_in_channels, c.hidden_size}, false));
+                                        linear_layer(c.audio_in_channels, c.hidden_size));
     // As upstream, only the blocks compute in param_dtype: the adapter's embedders and the final
     // norms and heads are fp32 layers (they form the root FSDP unit, gathered in fp32).
     for (auto& [name, param] : named_parameters())
@@ -277,7 +267,7 @@ class MagiHumanModel : public Model, public ContextParallelModel {
 
     // Adapter: per-modality embedders over the right column slices, fp32 output.
     const int64_t in_width[kNumModalities] = {c.video_in_channels, c.audio_in_channels, c.text_in_channels};
-    const std::shared_ptr<Weight> embedder[kNumModalities] = {adapter->video_embedder, adapter->audio_embedder,
+    const std::shared_ptr<Linear> embedder[kNumModalities] = {adapter->video_embedder, adapter->audio_embedder,
                                                               adapter->text_embedder};
     at::Tensor h = at::zeros({L, c.hidden_size}, x.options().dtype(at::kFloat));
     for (int k = 0; k < kNumModalities; ++k) {
@@ -299,7 +289,7 @@ class MagiHumanModel : public Model, public ContextParallelModel {
 
     // Final per-modality norms and heads; [L, out] with zeros where a modality has no channel.
     at::Tensor prediction = at::zeros({L, c.out_width()}, h.options());
-    const std::pair<int, std::pair<std::shared_ptr<Weight>, std::shared_ptr<Weight>>> heads[] = {
+    const std::pair<int, std::pair<std::shared_ptr<Norm>, std::shared_ptr<Linear>>> heads[] = {
         {kVideo, {final_norm_video, final_linear_video}}, {kAudio, {final_norm_audio, final_linear_audio}}};
     for (const auto& [k, head] : heads) {
       if (rows.count[k] == 0) continue;
@@ -368,7 +358,8 @@ class MagiHumanModel : public Model, public ContextParallelModel {
   std::shared_ptr<const ContextParallel> cp_;  // set by the parallelize chain; null: no split
   std::shared_ptr<Adapter> adapter;
   std::vector<std::shared_ptr<Layer>> layers;
-  std::shared_ptr<Weight> final_norm_video, final_norm_audio, final_linear_video, final_linear_audio;
+  std::shared_ptr<Norm> final_norm_video, final_norm_audio;
+  std::shared_ptr<Linear> final_linear_video, final_linear_audio;
 };
 
 }  // namespace

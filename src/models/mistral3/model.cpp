@@ -8,6 +8,7 @@
 #include "models/mistral3/flops.h"
 #include "nn/attention.h"
 #include "nn/chunked_cross_entropy.h"
+#include "nn/layers.h"
 #include "nn/ops.h"
 #include "parallel/context_parallel.h"
 
@@ -18,52 +19,37 @@
 namespace mmtrain::mistral3 {
 namespace {
 
-// A module holding one parameter named "weight": a bias-free linear, a norm or an embedding.
-// Magistral's public checkpoint stores every tensor in bf16.
-class Weight : public Module {
- public:
-  Weight(std::vector<int64_t> shape, bool is_norm) : weight(add_param("weight", std::move(shape))) {
-    weight.checkpoint_dtype = at::kBFloat16;
-    if (is_norm) {  // RMSNorm gamma starts at 1
-      weight.init_normal = false;
-      weight.init_constant = 1.0;
-    }
-  }
-  Param& weight;
-};
+// Magistral's public checkpoint stores every tensor in bf16; its RMSNorm gains start at 1.
+std::shared_ptr<Linear> linear_layer(int64_t out, int64_t in) { return std::make_shared<Linear>(out, in, at::kBFloat16); }
+std::shared_ptr<Norm> norm_layer(int64_t width) { return std::make_shared<Norm>(width, at::kBFloat16, NormInit::one); }
 
-std::shared_ptr<Weight> linear_module(int64_t out, int64_t in) {
-  return std::make_shared<Weight>(std::vector<int64_t>{out, in}, false);
-}
-std::shared_ptr<Weight> norm_module(int64_t width) { return std::make_shared<Weight>(std::vector<int64_t>{width}, true); }
-
-at::Tensor lin(const at::Tensor& x, const std::shared_ptr<Weight>& w) { return at::linear(x, w->weight.value); }
+at::Tensor lin(const at::Tensor& x, const std::shared_ptr<Linear>& w) { return w->forward(x); }
 
 // q/k/v/o projections under one parent, named as HF.
 class Projections : public Module {
  public:
   Projections(int64_t hidden, int64_t q_dim, int64_t kv_dim) {
-    q_proj = add_child("q_proj", linear_module(q_dim, hidden));
-    k_proj = add_child("k_proj", linear_module(kv_dim, hidden));
-    v_proj = add_child("v_proj", linear_module(kv_dim, hidden));
-    o_proj = add_child("o_proj", linear_module(hidden, q_dim));
+    q_proj = add_child("q_proj", linear_layer(q_dim, hidden));
+    k_proj = add_child("k_proj", linear_layer(kv_dim, hidden));
+    v_proj = add_child("v_proj", linear_layer(kv_dim, hidden));
+    o_proj = add_child("o_proj", linear_layer(hidden, q_dim));
   }
-  std::shared_ptr<Weight> q_proj, k_proj, v_proj, o_proj;
+  std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
 };
 
 class GatedMlp : public Module {
  public:
   GatedMlp(int64_t hidden, int64_t intermediate) {
-    gate_proj = add_child("gate_proj", linear_module(intermediate, hidden));
-    up_proj = add_child("up_proj", linear_module(intermediate, hidden));
-    down_proj = add_child("down_proj", linear_module(hidden, intermediate));
+    gate_proj = add_child("gate_proj", linear_layer(intermediate, hidden));
+    up_proj = add_child("up_proj", linear_layer(intermediate, hidden));
+    down_proj = add_child("down_proj", linear_layer(hidden, intermediate));
   }
   // down(act(gate x) * up x), act = silu or exact gelu
   at::Tensor forward(const at::Tensor& x, bool silu) const {
     auto g = lin(x, gate_proj);
     return lin(silu ? silu_mul(g, lin(x, up_proj)) : at::gelu(g) * lin(x, up_proj), down_proj);
   }
-  std::shared_ptr<Weight> gate_proj, up_proj, down_proj;
+  std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
 };
 
 // ---------------------------------------------------------------------------------- vision
@@ -73,10 +59,10 @@ constexpr double kVisionEps = 1e-5;  // hard-coded in Pixtral (attention_norm, f
 class VisionLayer : public Module {
  public:
   explicit VisionLayer(const Mistral3Config& c) : c_(c) {
-    attention_norm = add_child("attention_norm", norm_module(c.vision_hidden_size));
+    attention_norm = add_child("attention_norm", norm_layer(c.vision_hidden_size));
     attention = add_child("attention", std::make_shared<Projections>(c.vision_hidden_size, c.vision_hidden_size,
                                                                       c.vision_hidden_size));
-    ffn_norm = add_child("ffn_norm", norm_module(c.vision_hidden_size));
+    ffn_norm = add_child("ffn_norm", norm_layer(c.vision_hidden_size));
     feed_forward = add_child("feed_forward", std::make_shared<GatedMlp>(c.vision_hidden_size, c.vision_intermediate_size));
     mark_block();
   }
@@ -98,7 +84,7 @@ class VisionLayer : public Module {
     return h + feed_forward->forward(rms_norm(h, ffn_norm->weight.value, kVisionEps), c_.vision_act == "silu");
   }
 
-  std::shared_ptr<Weight> attention_norm, ffn_norm;
+  std::shared_ptr<Norm> attention_norm, ffn_norm;
   std::shared_ptr<Projections> attention;
   std::shared_ptr<GatedMlp> feed_forward;
 
@@ -109,16 +95,17 @@ class VisionLayer : public Module {
 class VisionTower : public Module {
  public:
   explicit VisionTower(const Mistral3Config& c) {
-    patch_conv = add_child("patch_conv", std::make_shared<Weight>(
-                                             std::vector<int64_t>{c.vision_hidden_size, c.num_channels, c.patch_size, c.patch_size},
-                                             false));
-    ln_pre = add_child("ln_pre", norm_module(c.vision_hidden_size));
+    patch_conv = add_child("patch_conv", std::make_shared<Weight>(std::vector<int64_t>{c.vision_hidden_size, c.num_channels,
+                                                                                    c.patch_size, c.patch_size},
+                                                                at::kBFloat16));
+    ln_pre = add_child("ln_pre", norm_layer(c.vision_hidden_size));
     auto transformer = add_child("transformer", std::make_shared<ModuleGroup>());
     auto layer_list = transformer->add_child("layers", std::make_shared<ModuleGroup>());
     for (int64_t i = 0; i < c.vision_num_layers; ++i)
       layers.push_back(layer_list->add_child(std::to_string(i), std::make_shared<VisionLayer>(c)));
   }
-  std::shared_ptr<Weight> patch_conv, ln_pre;
+  std::shared_ptr<Weight> patch_conv;
+  std::shared_ptr<Norm> ln_pre;
   std::vector<std::shared_ptr<VisionLayer>> layers;
 };
 
@@ -148,20 +135,21 @@ class PatchMerger : public Module {
  public:
   explicit PatchMerger(const Mistral3Config& c) {
     const int64_t m = c.spatial_merge_size;
-    merging_layer = add_child("merging_layer", linear_module(c.vision_hidden_size, c.vision_hidden_size * m * m));
+    merging_layer = add_child("merging_layer", linear_layer(c.vision_hidden_size, c.vision_hidden_size * m * m));
   }
-  std::shared_ptr<Weight> merging_layer;
+  std::shared_ptr<Linear> merging_layer;
 };
 
 class Projector : public Module {
  public:
   explicit Projector(const Mistral3Config& c) {
-    norm = add_child("norm", norm_module(c.vision_hidden_size));
+    norm = add_child("norm", norm_layer(c.vision_hidden_size));
     patch_merger = add_child("patch_merger", std::make_shared<PatchMerger>(c));
-    linear_1 = add_child("linear_1", linear_module(c.hidden_size, c.vision_hidden_size));
-    linear_2 = add_child("linear_2", linear_module(c.hidden_size, c.hidden_size));
+    linear_1 = add_child("linear_1", linear_layer(c.hidden_size, c.vision_hidden_size));
+    linear_2 = add_child("linear_2", linear_layer(c.hidden_size, c.hidden_size));
   }
-  std::shared_ptr<Weight> norm, linear_1, linear_2;
+  std::shared_ptr<Norm> norm;
+  std::shared_ptr<Linear> linear_1, linear_2;
   std::shared_ptr<PatchMerger> patch_merger;
 };
 
@@ -170,10 +158,10 @@ class Projector : public Module {
 class TextLayer : public Module {
  public:
   explicit TextLayer(const Mistral3Config& c) : c_(c) {
-    input_layernorm = add_child("input_layernorm", norm_module(c.hidden_size));
+    input_layernorm = add_child("input_layernorm", norm_layer(c.hidden_size));
     self_attn = add_child("self_attn", std::make_shared<Projections>(c.hidden_size, c.num_heads * c.head_dim,
                                                                       c.num_kv_heads * c.head_dim));
-    post_attention_layernorm = add_child("post_attention_layernorm", norm_module(c.hidden_size));
+    post_attention_layernorm = add_child("post_attention_layernorm", norm_layer(c.hidden_size));
     mlp = add_child("mlp", std::make_shared<GatedMlp>(c.hidden_size, c.intermediate_size));
     mark_block();
   }
@@ -191,7 +179,7 @@ class TextLayer : public Module {
     return h + mlp->forward(rms_norm(h, post_attention_layernorm->weight.value, c_.rms_norm_eps), /*silu=*/true);
   }
 
-  std::shared_ptr<Weight> input_layernorm, post_attention_layernorm;
+  std::shared_ptr<Norm> input_layernorm, post_attention_layernorm;
   std::shared_ptr<Projections> self_attn;
   std::shared_ptr<GatedMlp> mlp;
 
@@ -208,12 +196,12 @@ class Mistral3Model : public Model, public ContextParallelModel {
     vision = model->add_child("vision_tower", std::make_shared<VisionTower>(c));
     projector = model->add_child("multi_modal_projector", std::make_shared<Projector>(c));
     auto text = model->add_child("language_model", std::make_shared<ModuleGroup>());
-    embed_tokens = text->add_child("embed_tokens", linear_module(c.vocab_size, c.hidden_size));
+    embed_tokens = text->add_child("embed_tokens", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, at::kBFloat16));
     auto layer_list = text->add_child("layers", std::make_shared<ModuleGroup>());
     for (int64_t i = 0; i < c.num_layers; ++i)
       layers.push_back(layer_list->add_child(std::to_string(i), std::make_shared<TextLayer>(c)));
-    norm = text->add_child("norm", norm_module(c.hidden_size));
-    lm_head = add_child("lm_head", linear_module(c.vocab_size, c.hidden_size));
+    norm = text->add_child("norm", norm_layer(c.hidden_size));
+    lm_head = add_child("lm_head", linear_layer(c.vocab_size, c.hidden_size));
     if (c.freeze_vision) {
       for (auto& [name, p] : vision->named_parameters()) p->requires_grad = false;
       for (auto& [name, p] : projector->named_parameters()) p->requires_grad = false;
@@ -289,11 +277,7 @@ class Mistral3Model : public Model, public ContextParallelModel {
     auto h = seq->take(embeds.reshape({T, c.hidden_size}));
 
     // RoPE tables in fp32, [T_loc, hd]; cast to the activation dtype in apply_rope.
-    auto exponents = at::arange(0, c.head_dim, 2, input_ids.options()).to(at::kFloat) / static_cast<double>(c.head_dim);
-    auto inv_freq = 1.0 / at::pow(c.rope_theta, exponents);
-    auto angles = seq->take(positions.reshape({T})).to(at::kFloat).unsqueeze(-1) * inv_freq;
-    auto emb = at::cat({angles, angles}, -1);
-    auto cos = emb.cos(), sin = emb.sin();
+    const auto [cos, sin] = rope_tables(seq->take(positions.reshape({T})), c.head_dim, c.rope_theta);
 
     for (auto& layer : layers) {
       auto layer_ptr = layer;  // may run again in backward (recompute): capture by value
@@ -457,7 +441,9 @@ class Mistral3Model : public Model, public ContextParallelModel {
   std::shared_ptr<const ContextParallel> cp_;  // set by the parallelize chain; null: no split
   std::shared_ptr<VisionTower> vision;
   std::shared_ptr<Projector> projector;
-  std::shared_ptr<Weight> embed_tokens, norm, lm_head;
+  std::shared_ptr<Embedding> embed_tokens;
+  std::shared_ptr<Norm> norm;
+  std::shared_ptr<Linear> lm_head;
   std::vector<std::shared_ptr<TextLayer>> layers;
 };
 

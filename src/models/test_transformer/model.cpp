@@ -2,51 +2,34 @@
 
 #include "core/error.h"
 #include "models/config_check.h"
+#include "nn/layers.h"
 #include "nn/ops.h"
-
 
 namespace mmtrain {
 namespace {
 
-class Norm : public Module {
- public:
-  explicit Norm(int64_t dim) : weight(add_param("weight", {dim})) {
-    weight.init_normal = false;
-    weight.init_constant = 1.0;
-  }
-  Param& weight;
-};
-
-class Linear : public Module {
- public:
-  Linear(int64_t out_features, int64_t in_features) : weight(add_param("weight", {out_features, in_features})) {}
-  Param& weight;
-};
-
-class Embedding : public Module {
- public:
-  Embedding(int64_t vocab, int64_t dim) : weight(add_param("weight", {vocab, dim})) {}
-  Param& weight;
-};
+// The test transformer's checkpoint is fp32 throughout.
+std::shared_ptr<Linear> linear_layer(int64_t out, int64_t in) { return std::make_shared<Linear>(out, in, at::kFloat); }
+std::shared_ptr<Norm> norm_layer(int64_t width) { return std::make_shared<Norm>(width, at::kFloat, NormInit::one); }
 
 class Attention : public Module {
  public:
   explicit Attention(const TestTransformerConfig& c)
       : head_dim_(c.hidden_size / c.num_heads), heads_(c.num_heads), kv_heads_(c.num_kv_heads) {
-    wq = add_child("wq", std::make_shared<Linear>(heads_ * head_dim_, c.hidden_size));
-    wk = add_child("wk", std::make_shared<Linear>(kv_heads_ * head_dim_, c.hidden_size));
-    wv = add_child("wv", std::make_shared<Linear>(kv_heads_ * head_dim_, c.hidden_size));
-    wo = add_child("wo", std::make_shared<Linear>(c.hidden_size, heads_ * head_dim_));
+    wq = add_child("wq", linear_layer(heads_ * head_dim_, c.hidden_size));
+    wk = add_child("wk", linear_layer(kv_heads_ * head_dim_, c.hidden_size));
+    wv = add_child("wv", linear_layer(kv_heads_ * head_dim_, c.hidden_size));
+    wo = add_child("wo", linear_layer(c.hidden_size, heads_ * head_dim_));
   }
   // x [B,S,H], cos/sin [S,hd] -> [B,S,H]
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
     const int64_t b = x.size(0), s = x.size(1);
-    auto q = apply_rope(linear(x, wq->weight).view({b, s, heads_, head_dim_}), cos, sin);
-    auto k = apply_rope(linear(x, wk->weight).view({b, s, kv_heads_, head_dim_}), cos, sin);
-    auto v = linear(x, wv->weight).view({b, s, kv_heads_, head_dim_});
+    auto q = apply_rope(wq->forward(x).view({b, s, heads_, head_dim_}), cos, sin);
+    auto k = apply_rope(wk->forward(x).view({b, s, kv_heads_, head_dim_}), cos, sin);
+    auto v = wv->forward(x).view({b, s, kv_heads_, head_dim_});
     auto out = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                 {}, 0.0, /*is_causal=*/true, std::nullopt, /*enable_gqa=*/true);
-    return linear(out.transpose(1, 2).reshape({b, s, heads_ * head_dim_}), wo->weight);
+    return wo->forward(out.transpose(1, 2).reshape({b, s, heads_ * head_dim_}));
   }
   std::shared_ptr<Linear> wq, wk, wv, wo;
 
@@ -57,9 +40,9 @@ class Attention : public Module {
 class Mlp : public Module {
  public:
   explicit Mlp(const TestTransformerConfig& c) {
-    w1 = add_child("w1", std::make_shared<Linear>(c.ffn_hidden_size, c.hidden_size));
-    w3 = add_child("w3", std::make_shared<Linear>(c.ffn_hidden_size, c.hidden_size));
-    w2 = add_child("w2", std::make_shared<Linear>(c.hidden_size, c.ffn_hidden_size));
+    w1 = add_child("w1", linear_layer(c.ffn_hidden_size, c.hidden_size));
+    w3 = add_child("w3", linear_layer(c.ffn_hidden_size, c.hidden_size));
+    w2 = add_child("w2", linear_layer(c.hidden_size, c.ffn_hidden_size));
   }
   at::Tensor forward(const at::Tensor& x) { return swiglu_mlp(x, w1->weight.value, w3->weight.value, w2->weight.value); }
   std::shared_ptr<Linear> w1, w3, w2;
@@ -68,9 +51,9 @@ class Mlp : public Module {
 class Layer : public Module {
  public:
   explicit Layer(const TestTransformerConfig& c) : eps_(c.rms_norm_eps) {
-    attn_norm = add_child("attn_norm", std::make_shared<Norm>(c.hidden_size));
+    attn_norm = add_child("attn_norm", norm_layer(c.hidden_size));
     attn = add_child("attn", std::make_shared<Attention>(c));
-    mlp_norm = add_child("mlp_norm", std::make_shared<Norm>(c.hidden_size));
+    mlp_norm = add_child("mlp_norm", norm_layer(c.hidden_size));
     mlp = add_child("mlp", std::make_shared<Mlp>(c));
     mark_block();
   }
@@ -98,10 +81,10 @@ class LayerList : public Module {
 class TestTransformer : public Model {
  public:
   explicit TestTransformer(const TestTransformerConfig& c) : config_(c) {
-    embed = add_child("embed", std::make_shared<Embedding>(c.vocab_size, c.hidden_size));
+    embed = add_child("embed", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, at::kFloat));
     layers = add_child("layers", std::make_shared<LayerList>(c));
-    norm = add_child("norm", std::make_shared<Norm>(c.hidden_size));
-    lm_head = add_child("lm_head", std::make_shared<Linear>(c.vocab_size, c.hidden_size));
+    norm = add_child("norm", norm_layer(c.hidden_size));
+    lm_head = add_child("lm_head", linear_layer(c.vocab_size, c.hidden_size));
   }
 
   // batch["tokens"] [B, S+1] int64: predicts tokens[:, 1:] from tokens[:, :-1].
@@ -118,7 +101,7 @@ class TestTransformer : public Model {
         return layer->forward(in[0], in[1], in[2]);
       });
     }
-    auto logits = linear(rms_norm(x, norm->weight.value, config_.rms_norm_eps), lm_head->weight);
+    auto logits = lm_head->forward(rms_norm(x, norm->weight.value, config_.rms_norm_eps));
     ModelOutput out;
     out.loss = at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, config_.vocab_size}),
                                       labels.reshape({-1}));
