@@ -54,6 +54,18 @@ bool ParamMap::get_bool(const std::string& key, bool fallback) const {
   return v->get<bool>();
 }
 
+std::vector<int64_t> ParamMap::get_int_list(const std::string& key, const std::vector<int64_t>& fallback) const {
+  const auto* v = value(key);
+  if (!v) return fallback;
+  if (!v->is_array()) type_error(key, "a list of integers");
+  std::vector<int64_t> out;
+  for (const auto& item : *v) {
+    if (!item.is_number_integer()) type_error(key, "a list of integers");
+    out.push_back(item.get<int64_t>());
+  }
+  return out;
+}
+
 ParamMap ParamMap::child(const std::string& key) const {
   const auto* v = value(key);
   if (v && !v->is_object()) type_error(key, "a map");

@@ -1,5 +1,5 @@
 // Reading a free-form YAML map that a component checks itself (data.dataset_param, a collator's
-// data.dataloader_param.collate_param; kept as JSON by the config loader): typed lookups with
+// data.dataloader_param.collate_param, a model's model.config; kept as JSON by the config loader): typed lookups with
 // defaults and unknown-key checks, every error naming the full key
 // (data.dataset_param.basic_parameters.cutoff_len) and the component that reads it.
 #pragma once
@@ -24,6 +24,8 @@ class ParamMap {
   int64_t get_int(const std::string& key, int64_t fallback) const;
   double get_double(const std::string& key, double fallback) const;
   bool get_bool(const std::string& key, bool fallback) const;
+  std::vector<int64_t> get_int_list(const std::string& key, const std::vector<int64_t>& fallback) const;
+  const nlohmann::json& raw() const { return map_; }  // the map itself
   // The sub-map at key (an empty map when absent).
   ParamMap child(const std::string& key) const;
   // Fails on the first key not in `known`, with a did-you-mean and the known list.

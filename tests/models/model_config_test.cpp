@@ -58,5 +58,28 @@ TEST(ModelConfig, ZeroSizesAreErrorsNamingTheKey) {
   }
 }
 
+// The three config readers share core/param_map: an unknown key is refused with a did-you-mean,
+// a wrong type names the key and what it expected.
+TEST(ModelConfig, UnknownKeysAndWrongTypesAreNamed) {
+  const std::pair<std::string, std::string> typos[] = {
+      {"test_transformer", "/num_head"}, {"magihuman", "/num_layer"}, {"mistral3", "/text_config/vocab_sise"}};
+  for (const auto& m : kModels)
+    for (const auto& [model, pointer] : typos) {
+      if (model != m.model) continue;
+      auto config = m.config;
+      config[nlohmann::json::json_pointer(pointer)] = 1;
+      const auto message = testing::error_of([&] { model_spec(m.model).build(config); });
+      EXPECT_CONTAINS(message, "unknown key for " + m.model + " (did you mean '") << message;
+    }
+  auto magihuman = kModels[1].config;
+  magihuman["mm_layers"] = "all";
+  EXPECT_CONTAINS(testing::error_of([&] { model_spec("magihuman").build(magihuman); }),
+                  "model.config.mm_layers: expected a list of integers, found \"all\"");
+  auto mistral3 = kModels[2].config;
+  mistral3["text_config"]["hidden_size"] = 64.5;
+  EXPECT_CONTAINS(testing::error_of([&] { model_spec("mistral3").build(mistral3); }),
+                  "model.config.text_config.hidden_size: expected an integer, found 64.5");
+}
+
 }  // namespace
 }  // namespace mmtrain

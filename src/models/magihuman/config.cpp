@@ -1,6 +1,7 @@
 #include "models/magihuman/config.h"
 
 #include "core/error.h"
+#include "core/param_map.h"
 #include "core/text.h"
 #include "models/magihuman/hf_adapter.h"
 #include "models/config_check.h"
@@ -12,34 +13,23 @@ namespace mmtrain::magihuman {
 
 MagiHumanConfig MagiHumanConfig::from_json(const nlohmann::json& j) {
   MagiHumanConfig c;
-  static const std::vector<std::string> known = {
-      "num_layers",        "hidden_size",       "head_dim",      "num_query_groups", "video_in_channels",
-      "audio_in_channels", "text_in_channels",  "mm_layers",     "gelu7_layers",     "enable_attn_gating",
-      "norm_eps",          "deinterleave_mlp",  "fused_ops"};
-  for (auto it = j.begin(); it != j.end(); ++it)
-    if (std::find(known.begin(), known.end(), it.key()) == known.end())
-      fail("model.config: unknown key '", it.key(), "' for magihuman");
-  auto get = [&](const char* key, auto& field) {
-    if (!j.contains(key)) return;
-    try {
-      field = j.at(key).get<std::decay_t<decltype(field)>>();
-    } catch (const nlohmann::json::exception&) {
-      fail("model.config.", key, ": wrong type (", j.at(key).dump(), ")");
-    }
-  };
-  get("num_layers", c.num_layers);
-  get("hidden_size", c.hidden_size);
-  get("head_dim", c.head_dim);
-  get("num_query_groups", c.num_query_groups);
-  get("video_in_channels", c.video_in_channels);
-  get("audio_in_channels", c.audio_in_channels);
-  get("text_in_channels", c.text_in_channels);
-  get("mm_layers", c.mm_layers);
-  get("gelu7_layers", c.gelu7_layers);
-  get("enable_attn_gating", c.enable_attn_gating);
-  get("norm_eps", c.norm_eps);
-  get("deinterleave_mlp", c.deinterleave_mlp);
-  get("fused_ops", c.fused_ops);
+  const ParamMap m(j, "model.config", "magihuman");
+  m.check_known_keys({"num_layers", "hidden_size", "head_dim", "num_query_groups", "video_in_channels",
+                      "audio_in_channels", "text_in_channels", "mm_layers", "gelu7_layers", "enable_attn_gating",
+                      "norm_eps", "deinterleave_mlp", "fused_ops"});
+  c.num_layers = m.get_int("num_layers", c.num_layers);
+  c.hidden_size = m.get_int("hidden_size", c.hidden_size);
+  c.head_dim = m.get_int("head_dim", c.head_dim);
+  c.num_query_groups = m.get_int("num_query_groups", c.num_query_groups);
+  c.video_in_channels = m.get_int("video_in_channels", c.video_in_channels);
+  c.audio_in_channels = m.get_int("audio_in_channels", c.audio_in_channels);
+  c.text_in_channels = m.get_int("text_in_channels", c.text_in_channels);
+  c.mm_layers = m.get_int_list("mm_layers", c.mm_layers);
+  c.gelu7_layers = m.get_int_list("gelu7_layers", c.gelu7_layers);
+  c.enable_attn_gating = m.get_bool("enable_attn_gating", c.enable_attn_gating);
+  c.norm_eps = m.get_double("norm_eps", c.norm_eps);
+  c.deinterleave_mlp = m.get_bool("deinterleave_mlp", c.deinterleave_mlp);
+  c.fused_ops = m.get_bool("fused_ops", c.fused_ops);
   require_at_least("num_layers", c.num_layers);
   require_at_least("hidden_size", c.hidden_size);
   require_at_least("head_dim", c.head_dim);

@@ -1,6 +1,7 @@
 #include "models/test_transformer/model.h"
 
 #include "core/error.h"
+#include "core/param_map.h"
 #include "models/config_check.h"
 #include "nn/layers.h"
 #include "nn/ops.h"
@@ -136,24 +137,17 @@ class TestTransformer : public Model {
 
 TestTransformerConfig TestTransformerConfig::from_json(const nlohmann::json& j) {
   TestTransformerConfig c;
-  static const char* known[] = {"vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                                "ffn_hidden_size", "rope_theta", "rms_norm_eps"};
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    bool ok = false;
-    for (const char* k : known) ok = ok || it.key() == k;
-    if (!ok) fail("model.config: unknown key '", it.key(), "' for test_transformer");
-  }
-  auto get = [&](const char* key, auto& field) {
-    if (j.contains(key)) field = j.at(key).get<std::decay_t<decltype(field)>>();
-  };
-  get("vocab_size", c.vocab_size);
-  get("hidden_size", c.hidden_size);
-  get("num_layers", c.num_layers);
-  get("num_heads", c.num_heads);
-  get("num_kv_heads", c.num_kv_heads);
-  get("ffn_hidden_size", c.ffn_hidden_size);
-  get("rope_theta", c.rope_theta);
-  get("rms_norm_eps", c.rms_norm_eps);
+  const ParamMap m(j, "model.config", "test_transformer");
+  m.check_known_keys({"vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_hidden_size",
+                      "rope_theta", "rms_norm_eps"});
+  c.vocab_size = m.get_int("vocab_size", c.vocab_size);
+  c.hidden_size = m.get_int("hidden_size", c.hidden_size);
+  c.num_layers = m.get_int("num_layers", c.num_layers);
+  c.num_heads = m.get_int("num_heads", c.num_heads);
+  c.num_kv_heads = m.get_int("num_kv_heads", c.num_kv_heads);
+  c.ffn_hidden_size = m.get_int("ffn_hidden_size", c.ffn_hidden_size);
+  c.rope_theta = m.get_double("rope_theta", c.rope_theta);
+  c.rms_norm_eps = m.get_double("rms_norm_eps", c.rms_norm_eps);
   for (const auto& [key, value] : {std::pair<const char*, int64_t>{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
                                    {"num_layers", c.num_layers}, {"num_heads", c.num_heads},
                                    {"num_kv_heads", c.num_kv_heads}, {"ffn_hidden_size", c.ffn_hidden_size}})
