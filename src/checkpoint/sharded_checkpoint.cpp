@@ -1,10 +1,10 @@
 #include "checkpoint/sharded_checkpoint.h"
 
-#include "checkpoint/atomic_file.h"
 #include "core/crc32c.h"
 #include "core/error.h"
 #include "core/json_read.h"
 #include "core/text.h"
+#include "io/atomic_file.h"
 
 #include <fcntl.h>
 #include <stdio.h>  // renameat2

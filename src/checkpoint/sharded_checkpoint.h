@@ -7,8 +7,8 @@
 // any dim but 0, async saves, filesystems that are not shared by all ranks. docs/checkpoint_format.md
 // describes the format for people and for Python.
 #pragma once
-#include "checkpoint/safetensors.h"
 #include "dist/comm.h"
+#include "io/safetensors.h"
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>

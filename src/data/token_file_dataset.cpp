@@ -2,11 +2,11 @@
 // "causal_lm" collator: stacks samples into batch["tokens"] [B, S]. Generic pre-tokenized LM
 // data, used by the engine's test model and the benchmarks. `mmtrain fixture tokens` writes such
 // a file.
-#include "checkpoint/safetensors.h"
 #include "core/cli_command.h"
 #include "core/error.h"
 #include "core/param_map.h"
 #include "data/dataset.h"
+#include "io/safetensors.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <CLI/CLI.hpp>

@@ -1,6 +1,7 @@
 #include "nn/attention.h"
 
 #include "core/error.h"
+#include "nn/sequence_split.h"
 
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -195,12 +196,8 @@ AttentionOutput attention_segments(const at::Tensor& q, const at::Tensor& k, con
 
 AttentionOutput varlen_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const std::vector<int64_t>& cu_seqlens, bool causal) {
-  if (cu_seqlens.size() < 2 || cu_seqlens.front() != 0 || cu_seqlens.back() != q.size(0) ||
-      cu_seqlens.back() != k.size(0))
-    fail("varlen attention: cu_seqlens must run from 0 to T = ", q.size(0), " (q and k rows), got ",
-         cu_seqlens.size(), " entries ending at ", cu_seqlens.empty() ? -1 : cu_seqlens.back());
-  for (size_t i = 1; i < cu_seqlens.size(); ++i)
-    if (cu_seqlens[i] < cu_seqlens[i - 1]) fail("varlen attention: cu_seqlens decreases at entry ", i);
+  if (q.size(0) != k.size(0)) fail("varlen attention: q has ", q.size(0), " rows and k ", k.size(0), ", expected the same");
+  check_cu_seqlens(cu_seqlens, q.size(0), "varlen attention");
   return attention_segments(q, k, v, sample_segments(cu_seqlens, causal));
 }
 

@@ -15,7 +15,7 @@
 //   fused_gelu7(u [N, W])                                  -> [N, W] fp32; grad du
 //   fused_partial_rope(x [N, H, hd], rope [N, 6B])         -> [N, H, hd] fp32; grads dx, drope
 //   fused_silu_mul(g [..], u [..] same shape)              -> silu(g) * u in g's dtype; grads dg, du
-// Exactness against the references, fp32 and bf16 inputs (tests/magihuman/fused_ops_test.cpp,
+// Exactness against the references, fp32 and bf16 inputs (tests/nn/fused_magihuman_ops_test.cpp,
 // tests/nn/fused_llama_ops_test.cpp, docs/fused_ops.md):
 //   rms_norm_1p, rms_norm: forward bitwise in fp32 (ATen's own mean on cache-resident blocks, ATen's
 //     rsqrt; bf16: one rounding where the Llama reference rounds the normalized x first); backward is

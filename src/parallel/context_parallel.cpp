@@ -162,12 +162,23 @@ ContextParallel::ContextParallel(std::shared_ptr<Comm> ring, std::shared_ptr<Com
          cp_->world_size());
 }
 
+void check_ulysses_heads(const std::vector<AttentionHeads>& heads, int ulysses) {
+  const int64_t u = ulysses;
+  for (const auto& h : heads) {
+    if (h.query % u != 0)
+      fail("parallel.ulysses_parallel_size: ", u, " does not divide the ", h.query, " query heads of ", h.query_key);
+    if (h.key_value % u != 0 && u % h.key_value != 0)
+      fail("parallel.ulysses_parallel_size: ", u, " and the ", h.key_value, " KV heads of ", h.key_value_key,
+           ": neither divides the other");
+  }
+}
+
+std::shared_ptr<const SequenceSplit> ContextParallel::split(std::vector<int64_t> cu_seqlens, bool causal) const {
+  return shard(std::move(cu_seqlens), causal);
+}
+
 std::shared_ptr<const SequenceShard> ContextParallel::shard(std::vector<int64_t> cu_seqlens, bool causal) const {
-  if (cu_seqlens.size() < 2 || cu_seqlens.front() != 0)
-    fail("context parallel: cu_seqlens must start at 0 and hold at least one sample, got ", cu_seqlens.size(),
-         " entries");
-  for (size_t i = 1; i < cu_seqlens.size(); ++i)
-    if (cu_seqlens[i] < cu_seqlens[i - 1]) fail("context parallel: cu_seqlens decreases at entry ", i);
+  check_cu_seqlens(cu_seqlens, cu_seqlens.empty() ? 0 : cu_seqlens.back(), "context parallel");
   auto s = std::shared_ptr<SequenceShard>(new SequenceShard());
   s->cu_seqlens_ = std::move(cu_seqlens);
   s->ring_ = ring_;
@@ -194,21 +205,7 @@ std::shared_ptr<const SequenceShard> ContextParallel::shard(std::vector<int64_t>
   return s;
 }
 
-std::shared_ptr<const SequenceShard> SequenceShard::whole(std::vector<int64_t> cu_seqlens) {
-  if (cu_seqlens.size() < 2 || cu_seqlens.front() != 0)
-    fail("sequence: cu_seqlens must start at 0 and hold at least one sample, got ", cu_seqlens.size(), " entries");
-  auto s = std::shared_ptr<SequenceShard>(new SequenceShard());
-  s->cu_seqlens_ = std::move(cu_seqlens);
-  s->padded_rows_ = s->cu_seqlens_.back();
-  s->ring_chunks_ = {{{0, s->padded_rows_}}};
-  for (int64_t i = 0; i < s->padded_rows_; ++i) s->local_index_.push_back(i);
-  return s;
-}
-
-int SequenceShard::size() const { return cp_ ? cp_->world_size() : 1; }
-
 at::Tensor SequenceShard::take(const at::Tensor& full, double pad_value) const {
-  if (!is_split()) return full;
   const int64_t total = total_rows();
   if (full.dim() == 0 || full.size(0) != total)
     fail("context parallel: expected a tensor of ", total, " rows (the packed stream) to split, got ", full.sizes());
@@ -249,18 +246,14 @@ std::vector<AttentionSegment> SequenceShard::ring_segments(int mine, int source,
 
 at::Tensor SequenceShard::attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     bool causal) const {
-  if (!is_split()) return varlen_attention(q, k, v, cu_seqlens_, causal).out;
   if (q.size(0) != local_rows() || k.size(0) != local_rows())
     fail("context parallel attention: expected ", local_rows(), " local rows, got q ", q.sizes(), ", k ", k.sizes());
-  const int64_t U = ulysses_->world_size(), heads = q.size(1), kv_heads = k.size(1);
+  const int64_t U = ulysses_->world_size(), kv_heads = k.size(1);
   at::Tensor qh = q, kh = k, vh = v;
   if (U > 1) {
-    if (heads % U != 0)
-      fail("context parallel: ", heads, " query heads are not divisible by the Ulysses degree ", U);
+    check_ulysses_heads({{q.size(1), kv_heads, "q", "k"}}, static_cast<int>(U));
     if (kv_heads % U != 0) {
       // Fewer KV heads than Ulysses ranks: each rank gets a copy of the KV head its q heads use.
-      if (U % kv_heads != 0)
-        fail("context parallel: ", kv_heads, " KV heads and Ulysses degree ", U, ": neither divides the other");
       kh = k.repeat_interleave(U / kv_heads, 1);
       vh = v.repeat_interleave(U / kv_heads, 1);
     }
@@ -282,12 +275,10 @@ at::Tensor SequenceShard::attention(const at::Tensor& q, const at::Tensor& k, co
 }
 
 at::Tensor SequenceShard::sum(const at::Tensor& local) const {
-  if (!is_split()) return local;
   return GroupSum::apply(local, capsule(cp_));
 }
 
 int64_t SequenceShard::sum(int64_t local) const {
-  if (!is_split()) return local;
   return static_cast<int64_t>(cp_->all_reduce_sum(static_cast<double>(local)));
 }
 

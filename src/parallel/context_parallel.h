@@ -18,8 +18,8 @@
 //     log-sum-exp; backward sends the blocks around again with their dK/dV, which arrive back at
 //     their owner complete. Segments never join rows of different samples, on any step.
 //   Hybrid: Ulysses inside, ring across (USP).
-// Without context parallelism (SequenceShard::whole) the split is the identity and attention is
-// varlen_attention, so a model has one code path.
+// Without context parallelism a model runs the whole sequence (nn/sequence_split.h,
+// whole_sequence), so a model has one code path and never includes this file.
 //
 // Gradients: a rank's loss is the global one (sums and counts over the CP group), but its graph
 // holds only its own rows, so its parameter grads are its share; FSDP adds the shares, since it
@@ -27,6 +27,7 @@
 #pragma once
 #include "dist/comm.h"
 #include "nn/attention.h"
+#include "nn/sequence_split.h"
 
 #include <memory>
 #include <vector>
@@ -34,27 +35,23 @@
 namespace mmtrain {
 
 class SequenceShard;
-class ContextParallel;
 
-// A model that can run under context parallelism: it splits its packed sequence with the
-// ContextParallel it is given (parallel/parallelize.h hands it over) and checks that it can (the
-// Ulysses degree against its heads), failing naming the key.
-class ContextParallelModel {
- public:
-  virtual ~ContextParallelModel() = default;
-  virtual void use_context_parallel(std::shared_ptr<const ContextParallel> cp) = 0;
-};
+// The Ulysses rule, the one place it is written: the degree must divide the query heads, and
+// divide or be divided by the KV heads (fewer KV heads than ranks are replicated, as MindSpeed
+// does). Fails naming the config key of the heads that break it.
+void check_ulysses_heads(const std::vector<AttentionHeads>& heads, int ulysses);
 
-class ContextParallel {
+class ContextParallel : public SequenceSplitter {
  public:
   // ring, ulysses: this rank's groups; cp: their product (the ranks that share one sample stream).
   ContextParallel(std::shared_ptr<Comm> ring, std::shared_ptr<Comm> ulysses, std::shared_ptr<Comm> cp);
 
-  int size() const { return cp_->world_size(); }
+  int ways() const override { return cp_->world_size(); }
   int ring_size() const { return ring_->world_size(); }
   int ulysses_size() const { return ulysses_->world_size(); }
   // The split of a packed stream with samples at cu_seqlens (from 0 to T); causal attention
   // takes the zigzag ring chunks.
+  std::shared_ptr<const SequenceSplit> split(std::vector<int64_t> cu_seqlens, bool causal) const override;
   std::shared_ptr<const SequenceShard> shard(std::vector<int64_t> cu_seqlens, bool causal) const;
 
   const std::shared_ptr<Comm>& ring() const { return ring_; }
@@ -65,34 +62,31 @@ class ContextParallel {
   std::shared_ptr<Comm> ring_, ulysses_, cp_;
 };
 
-class SequenceShard {
+class SequenceShard : public SequenceSplit {
  public:
-  // No split: every row local, attention = varlen_attention.
-  static std::shared_ptr<const SequenceShard> whole(std::vector<int64_t> cu_seqlens);
-
-  bool is_split() const { return cp_ != nullptr; }
-  int size() const;                      // ranks the stream is split over (1 when whole)
+  bool is_split() const override { return true; }
+  int size() const { return cp_->world_size(); }               // ranks the stream is split over
   int64_t total_rows() const { return cu_seqlens_.back(); }  // T, without padding
   int64_t padded_rows() const { return padded_rows_; }       // T_pad
-  int64_t local_rows() const { return static_cast<int64_t>(local_index_.size()); }
+  int64_t local_rows() const override { return static_cast<int64_t>(local_index_.size()); }
   const std::vector<int64_t>& cu_seqlens() const { return cu_seqlens_; }
   // Global row of each local row; rows >= T are padding.
   const std::vector<int64_t>& local_index() const { return local_index_; }
 
   // full [T, ...] -> this rank's rows [local_rows, ...] (differentiable); padding rows hold
-  // pad_value. The identity when whole.
-  at::Tensor take(const at::Tensor& full, double pad_value = 0) const;
+  // pad_value.
+  at::Tensor take(const at::Tensor& full, double pad_value = 0) const override;
   // [local_rows] bool on device: true on real rows, false on padding.
   at::Tensor real_mask(at::Device device) const;
 
   // Attention of local q [T_loc, Hq, d] to local k, v [T_loc, Hkv, d] within each sample.
-  at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) const;
+  at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) const override;
 
   // Σ over the CP group of a scalar, every rank getting the total; autograd passes through this
-  // rank's own value (its grads are its share). The identity when whole.
-  at::Tensor sum(const at::Tensor& local) const;
+  // rank's own value (its grads are its share).
+  at::Tensor sum(const at::Tensor& local) const override;
   // Σ over the CP group of a count.
-  int64_t sum(int64_t local) const;
+  int64_t sum(int64_t local) const override;
 
  private:
   friend class ContextParallel;
@@ -111,7 +105,7 @@ class SequenceShard {
   int64_t padded_rows_ = 0;
   std::vector<int64_t> local_index_;
   std::vector<std::vector<Piece>> ring_chunks_;  // per ring rank, its pieces in order
-  std::shared_ptr<Comm> ring_, ulysses_, cp_;     // null when whole
+  std::shared_ptr<Comm> ring_, ulysses_, cp_;
 };
 
 }  // namespace mmtrain

@@ -15,10 +15,11 @@ ParallelizePlan parallelize_plan(const ParallelConfig& parallel, const FeaturesC
 
 std::unique_ptr<Fsdp> parallelize(Module& model, const ParallelizePlan& plan, const DeviceMesh& mesh) {
   if (mesh.shape().cp() > 1) {
-    auto* target = dynamic_cast<ContextParallelModel*>(&model);
+    auto* target = dynamic_cast<SplitsSequence*>(&model);
     if (!target)
       fail("parallel.ring_attention_size / ulysses_parallel_size: this model does not support context parallelism");
-    target->use_context_parallel(std::make_shared<ContextParallel>(mesh.ring(), mesh.ulysses(), mesh.cp()));
+    check_ulysses_heads(target->attention_heads(), mesh.shape().ulysses);
+    target->use_sequence_splitter(std::make_shared<ContextParallel>(mesh.ring(), mesh.ulysses(), mesh.cp()));
   }
   apply_recompute(model, plan.recompute_modules);
   return std::make_unique<Fsdp>(model, mesh.fsdp(), plan.fsdp, mesh.world()->device(),

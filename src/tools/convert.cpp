@@ -1,8 +1,8 @@
 #include "tools/convert.h"
 
-#include "checkpoint/safetensors.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "core/error.h"
+#include "io/safetensors.h"
 #include "models/model_spec.h"
 #include "tools/command.h"
 #include "train/config.h"

@@ -31,9 +31,8 @@ void measure_cp_attention(const CpAttentionBench& o) {
   shape.ulysses = o.ulysses;
   const DeviceMesh mesh = world == 1 ? DeviceMesh::single(runtime.comm)
                                      : DeviceMesh(shape, runtime.comm, runtime.store, runtime.device);
-  std::shared_ptr<ContextParallel> cp;
-  if (world > 1) cp = std::make_shared<ContextParallel>(mesh.ring(), mesh.ulysses(), mesh.cp());
-  const auto shard = cp ? cp->shard({0, o.seqlen}, o.causal) : SequenceShard::whole({0, o.seqlen});
+  const auto shard = world > 1 ? ContextParallel(mesh.ring(), mesh.ulysses(), mesh.cp()).split({0, o.seqlen}, o.causal)
+                               : whole_sequence({0, o.seqlen});
 
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1 + mesh.rank());
   const int64_t rows = shard->local_rows();

@@ -4,9 +4,9 @@
 // the initial weights, forward_backward) for one forward + backward.
 #include "tools/debug.h"
 
-#include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "core/text.h"
+#include "io/safetensors.h"
 #include "tools/command.h"
 #include "tools/debug_image.h"
 #include "tools/tokenize.h"

@@ -2,10 +2,10 @@
 // debug_image.h.
 #include "tools/debug_image.h"
 
-#include "checkpoint/safetensors.h"
 #include "data/image/image_decode.h"
 #include "data/image/pil_resize.h"
 #include "data/image/pixtral_image.h"
+#include "io/safetensors.h"
 
 #include <filesystem>
 #include <utility>

@@ -1,9 +1,9 @@
 #include "tools/fixture.h"
 
-#include "checkpoint/safetensors.h"
 #include "core/cli_command.h"
 #include "core/error.h"
 #include "core/random.h"
+#include "io/safetensors.h"
 #include "models/model_spec.h"
 #include "tools/command.h"
 #include "train/config.h"

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/json_read.h"
+#include "core/regular_file.h"
 #include "core/statistics.h"
 #include "core/text.h"
 #include "tools/command.h"
@@ -187,6 +188,7 @@ std::vector<LogRecord> parse_training_log(std::istream& in, const std::string& s
 }
 
 std::vector<LogRecord> parse_training_log_file(const std::string& path) {
+  require_regular_file(path, "training log '" + path + "'", "a metrics.jsonl or console log");
   std::ifstream in(path);
   if (!in) fail("training log '", path, "': cannot open it for reading");
   auto records = parse_training_log(in, path);

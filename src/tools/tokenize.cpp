@@ -1,6 +1,7 @@
 #include "tools/tokenize.h"
 
 #include "core/error.h"
+#include "core/regular_file.h"
 #include "data/tokenizer/hf_bpe.h"
 #include "data/tokenizer/tekken.h"
 
@@ -37,6 +38,7 @@ void debug_tokenize(const DebugTokenizeOptions& options) {
     fail("debug tokenize: expected --format tekken, hf or auto, found ", format);
   }
 
+  require_regular_file(options.in_path, "debug tokenize --in " + options.in_path, "a text file, one string per line");
   std::ifstream in(options.in_path);
   if (!in) fail("debug tokenize: expected a readable --in file, found none at ", options.in_path);
   std::ofstream out(options.out_path);

@@ -2,8 +2,8 @@
 // read row range by row range into FSDP shards through the model's HF adapter, with the key,
 // shape and layout-conversion checks. Checkpoints of mmtrain's own are train/state.h.
 #pragma once
-#include "checkpoint/safetensors.h"
 #include "fsdp/fully_shard.h"
+#include "io/safetensors.h"
 #include "models/hf_adapter.h"
 #include "models/model.h"
 

@@ -1,9 +1,9 @@
 #include "train/metrics.h"
 
 #include "core/config_schema.h"
-#include "checkpoint/atomic_file.h"
 #include "core/error.h"
 #include "core/json_read.h"
+#include "io/atomic_file.h"
 
 #include <unistd.h>
 

@@ -118,7 +118,7 @@ struct Trainer::State {
   }
 
   // The samples of step `step` (0-based) over all ranks, for a failure's message: their stream
-  // positions and the first few samples by what the dataset calls them (a MagiHuman file).
+  // positions and the first few samples by what the dataset calls them (a file, a record).
   std::string describe_step_samples(int64_t step) const {
     const auto& sampler = data.sampler;
     const int64_t first = sampler.first_position(step, 0), count = sampler.global_batch_size();

@@ -6,13 +6,13 @@
 // duplicated spans, deep bracket runs, huge numbers) and parses it: the only acceptable outcomes
 // are success or an mmtrain::Error. Any other exception fails the test; a crash fails the binary.
 // Bounded: kRounds per target (about a second each on one core); the count tried is printed.
-#include "checkpoint/safetensors.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "checkpoint_test_util.h"
 #include "core/error.h"
 #include "data/magihuman/precomputed_dataset.h"
 #include "data/mistral3/fixture.h"
 #include "data/tokenizer/text_tokenizer.h"
+#include "io/safetensors.h"
 #include "multirank_harness.h"
 #include "train/config.h"
 

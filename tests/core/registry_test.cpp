@@ -52,12 +52,14 @@ TEST(RegistryTest, DuplicateAndUnknownNamesAreErrors) {
 
 // Every built-in registers itself from its own folder (registry.h): nothing names them in a
 // list, so this fails if an object file stops being linked (a STATIC library would drop them).
+// Presence, not the exact list: adding a model breaks no test.
 TEST(RegistryTest, BuiltinsRegisterThemselves) {
-  EXPECT_EQ(model_spec_registry().names(), (std::vector<std::string>{"magihuman", "mistral3", "test_transformer"}));
+  for (const char* name : {"magihuman", "mistral3", "test_transformer"})
+    EXPECT_TRUE(model_spec_registry().contains(name)) << name;
   for (const char* name : {"huggingface", "magihuman_precomputed", "token_file"})
     EXPECT_TRUE(dataset_registry().contains(name)) << name;
   for (const char* name : {"causal_lm", "magihuman", "pixtral"}) EXPECT_TRUE(collator_registry().contains(name)) << name;
-  EXPECT_EQ(fixture_registry().names(), (std::vector<std::string>{"magihuman", "mistral3", "tokens"}));
+  for (const char* name : {"magihuman", "mistral3", "tokens"}) EXPECT_TRUE(fixture_registry().contains(name)) << name;
 }
 
 // A static registrar in a linked object file runs before main.

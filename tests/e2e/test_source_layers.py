@@ -5,7 +5,7 @@ import re
 
 from conftest import REPO
 
-LAYERS = ["core", "nn", "dist", "optim", "checkpoint", "fsdp", "parallel", "models", "data", "train", "tools"]
+LAYERS = ["core", "io", "nn", "dist", "optim", "checkpoint", "fsdp", "parallel", "models", "data", "train", "tools"]
 INCLUDE = re.compile(r'^\s*#include "(\w+)/')
 
 
@@ -36,3 +36,16 @@ def test_trainer_tools_and_core_name_no_model():
                 if re.search(r"magihuman|mistral3", line, re.IGNORECASE):
                     named.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
     assert not named, "\n".join(named)
+
+
+def test_models_know_nothing_of_parallelism():
+    """A model sees its packed sequence through nn/sequence_split.h; how it is split (context
+    parallelism), recomputed or sharded is the parallelize chain's business, as in torchtitan."""
+    reaching = []
+    for path in sorted((REPO / "src" / "models").rglob("*")):
+        if path.suffix not in (".cpp", ".h"):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.match(r'^\s*#include "(parallel|fsdp)/', line):
+                reaching.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
+    assert not reaching, "\n".join(reaching)

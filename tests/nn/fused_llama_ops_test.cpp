@@ -3,6 +3,7 @@
 // fp32 forwards bitwise where fused_ops.h claims it, gradients against the composition's
 // autograd, and a float64 central-difference check of each fused backward.
 #include "nn/ops.h"
+#include "numeric_checks.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -16,12 +17,9 @@
 namespace mmtrain {
 namespace {
 
-using Op = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
+using Op = testing::TensorFn;
 
-double rel_l2(const at::Tensor& got, const at::Tensor& want) {
-  auto g = got.to(at::kDouble), w = want.to(at::kDouble);
-  return (g - w).norm().item<double>() / std::max(w.norm().item<double>(), 1e-300);
-}
+using testing::rel_l2;
 
 // Output and input gradients of sum(op(inputs) * probe), probe a fixed random cotangent.
 std::vector<at::Tensor> run(const Op& op, std::vector<at::Tensor> inputs, const at::Tensor& probe) {
@@ -32,24 +30,9 @@ std::vector<at::Tensor> run(const Op& op, std::vector<at::Tensor> inputs, const 
   return grads;
 }
 
-// d/d inputs[k][i] of sum(op * probe) by central differences in double, for a few elements.
+// d/d inputs of sum(op * probe) by central differences in double, at 7 elements of each input.
 void expect_matches_finite_differences(const Op& op, const std::vector<at::Tensor>& inputs, const at::Tensor& probe) {
-  std::vector<at::Tensor> x;
-  for (const auto& t : inputs) x.push_back(t.to(at::kDouble));
-  const auto analytic = run(op, x, probe.to(at::kDouble));
-  const double h = 1e-6;
-  for (size_t k = 0; k < x.size(); ++k)
-    for (int64_t i = 0; i < x[k].numel(); i += std::max<int64_t>(1, x[k].numel() / 7)) {
-      auto plus = x, minus = x;
-      plus[k] = x[k].clone();
-      minus[k] = x[k].clone();
-      plus[k].view(-1)[i] += h;
-      minus[k].view(-1)[i] -= h;
-      const double numeric = ((op(plus) * probe.to(at::kDouble)).sum().item<double>() -
-                              (op(minus) * probe.to(at::kDouble)).sum().item<double>()) / (2 * h);
-      EXPECT_NEAR(analytic[1 + k].view(-1)[i].item<double>(), numeric, 1e-6 * (1 + std::abs(numeric)))
-          << "input " << k << " element " << i;
-    }
+  testing::expect_gradients_match_central_differences(op, inputs, probe, 7, "fused op");
 }
 
 struct Case {

@@ -328,7 +328,7 @@ def test_image_token_mismatch_is_an_error(m3):
     (("text_config", "sliding_window"), 4096, "sliding_window"),
     (("text_config", "rope_parameters"), {"rope_theta": 1e6, "rope_type": "yarn"}, "rope_type"),
     (("vision_config", "hidden_act"), "relu", "hidden_act"),
-    (("text_config", "bogus_key"), 1, "unknown key 'bogus_key'"),
+    (("text_config", "bogus_key"), 1, "text_config.bogus_key: unknown key for mistral3"),
 ])
 def test_config_values_that_change_the_math_are_refused(m3, path, value, message):
     config = json.loads(Path(m3["tmp"], "hf", "config.json").read_text())

@@ -4,7 +4,7 @@
 #include "train/hf_weights.h"
 
 #include "checkpoint/checkpoint_test_util.h"
-#include "checkpoint/safetensors.h"
+#include "io/safetensors.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // Pre-flight: what a run checks before it builds anything model-sized.
-#include "checkpoint/atomic_file.h"
+#include "io/atomic_file.h"
 #include "test_util.h"
 #include "train/config.h"
 #include "train/preflight.h"

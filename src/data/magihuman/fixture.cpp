@@ -5,11 +5,11 @@
 // (unit-variance like normalised VAE latents, so a zero prediction scores E[(eps - x0)^2] = 2 per
 // modality, loss 4), drawn per sample from a generator seeded by (seed, sample index): video,
 // then audio, then text.
-#include "checkpoint/safetensors.h"
 #include "core/cli_command.h"
 #include "core/error.h"
 #include "core/random.h"
 #include "data/magihuman/precomputed_dataset.h"
+#include "io/safetensors.h"
 
 #include <CLI/CLI.hpp>
 

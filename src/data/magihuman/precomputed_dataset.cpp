@@ -3,13 +3,13 @@
 // three; shapes are checked per sample on read, each error naming the file.
 #include "data/magihuman/precomputed_dataset.h"
 
-#include "checkpoint/atomic_file.h"
-#include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "core/param_map.h"
 #include "core/pickle_scan.h"
 #include "core/regular_file.h"
 #include "core/suggest.h"
+#include "io/atomic_file.h"
+#include "io/safetensors.h"
 
 #include <caffe2/serialize/in_memory_adapter.h>
 #include <caffe2/serialize/inline_container.h>
@@ -103,6 +103,7 @@ std::map<std::string, std::string> list_dir(const fs::path& dir) {
 }
 
 std::vector<char> read_bytes(const std::string& path) {
+  require_regular_file(path, path, "a sample file");
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path, ": cannot open for reading");
   return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());

@@ -1,11 +1,11 @@
 #include "data/mistral3/conversation_dataset.h"
 
-#include "checkpoint/atomic_file.h"
 #include "core/error.h"
 #include "core/json_read.h"
 #include "core/param_map.h"
 #include "core/regular_file.h"
 #include "data/image/image_decode.h"
+#include "io/atomic_file.h"
 #include "models/mistral3/config.h"
 
 #include <nlohmann/json.hpp>

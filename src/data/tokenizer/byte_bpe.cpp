@@ -2,6 +2,8 @@
 
 #include "core/error.h"
 #include "core/json_read.h"
+#include "core/regular_file.h"
+#include "io/atomic_file.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -9,8 +11,6 @@
 #include <nlohmann/json.hpp>
 
 #include <array>
-#include <fstream>
-#include <sstream>
 #include <limits>
 
 namespace mmtrain::tokenizer {
@@ -84,11 +84,8 @@ std::string pcre2_message(int code) {
 }  // namespace
 
 nlohmann::json read_json_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("tokenizer file ", path, ": expected a readable file, found none (missing or unreadable)");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return json_parse_checked(buffer.str(), "tokenizer file " + path);
+  require_regular_file(path, "tokenizer file " + path, "a JSON tokenizer file");
+  return json_parse_checked(file_read_text(path), "tokenizer file " + path);
 }
 
 const nlohmann::json& require(const nlohmann::json& object, const char* key, const std::string& where) {

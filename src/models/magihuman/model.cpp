@@ -11,7 +11,7 @@
 #include "models/magihuman/ops.h"
 #include "nn/fused_ops.h"
 #include "nn/layers.h"
-#include "parallel/context_parallel.h"
+#include "nn/sequence_split.h"
 
 #include <array>
 
@@ -86,7 +86,7 @@ class Attention : public Module {
   }
 
   // h [L, D] fp32 -> [L, D] in the parameter dtype
-  at::Tensor forward(const at::Tensor& h, const at::Tensor& rope, const ModalityRows& rows, const SequenceShard& seq) {
+  at::Tensor forward(const at::Tensor& h, const at::Tensor& rope, const ModalityRows& rows, const SequenceSplit& seq) {
     const auto& c = c_;
     const int64_t L = h.size(0), hq = c.num_heads_q(), hkv = c.num_query_groups, hd = c.head_dim;
     auto qkv = per_expert(h, rows, experts_, [&](int64_t k, const at::Tensor& part) {
@@ -164,7 +164,7 @@ class Layer : public Module {
     mlp = add_child("mlp", std::make_shared<Mlp>(c, layer, c.experts(layer)));
     mark_block();
   }
-  at::Tensor forward(const at::Tensor& h, const at::Tensor& rope, const ModalityRows& rows, const SequenceShard& seq) {
+  at::Tensor forward(const at::Tensor& h, const at::Tensor& rope, const ModalityRows& rows, const SequenceSplit& seq) {
     auto x = h + attention->forward(h, rope, rows, seq);
     return x + mlp->forward(x, rows);
   }
@@ -195,7 +195,7 @@ class Adapter : public Module {
   Param* bands = nullptr;
 };
 
-class MagiHumanModel : public Model, public ContextParallelModel {
+class MagiHumanModel : public Model, public SplitsSequence {
  public:
   explicit MagiHumanModel(const MagiHumanConfig& config) : c_(config) {
     const auto& c = c_;
@@ -220,17 +220,10 @@ class MagiHumanModel : public Model, public ContextParallelModel {
     active_linear_params_ = magihuman_active_linear_params(tensors, c.mm_layers);
   }
 
-  // Ulysses splits the heads: the degree must divide the query heads, and divide or be divided
-  // by the KV heads (fewer KV heads than ranks are replicated).
-  void use_context_parallel(std::shared_ptr<const ContextParallel> cp) override {
-    const int64_t u = cp->ulysses_size(), hq = c_.num_heads_q(), hkv = c_.num_query_groups;
-    if (hq % u != 0)
-      fail("parallel.ulysses_parallel_size: ", u, " does not divide the ", hq,
-           " query heads of model.config (hidden_size / head_dim)");
-    if (hkv % u != 0 && u % hkv != 0)
-      fail("parallel.ulysses_parallel_size: ", u, " and the ", hkv,
-           " KV heads of model.config.num_query_groups: neither divides the other");
-    cp_ = std::move(cp);
+  // What a Ulysses split of the heads must divide.
+  std::vector<AttentionHeads> attention_heads() const override {
+    return {{c_.num_heads_q(), c_.num_query_groups, "model.config (hidden_size / head_dim)",
+             "model.config.num_query_groups"}};
   }
 
   ModelOutput forward(const Batch& batch) override {
@@ -244,14 +237,9 @@ class MagiHumanModel : public Model, public ContextParallelModel {
       fail("batch 'coords_mapping' must be [", total, ", 9], got ", batch_get(batch, "coords_mapping").sizes());
     if (batch_get(batch, "modality_mapping").sizes() != at::IntArrayRef({total}))
       fail("batch 'modality_mapping' must be [", total, "], got ", batch_get(batch, "modality_mapping").sizes());
-    auto cu = cu_seqlens.to(at::kCPU, at::kLong);
-    std::vector<int64_t> seq_begins(cu.data_ptr<int64_t>(), cu.data_ptr<int64_t>() + cu.numel());
-    if (seq_begins.size() < 2 || seq_begins.front() != 0 || seq_begins.back() != total)
-      fail("batch 'cu_seqlens' must run from 0 to L = ", total, ", got ", cu_seqlens);
-
     // This rank's rows of the packed stream: all of them, or its share under context
     // parallelism (padding rows are text rows outside every sample and the loss).
-    const auto seq = cp_ ? cp_->shard(seq_begins, /*causal=*/false) : SequenceShard::whole(seq_begins);
+    const auto seq = split_sequence(cu_seqlens_from(cu_seqlens, total, "batch 'cu_seqlens'"), /*causal=*/false);
     const auto x = seq->take(full_x);
     const auto coords = seq->take(batch_get(batch, "coords_mapping"));
     const auto modality = seq->take(batch_get(batch, "modality_mapping"), kText);
@@ -331,7 +319,7 @@ class MagiHumanModel : public Model, public ContextParallelModel {
   // every rank holds the unsplit value (its grads are those of its own rows).
   at::Tensor split_flow_matching_loss(const at::Tensor& prediction, const at::Tensor& target,
                                       const at::Tensor& modality, const at::Tensor& loss_mask,
-                                      const SequenceShard& seq) const {
+                                      const SequenceSplit& seq) const {
     auto diff = (prediction - target.to(at::kFloat)).pow(2);
     at::Tensor loss = diff.sum() * 0.0;
     const std::pair<int, int64_t> terms[] = {{kVideo, c_.video_in_channels}, {kAudio, c_.audio_in_channels}};
@@ -349,13 +337,12 @@ class MagiHumanModel : public Model, public ContextParallelModel {
   // Under context parallelism each CP rank does 1/cp of its sample's work.
   double train_flops(const Batch& batch) const override {
     const double flops = magihuman_train_flops_for_batch(c_, batch_get(batch, "cu_seqlens"), active_linear_params_);
-    return cp_ ? flops / cp_->size() : flops;
+    return rank_share(flops);
   }
 
  private:
   MagiHumanConfig c_;
   double active_linear_params_ = 0;  // N of the seed's FLOPs rule, over this model's own tensors
-  std::shared_ptr<const ContextParallel> cp_;  // set by the parallelize chain; null: no split
   std::shared_ptr<Adapter> adapter;
   std::vector<std::shared_ptr<Layer>> layers;
   std::shared_ptr<Norm> final_norm_video, final_norm_audio;

@@ -1,7 +1,7 @@
 // The MagiHuman spec: what the tools and the trainer know of model_id "magihuman".
-#include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "core/text.h"
+#include "io/safetensors.h"
 #include "models/magihuman/flops.h"
 #include "models/magihuman/hf_adapter.h"
 #include "models/magihuman/memory.h"

@@ -10,7 +10,7 @@
 #include "nn/chunked_cross_entropy.h"
 #include "nn/layers.h"
 #include "nn/ops.h"
-#include "parallel/context_parallel.h"
+#include "nn/sequence_split.h"
 
 #include <ATen/core/Reduction.h>
 
@@ -168,7 +168,7 @@ class TextLayer : public Module {
 
   // x [T, H], one packed stream (the batch's rows, or its packed samples); cos/sin [T, hd];
   // causal GQA attention within each sample of seq, over the CP ranks when it is split.
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const SequenceShard& seq) const {
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const SequenceSplit& seq) const {
     const int64_t T = x.size(0), nh = c_.num_heads, nkv = c_.num_kv_heads, hd = c_.head_dim;
     auto n1 = rms_norm(x, input_layernorm->weight.value, c_.rms_norm_eps);
     auto q = apply_rope(lin(n1, self_attn->q_proj).view({T, nh, hd}), cos, sin);
@@ -187,7 +187,7 @@ class TextLayer : public Module {
   Mistral3Config c_;
 };
 
-class Mistral3Model : public Model, public ContextParallelModel {
+class Mistral3Model : public Model, public SplitsSequence {
  public:
   explicit Mistral3Model(const Mistral3Config& config) : c_(config) {
     const auto& c = c_;
@@ -219,13 +219,10 @@ class Mistral3Model : public Model, public ContextParallelModel {
     const int64_t B = input_ids.size(0), S = input_ids.size(1);
     std::vector<int64_t> seq_begins;  // packed samples of the single row; empty: one sample per row
     if (auto it = batch.find("cu_seqlens"); it != batch.end()) {
-      auto cu = it->second.to(at::kCPU).to(at::kLong).contiguous();
-      seq_begins.assign(cu.data_ptr<int64_t>(), cu.data_ptr<int64_t>() + cu.numel());
-      bool increasing = true;
-      for (size_t i = 1; i < seq_begins.size(); ++i) increasing = increasing && seq_begins[i] > seq_begins[i - 1];
-      if (B != 1 || seq_begins.size() < 2 || seq_begins.front() != 0 || seq_begins.back() != S || !increasing)
-        fail("batch 'cu_seqlens' must run strictly increasing from 0 to S = ", S, " with input_ids [1, S] (packed), got ",
-             it->second, " with input_ids ", input_ids.sizes());
+      if (B != 1) fail("batch 'cu_seqlens' needs input_ids [1, S] (packed), got input_ids ", input_ids.sizes());
+      seq_begins = cu_seqlens_from(it->second, S, "batch 'cu_seqlens'");
+      for (size_t i = 1; i < seq_begins.size(); ++i)
+        if (seq_begins[i] == seq_begins[i - 1]) fail("batch 'cu_seqlens': packed sample ", i - 1, " is empty");
     }
     at::Tensor positions;
     if (auto it = batch.find("position_ids"); it != batch.end()) {
@@ -272,7 +269,7 @@ class Mistral3Model : public Model, public ContextParallelModel {
     std::vector<int64_t> stream = seq_begins;
     if (stream.empty())
       for (int64_t b = 0; b <= B; ++b) stream.push_back(b * S);
-    const auto seq = cp_ ? cp_->shard(stream, /*causal=*/true) : SequenceShard::whole(stream);
+    const auto seq = split_sequence(stream, /*causal=*/true);
     const int64_t T = B * S;
     auto h = seq->take(embeds.reshape({T, c.hidden_size}));
 
@@ -312,7 +309,7 @@ class Mistral3Model : public Model, public ContextParallelModel {
   // The loss over a split stream: local h [T_loc, H], labels [B, S] of the whole batch. Each rank
   // sums the cross-entropy of its supervised rows over the count of all CP ranks' supervised rows;
   // the CP sum of those is the unsplit mean on every rank.
-  at::Tensor split_loss(const at::Tensor& h, const at::Tensor& labels, const SequenceShard& seq) const {
+  at::Tensor split_loss(const at::Tensor& h, const at::Tensor& labels, const SequenceSplit& seq) const {
     const int64_t B = labels.size(0), S = labels.size(1);
     auto shifted = at::cat({labels.narrow(1, 1, S - 1), at::full({B, 1}, -100, labels.options())}, 1);
     const auto local_labels = seq.take(shifted.reshape({B * S}).to(at::kLong), -100);
@@ -332,17 +329,11 @@ class Mistral3Model : public Model, public ContextParallelModel {
     return seq.sum(partial) + touch.to(at::kFloat);
   }
 
-  // Ulysses splits the text heads: the degree must divide the query heads, and divide or be
-  // divided by the KV heads. The vision tower is not split (every CP rank runs it whole).
-  void use_context_parallel(std::shared_ptr<const ContextParallel> cp) override {
-    const int64_t u = cp->ulysses_size();
-    if (c_.num_heads % u != 0)
-      fail("parallel.ulysses_parallel_size: ", u, " does not divide the ", c_.num_heads,
-           " query heads of model.config.text_config.num_attention_heads");
-    if (c_.num_kv_heads % u != 0 && u % c_.num_kv_heads != 0)
-      fail("parallel.ulysses_parallel_size: ", u, " and the ", c_.num_kv_heads,
-           " KV heads of model.config.text_config.num_key_value_heads: neither divides the other");
-    cp_ = std::move(cp);
+  // What a Ulysses split of the text heads must divide. The vision tower is not split (every CP
+  // rank runs it whole).
+  std::vector<AttentionHeads> attention_heads() const override {
+    return {{c_.num_heads, c_.num_kv_heads, "model.config.text_config.num_attention_heads",
+             "model.config.text_config.num_key_value_heads"}};
   }
 
   double train_flops(const Batch& batch) const override {
@@ -367,7 +358,7 @@ class Mistral3Model : public Model, public ContextParallelModel {
     // Model FLOPs count the sample once; under context parallelism each CP rank reports its
     // 1/cp share (the vision tower, which every CP rank runs whole, included).
     const double flops = mistral3_train_flops(c_, seqlens, image_hw);
-    return cp_ ? flops / cp_->size() : flops;
+    return rank_share(flops);
   }
 
  private:
@@ -438,7 +429,6 @@ class Mistral3Model : public Model, public ContextParallelModel {
   }
 
   Mistral3Config c_;
-  std::shared_ptr<const ContextParallel> cp_;  // set by the parallelize chain; null: no split
   std::shared_ptr<VisionTower> vision;
   std::shared_ptr<Projector> projector;
   std::shared_ptr<Embedding> embed_tokens;

@@ -1,9 +1,9 @@
 // The Mistral3 (Magistral-Small-2509) spec: what the tools and the trainer know of model_id
 // "mistral3".
-#include "checkpoint/atomic_file.h"
 #include "core/error.h"
 #include "core/json_read.h"
 #include "core/text.h"
+#include "io/atomic_file.h"
 #include "models/mistral3/flops.h"
 #include "models/mistral3/hf_adapter.h"
 #include "models/mistral3/model.h"

@@ -135,7 +135,7 @@ TEST(TekkenTokenizer, OldFilesUseTheDefaultSpecialTokens) {
 
 TEST(TekkenTokenizer, LoadErrorsSayWhatAndWhere) {
   testing::TempDir dir;
-  EXPECT_CONTAINS(error_of([&] { TekkenTokenizer::load(dir / "absent.json"); }), "absent.json: expected a readable file");
+  EXPECT_CONTAINS(error_of([&] { TekkenTokenizer::load(dir / "absent.json"); }), "absent.json: no such file");
   write(dir / "bad.json", "{\"config\": {");
   EXPECT_CONTAINS(error_of([&] { TekkenTokenizer::load(dir / "bad.json"); }), "bad.json: not valid JSON");
   auto file = tiny_tekken();
@@ -229,7 +229,7 @@ TEST(HfBpeTokenizer, FixMistralRegexReplacesTheFirstSplit) {
 
 TEST(HfBpeTokenizer, LoadErrorsSayWhatAndWhere) {
   testing::TempDir dir;
-  EXPECT_CONTAINS(error_of([&] { HfBpeTokenizer::load(dir / "absent.json"); }), "expected a readable file");
+  EXPECT_CONTAINS(error_of([&] { HfBpeTokenizer::load(dir / "absent.json"); }), "absent.json: no such file");
   write(dir / "bad.json", "not json");
   EXPECT_CONTAINS(error_of([&] { HfBpeTokenizer::load(dir / "bad.json"); }), "not valid JSON");
   auto file = tiny_hf();

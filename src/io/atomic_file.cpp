@@ -1,4 +1,4 @@
-#include "checkpoint/atomic_file.h"
+#include "io/atomic_file.h"
 
 #include "core/error.h"
 #include "core/regular_file.h"

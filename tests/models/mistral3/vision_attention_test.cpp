@@ -7,6 +7,7 @@
 // Each case prints a "[figures]" line with the measured relative L2 errors.
 #include "fsdp/fully_shard.h"
 #include "models/model_spec.h"
+#include "numeric_checks.h"
 
 #include <gtest/gtest.h>
 
@@ -34,11 +35,7 @@ using Size = std::pair<int64_t, int64_t>;  // (H, W) in pixels
 int64_t patches_of(const Size& s) { return (s.first / kPatch) * (s.second / kPatch); }
 int64_t tokens_of(const Size& s) { return (s.first / kPatch / kMerge) * (s.second / kPatch / kMerge); }
 
-// ||actual - reference|| / max(||reference||, 1e-10), the seed's definition.
-double rel_l2(const at::Tensor& actual, const at::Tensor& reference) {
-  const auto ref = reference.to(at::kDouble);
-  return (actual.to(at::kDouble) - ref).norm().item<double>() / std::max(ref.norm().item<double>(), 1e-10);
-}
+using testing::rel_l2;
 
 // One image with its fixed random probes: the test's objective is sum_i <probe_i, features_i>
 // over the vision features and the projected features.

@@ -1,10 +1,10 @@
 // safetensors.h: round trips for every dtype and shape kind, row reads that touch only their rows,
 // byte-exact and reproducible output, and one clear error (naming the file) per kind of corruption.
 // SafetensorsInterop.* is driven by tests/parity/test_safetensors_interop.py.
-#include "checkpoint/safetensors.h"
+#include "checkpoint/checkpoint_test_util.h"
 #include "checkpoint/sharded_checkpoint.h"
-#include "checkpoint_test_util.h"
 #include "core/error.h"
+#include "io/safetensors.h"
 #include "multirank_harness.h"
 
 #include <gtest/gtest.h>
@@ -163,7 +163,7 @@ TEST(Safetensors, EachCorruptionGivesAClearErrorNamingTheFile) {
   EXPECT_THROW_WITH(SafetensorsFile{cut_data}, cut_data, "'bias'", "out of range");
 
   const std::string missing = dir / "missing.safetensors";
-  EXPECT_THROW_WITH(SafetensorsFile{missing}, missing, "cannot open");
+  EXPECT_THROW_WITH(SafetensorsFile{missing}, missing, "no such file");
   EXPECT_THROW_WITH(SafetensorsFile{dir.str()}, dir.str(), "not a regular file");
 
   const std::string data(80, '\0');
@@ -264,7 +264,7 @@ TEST(SafetensorsIndex, ReadsShardedAndSingleFileDirectories) {
                           {{"a", "model-00001-of-00001.safetensors"}, {"b", "model-00001-of-00001.safetensors"}});
   EXPECT_THROW_WITH(SafetensorsIndex{broken.str()}, "model-00001-of-00001.safetensors", "'b'");
   safetensors_index_write(broken / "model.safetensors.index.json", {}, {{"a", "model-00009-of-00009.safetensors"}});
-  EXPECT_THROW_WITH(SafetensorsIndex{broken.str()}, "model-00009-of-00009.safetensors", "cannot open");
+  EXPECT_THROW_WITH(SafetensorsIndex{broken.str()}, "model-00009-of-00009.safetensors", "no such file");
   TempDir empty;
   EXPECT_THROW_WITH(SafetensorsIndex{empty.str()}, empty.str(), "model.safetensors.index.json", "model.safetensors");
 }

@@ -1,9 +1,10 @@
-#include "checkpoint/safetensors.h"
+#include "io/safetensors.h"
 
-#include "checkpoint/atomic_file.h"
 #include "core/error.h"
 #include "core/json_read.h"
+#include "core/regular_file.h"
 #include "core/text.h"
+#include "io/atomic_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -113,6 +114,8 @@ void safetensors_write(const std::string& path,
 // Reading
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  // Before open(): opening a FIFO would block until something writes to it.
+  require_regular_file(path, "safetensors file " + path, "a .safetensors file");
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) fail("safetensors file ", path, ": cannot open: ", std::strerror(errno));
   // From here on a failure must close fd_: the destructor does not run for a throwing constructor.

@@ -1,9 +1,9 @@
 // MagiHuman FLOPs against the seed's published figures (the seed's MagiHuman report and its FLOPs tool):
 // 10,933,616,640 active linear params, 71.8 TFLOP/s per device and 25.63 % MFU for L = 4606,
 // gbs 8, 8 devices, 4.6348 s, 280 TFLOP/s; and every other row of the seed's tuning table.
-#include "checkpoint/safetensors.h"
 #include "checkpoint/checkpoint_test_util.h"
 #include "core/error.h"
+#include "io/safetensors.h"
 #include "models/magihuman/flops.h"
 #include "models/magihuman/hf_adapter.h"
 #include "models/magihuman/model.h"

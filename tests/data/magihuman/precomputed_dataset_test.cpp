@@ -4,8 +4,8 @@
 #include "data/magihuman/precomputed_dataset.h"
 
 #include "checkpoint/checkpoint_test_util.h"
-#include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "io/safetensors.h"
 
 #include "test_util.h"
 

@@ -3,8 +3,9 @@
 // reference's autograd, a float64 central-difference check of each fused backward, and the same
 // bits with 1 and 2 threads. Inputs reach beyond the ±7 clamps and hit them exactly.
 #include "core/error.h"
-#include "nn/fused_ops.h"
 #include "models/magihuman/ops.h"
+#include "nn/fused_ops.h"
+#include "numeric_checks.h"
 
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
@@ -18,7 +19,8 @@
 namespace mmtrain::magihuman {
 namespace {
 
-using TensorFn = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
+using testing::rel_l2;
+using testing::TensorFn;
 
 // Largest distance in units in the last place between two fp32, bf16 or fp16 tensors.
 int64_t max_ulp(const at::Tensor& a, const at::Tensor& b) {
@@ -35,11 +37,6 @@ int64_t max_ulp(const at::Tensor& a, const at::Tensor& b) {
 }
 
 int64_t count_different(const at::Tensor& a, const at::Tensor& b) { return (a != b).sum().item<int64_t>(); }
-
-double rel_l2(const at::Tensor& got, const at::Tensor& want) {
-  auto g = got.to(at::kDouble), w = want.to(at::kDouble);
-  return ((g - w).norm() / w.norm().clamp_min(1e-30)).item<double>();
-}
 
 // Uniform in [-range, range) plus, for the activations, values exactly on and next to the clamps.
 at::Tensor activation_input(std::vector<int64_t> shape, at::ScalarType dtype, uint64_t seed) {
@@ -62,33 +59,12 @@ std::vector<at::Tensor> grads_of(const TensorFn& op, const std::vector<at::Tenso
   return torch::autograd::grad({loss}, leaves);
 }
 
-// Central differences of sum(op(x) * cotangent) in float64 against the fused backward.
+// Central differences of sum(op(x) * cotangent) in float64 against the fused backward, at every
+// element, for a fixed random cotangent.
 void expect_gradcheck(const TensorFn& op, const std::vector<at::Tensor>& inputs, const char* what) {
   at::manual_seed(7);
-  auto probe = op(inputs);
-  auto cotangent = at::randn(probe.sizes(), at::kDouble);
-  auto analytic = grads_of(op, inputs, cotangent);
-  const double h = 1e-6;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    auto base = inputs[i].detach().clone();
-    auto flat = base.view({-1});
-    double worst = 0.0;
-    for (int64_t e = 0; e < flat.numel(); ++e) {
-      const double x0 = flat[e].item<double>();
-      auto loss_at = [&](double v) {
-        flat[e] = v;
-        auto args = inputs;
-        args[i] = base;
-        at::NoGradGuard no_grad;
-        return (op(args) * cotangent).sum().item<double>();
-      };
-      const double numeric = (loss_at(x0 + h) - loss_at(x0 - h)) / (2 * h);
-      flat[e] = x0;
-      const double got = analytic[i].view({-1})[e].item<double>();
-      worst = std::max(worst, std::abs(got - numeric) / std::max(1.0, std::abs(numeric)));
-    }
-    EXPECT_LT(worst, 1e-6) << what << ": input " << i << " analytic vs central differences";
-  }
+  const auto cotangent = at::randn(op(inputs).sizes(), at::kDouble);
+  testing::expect_gradients_match_central_differences(op, inputs, cotangent, 0, what);
 }
 
 // Values in [-10, 10] at least 1e-3 away from the clamp kinks at ±7, where no derivative exists.
