@@ -21,6 +21,16 @@
 
 namespace mmtrain {
 
+// What a vision-language model tells the data pipeline about its images, so that a dataset never
+// parses a model's config: the image processor (data/image/image_processor.h, by name) and the
+// geometry it needs.
+struct VisionInputs {
+  std::string image_processor;   // "pixtral"
+  int64_t patch_size = 0;        // pixels per patch side
+  int64_t spatial_merge_size = 1;  // patches merged per token side
+  int64_t image_size = 0;        // the longest side the vision tower takes
+};
+
 struct ModelSpec {
   std::string name;              // model.model_id, and the `convert` / `flops` / `fixture` subcommand
   std::string title;             // "MagiHuman DiT", for help texts
@@ -40,6 +50,8 @@ struct ModelSpec {
   // `mmtrain plan`'s activation estimate; empty: plan shows parameters and shards only.
   std::function<ActivationEstimate(const ActivationQuery& query)> activations;
   int64_t default_seqlen = 0;    // plan's tokens per sample when --seqlen is not given; 0 = required
+  // The image inputs of a vision-language model; empty: the model takes no images.
+  std::function<VisionInputs(const nlohmann::json& model_config)> vision_inputs;
   // model.config keys that change how the model computes, not what it is (fused kernels, chunk
   // sizes): a resume may change them. Every other key must equal the checkpoint's.
   std::vector<std::string> execution_only_keys;

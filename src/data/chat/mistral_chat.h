@@ -12,6 +12,7 @@
 // + [INST] user [/INST] is -100; target = assistant + </s> is supervised, every turn.
 // Truncation to cutoff_len is LLaMA-Factory's infer_seqlen per turn (see truncate_turns).
 #pragma once
+#include "data/chat/chat_template.h"
 #include "data/tokenizer/text_tokenizer.h"
 
 #include <cstdint>
@@ -21,32 +22,7 @@
 
 namespace mmtrain::chat {
 
-constexpr const char* kImagePlaceholder = "<image>";
-
-struct ChatTurn {
-  std::string user;       // may hold "<image>" placeholders
-  std::string assistant;
-};
-
-struct Conversation {
-  std::string system;     // empty: no system block
-  std::vector<ChatTurn> turns;
-
-  int64_t image_placeholders() const;
-};
-
-struct EncodedTurn {
-  std::vector<int32_t> source;  // prompt tokens, label -100
-  std::vector<int32_t> target;  // answer + </s>, supervised
-};
-
-struct TrainingSequence {
-  std::vector<int32_t> input_ids;
-  std::vector<int32_t> labels;  // -100 where not supervised
-  int64_t dropped_turns = 0;    // whole turns cut by truncation
-};
-
-class MistralChatTemplate {
+class MistralChatTemplate : public ChatTemplate {
  public:
   // default_system is used when a conversation has no system message (MindSpeed-MM's `mistral`
   // template defaults it to Magistral's reasoning prompt; empty means no system block).
@@ -54,7 +30,7 @@ class MistralChatTemplate {
 
   // image_tokens[i] replaces the i-th "<image>" of the conversation; their count must match.
   std::vector<EncodedTurn> encode(const Conversation& conversation,
-                                  const std::vector<std::vector<int32_t>>& image_tokens) const;
+                                  const std::vector<std::vector<int32_t>>& image_tokens) const override;
 
   const tokenizer::TextTokenizer& tokenizer() const { return *tokenizer_; }
 
@@ -63,12 +39,5 @@ class MistralChatTemplate {
   std::string default_system_;
   int32_t bos_, eos_, inst_, inst_end_, system_, system_end_;
 };
-
-// Concatenates the turns into one sequence of at most cutoff_len tokens (cutoff_len <= 0: no
-// limit), as LLaMA-Factory's SupervisedDatasetProcessor: once the total reaches the cutoff the
-// remaining turns are dropped; otherwise infer_seqlen splits the remaining budget between the
-// turn's source and target and each is cut at its tail. A cut source can split an image's token
-// block: callers must check image tokens afterwards (data/mistral3/image_token_check.h).
-TrainingSequence truncate_turns(const std::vector<EncodedTurn>& turns, int64_t cutoff_len);
 
 }  // namespace mmtrain::chat

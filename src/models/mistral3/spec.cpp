@@ -103,6 +103,10 @@ ModelSpec mistral3_spec() {
   spec.hf_adapter = [](const nlohmann::json&) { return std::make_shared<Mistral3HfAdapter>(); };
   spec.config_from_checkpoint = config_from_checkpoint;
   spec.flops = flops;
+  spec.vision_inputs = [](const nlohmann::json& j) {
+    const auto c = Mistral3Config::from_json(j);
+    return VisionInputs{"pixtral", c.patch_size, c.spatial_merge_size, c.image_size};
+  };
   return spec;
 }
 

@@ -1,17 +1,16 @@
-#include "data/mistral3/pixtral_collator.h"
+#include "data/conversation/vlm_collator.h"
 
 #include "core/error.h"
 #include "core/param_map.h"
 #include "data/image/pixtral_image.h"
-#include "data/mistral3/conversation_dataset.h"
 
 #include <algorithm>
 
-namespace mmtrain::mistral3 {
+namespace mmtrain::conversation {
 namespace {
 
-// Mistral's <pad> (tekken id 11). Any valid id would do: padded positions carry label -100 and
-// follow every real token of their row.
+// Mistral's <pad> (tekken id 11), the default for the seed's Magistral runs. Any valid id would
+// do: padded positions carry label -100 and follow every real token of their row.
 constexpr int64_t kDefaultPadTokenId = 11;
 
 void append_images(const Batch& sample, std::vector<at::Tensor>& pixels, std::vector<at::Tensor>& sizes) {
@@ -29,7 +28,7 @@ void put_images(const std::vector<at::Tensor>& pixels, const std::vector<at::Ten
 
 }  // namespace
 
-Batch PixtralCollator::collate(const std::vector<Batch>& samples, at::Generator&) const {
+Batch VlmCollator::collate(const std::vector<Batch>& samples, at::Generator&) const {
   if (samples.empty()) fail("pixtral collator: empty micro-batch");
   std::vector<at::Tensor> pixels, sizes;
   Batch out;
@@ -77,18 +76,15 @@ Batch PixtralCollator::collate(const std::vector<Batch>& samples, at::Generator&
 
 namespace {
 
-const DatasetRegistration dataset("huggingface", [](const DataConfig& data, const ModelConfig& model) {
-  return std::make_shared<ConversationDataset>(ConversationDataOptions::from_config(data, model));
-});
-
+// The seed's collator_id for Magistral; it serves any VLM's conversation items.
 const CollatorRegistration collator("pixtral", [](const DataConfig& data, const ModelConfig&) {
   const ParamMap p(data.loader.collate_param, "data.dataloader_param.collate_param", "collator pixtral");
   p.check_known_keys({"model_name", "pad_token_id"});
   const int64_t pad = p.get_int("pad_token_id", kDefaultPadTokenId);
   if (pad < 0) fail(p.where("pad_token_id"), ": expected an integer >= 0, found ", pad);
-  return std::make_shared<PixtralCollator>(pad);
+  return std::make_shared<VlmCollator>(pad);
 });
 
 }  // namespace
 
-}  // namespace mmtrain::mistral3
+}  // namespace mmtrain::conversation

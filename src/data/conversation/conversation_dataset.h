@@ -1,5 +1,7 @@
-// dataset_type "huggingface" (the seed's name) with template "mistral": LLaVA-Instruct / sharegpt
-// style image-text conversations for Mistral3 SFT.
+// dataset_type "huggingface" (the seed's name): LLaVA-Instruct / sharegpt style image-text
+// conversations for the SFT of any vision-language model. The chat format is chosen by name
+// (basic_parameters.template, data/chat/chat_template.h), the image processor by the model's spec
+// (VisionInputs, data/image/image_processor.h); nothing here knows one model.
 //
 // Input: basic_parameters.dataset is a JSON list or a JSONL file of records, each either
 //   {"conversations": [{"from": "human"|"gpt"|"system", "value": "..."}...], "image": "a.jpg"}
@@ -28,11 +30,11 @@
 // (zero-padded bottom/right) and image_sizes int64 [N, 2] when the item has images; packed items
 // add position_ids int64 [S] and cu_seqlens int64 [k + 1].
 #pragma once
-#include "data/chat/mistral_chat.h"
+#include "data/chat/chat_template.h"
+#include "data/conversation/image_token_check.h"
 #include "data/dataset.h"
 #include "data/image/image_decode.h"
-#include "data/image/pixtral_image.h"
-#include "data/mistral3/image_token_check.h"
+#include "data/image/image_processor.h"
 
 #include <map>
 #include <memory>
@@ -42,18 +44,20 @@
 #include <string>
 #include <vector>
 
-namespace mmtrain::mistral3 {
+namespace mmtrain::conversation {
 
 struct ConversationDataOptions {
   std::string dataset_file;    // basic_parameters.dataset
   std::string dataset_dir;     // basic_parameters.dataset_dir: root of relative image paths
   std::string tokenizer_path;  // preprocess_parameters.model_name_or_path (default model.model_name_or_path)
+  std::string chat_template = "mistral";  // basic_parameters.template (data/chat/chat_template.h)
   std::string default_system;  // basic_parameters.default_system
   int64_t cutoff_len = 2048;   // basic_parameters.cutoff_len; <= 0: no truncation
   int64_t max_samples = 0;     // basic_parameters.max_samples: first N records; 0 = all
   bool packing = false;        // basic_parameters.packing
   tokenizer::TextTokenizerOptions tokenizer;  // preprocess_parameters.{fix_mistral_regex, split_special_tokens}
-  image::PixtralImageConfig image;            // patch/merge from model.config; preprocess_parameters.{image_longest_edge, align_to_merged_patch}
+  // From the model spec's VisionInputs and the processor's preprocess_parameters.
+  std::shared_ptr<const image::ImageProcessor> images;
   int64_t max_image_pixels = image::kDefaultMaxImagePixels;  // preprocess_parameters.max_image_pixels
 
   static ConversationDataOptions from_config(const DataConfig& data, const ModelConfig& model);
@@ -77,7 +81,7 @@ class ConversationDataset : public Dataset {
   struct Sample {
     chat::Conversation conversation;
     std::vector<std::string> image_paths;
-    std::vector<image::ImageSize> resized;  // per image, after the Pixtral resize
+    std::vector<image::ImageSize> resized;  // per image, after the processor's resize
     int64_t length = 0;                     // tokens after truncation
   };
   struct Encoded {
@@ -91,7 +95,7 @@ class ConversationDataset : public Dataset {
   void drop(const std::string& reason, const std::string& example);
 
   ConversationDataOptions options_;
-  std::unique_ptr<chat::MistralChatTemplate> template_;
+  std::unique_ptr<const chat::ChatTemplate> template_;
   ImageTokenIds image_ids_;
   std::vector<Sample> samples_;
   std::vector<std::vector<int64_t>> bins_;  // packing: sample indices per item
@@ -107,4 +111,4 @@ class ConversationDataset : public Dataset {
 // bin. Every length must be <= capacity.
 std::vector<std::vector<int64_t>> greedy_knapsack(const std::vector<int64_t>& lengths, int64_t capacity);
 
-}  // namespace mmtrain::mistral3
+}  // namespace mmtrain::conversation

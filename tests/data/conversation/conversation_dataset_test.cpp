@@ -3,8 +3,8 @@
 // (byte-level tekken: an ordinary byte b has id 20 + b).
 #include "train/config.h"
 #include "data/chat/mistral_chat.h"
-#include "data/mistral3/conversation_dataset.h"
-#include "data/mistral3/pixtral_collator.h"
+#include "data/conversation/conversation_dataset.h"
+#include "data/conversation/vlm_collator.h"
 #include "test_util.h"
 #include "data/mistral3/fixture.h"
 
@@ -116,31 +116,31 @@ TEST(ImageTokenCheck, AcceptsWholeBlocksOnly) {
   const auto ids = cat({{kBos, kInst}, a, {50}, b, {kInstEnd, 60, kEos}});
   std::vector<int32_t> labels(ids.size(), -100);
   labels[labels.size() - 2] = 60;
-  const mistral3::ImageTokenIds tok;
-  EXPECT_EQ(mistral3::check_image_tokens(ids, labels, layouts, tok), "");
+  const conversation::ImageTokenIds tok{kImg, kBreak, kEnd};
+  EXPECT_EQ(conversation::check_image_tokens(ids, labels, layouts, tok), "");
   // Cut inside the second block (truncation at the tail).
   std::vector<int32_t> cut(ids.begin(), ids.begin() + 2 + 6 + 1 + 2);
-  EXPECT_EQ(mistral3::check_image_tokens(cut, std::vector<int32_t>(cut.size(), -100), layouts, tok),
+  EXPECT_EQ(conversation::check_image_tokens(cut, std::vector<int32_t>(cut.size(), -100), layouts, tok),
             "image 2 block cut after 2 of 4 tokens");
   // The second image's block is gone entirely.
   std::vector<int32_t> one(ids.begin(), ids.begin() + 2 + 6);
-  EXPECT_EQ(mistral3::check_image_tokens(one, std::vector<int32_t>(one.size(), -100), layouts, tok),
+  EXPECT_EQ(conversation::check_image_tokens(one, std::vector<int32_t>(one.size(), -100), layouts, tok),
             "1 of 2 image blocks left in the sequence");
   // A supervised image token.
   auto bad_labels = labels;
   bad_labels[3] = kImg;
-  EXPECT_EQ(mistral3::check_image_tokens(ids, bad_labels, layouts, tok), "image 1 tokens are supervised");
+  EXPECT_EQ(conversation::check_image_tokens(ids, bad_labels, layouts, tok), "image 1 tokens are supervised");
   // A stray [IMG] beyond the images.
   auto extra = cat({ids, {kImg}});
-  EXPECT_CONTAINS(mistral3::check_image_tokens(extra, std::vector<int32_t>(extra.size(), -100), layouts, tok),
+  EXPECT_CONTAINS(conversation::check_image_tokens(extra, std::vector<int32_t>(extra.size(), -100), layouts, tok),
                   "beyond the 2 image blocks");
 }
 
 TEST(GreedyKnapsack, FillsBinsLikeLlamaFactory) {
   // Sorted [2, 3, 5, 7, 8]: bin 1 takes 8 then 2; bin 2 takes 7 then 3; bin 3 takes 5.
-  EXPECT_EQ(mistral3::greedy_knapsack({5, 3, 8, 2, 7}, 10),
+  EXPECT_EQ(conversation::greedy_knapsack({5, 3, 8, 2, 7}, 10),
             (std::vector<std::vector<int64_t>>{{2, 3}, {4, 1}, {0}}));
-  EXPECT_CONTAINS(error_of([] { mistral3::greedy_knapsack({11}, 10); }), "exceeds the capacity 10");
+  EXPECT_CONTAINS(error_of([] { conversation::greedy_knapsack({11}, 10); }), "exceeds the capacity 10");
 }
 
 Config data_config(const std::string& extra_basic = "", int64_t cutoff = 256) {
@@ -164,12 +164,12 @@ training: {micro_batch_size: 3, train_iters: 1}
 )", "test");
 }
 
-mistral3::ConversationDataOptions options_of(const Config& c) {
-  return mistral3::ConversationDataOptions::from_config(c.data, c.model);
+conversation::ConversationDataOptions options_of(const Config& c) {
+  return conversation::ConversationDataOptions::from_config(c.data, c.model);
 }
 
 TEST(ConversationDataset, DropsEachBadRecordForItsReason) {
-  mistral3::ConversationDataset ds(options_of(data_config()));
+  conversation::ConversationDataset ds(options_of(data_config()));
   EXPECT_EQ(ds.records(), 18);
   EXPECT_EQ(ds.size(), 12);
   const std::map<std::string, int64_t> expected = {
@@ -179,7 +179,7 @@ TEST(ConversationDataset, DropsEachBadRecordForItsReason) {
   EXPECT_EQ(ds.dropped(), expected);
   EXPECT_CONTAINS(ds.summary(), "18 records, 12 kept, 6 dropped");
   // Without truncation the long-prompt record is whole and kept.
-  mistral3::ConversationDataset uncut(options_of(data_config("", 0)));
+  conversation::ConversationDataset uncut(options_of(data_config("", 0)));
   EXPECT_EQ(uncut.size(), 13);
 }
 
@@ -188,7 +188,7 @@ TEST(ConversationDataset, AJsonObjectIsNotCalledInvalidJson) {
   std::ofstream(file) << "{\n  \"conversations\": []\n}\n";
   auto config = data_config();
   config.data.dataset_param["basic_parameters"]["dataset"] = file.string();
-  EXPECT_CONTAINS(error_of([&] { mistral3::ConversationDataset ds(options_of(config)); }),
+  EXPECT_CONTAINS(error_of([&] { conversation::ConversationDataset ds(options_of(config)); }),
                   "dataset " + file.string() + ": one JSON object, expected a list of records");
   fs::remove(file);
 }
@@ -222,7 +222,7 @@ TEST(ConversationDataset, IrregularImagesAreNamedSkips) {
   auto config = data_config();
   config.data.dataset_param["preprocess_parameters"]["model_name_or_path"] = (dir / "tekken.json").string();
   config.data.dataset_param["basic_parameters"]["dataset"] = (dir / "conversations.json").string();
-  mistral3::ConversationDataset ds(options_of(config));
+  conversation::ConversationDataset ds(options_of(config));
   EXPECT_EQ(ds.size(), 1);
   const std::map<std::string, int64_t> expected = {
       {"image not a regular file", 4}, {"image file missing", 1}, {"image file unreadable", 1}};
@@ -240,8 +240,8 @@ int64_t expected_image_tokens(const at::Tensor& image_sizes) {
 
 TEST(PixtralCollator, PadsFourKeysTogetherAndKeepsImagesInOrder) {
   const auto config = data_config();
-  mistral3::ConversationDataset ds(options_of(config));
-  mistral3::PixtralCollator collator(11);
+  conversation::ConversationDataset ds(options_of(config));
+  conversation::VlmCollator collator(11);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
   std::vector<Batch> samples = {ds.get(0), ds.get(1), ds.get(2)};
   auto batch = collator.collate(samples, gen);
@@ -263,10 +263,10 @@ TEST(PixtralCollator, PadsFourKeysTogetherAndKeepsImagesInOrder) {
 
 TEST(PixtralCollator, PackedRowsRestartPositionsPerSample) {
   const auto config = data_config("      packing: true", 128);
-  mistral3::ConversationDataset ds(options_of(config));
+  conversation::ConversationDataset ds(options_of(config));
   EXPECT_LT(ds.size(), 12);  // several samples per row
   EXPECT_CONTAINS(ds.summary(), "packed into");
-  mistral3::PixtralCollator collator(11);
+  conversation::VlmCollator collator(11);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
   int64_t samples = 0;
   for (int64_t i = 0; i < ds.size(); ++i) {
@@ -318,7 +318,7 @@ Config damaged_data_config(const fs::path& dir, bool packing) {
 
 TEST(ConversationDataset, AnImageThatFailsToDecodeIsACountedSkip) {
   const auto dir = fixture_with_a_damaged_image();
-  mistral3::ConversationDataset ds(options_of(damaged_data_config(dir, false)));
+  conversation::ConversationDataset ds(options_of(damaged_data_config(dir, false)));
   ASSERT_EQ(ds.size(), 4);  // the header reads: kept
   ::testing::internal::CaptureStderr();
   const auto second = ds.get(1);
@@ -333,7 +333,7 @@ TEST(ConversationDataset, AnImageThatFailsToDecodeIsACountedSkip) {
   EXPECT_TRUE(ds.get(1).at("pixel_values").equal(second.at("pixel_values")));
   EXPECT_EQ(ds.skipped(), 1);
 
-  mistral3::ConversationDataset packed(options_of(damaged_data_config(dir, true)));
+  conversation::ConversationDataset packed(options_of(damaged_data_config(dir, true)));
   ::testing::internal::CaptureStderr();
   int64_t samples = 0;
   for (int64_t i = 0; i < packed.size(); ++i) samples += packed.get(i).at("cu_seqlens").size(0) - 1;
@@ -348,7 +348,7 @@ TEST(ConversationDataset, MaxImagePixelsIsTheDecodeCap) {
   EXPECT_EQ(options.max_image_pixels, image::kDefaultMaxImagePixels);
   auto c = data_config("", 256);
   c.data.dataset_param["preprocess_parameters"]["max_image_pixels"] = 400;  // the fixture's images are 8..40 px a side
-  mistral3::ConversationDataset capped(options_of(c));
+  conversation::ConversationDataset capped(options_of(c));
   EXPECT_GT(capped.dropped().at("image file unreadable"), 1);  // the fixture's own unreadable one, and more
   EXPECT_LT(capped.size(), 12);
   EXPECT_CONTAINS(capped.summary(), "pixels, more than the limit of 400");
@@ -360,9 +360,21 @@ TEST(ConversationDataset, ConfigErrorsNameTheKey) {
   EXPECT_CONTAINS(error_of([] { options_of(data_config("      templte: mistral")); }),
                   "data.dataset_param.basic_parameters.templte: unknown key for dataset huggingface (did you mean 'template'?)");
   EXPECT_CONTAINS(error_of([] { options_of(data_config("      template: llama3")); }),
-                  "data.dataset_param.basic_parameters.template: 'llama3' is not implemented");
+                  "data.dataset_param.basic_parameters.template: unknown chat template 'llama3'; known chat template "
+                  "names: mistral");
   EXPECT_CONTAINS(error_of([] { options_of(data_config("      packing: yes please")); }),
                   "data.dataset_param.basic_parameters.packing: expected true or false");
+  // The image processor's own keys come from the processor the model names (pixtral here).
+  auto config = data_config();
+  config.data.dataset_param["preprocess_parameters"]["image_longest_edg"] = 64;
+  EXPECT_CONTAINS(error_of([&] { options_of(config); }),
+                  "preprocess_parameters.image_longest_edg: unknown key for dataset huggingface (did you mean "
+                  "'image_longest_edge'?)");
+  // A model that takes no images cannot read conversations with images.
+  config = data_config();
+  config.model.model_id = "test_transformer";
+  EXPECT_CONTAINS(error_of([&] { options_of(config); }),
+                  "huggingface needs a vision-language model; model.model_id 'test_transformer' takes no images");
 }
 
 }  // namespace

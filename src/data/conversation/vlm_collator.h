@@ -1,4 +1,5 @@
-// collator_id "pixtral": micro-batches for mistral3 from "huggingface" conversation items.
+// collator_id "pixtral" (the seed's name): micro-batches for a vision-language model from
+// "huggingface" conversation items (data/conversation/conversation_dataset.h).
 //
 // Unpacked items: the B rows are right-padded to the longest together -- input_ids with
 // pad_token_id, labels with -100, attention_mask 1 on tokens / 0 on padding, position_ids
@@ -11,15 +12,15 @@
 #pragma once
 #include "data/dataset.h"
 
-namespace mmtrain::mistral3 {
+namespace mmtrain::conversation {
 
-class PixtralCollator : public Collator {
+class VlmCollator : public Collator {
  public:
-  explicit PixtralCollator(int64_t pad_token_id) : pad_token_id_(pad_token_id) {}
+  explicit VlmCollator(int64_t pad_token_id) : pad_token_id_(pad_token_id) {}
   Batch collate(const std::vector<Batch>& samples, at::Generator& generator) const override;
 
  private:
   int64_t pad_token_id_;
 };
 
-}  // namespace mmtrain::mistral3
+}  // namespace mmtrain::conversation

@@ -1,6 +1,6 @@
-#include "data/mistral3/image_token_check.h"
+#include "data/conversation/image_token_check.h"
 
-namespace mmtrain::mistral3 {
+namespace mmtrain::conversation {
 
 std::string check_image_tokens(const std::vector<int32_t>& input_ids, const std::vector<int32_t>& labels,
                                const std::vector<image::ImageTokenLayout>& layouts, const ImageTokenIds& ids) {
@@ -29,4 +29,4 @@ std::string check_image_tokens(const std::vector<int32_t>& input_ids, const std:
   return {};
 }
 
-}  // namespace mmtrain::mistral3
+}  // namespace mmtrain::conversation

@@ -1,4 +1,4 @@
-#include "data/mistral3/conversation_dataset.h"
+#include "data/conversation/conversation_dataset.h"
 
 #include "core/error.h"
 #include "core/json_read.h"
@@ -6,7 +6,7 @@
 #include "core/regular_file.h"
 #include "data/image/image_decode.h"
 #include "io/atomic_file.h"
-#include "models/mistral3/config.h"
+#include "models/model_spec.h"
 
 #include <nlohmann/json.hpp>
 
@@ -19,7 +19,7 @@
 #include <sstream>
 #include <variant>
 
-namespace mmtrain::mistral3 {
+namespace mmtrain::conversation {
 namespace fs = std::filesystem;
 
 namespace {
@@ -136,14 +136,21 @@ ConversationDataOptions ConversationDataOptions::from_config(const DataConfig& d
   const auto basic = p.child("basic_parameters");
   basic.check_known_keys({"template", "dataset", "dataset_dir", "cutoff_len", "max_samples", "packing", "default_system"});
   const auto pre = p.child("preprocess_parameters");
-  pre.check_known_keys({"model_name_or_path", "fix_mistral_regex", "split_special_tokens", "image_longest_edge",
-                        "align_to_merged_patch", "max_image_pixels"});
+  // The model says which image processor reads its images; the processor adds its own keys.
+  const auto& spec = model_spec(model.model_id, "model.model_id");
+  if (!spec.vision_inputs)
+    fail("data.dataset_param.dataset_type: ", kDatasetType, " needs a vision-language model; model.model_id '",
+         model.model_id, "' takes no images");
+  const VisionInputs vision = spec.vision_inputs(model.config);
+  const auto& processor = image::image_processor_registry().get(vision.image_processor, "model " + model.model_id);
+  std::vector<std::string> pre_keys = {"model_name_or_path", "fix_mistral_regex", "split_special_tokens",
+                                       "max_image_pixels"};
+  pre_keys.insert(pre_keys.end(), processor.preprocess_keys.begin(), processor.preprocess_keys.end());
+  pre.check_known_keys(pre_keys);
 
-  const auto template_name = basic.get_string("template", "mistral");
-  if (template_name != "mistral")
-    fail(basic.where("template"), ": '", template_name, "' is not implemented; dataset ", kDatasetType,
-         " knows 'mistral' (Mistral v7+ / tekken chat format)");
   ConversationDataOptions o;
+  o.chat_template = basic.get_string("template", o.chat_template);
+  chat::chat_template_registry().get(o.chat_template, basic.where("template"));  // a known format
   o.dataset_file = basic.get_string("dataset", "");
   if (o.dataset_file.empty()) fail(basic.where("dataset"), ": required (a JSON list or JSONL file of conversations)");
   o.dataset_dir = basic.get_string("dataset_dir", fs::path(o.dataset_file).parent_path().string());
@@ -162,12 +169,7 @@ ConversationDataOptions ConversationDataOptions::from_config(const DataConfig& d
   o.tokenizer.fix_mistral_regex = pre.get_bool("fix_mistral_regex", false);
   o.tokenizer.split_special_tokens = pre.get_bool("split_special_tokens", false);
 
-  const auto m = Mistral3Config::from_json(model.config);
-  o.image.patch_size = m.patch_size;
-  o.image.spatial_merge_size = m.spatial_merge_size;
-  o.image.longest_edge = pre.get_int("image_longest_edge", m.image_size);
-  o.image.align_to_merged_patch = pre.get_bool("align_to_merged_patch", true);
-  o.image.validate();
+  o.images = processor.make(vision, pre);
   o.max_image_pixels = pre.get_int("max_image_pixels", image::kDefaultMaxImagePixels);
   if (o.max_image_pixels < 1)
     fail(pre.where("max_image_pixels"), ": expected >= 1 pixel, found ", o.max_image_pixels);
@@ -176,10 +178,11 @@ ConversationDataOptions ConversationDataOptions::from_config(const DataConfig& d
 
 ConversationDataset::ConversationDataset(const ConversationDataOptions& options) : options_(options) {
   auto tokenizer = tokenizer::load_text_tokenizer(options_.tokenizer_path, options_.tokenizer);
-  image_ids_.image = tokenizer->special_id("[IMG]");
-  image_ids_.row_break = tokenizer->special_id("[IMG_BREAK]");
-  image_ids_.end = tokenizer->special_id("[IMG_END]");
-  template_ = std::make_unique<chat::MistralChatTemplate>(std::move(tokenizer), options_.default_system);
+  const auto names = options_.images->token_names();
+  image_ids_.image = tokenizer->special_id(names[0]);
+  image_ids_.row_break = tokenizer->special_id(names[1]);
+  image_ids_.end = tokenizer->special_id(names[2]);
+  template_ = chat::chat_template_registry().get(options_.chat_template)(std::move(tokenizer), options_.default_system);
 
   auto records = read_records(options_.dataset_file);
   if (options_.max_samples > 0 && static_cast<int64_t>(records.size()) > options_.max_samples)
@@ -220,7 +223,7 @@ ConversationDataset::ConversationDataset(const ConversationDataOptions& options)
       auto resized_size = [&] {
         const auto dims = image::read_image_dims(path.string(), options_.max_image_pixels);
         try {
-          return image::pixtral_resize_size(dims.height, dims.width, options_.image);
+          return options_.images->resize_size(dims.height, dims.width);
         } catch (const Error& e) {
           fail("image ", path.string(), ": ", e.what());
         }
@@ -261,7 +264,7 @@ ConversationDataset::Encoded ConversationDataset::encode(const Sample& sample) c
   std::vector<std::vector<int32_t>> image_tokens;
   std::vector<image::ImageTokenLayout> layouts;
   for (const auto& size : sample.resized) {
-    layouts.push_back(image::image_token_layout(size.height, size.width, options_.image));
+    layouts.push_back(options_.images->token_layout(size));
     const auto ids = layouts.back().token_ids(image_ids_.image, image_ids_.row_break, image_ids_.end);
     image_tokens.emplace_back(ids.begin(), ids.end());
   }
@@ -307,7 +310,7 @@ std::optional<Batch> ConversationDataset::build(int64_t index) const {
                      options_.dataset_file.c_str(), static_cast<long long>(index), e.what(), undecodable_.size());
       return std::nullopt;
     }
-    pixels.push_back(image::pixtral_preprocess(rgb, options_.image).unsqueeze(0));
+    pixels.push_back(options_.images->preprocess(rgb).unsqueeze(0));
     sizes.push_back(pixels.back().size(2));
     sizes.push_back(pixels.back().size(3));
   }
@@ -395,4 +398,12 @@ std::vector<std::vector<int64_t>> greedy_knapsack(const std::vector<int64_t>& le
   return bins;
 }
 
-}  // namespace mmtrain::mistral3
+namespace {
+
+const DatasetRegistration dataset(kDatasetType, [](const DataConfig& data, const ModelConfig& model) {
+  return std::make_shared<ConversationDataset>(ConversationDataOptions::from_config(data, model));
+});
+
+}  // namespace
+
+}  // namespace mmtrain::conversation

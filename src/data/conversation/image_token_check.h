@@ -9,12 +9,13 @@
 #include <string>
 #include <vector>
 
-namespace mmtrain::mistral3 {
+namespace mmtrain::conversation {
 
+// The tokenizer's ids of the image processor's three image tokens (ImageProcessor::token_names).
 struct ImageTokenIds {
-  int32_t image = image::kImageTokenId;
-  int32_t row_break = image::kImageBreakTokenId;
-  int32_t end = image::kImageEndTokenId;
+  int32_t image = 0;
+  int32_t row_break = 0;
+  int32_t end = 0;
 };
 
 // Empty when input_ids hold, in order, exactly one block
@@ -24,4 +25,4 @@ struct ImageTokenIds {
 std::string check_image_tokens(const std::vector<int32_t>& input_ids, const std::vector<int32_t>& labels,
                                const std::vector<image::ImageTokenLayout>& layouts, const ImageTokenIds& ids);
 
-}  // namespace mmtrain::mistral3
+}  // namespace mmtrain::conversation
