@@ -37,10 +37,6 @@ Registry<ChatTemplateFactory>& chat_template_registry() {
   return registry;
 }
 
-ChatTemplateRegistration::ChatTemplateRegistration(const std::string& name, ChatTemplateFactory factory) {
-  chat_template_registry().add(name, std::move(factory));
-}
-
 TrainingSequence truncate_turns(const std::vector<EncodedTurn>& turns, int64_t cutoff_len) {
   TrainingSequence seq;
   int64_t total = 0;

@@ -50,11 +50,9 @@ class ChatTemplate {
 // default_system is used when a conversation has no system message (empty: no system block).
 using ChatTemplateFactory = std::function<std::unique_ptr<const ChatTemplate>(
     std::shared_ptr<const tokenizer::TextTokenizer> tokenizer, const std::string& default_system)>;
+// Formats register from their own file: const StaticRegistration<ChatTemplateFactory>
+// reg(chat_template_registry(), "mistral", factory);
 Registry<ChatTemplateFactory>& chat_template_registry();
-
-struct ChatTemplateRegistration {
-  ChatTemplateRegistration(const std::string& name, ChatTemplateFactory factory);
-};
 
 // Concatenates the turns into one sequence of at most cutoff_len tokens (cutoff_len <= 0: no
 // limit), as LLaMA-Factory's SupervisedDatasetProcessor: once the total reaches the cutoff the

@@ -66,10 +66,11 @@ std::vector<EncodedTurn> MistralChatTemplate::encode(const Conversation& convers
 
 namespace {
 
-const ChatTemplateRegistration mistral("mistral", [](std::shared_ptr<const tokenizer::TextTokenizer> tokenizer,
-                                                     const std::string& default_system) {
-  return std::unique_ptr<const ChatTemplate>(std::make_unique<MistralChatTemplate>(std::move(tokenizer), default_system));
-});
+const StaticRegistration<ChatTemplateFactory> mistral(
+    chat_template_registry(), "mistral",
+    [](std::shared_ptr<const tokenizer::TextTokenizer> tokenizer, const std::string& default_system) {
+      return std::unique_ptr<const ChatTemplate>(std::make_unique<MistralChatTemplate>(std::move(tokenizer), default_system));
+    });
 
 }  // namespace
 

@@ -20,8 +20,8 @@ class PixtralProcessor : public ImageProcessor {
   PixtralImageConfig config_;
 };
 
-const ImageProcessorRegistration pixtral(
-    "pixtral", {{"image_longest_edge", "align_to_merged_patch"},
+const StaticRegistration<ImageProcessorFactory> pixtral(
+    image_processor_registry(), "pixtral", {{"image_longest_edge", "align_to_merged_patch"},
                 [](const VisionInputs& vision, const ParamMap& preprocess) -> std::shared_ptr<const ImageProcessor> {
                   PixtralImageConfig c;
                   c.patch_size = vision.patch_size;
@@ -36,10 +36,6 @@ const ImageProcessorRegistration pixtral(
 Registry<ImageProcessorFactory>& image_processor_registry() {
   static Registry<ImageProcessorFactory> registry("image processor");
   return registry;
-}
-
-ImageProcessorRegistration::ImageProcessorRegistration(const std::string& name, ImageProcessorFactory factory) {
-  image_processor_registry().add(name, std::move(factory));
 }
 
 }  // namespace mmtrain::image

@@ -38,10 +38,8 @@ struct ImageProcessorFactory {
   std::function<std::shared_ptr<const ImageProcessor>(const VisionInputs& vision, const ParamMap& preprocess)> make;
 };
 
+// Processors register from their own file: const StaticRegistration<ImageProcessorFactory>
+// reg(image_processor_registry(), "pixtral", factory);
 Registry<ImageProcessorFactory>& image_processor_registry();
-
-struct ImageProcessorRegistration {
-  ImageProcessorRegistration(const std::string& name, ImageProcessorFactory factory);
-};
 
 }  // namespace mmtrain::image
