@@ -32,6 +32,10 @@ def test_unknown_override_and_bad_value(tmp_path, token_file):
     cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file))
     assert_fails(run_mmtrain(["train", str(cfg), "--set", "training.lrr=1"], check=False), "training.lrr")
     assert_fails(run_mmtrain(["train", str(cfg), "--set", "training.lr=abc"], check=False), "training.lr", "abc")
+    # A learning rate the fp32 step cannot take (1e38 overflowed every weight in the first step,
+    # and the NaN checkpoint that followed passed its checksums) is refused by name, up front.
+    assert_fails(run_mmtrain(["train", str(cfg), "--set", "training.lr=1e38"], check=False), "training.lr",
+                 "expected at most 1000")
 
 
 def test_missing_checkpoint(tmp_path, token_file):
