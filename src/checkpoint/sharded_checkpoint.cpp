@@ -121,6 +121,14 @@ std::string dir_replace(const fs::path& from, const fs::path& to, const fs::path
 
 // Rank 0, before anyone writes: a crashed save's iter_*.tmp* dirs and latest.tmp go away, and the
 // fixed tmp dir of this save starts empty.
+// The iteration of an iter_N directory name; -1 when its digits do not fit 64 bits (not a
+// directory mmtrain wrote).
+int64_t iteration_of(const std::string& dir_name) {
+  const std::string digits = dir_name.substr(5);
+  if (digits.size() > 18) return -1;
+  return std::stoll(digits);
+}
+
 void save_prepare(const fs::path& root, const fs::path& tmp_dir) {
   fs::create_directories(root);
   std::vector<fs::path> stale;  // collected first: removing while iterating a directory is unspecified
@@ -252,6 +260,31 @@ std::string checkpoint_dir_name(int64_t iteration) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "iter_%07lld", static_cast<long long>(iteration));
   return buf;
+}
+
+std::vector<std::string> checkpoint_prune(const std::string& save_root, int keep) {
+  if (keep < 1) fail("checkpoint_prune: keep must be >= 1, found ", keep);
+  const fs::path root(save_root);
+  std::string latest;
+  if (fs::exists(root / kLatestFile)) latest = trim(file_read_text((root / kLatestFile).string()));
+  std::vector<std::pair<int64_t, std::string>> complete;
+  for (const auto& entry : fs::directory_iterator(root)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && is_checkpoint_dir_name(name) && iteration_of(name) >= 0)
+      complete.emplace_back(iteration_of(name), name);
+  }
+  std::sort(complete.begin(), complete.end());
+  std::vector<std::string> removed;
+  const size_t doomed = complete.size() > static_cast<size_t>(keep) ? complete.size() - keep : 0;
+  for (size_t i = 0; i < doomed; ++i) {
+    const std::string& name = complete[i].second;
+    if (name == latest) continue;
+    const fs::path pruned = root / (name + kTmpSuffix + ".pruned");
+    fs::rename(root / name, pruned);
+    fs::remove_all(pruned);
+    removed.push_back(name);
+  }
+  return removed;
 }
 
 std::string checkpoint_save(const std::string& save_root, int64_t iteration, Comm& comm,

@@ -33,6 +33,12 @@ struct ShardedTensor {
 std::string checkpoint_dir_name(int64_t iteration);
 // Whether save_root has a `latest` file, i.e. a save there has completed at least once.
 bool checkpoint_saved_under(const std::string& save_root);
+// training.keep_latest_k: removes the complete iter_N directories under save_root beyond the
+// newest `keep` (keep >= 1), never the one `latest` names; unfinished saves (*.tmp) are not
+// touched. A directory is renamed to iter_N.tmp.pruned before it is removed, so a crash midway
+// leaves a stale save that the next save clears, never a half-deleted checkpoint. Rank 0 calls
+// it after a save. Returns the names removed, oldest first.
+std::vector<std::string> checkpoint_prune(const std::string& save_root, int keep);
 
 // Collective: every rank calls it with its own shards (any subset of tensors, as long as the ranks'
 // row ranges of each tensor tile [0, global_shape[0]) exactly; rank 0 checks that before committing).

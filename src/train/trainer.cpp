@@ -233,6 +233,10 @@ struct Trainer::State {
       fail(e.what(), " (training.lr of that step: ", schedule.at(step - 1), ")");
     }
     log("saved checkpoint " + dir);
+    const int keep = config.training.keep_latest_k;
+    if (is_rank0() && keep > 0)
+      for (const auto& name : checkpoint_prune(config.training.save, keep))
+        log("training.keep_latest_k " + std::to_string(keep) + ": removed " + name);
   }
 
   void resume(const std::string& path) {

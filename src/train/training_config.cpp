@@ -28,6 +28,7 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
       .field("no_load_rng", &T::no_load_rng)
       .field("save", &T::save)
       .field("save_interval", &T::save_interval)
+      .field("keep_latest_k", &T::keep_latest_k)
       .field("log_interval", &T::log_interval)
       .field("exit_interval", &T::exit_interval)
       .field("use_deter_comp", &T::use_deter_comp)
@@ -62,6 +63,7 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
         if (!(t.clip_grad >= 0.0)) check.invalid("clip_grad", ">= 0 (0 = no clipping)", number(t.clip_grad));
         check.one_of("optimizer", t.optimizer, {"adamw"});
         check.at_least("save_interval", t.save_interval, 0);
+        check.at_least("keep_latest_k", t.keep_latest_k, 0);
         check.at_least("exit_interval", t.exit_interval, 0);
         check.at_least("log_interval", t.log_interval, 1);
         if (t.load == "auto" && t.save.empty())

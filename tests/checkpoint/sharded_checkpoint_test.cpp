@@ -167,6 +167,28 @@ TEST(ShardedCheckpoint, LaterSaveMovesLatestAndSameIterationIsReplaced) {
     EXPECT_EQ(entry.path().filename().string().find(".tmp"), std::string::npos) << entry.path();
 }
 
+// keep_latest_k: the newest k complete checkpoints stay, never the one `latest` names, and a
+// save in progress (*.tmp) is not touched.
+TEST(ShardedCheckpoint, PruneKeepsTheNewestAndTheLatest) {
+  TempDir root;
+  testing::run_ranks(2, [&](Comm& comm) {
+    for (int64_t it : {10, 20, 30, 40}) save_model(root.str(), it, comm, 100 + it);
+  });
+  fs::create_directory(root / "iter_0000050.tmp");  // a save being written
+  EXPECT_EQ(checkpoint_prune(root.str(), 2), (std::vector<std::string>{"iter_0000010", "iter_0000020"}));
+  EXPECT_FALSE(fs::exists(root / "iter_0000010"));
+  EXPECT_TRUE(fs::exists(root / "iter_0000030"));
+  EXPECT_TRUE(fs::exists(root / "iter_0000050.tmp"));
+  expect_reads_back(root.str(), 140, 2);
+  // `latest` pointing at an older checkpoint (a resume that saved again) keeps it.
+  write_bytes(root / "latest", "iter_0000030\n");
+  EXPECT_EQ(checkpoint_prune(root.str(), 1), (std::vector<std::string>{}));  // 30 is latest, 40 the newest
+  EXPECT_TRUE(fs::exists(root / "iter_0000030") && fs::exists(root / "iter_0000040"));
+  for (const auto& entry : fs::directory_iterator(root.str()))
+    EXPECT_EQ(entry.path().filename().string().find(".pruned"), std::string::npos) << entry.path();
+  EXPECT_THROW(checkpoint_prune(root.str(), 0), Error);
+}
+
 TEST(ShardedCheckpoint, CrashMidSaveLeavesThePreviousCheckpointLoadable) {
   TempDir root;
   testing::run_ranks(2, [&](Comm& comm) { save_model(root.str(), 10, comm, 100); });

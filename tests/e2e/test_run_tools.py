@@ -140,8 +140,11 @@ def test_a_rerun_is_refused_and_load_auto_resumes(tmp_path, token_file):
     again = run_mmtrain(["train", str(cfg)], world=2, check=False)
     assert again.returncode != 0
     assert "already holds a run" in again.stderr and "iterations 1-5" in again.stderr, again.stderr[-2000:]
-    proc = run_mmtrain(["train", str(cfg), "--set", "training.load=auto"], world=2)
+    proc = run_mmtrain(["train", str(cfg), "--set", "training.load=auto", "--set", "training.keep_latest_k=1"], world=2)
     assert "resum" in proc.stdout.lower()
+    # keep_latest_k 1: the checkpoint of iteration 5 went once iteration 10's was complete.
+    assert "training.keep_latest_k 1: removed iter_0000005" in proc.stdout, proc.stdout[-2000:]
+    assert not (tmp_path / "ckpt" / "iter_0000005").exists() and (tmp_path / "ckpt" / "iter_0000010").exists()
     got = read_metrics(tmp_path / "run")
     assert [m["iteration"] for m in got] == list(range(1, 11))  # each iteration once
     assert [m["loss"] for m in got] == [m["loss"] for m in straight]
