@@ -57,6 +57,8 @@ M = [
  ("PNG header over the cap", "src/data/image/image_decode.cpp", "    check_png_header_pixels(data, size, max_pixels, label);", "", G + "ImageDecode.*"),
  ("JSON object is not JSONL", "src/data/conversation/conversation_dataset.cpp", "if (records.empty() && text[first] == '{'", "if (false", G + "ConversationDataset.*"),
  ("one run per save root", "src/train/save_root_lock.cpp", "  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {", "  if (false) {", G + "SaveRootLock.*"),
+ ("pinned global batch checked", "src/train/config.cpp", "  if (t.global_batch_size % per_micro != 0)", "  if (false)", G + "ConfigTest.WorldSizeChecks"),
+ ("keep_latest_k keeps latest", "src/checkpoint/sharded_checkpoint.cpp", "    if (name == latest) continue;\n", "", G + "ShardedCheckpoint.Prune*"),
  ("finished run is an error", "src/train/trainer.cpp", "    if (t.load != \"auto\")\n      fail(", "    if (false)\n      fail(", PY + "test_run_tools.py -k rerun"),
 ]
 only = sys.argv[1:]

@@ -22,9 +22,10 @@ namespace mmtrain {
 
 void debug_collate(const std::string& config_path, const std::vector<std::string>& overrides,
                    const std::string& out_path, const DebugCollateOptions& o) {
-  const auto c = config_load(config_path, overrides);
+  auto c = config_load(config_path, overrides);
   if (o.world < 1 || o.rank < 0 || o.rank >= o.world)
     fail("debug collate: expected 0 <= --rank < --world, found rank ", o.rank, ", world ", o.world);
+  config_resolve_world(c, o.world);
   const ParallelDims dims = config_check_world(c, o.world);
   if (o.step < 0) fail("debug collate: --step must be >= 0, found ", o.step);
   if (o.micro < 0 || o.micro >= c.training.gradient_accumulation_steps)
@@ -48,7 +49,8 @@ void debug_collate(const std::string& config_path, const std::vector<std::string
 void debug_step(const std::string& config_path, const std::vector<std::string>& overrides,
                 const std::string& batch_path, const std::string& out_path) {
   auto config = config_load(config_path, overrides);
-  config_check_supported(config, 1);  // one process, like the trainer at world size 1
+  config_resolve_world(config, 1);  // one process, like the trainer at world size 1
+  config_check_supported(config, 1);
   auto model = build_model(config);
   auto fsdp = parallelize_model(config, *model, DeviceMesh::single(std::make_shared<Comm>(nullptr, 0, 1)));
   load_initial_weights(config, *model, *fsdp);

@@ -7,7 +7,6 @@
 #include "core/regular_file.h"
 #include "core/suggest.h"
 #include "data/dataset.h"
-#include "data/sampler.h"
 #include "models/model_spec.h"
 
 #include <filesystem>
@@ -100,15 +99,32 @@ Config config_load(const std::string& path, const std::vector<std::string>& over
 nlohmann::json config_to_json(const Config& config) { return schema().to_json(&config); }
 
 ParallelDims config_check_world(const Config& c, int world_size) {
-  const std::string where = "config " + c.source_path + ": ";
-  const ParallelDims dims = parallel_dims(c.parallel, world_size, where);
-  const auto& t = c.training;
-  const int64_t global = global_batch_size(t.micro_batch_size, t.gradient_accumulation_steps, dims.dp());
-  if (t.global_batch_size != 0 && t.global_batch_size != global)
-    fail(where, "training.global_batch_size: expected 0 (derived) or micro_batch_size * gradient_accumulation_steps * ",
-         "data-parallel size = ", t.micro_batch_size, " * ", t.gradient_accumulation_steps, " * ", dims.dp(), " = ",
-         global, ", found ", t.global_batch_size);
+  const ParallelDims dims = parallel_dims(c.parallel, world_size, "config " + c.source_path + ": ");
+  config_accumulation(c, dims);
   return dims;
+}
+
+int config_accumulation(const Config& c, const ParallelDims& dims) {
+  const std::string where = "config " + c.source_path + ": ";
+  const auto& t = c.training;
+  const int64_t per_micro = int64_t{t.micro_batch_size} * dims.dp();  // samples per micro-batch, all ranks
+  if (t.global_batch_size == 0) return t.gradient_accumulation_steps == 0 ? 1 : t.gradient_accumulation_steps;
+  if (t.global_batch_size % per_micro != 0)
+    fail(where, "training.global_batch_size ", t.global_batch_size, " is not a multiple of micro_batch_size * ",
+         "data-parallel size = ", t.micro_batch_size, " * ", dims.dp(), " = ", per_micro, " on this world of ",
+         dims.world, " ranks: no whole number of accumulation steps keeps it");
+  const int64_t derived = t.global_batch_size / per_micro;
+  if (t.gradient_accumulation_steps != 0 && t.gradient_accumulation_steps != derived)
+    fail(where, "training.gradient_accumulation_steps ", t.gradient_accumulation_steps,
+         " disagrees with training.global_batch_size ", t.global_batch_size, " = micro_batch_size * ",
+         "gradient_accumulation_steps * data-parallel size = ", t.micro_batch_size, " * ", derived, " * ", dims.dp(),
+         " on this world: set one of them (gradient_accumulation_steps 0 derives it)");
+  return static_cast<int>(derived);
+}
+
+void config_resolve_world(Config& c, int world_size) {
+  const ParallelDims dims = config_check_world(c, world_size);
+  c.training.gradient_accumulation_steps = config_accumulation(c, dims);
 }
 
 ParallelDims config_check_supported(const Config& c, int world_size) {

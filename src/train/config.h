@@ -49,8 +49,18 @@ Config config_from_yaml_string(const std::string& text, const std::string& sourc
 nlohmann::json config_to_json(const Config& config);
 
 // Checks what needs the world size: the parallel degrees (parallel_dims, which it returns) and
-// training.global_batch_size, when set, against micro x accumulation x the data-parallel size.
+// the global batch (config_accumulation).
 ParallelDims config_check_world(const Config& config, int world_size);
+// The one owner of the global batch: micro-batches per optimizer step on this world.
+//   training.global_batch_size 0: gradient_accumulation_steps (0 means 1); the global batch is
+//     then micro x accumulation x data-parallel size.
+//   training.global_batch_size G: G / (micro x data-parallel size), which must be whole; a set
+//     gradient_accumulation_steps must equal it. So G stays the same when the world changes.
+// Errors name both keys and the numbers.
+int config_accumulation(const Config& config, const ParallelDims& dims);
+// config_check_world, then writes the resolved accumulation into config.training, which every
+// reader after it (the sampler, the train step, the checkpoint's config) then sees.
+void config_resolve_world(Config& config, int world_size);
 // config_check_world, then refuses, naming the key, every seed key mmtrain accepts in a YAML but
 // does not implement (the list in config.cpp: each must be left at its default), and checks
 // training.plugin against the built-in models and datasets. `train` and `debug step` call it;

@@ -260,7 +260,8 @@ StateLoaded state_load(const std::string& path, Comm& comm, Model& model, Fsdp& 
   if (saved_gbs != options.global_batch_size)
     fail("cannot resume from ", reader.dir(), ": it was trained with global batch size ", saved_gbs, " (world size ",
          reader.saved_world_size(), "), this run has ", options.global_batch_size, " (world size ", comm.world_size(),
-         "); choose micro_batch_size/gradient_accumulation_steps so they match");
+         "); set training.global_batch_size to it (the accumulation is then derived for this world) or choose "
+         "micro_batch_size/gradient_accumulation_steps so they match");
   check_same_model_config(reader, options);
   check_no_extra_tensors(reader, model, options.load_optimizer);
   state_load_model(reader, model, fsdp);

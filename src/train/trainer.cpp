@@ -44,6 +44,7 @@ struct Trainer::State {
   }
 
   void build() {
+    config_resolve_world(config, comm().world_size());  // accumulation derived from a pinned global batch
     const auto& c = config;
     const ParallelDims dims = config_check_supported(c, comm().world_size());
     // Before any model tensor exists, so that the counting allocator sees all of them.

@@ -36,7 +36,7 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
       .check([](const T& t, const ConfigCheck& check) {
         const auto number = ConfigCheck::number;
         check.at_least("micro_batch_size", t.micro_batch_size, 1);
-        check.at_least("gradient_accumulation_steps", t.gradient_accumulation_steps, 1);
+        check.at_least("gradient_accumulation_steps", t.gradient_accumulation_steps, 0);
         if (t.global_batch_size < 0)
           check.invalid("global_batch_size", "0 (derived) or a positive integer", std::to_string(t.global_batch_size));
         check.at_least("train_iters", t.train_iters, 0);

@@ -15,8 +15,8 @@ constexpr double kMaxLearningRate = 1e3;
 
 struct TrainingConfig {
   int micro_batch_size = 1;                    // samples per rank per forward
-  int gradient_accumulation_steps = 1;         // micro-batches per optimizer step
-  int global_batch_size = 0;                   // 0 = micro * accum * data-parallel size; else must equal it
+  int gradient_accumulation_steps = 0;         // micro-batches per optimizer step; 0 = derived (config.h)
+  int global_batch_size = 0;                   // samples per step; set, it is kept on any world size (config.h)
   uint64_t seed = 42;
   double lr = 1e-5;                            // peak learning rate, at most kMaxLearningRate
   double lr_min = 0.0;                         // floor of the decay

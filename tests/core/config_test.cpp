@@ -190,6 +190,7 @@ TEST(ConfigTest, MinimalYamlKeepsDefaults) {
   EXPECT_EQ(c.features.loss_type, "raw");
   EXPECT_DOUBLE_EQ(c.training.lr, 1e-5);
   EXPECT_EQ(c.training.lr_decay_style, "constant");
+  EXPECT_EQ(c.training.gradient_accumulation_steps, 0);  // derived: 1 without a global_batch_size
   EXPECT_EQ(c.logging.output_dir, "runs/default");
   EXPECT_TRUE(c.logging.progress);
   EXPECT_EQ(c.data.dataset_type, "");
@@ -282,7 +283,7 @@ TEST(ConfigTest, WrongTypesNameKeyAndFile) {
 TEST(ConfigTest, ImpossibleCombinationsNameKeyAndFile) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"training.micro_batch_size=0", "training.micro_batch_size: expected >= 1, found 0"},
-      {"training.gradient_accumulation_steps=0", "training.gradient_accumulation_steps: expected >= 1, found 0"},
+      {"training.gradient_accumulation_steps=-1", "training.gradient_accumulation_steps: expected >= 0, found -1"},
       {"training.train_iters=-1", "training.train_iters: expected >= 0, found -1"},
       {"training.lr_min=-1e-6", "training.lr_min: expected >= 0"},
       {"training.lr_min=1e-4", "training.lr: expected >= training.lr_min (0.0001), found 1e-05"},
@@ -443,9 +444,22 @@ TEST(ConfigTest, WorldSizeChecks) {
   EXPECT_NO_THROW(config_check_world(c, 8));
   c.training.global_batch_size = 16;
   EXPECT_CONTAINS(error_of([&] { config_check_world(c, 8); }),
-                  "training.global_batch_size: expected 0 (derived) or micro_batch_size * "
-                  "gradient_accumulation_steps * data-parallel size = 2 * 3 * 4 = 24, found 16");
+                  "training.gradient_accumulation_steps 3 disagrees with training.global_batch_size 16 = "
+                  "micro_batch_size * gradient_accumulation_steps * data-parallel size = 2 * 2 * 4 on this world");
+  // A pinned global batch: the accumulation follows the world (derived when 0).
+  c.training.gradient_accumulation_steps = 0;
+  EXPECT_EQ(config_accumulation(c, config_check_world(c, 8)), 2);  // 16 / (2 x 4)
+  c.parallel.ulysses_parallel_size = 1;
+  c.parallel.data_parallel_size = 0;
+  EXPECT_EQ(config_accumulation(c, config_check_world(c, 2)), 4);   // 16 / (2 x 2)
+  EXPECT_CONTAINS(error_of([&] { config_check_world(c, 3); }),
+                  "training.global_batch_size 16 is not a multiple of micro_batch_size * data-parallel size = "
+                  "2 * 3 = 6 on this world of 3 ranks");
   c.training.global_batch_size = 0;
+  EXPECT_EQ(config_accumulation(c, config_check_world(c, 2)), 1);  // neither set: one micro-batch
+  c.parallel.ulysses_parallel_size = 2;
+  c.parallel.data_parallel_size = 4;
+  c.training.gradient_accumulation_steps = 3;
 
   c.parallel.expert_parallel_size = 3;
   EXPECT_CONTAINS(error_of([&] { config_check_world(c, 8); }), "parallel.expert_parallel_size: expected a divisor");

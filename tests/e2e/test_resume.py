@@ -87,3 +87,33 @@ def test_shuffled_epochs_resume_exactly_and_workers_change_nothing(tmp_path, tok
     got = read_metrics(resumed / "run")
     assert [m["iteration"] for m in got] == list(range(8, 21))
     assert [(m["loss"], m["grad_norm"]) for m in got] == [(m["loss"], m["grad_norm"]) for m in runs["straight"][7:]]
+
+
+def test_a_pinned_global_batch_derives_the_accumulation_on_any_world(tmp_path, token_file):
+    """training.global_batch_size 8 with the accumulation left to derive: 2 ranks x micro 2 take 2
+    micro-batches a step, 4 ranks take 1, and the resumed run continues the 2-rank one."""
+    straight = tmp_path / "straight"
+    straight.mkdir()
+    cfg = write_config(straight / "c.yaml", tiny_config(straight, token_file, mbs=2, accum=2, iters=8))
+    run_mmtrain(["train", str(cfg)], world=2)
+    expected = read_metrics(straight / "run")
+
+    pinned = tmp_path / "pinned"
+    pinned.mkdir()
+    cfg = write_config(pinned / "c.yaml", tiny_config(pinned, token_file, mbs=2, accum=0, iters=8))
+    run_mmtrain(["train", str(cfg), "--set", "training.global_batch_size=8", "--set", "training.exit_interval=4"],
+                world=2)
+    shutil.rmtree(pinned / "run")
+    run_mmtrain(["train", str(cfg), "--set", "training.global_batch_size=8",
+                 "--set", f"training.load={pinned / 'ckpt'}"], world=4)
+    got = read_metrics(pinned / "run")
+    assert [m["iteration"] for m in got] == list(range(5, 9))
+    for a, b in zip(got, expected[4:]):
+        assert a["global_batch_size"] == 8
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]), (a, b)
+    # A world whose micro x data-parallel size does not divide the batch is refused with the numbers.
+    proc = run_mmtrain(["train", str(cfg), "--set", "training.global_batch_size=8",
+                        "--set", f"training.load={pinned / 'ckpt'}"], world=3, check=False)
+    assert proc.returncode != 0
+    assert "training.global_batch_size 8 is not a multiple of micro_batch_size * data-parallel size = 2 * 3 = 6" \
+        in proc.stderr, proc.stderr[-2000:]
