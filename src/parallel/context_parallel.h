@@ -47,8 +47,6 @@ class ContextParallel : public SequenceSplitter {
   ContextParallel(std::shared_ptr<Comm> ring, std::shared_ptr<Comm> ulysses, std::shared_ptr<Comm> cp);
 
   int ways() const override { return cp_->world_size(); }
-  int ring_size() const { return ring_->world_size(); }
-  int ulysses_size() const { return ulysses_->world_size(); }
   // The split of a packed stream with samples at cu_seqlens (from 0 to T); causal attention
   // takes the zigzag ring chunks.
   std::shared_ptr<const SequenceSplit> split(std::vector<int64_t> cu_seqlens, bool causal) const override;
