@@ -28,6 +28,17 @@ def test_resume_is_bitwise_identical(tmp_path, token_file):
         assert a["lr"] == b["lr"]
 
 
+def stop_at_10_then_resume_on_4(run_dir, token_file, accum, first_sets, resume_sets):
+    """Trains 10 of 20 steps on 2 ranks (micro 2, `first_sets`), resumes on 4 ranks with
+    `resume_sets`; returns the resumed run's metrics and its config."""
+    run_dir.mkdir()
+    cfg = write_config(run_dir / "c.yaml", tiny_config(run_dir, token_file, mbs=2, accum=accum, iters=20))
+    run_mmtrain(["train", str(cfg), *first_sets, "--set", "training.exit_interval=10"], world=2)
+    shutil.rmtree(run_dir / "run")
+    run_mmtrain(["train", str(cfg), *resume_sets, "--set", f"training.load={run_dir / 'ckpt'}"], world=4)
+    return read_metrics(run_dir / "run"), cfg
+
+
 def test_resume_two_rank_checkpoint_on_four_ranks(tmp_path, token_file):
     # Global batch 8 both ways: 2 ranks x micro 2 x accum 2, then 4 ranks x micro 2 x accum 1.
     straight = tmp_path / "straight"
@@ -36,17 +47,23 @@ def test_resume_two_rank_checkpoint_on_four_ranks(tmp_path, token_file):
     run_mmtrain(["train", str(cfg)], world=2)
     expected = read_metrics(straight / "run")
 
-    moved = tmp_path / "moved"
-    moved.mkdir()
-    cfg = write_config(moved / "c.yaml", tiny_config(moved, token_file, mbs=2, accum=2, iters=20))
-    run_mmtrain(["train", str(cfg), "--set", "training.exit_interval=10"], world=2)
-    shutil.rmtree(moved / "run")
-    run_mmtrain(["train", str(cfg), "--set", "training.gradient_accumulation_steps=1",
-                 "--set", f"training.load={moved / 'ckpt'}"], world=4)
-    got = read_metrics(moved / "run")
-    assert [m["iteration"] for m in got] == list(range(11, 21))
-    for a, b in zip(got, expected[10:]):
-        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]), (a, b)
+    # The accumulation set by hand on each world, then derived from a pinned global batch (0 =
+    # derive: 2 micro-batches on 2 ranks, 1 on 4).
+    moved, _ = stop_at_10_then_resume_on_4(tmp_path / "moved", token_file, 2, [],
+                                           ["--set", "training.gradient_accumulation_steps=1"])
+    pin = ["--set", "training.global_batch_size=8"]
+    pinned, pinned_cfg = stop_at_10_then_resume_on_4(tmp_path / "pinned", token_file, 0, pin, pin)
+    for got in (moved, pinned):
+        assert [m["iteration"] for m in got] == list(range(11, 21))
+        for a, b in zip(got, expected[10:]):
+            assert a["global_batch_size"] == 8
+            assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]), (a, b)
+    # A world whose micro x data-parallel size does not divide the pinned batch is refused with the numbers.
+    proc = run_mmtrain(["train", str(pinned_cfg), "--set", "training.global_batch_size=8",
+                        "--set", f"training.load={tmp_path / 'pinned' / 'ckpt'}"], world=3, check=False)
+    assert proc.returncode != 0
+    assert "training.global_batch_size 8 is not a multiple of micro_batch_size * data-parallel size = 2 * 3 = 6" \
+        in proc.stderr, proc.stderr[-2000:]
 
 
 def test_resume_refuses_a_global_batch_it_cannot_keep(tmp_path, token_file):
@@ -88,32 +105,3 @@ def test_shuffled_epochs_resume_exactly_and_workers_change_nothing(tmp_path, tok
     assert [m["iteration"] for m in got] == list(range(8, 21))
     assert [(m["loss"], m["grad_norm"]) for m in got] == [(m["loss"], m["grad_norm"]) for m in runs["straight"][7:]]
 
-
-def test_a_pinned_global_batch_derives_the_accumulation_on_any_world(tmp_path, token_file):
-    """training.global_batch_size 8 with the accumulation left to derive: 2 ranks x micro 2 take 2
-    micro-batches a step, 4 ranks take 1, and the resumed run continues the 2-rank one."""
-    straight = tmp_path / "straight"
-    straight.mkdir()
-    cfg = write_config(straight / "c.yaml", tiny_config(straight, token_file, mbs=2, accum=2, iters=8))
-    run_mmtrain(["train", str(cfg)], world=2)
-    expected = read_metrics(straight / "run")
-
-    pinned = tmp_path / "pinned"
-    pinned.mkdir()
-    cfg = write_config(pinned / "c.yaml", tiny_config(pinned, token_file, mbs=2, accum=0, iters=8))
-    run_mmtrain(["train", str(cfg), "--set", "training.global_batch_size=8", "--set", "training.exit_interval=4"],
-                world=2)
-    shutil.rmtree(pinned / "run")
-    run_mmtrain(["train", str(cfg), "--set", "training.global_batch_size=8",
-                 "--set", f"training.load={pinned / 'ckpt'}"], world=4)
-    got = read_metrics(pinned / "run")
-    assert [m["iteration"] for m in got] == list(range(5, 9))
-    for a, b in zip(got, expected[4:]):
-        assert a["global_batch_size"] == 8
-        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(b["loss"]), (a, b)
-    # A world whose micro x data-parallel size does not divide the batch is refused with the numbers.
-    proc = run_mmtrain(["train", str(cfg), "--set", "training.global_batch_size=8",
-                        "--set", f"training.load={pinned / 'ckpt'}"], world=3, check=False)
-    assert proc.returncode != 0
-    assert "training.global_batch_size 8 is not a multiple of micro_batch_size * data-parallel size = 2 * 3 = 6" \
-        in proc.stderr, proc.stderr[-2000:]
