@@ -18,6 +18,7 @@ void LoggingConfig::declare(ConfigSection<LoggingConfig>& s) {
   s.field("output_dir", &LoggingConfig::output_dir)
       .field("progress", &LoggingConfig::progress)
       .field("hardware_flops", &LoggingConfig::hardware_flops)
+      .field("tensorboard", &LoggingConfig::tensorboard)
       .check([](const LoggingConfig& l, const ConfigCheck& check) {
         if (!(l.hardware_flops >= 0.0))
           check.invalid("hardware_flops", ">= 0 (0 = no MFU)", ConfigCheck::number(l.hardware_flops));
@@ -25,14 +26,38 @@ void LoggingConfig::declare(ConfigSection<LoggingConfig>& s) {
       });
 }
 
-MetricsLog::MetricsLog(const std::string& output_dir, bool is_writer, bool progress)
+MetricsLog::MetricsLog(const std::string& output_dir, bool is_writer, bool progress, bool tensorboard)
     : is_writer_(is_writer), progress_(progress && isatty(STDOUT_FILENO)) {
   if (!is_writer_) return;
   std::filesystem::create_directories(output_dir);
   const auto path = output_dir + "/metrics.jsonl";
   file_ = std::fopen(path.c_str(), "a");
   if (!file_) fail("cannot open ", path, " for writing: ", std::strerror(errno));
+  if (tensorboard) tensorboard_ = std::make_unique<TensorBoardWriter>(output_dir + "/tensorboard");
 }
+
+namespace {
+
+// A step's record as TensorBoard scalars: the metrics.jsonl keys, phases as "phases_ms/<phase>".
+std::vector<std::pair<std::string, double>> tensorboard_scalars(const StepRecord& step) {
+  std::vector<std::pair<std::string, double>> out = {{"loss", step.loss},
+                                                     {"grad_norm", step.grad_norm},
+                                                     {"lr", step.lr},
+                                                     {"step_time_ms", step.step_time_ms},
+                                                     {"tokens", static_cast<double>(step.tokens)},
+                                                     {"peak_rss_mb", step.peak_rss_mb}};
+  if (step.tflops_per_device) out.emplace_back("tflops_per_device", *step.tflops_per_device);
+  if (step.mfu) out.emplace_back("mfu", *step.mfu);
+  for (const char* group : {"phases_ms", "phases_max_ms"}) {
+    const auto& phases = std::string(group) == "phases_ms" ? step.phases_ms : step.phases_max_ms;
+    if (phases.is_object())
+      for (const auto& [phase, ms] : phases.items())
+        if (ms.is_number()) out.emplace_back(std::string(group) + "/" + phase, ms.get<double>());
+  }
+  return out;
+}
+
+}  // namespace
 
 MetricsLog::~MetricsLog() {
   if (file_) std::fclose(file_);
@@ -43,6 +68,7 @@ void MetricsLog::record(const StepRecord& step, int64_t train_iters) {
   const auto line = step.to_json().dump();
   std::fprintf(file_, "%s\n", line.c_str());
   std::fflush(file_);
+  if (tensorboard_) tensorboard_->scalars(step.iteration, tensorboard_scalars(step));
   char text[512];
   int n = std::snprintf(text, sizeof(text),
                         " iteration %8lld/%8lld | consumed samples: %10lld | elapsed time per iteration (ms): %.1f"

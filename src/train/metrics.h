@@ -1,13 +1,16 @@
-// Per-iteration metrics: one JSON record per optimizer step to metrics.jsonl (rank 0) and a
-// Megatron-style line to the console, which log parsers key on:
+// Per-iteration metrics: one JSON record per optimizer step to metrics.jsonl (rank 0), the same
+// scalars to TensorBoard with logging.tensorboard, and a Megatron-style line to the console, which
+// log parsers key on:
 //   iteration N/M | consumed samples: C | elapsed time per iteration (ms): T | learning rate: L |
 //   global batch size: G | loss: X | grad norm: Y | TFLOP/s per device: F | MFU: U %
 #pragma once
 #include "train/step_record.h"
+#include "train/tensorboard.h"
 
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <memory>
 #include <string>
 
 namespace mmtrain {
@@ -20,6 +23,7 @@ struct LoggingConfig {
   std::string output_dir = "runs/default";     // metrics.jsonl and logs go here
   bool progress = true;                        // an ETA on the console when stdout is a terminal
   double hardware_flops = 0.0;                 // peak FLOP/s of one device, for MFU; 0 = not reported
+  bool tensorboard = false;                    // also write each record to <output_dir>/tensorboard/ (rank 0)
 
   static void declare(ConfigSection<LoggingConfig>& section);
 };
@@ -28,12 +32,14 @@ class MetricsLog {
  public:
   // Opens <output_dir>/metrics.jsonl for appending (rank 0 only writes). The trainer has made sure
   // it holds nothing (a fresh run) or only iterations before this run's first (a resumed one).
-  MetricsLog(const std::string& output_dir, bool is_writer, bool progress);
+  // tensorboard: also write each record as TensorBoard scalars under <output_dir>/tensorboard/.
+  MetricsLog(const std::string& output_dir, bool is_writer, bool progress, bool tensorboard = false);
   ~MetricsLog();
   void record(const StepRecord& step, int64_t train_iters);
 
  private:
   std::FILE* file_ = nullptr;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
   bool is_writer_ = false;
   bool progress_ = false;  // stdout is a terminal: add an ETA
   double elapsed_ms_ = 0;

@@ -260,7 +260,7 @@ struct Trainer::State {
 
   void train() {
     const auto& t = config.training;
-    MetricsLog metrics(config.logging.output_dir, is_rank0(), config.logging.progress);
+    MetricsLog metrics(config.logging.output_dir, is_rank0(), config.logging.progress, config.logging.tensorboard);
     const int world = comm().world_size();
     const int accum = t.gradient_accumulation_steps;
     const int64_t end_step = t.exit_interval > 0 ? std::min(t.train_iters, (start_step / t.exit_interval + 1) * t.exit_interval)

@@ -211,3 +211,26 @@ def test_a_second_run_into_the_same_save_root_is_refused_up_front(tmp_path, toke
                          "--set", "training.train_iters=1"])
     assert f"took over the lock of an earlier run that is gone (host " in third.stdout, third.stdout[-2000:]
     assert f"pid {first.pid}," in third.stdout
+
+
+def test_tensorboard_reads_the_run_live(tmp_path, token_file):
+    """logging.tensorboard: rank 0 writes every record to <output_dir>/tensorboard/ as it trains;
+    TensorBoard's own reader (its EventAccumulator, which checks the record CRCs) finds each
+    scalar of metrics.jsonl at its step. A resumed run adds a file to the same directory."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, iters=6, save_interval=3))
+    run_mmtrain(["train", str(cfg), "--set", "logging.tensorboard=true", "--set", "training.exit_interval=3"], world=2)
+    run_mmtrain(["train", str(cfg), "--set", "logging.tensorboard=true", "--set", "training.load=auto"], world=2)
+    records = read_metrics(tmp_path / "run")
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    for tag in ("loss", "grad_norm", "lr", "step_time_ms", "tflops_per_device", "phases_ms/forward",
+                "phases_max_ms/backward"):
+        assert tag in tags, tags
+    for key in ("loss", "grad_norm", "lr"):
+        got = {e.step: e.value for e in events.Scalars(key)}
+        assert sorted(got) == [r["iteration"] for r in records] == list(range(1, 7))
+        for r in records:
+            assert abs(got[r["iteration"]] - r[key]) <= 1e-6 * abs(r[key]) + 1e-12, (key, r)
+    assert len(list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))) == 2
