@@ -234,3 +234,26 @@ def test_tensorboard_reads_the_run_live(tmp_path, token_file):
         for r in records:
             assert abs(got[r["iteration"]] - r[key]) <= 1e-6 * abs(r[key]) + 1e-12, (key, r)
     assert len(list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))) == 2
+
+    # Live: while a run is still training, the reader already finds the steps logged so far.
+    import time
+    from conftest import mmtrain_bin
+    live = tmp_path / "live"
+    live.mkdir()
+    live_cfg = write_config(live / "c.yaml", tiny_config(live, token_file, iters=100000))
+    proc = subprocess.Popen([str(mmtrain_bin()), "train", str(live_cfg), "--set", "logging.tensorboard=true",
+                             "--set", "training.save="], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        deadline = time.time() + 120
+        jsonl = live / "run" / "metrics.jsonl"
+        while time.time() < deadline and (not jsonl.exists() or jsonl.read_text().count("\n") < 3):
+            assert proc.poll() is None, "the live run exited"
+            time.sleep(0.1)
+        so_far = EventAccumulator(str(live / "run" / "tensorboard"))
+        so_far.Reload()
+        steps = [e.step for e in so_far.Scalars("loss")]
+        assert proc.poll() is None and len(steps) >= 3 and steps == list(range(1, len(steps) + 1)), steps
+    finally:
+        proc.kill()
+        proc.wait()
