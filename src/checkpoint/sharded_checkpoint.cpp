@@ -119,8 +119,6 @@ std::string dir_replace(const fs::path& from, const fs::path& to, const fs::path
   return from_old.string();
 }
 
-// Rank 0, before anyone writes: a crashed save's iter_*.tmp* dirs and latest.tmp go away, and the
-// fixed tmp dir of this save starts empty.
 // The iteration of an iter_N directory name; -1 when its digits do not fit 64 bits (not a
 // directory mmtrain wrote).
 int64_t iteration_of(const std::string& dir_name) {
@@ -129,6 +127,8 @@ int64_t iteration_of(const std::string& dir_name) {
   return std::stoll(digits);
 }
 
+// Rank 0, before anyone writes: a crashed save's iter_*.tmp* dirs and latest.tmp go away, and the
+// fixed tmp dir of this save starts empty.
 void save_prepare(const fs::path& root, const fs::path& tmp_dir) {
   fs::create_directories(root);
   std::vector<fs::path> stale;  // collected first: removing while iterating a directory is unspecified
@@ -270,8 +270,8 @@ std::vector<std::string> checkpoint_prune(const std::string& save_root, int keep
   std::vector<std::pair<int64_t, std::string>> complete;
   for (const auto& entry : fs::directory_iterator(root)) {
     const std::string name = entry.path().filename().string();
-    if (entry.is_directory() && is_checkpoint_dir_name(name) && iteration_of(name) >= 0)
-      complete.emplace_back(iteration_of(name), name);
+    if (!entry.is_directory() || !is_checkpoint_dir_name(name)) continue;
+    if (const int64_t iteration = iteration_of(name); iteration >= 0) complete.emplace_back(iteration, name);
   }
   std::sort(complete.begin(), complete.end());
   std::vector<std::string> removed;

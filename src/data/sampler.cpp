@@ -52,12 +52,8 @@ GlobalBatchSampler::GlobalBatchSampler(const SamplerOptions& options) : options_
          " samples): every step would read some samples twice; lower the batch or add data");
 }
 
-int64_t global_batch_size(int64_t micro_batch_size, int64_t gradient_accumulation_steps, int64_t dp_world) {
-  return micro_batch_size * gradient_accumulation_steps * dp_world;
-}
-
 int64_t GlobalBatchSampler::global_batch_size() const {
-  return mmtrain::global_batch_size(options_.micro_batch_size, options_.gradient_accumulation_steps, options_.dp_world);
+  return options_.micro_batch_size * options_.gradient_accumulation_steps * options_.dp_world;
 }
 
 int64_t GlobalBatchSampler::steps_per_epoch() const { return options_.num_samples / global_batch_size(); }

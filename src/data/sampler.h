@@ -25,10 +25,6 @@
 
 namespace mmtrain {
 
-// Samples per optimizer step over all ranks: G = micro x accumulation x data-parallel size. The
-// one place this product is written; the config checks and the sampler use it.
-int64_t global_batch_size(int64_t micro_batch_size, int64_t gradient_accumulation_steps, int64_t dp_world);
-
 struct SamplerOptions {
   int64_t num_samples = 0;
   int64_t micro_batch_size = 1;

@@ -210,4 +210,6 @@ std::vector<double> Comm::all_reduce_sum(const std::vector<double>& values) { re
 
 std::vector<double> Comm::all_reduce_max(const std::vector<double>& values) { return reduce_doubles(*this, values, true); }
 
+bool Comm::any_rank(bool local) { return all_reduce_max(std::vector<double>{local ? 1.0 : 0.0})[0] > 0; }
+
 }  // namespace mmtrain

@@ -80,6 +80,9 @@ class Comm {
   // Blocking sum / max of a few doubles across ranks (one collective for all of them).
   std::vector<double> all_reduce_sum(const std::vector<double>& values);
   std::vector<double> all_reduce_max(const std::vector<double>& values);
+  // True on every rank when `local` is true on any rank: how ranks agree to stop together (one
+  // collective; every rank must call it).
+  bool any_rank(bool local);
 
  private:
   c10::intrusive_ptr<c10d::Backend> backend_;

@@ -25,8 +25,7 @@ void debug_collate(const std::string& config_path, const std::vector<std::string
   auto c = config_load(config_path, overrides);
   if (o.world < 1 || o.rank < 0 || o.rank >= o.world)
     fail("debug collate: expected 0 <= --rank < --world, found rank ", o.rank, ", world ", o.world);
-  config_resolve_world(c, o.world);
-  const ParallelDims dims = config_check_world(c, o.world);
+  const ParallelDims dims = config_resolve_world(c, o.world);
   if (o.step < 0) fail("debug collate: --step must be >= 0, found ", o.step);
   if (o.micro < 0 || o.micro >= c.training.gradient_accumulation_steps)
     fail("debug collate: --micro must be in 0..", c.training.gradient_accumulation_steps - 1,

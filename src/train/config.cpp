@@ -122,9 +122,10 @@ int config_accumulation(const Config& c, const ParallelDims& dims) {
   return static_cast<int>(derived);
 }
 
-void config_resolve_world(Config& c, int world_size) {
-  const ParallelDims dims = config_check_world(c, world_size);
+ParallelDims config_resolve_world(Config& c, int world_size) {
+  const ParallelDims dims = parallel_dims(c.parallel, world_size, "config " + c.source_path + ": ");
   c.training.gradient_accumulation_steps = config_accumulation(c, dims);
+  return dims;
 }
 
 ParallelDims config_check_supported(const Config& c, int world_size) {

@@ -58,9 +58,9 @@ ParallelDims config_check_world(const Config& config, int world_size);
 //     gradient_accumulation_steps must equal it. So G stays the same when the world changes.
 // Errors name both keys and the numbers.
 int config_accumulation(const Config& config, const ParallelDims& dims);
-// config_check_world, then writes the resolved accumulation into config.training, which every
-// reader after it (the sampler, the train step, the checkpoint's config) then sees.
-void config_resolve_world(Config& config, int world_size);
+// config_check_world, writing the resolved accumulation into config.training, which every reader
+// after it (the sampler, the train step, the checkpoint's config) then sees. Returns the degrees.
+ParallelDims config_resolve_world(Config& config, int world_size);
 // config_check_world, then refuses, naming the key, every seed key mmtrain accepts in a YAML but
 // does not implement (the list in config.cpp: each must be left at its default), and checks
 // training.plugin against the built-in models and datasets. `train` and `debug step` call it;

@@ -48,12 +48,11 @@ std::vector<std::pair<std::string, double>> tensorboard_scalars(const StepRecord
                                                      {"peak_rss_mb", step.peak_rss_mb}};
   if (step.tflops_per_device) out.emplace_back("tflops_per_device", *step.tflops_per_device);
   if (step.mfu) out.emplace_back("mfu", *step.mfu);
-  for (const char* group : {"phases_ms", "phases_max_ms"}) {
-    const auto& phases = std::string(group) == "phases_ms" ? step.phases_ms : step.phases_max_ms;
-    if (phases.is_object())
-      for (const auto& [phase, ms] : phases.items())
+  for (const auto& [group, phases] : {std::pair<const char*, const nlohmann::json*>{"phases_ms", &step.phases_ms},
+                                       {"phases_max_ms", &step.phases_max_ms}})
+    if (phases->is_object())
+      for (const auto& [phase, ms] : phases->items())
         if (ms.is_number()) out.emplace_back(std::string(group) + "/" + phase, ms.get<double>());
-  }
   return out;
 }
 

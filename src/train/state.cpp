@@ -103,7 +103,7 @@ void refuse_non_finite(const std::vector<ShardedTensor>& trained, Comm& comm, in
       break;
     }
   }
-  if (comm.all_reduce_max(std::vector<double>{bad.empty() ? 0.0 : 1.0})[0] == 0) return;
+  if (!comm.any_rank(!bad.empty())) return;
   fail("checkpoint of iteration ", iteration, " not written: ",
        bad.empty() ? "another rank holds NaN/Inf weights or moments (see its error)" : bad,
        "; refusing to save non-finite state (`latest` keeps naming the previous checkpoint)");

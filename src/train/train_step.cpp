@@ -123,8 +123,7 @@ StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, const StepSettings&
   PhaseScope scope(settings.listeners, StepPhase::optimizer);
   adamw.step(settings.lr);
   const std::string bad = non_finite_state(fsdp, adamw);
-  const bool any_bad = settings.world ? settings.world->all_reduce_max(std::vector<double>{bad.empty() ? 0.0 : 1.0})[0] > 0
-                                      : !bad.empty();
+  const bool any_bad = settings.world ? settings.world->any_rank(!bad.empty()) : !bad.empty();
   if (any_bad) {
     const std::string what = bad.empty() ? "a weight or moment on another rank (see its error)"
                                          : bad + (settings.world ? " on rank " + std::to_string(settings.world->rank()) : "");

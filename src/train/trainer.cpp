@@ -98,7 +98,7 @@ struct Trainer::State {
         refused = e.what();
       }
     }
-    if (comm().all_reduce_max(std::vector<double>{refused.empty() ? 0.0 : 1.0})[0] > 0) {
+    if (comm().any_rank(!refused.empty())) {
       if (!is_rank0()) fail("rank 0 could not lock training.save '", save, "': see its error");
       fail(refused);
     }
@@ -177,8 +177,7 @@ struct Trainer::State {
   void refuse_an_earlier_run() {
     const auto& dir = config.logging.output_dir;
     const auto earlier = is_rank0() ? metrics_on_disk(dir) : MetricsOnDisk{};
-    const bool refused = comm().all_reduce_max(std::vector<double>{earlier.records > 0 ? 1.0 : 0.0})[0] > 0;
-    if (!refused) return;
+    if (!comm().any_rank(earlier.records > 0)) return;
     if (!is_rank0()) fail("rank 0 refused the run (logging.output_dir holds an earlier run): see its error");
     fail("config ", config.source_path, ": logging.output_dir '", dir, "' already holds a run (", earlier.path, ": ",
          earlier.records, " records, iterations ", earlier.first_iteration, "-", earlier.last_iteration,
