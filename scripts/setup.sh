@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(cmake ninja-build g++ ccache libgloo-dev libyaml-cpp-dev nlohmann-json3-dev
               libcli11-dev googletest libgtest-dev libstb-dev libpcre2-dev pkg-config
-              libtcmalloc-minimal4 libjemalloc2)
+              libtcmalloc-minimal4 libjemalloc2 strace)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

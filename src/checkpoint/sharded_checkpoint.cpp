@@ -287,6 +287,29 @@ std::vector<std::string> checkpoint_prune(const std::string& save_root, int keep
   return removed;
 }
 
+std::string checkpoint_save_prepare(const std::string& save_root, int64_t iteration) {
+  const fs::path root(save_root);
+  const fs::path tmp_dir = root / (checkpoint_dir_name(iteration) + kTmpSuffix);
+  save_prepare(root, tmp_dir);
+  return tmp_dir.string();
+}
+
+void checkpoint_save_rank_file(const std::string& save_root, int64_t iteration, int rank, int world,
+                               const std::vector<ShardedTensor>& tensors, const nlohmann::json& rank_state) {
+  const fs::path tmp_dir = fs::path(save_root) / (checkpoint_dir_name(iteration) + kTmpSuffix);
+  if (!fs::is_directory(tmp_dir))
+    fail("checkpoint_save rank ", rank, ": ", tmp_dir.string(), " does not exist (rank 0 failed to create it)");
+  save_rank_file(tmp_dir / rank_file_name(rank), iteration, rank, world, tensors, rank_state);
+}
+
+std::string checkpoint_save_commit(const std::string& save_root, int64_t iteration, int world,
+                                   const nlohmann::json& global_state, const nlohmann::json& plan) {
+  const fs::path root(save_root);
+  const std::string name = checkpoint_dir_name(iteration);
+  save_commit(root, root / (name + kTmpSuffix), name, iteration, world, global_state, plan);
+  return (root / name).string();
+}
+
 std::string checkpoint_save(const std::string& save_root, int64_t iteration, Comm& comm,
                             const std::vector<ShardedTensor>& tensors, const nlohmann::json& global_state,
                             const nlohmann::json& rank_state, const nlohmann::json& plan) {
@@ -309,15 +332,11 @@ std::string checkpoint_save(const std::string& save_root, int64_t iteration, Com
     }
   };
 
-  if (rank == 0) step([&] { save_prepare(root, tmp_dir); });
+  if (rank == 0) step([&] { checkpoint_save_prepare(save_root, iteration); });
   comm.barrier();
-  step([&] {
-    if (!fs::is_directory(tmp_dir))
-      fail("checkpoint_save rank ", rank, ": ", tmp_dir.string(), " does not exist (rank 0 failed to create it)");
-    save_rank_file(tmp_dir / rank_file_name(rank), iteration, rank, world, tensors, rank_state);
-  });
+  step([&] { checkpoint_save_rank_file(save_root, iteration, rank, world, tensors, rank_state); });
   comm.barrier();
-  if (rank == 0) step([&] { save_commit(root, tmp_dir, name, iteration, world, global_state, plan); });
+  if (rank == 0) step([&] { checkpoint_save_commit(save_root, iteration, world, global_state, plan); });
   comm.barrier();
   // Did rank 0 commit? The tmp dir is gone only after a successful rename.
   if (rank != 0) step([&] {

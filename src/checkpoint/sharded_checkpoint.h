@@ -4,7 +4,7 @@
 // rename); reading works at any world size by row ranges (resharding). Every shard's bytes carry a
 // CRC-32C in index.json, checked the first time a read touches the shard: a damaged file is an
 // error naming the file and the tensor, never silently different weights. Non-goals: sharding along
-// any dim but 0, async saves, filesystems that are not shared by all ranks. docs/checkpoint_format.md
+// any dim but 0, filesystems that are not shared by all ranks. docs/checkpoint_format.md
 // describes the format for people and for Python.
 #pragma once
 #include "dist/comm.h"
@@ -40,13 +40,26 @@ bool checkpoint_saved_under(const std::string& save_root);
 // it after a save. Returns the names removed, oldest first.
 std::vector<std::string> checkpoint_prune(const std::string& save_root, int keep);
 
+// The save's three steps. checkpoint_save runs them with barriers in between; the asynchronous
+// saver (checkpoint/async_checkpoint.h) runs 2 and 3 on background threads.
+// 1. Rank 0, before anyone writes: removes stale iter_*.tmp* dirs and latest.tmp, creates the
+//    empty iter_N.tmp (a fixed name: concurrent saves into one save_root are not supported).
+//    Returns its path.
+std::string checkpoint_save_prepare(const std::string& save_root, int64_t iteration);
+// 2. Every rank: writes rank_XXXXX.safetensors into iter_N.tmp (shards checked, CRC-32C of each,
+//    fsynced, renamed into place).
+void checkpoint_save_rank_file(const std::string& save_root, int64_t iteration, int rank, int world,
+                               const std::vector<ShardedTensor>& tensors, const nlohmann::json& rank_state);
+// 3. Rank 0, once every rank's file is written: checks the files against each other, writes
+//    index.json and trainer_state.json, fsyncs, renames iter_N.tmp to iter_N (replacing an old
+//    iter_N), then atomically rewrites `latest`. Returns the final directory.
+std::string checkpoint_save_commit(const std::string& save_root, int64_t iteration, int world,
+                                   const nlohmann::json& global_state, const nlohmann::json& plan);
+
 // Collective: every rank calls it with its own shards (any subset of tensors, as long as the ranks'
 // row ranges of each tensor tile [0, global_shape[0]) exactly; rank 0 checks that before committing).
-// Protocol (docs/checkpoint_format.md): rank 0 removes stale iter_*.tmp dirs and creates
-// iter_N.tmp (a fixed name: concurrent saves into one save_root are not supported); barrier; every
-// rank writes rank_XXXXX.safetensors into it; barrier; rank 0 writes index.json + trainer_state.json,
-// fsyncs, renames iter_N.tmp to iter_N (replacing an old iter_N), then atomically rewrites `latest`;
-// barrier; ranks != 0 check the commit happened; barrier (so a next save cannot race that check).
+// Protocol (docs/checkpoint_format.md): step 1; barrier; step 2; barrier; step 3; barrier; ranks
+// != 0 check the commit happened; barrier (so a next save cannot race that check).
 // A failure on any rank makes every rank throw after the last barrier (no rank is left waiting).
 // Returns the final directory.
 std::string checkpoint_save(const std::string& save_root, int64_t iteration, Comm& comm,

@@ -205,9 +205,10 @@ nlohmann::json state_plan_entry(const FsdpConfig& plan) {
           {"sharding", "dim0 torch.chunk"}};
 }
 
-std::string state_save(const std::string& save_root, Comm& comm, Model& model, Fsdp& fsdp, const AdamW* adamw,
-                       const StateInfo& info) {
-  nlohmann::json global = {{"iteration", info.iteration}, {"model_id", info.model_id}, {"config", info.config}};
+StateSnapshot state_snapshot(Comm& comm, Model& model, Fsdp& fsdp, const AdamW* adamw, const StateInfo& info) {
+  StateSnapshot snapshot;
+  auto& global = snapshot.global_state;
+  global = {{"iteration", info.iteration}, {"model_id", info.model_id}, {"config", info.config}};
   if (adamw) {
     global["consumed_samples"] = info.iteration * info.global_batch_size;
     global["global_batch_size"] = info.global_batch_size;
@@ -216,11 +217,18 @@ std::string state_save(const std::string& save_root, Comm& comm, Model& model, F
     global["model_only"] = true;
   }
   for (const auto& [key, value] : info.extra.items()) global[key] = value;
-  auto tensors = trained_shards(fsdp, adamw);
-  refuse_non_finite(tensors, comm, info.iteration);
-  append_buffers(model, comm.rank(), tensors);
-  const nlohmann::json rank_state = {{"cpu_rng_state", to_hex(at::detail::getDefaultCPUGenerator().get_state())}};
-  return checkpoint_save(save_root, info.iteration, comm, tensors, global, rank_state, info.plan);
+  snapshot.tensors = trained_shards(fsdp, adamw);
+  refuse_non_finite(snapshot.tensors, comm, info.iteration);
+  append_buffers(model, comm.rank(), snapshot.tensors);
+  snapshot.rank_state = {{"cpu_rng_state", to_hex(at::detail::getDefaultCPUGenerator().get_state())}};
+  return snapshot;
+}
+
+std::string state_save(const std::string& save_root, Comm& comm, Model& model, Fsdp& fsdp, const AdamW* adamw,
+                       const StateInfo& info) {
+  const auto snapshot = state_snapshot(comm, model, fsdp, adamw, info);
+  return checkpoint_save(save_root, info.iteration, comm, snapshot.tensors, snapshot.global_state,
+                         snapshot.rank_state, info.plan);
 }
 
 void state_load_model(const CheckpointReader& reader, Model& model, Fsdp& fsdp) {

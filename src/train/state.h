@@ -41,6 +41,16 @@ struct StateInfo {
   nlohmann::json plan = nlohmann::json::object();   // the index's plan entry (FSDP plan, provenance)
 };
 
+// Everything a checkpoint of iteration info.iteration holds, not yet written: this rank's shards
+// (they alias the live parameters and moments: copy them before training goes on, as the
+// asynchronous saver does), trainer_state.json and this rank's state. Collective: refuses
+// non-finite state on every rank alike.
+struct StateSnapshot {
+  std::vector<ShardedTensor> tensors;
+  nlohmann::json global_state, rank_state;
+};
+StateSnapshot state_snapshot(Comm& comm, Model& model, Fsdp& fsdp, const AdamW* adamw, const StateInfo& info);
+
 // Saves a checkpoint of iteration info.iteration under save_root (collective, crash-safe) and
 // returns its directory. adamw null: a model-only checkpoint.
 std::string state_save(const std::string& save_root, Comm& comm, Model& model, Fsdp& fsdp, const AdamW* adamw,

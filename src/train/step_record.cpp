@@ -17,6 +17,7 @@ nlohmann::json StepRecord::to_json() const {
   if (!phases_max_ms.is_null()) j["phases_max_ms"] = phases_max_ms;
   if (tflops_per_device) j["tflops_per_device"] = *tflops_per_device;
   if (mfu) j["mfu"] = *mfu;
+  if (checkpoint_stall_ms) j["checkpoint_stall_ms"] = *checkpoint_stall_ms;
   if (profiled) j["profiled"] = true;
   if (!memory.is_null()) j["memory"] = memory;
   return j;

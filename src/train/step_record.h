@@ -25,6 +25,9 @@ struct StepRecord {
   nlohmann::json phases_max_ms;             // the same, max over ranks
   std::optional<double> tflops_per_device;  // when the model counts FLOPs
   std::optional<double> mfu;                // a fraction, when logging.hardware_flops is set
+  // Save iterations only: the ms the save held training up after the step (a synchronous save:
+  // all of it; training.async_save: waiting for the previous save, if any, and the staging copy).
+  std::optional<double> checkpoint_stall_ms;
   bool profiled = false;                    // the step ran under the Kineto profiler
   nlohmann::json memory;                    // per-phase peaks of a memory-profiled step; null otherwise
 

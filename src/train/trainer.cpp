@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include "checkpoint/async_checkpoint.h"
 #include "core/error.h"
 #include "models/flops_report.h"
 #include "optim/lr_schedule.h"
@@ -33,6 +34,7 @@ struct Trainer::State {
   PhaseTimer phase_timer;  // every step: metrics.jsonl phases_ms
   std::unique_ptr<StepProfiler> profiler;
   std::unique_ptr<SaveRootLock> save_lock;  // rank 0, while training.save is set
+  std::unique_ptr<AsyncCheckpointSaver> async_saver;  // training.async_save
   int64_t start_step = 0;  // optimizer steps already taken
 
   Comm& comm() { return *runtime.comm; }
@@ -57,6 +59,7 @@ struct Trainer::State {
     if (c.training.use_deter_comp) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
     preflight_paths(c, comm().rank());
     lock_save_root();
+    if (c.training.async_save) async_saver = std::make_unique<AsyncCheckpointSaver>(comm());
     mesh = std::make_unique<DeviceMesh>(build_mesh(dims, runtime));
     if (mesh->shape().world() > 1) log("device mesh " + mesh->describe());
     // The data first (a bad path or file fails in seconds), then the model as shapes, checked
@@ -219,24 +222,60 @@ struct Trainer::State {
     }
   }
 
-  void save(int64_t step) {
+  // Saves the checkpoint of `step` (steps taken) and returns the ms it held training up.
+  double save(int64_t step) {
+    const auto began = std::chrono::steady_clock::now();
     StateInfo info;
     info.iteration = step;
     info.global_batch_size = data.sampler.global_batch_size();
     info.model_id = config.model.model_id;
     info.config = config_to_json(config);
     info.plan = state_plan_entry(config.parallel.fsdp_plan);
-    std::string dir;
     try {
-      dir = state_save(config.training.save, comm(), *model, *fsdp, adamw.get(), info);
+      if (async_saver) {
+        if (async_saver->in_flight()) {
+          const auto waited_from = std::chrono::steady_clock::now();
+          finish_async_save(async_saver->wait());
+          log("training.async_save: iteration " + std::to_string(step) + " waited " +
+              format_ms(std::chrono::steady_clock::now() - waited_from) + " for the previous save to finish");
+        }
+        const auto snapshot = state_snapshot(comm(), *model, *fsdp, adamw.get(), info);
+        const auto staged = async_saver->start(config.training.save, step, snapshot.tensors, snapshot.global_state,
+                                               snapshot.rank_state, info.plan, config.training.keep_latest_k);
+        char mib[32];
+        std::snprintf(mib, sizeof(mib), "%.1f MiB", staged.bytes / 1048576.0);
+        log("checkpoint of iteration " + std::to_string(step) + " staged in " + format_ms(staged.ms) + " (" + mib +
+            " on rank 0); writing it in the background");
+      } else {
+        const std::string dir = state_save(config.training.save, comm(), *model, *fsdp, adamw.get(), info);
+        std::vector<std::string> pruned;
+        const int keep = config.training.keep_latest_k;
+        if (is_rank0() && keep > 0) pruned = checkpoint_prune(config.training.save, keep);
+        finish_save(dir, pruned);
+      }
     } catch (const Error& e) {
       fail(e.what(), " (training.lr of that step: ", schedule.at(step - 1), ")");
     }
-    log("saved checkpoint " + dir);
-    const int keep = config.training.keep_latest_k;
-    if (is_rank0() && keep > 0)
-      for (const auto& name : checkpoint_prune(config.training.save, keep))
-        log("training.keep_latest_k " + std::to_string(keep) + ": removed " + name);
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count();
+  }
+
+  static std::string format_ms(double ms) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.1f ms", ms);
+    return text;
+  }
+  static std::string format_ms(std::chrono::steady_clock::duration d) {
+    return format_ms(std::chrono::duration<double, std::milli>(d).count());
+  }
+
+  // What a completed save prints: its directory, then the ones keep_latest_k removed.
+  void finish_save(const std::string& dir, const std::vector<std::string>& pruned) {
+    if (!dir.empty()) log("saved checkpoint " + dir);
+    for (const auto& name : pruned)
+      log("training.keep_latest_k " + std::to_string(config.training.keep_latest_k) + ": removed " + name);
+  }
+  void finish_async_save(const std::optional<AsyncCheckpointSaver::Completed>& done) {
+    if (done) finish_save(done->dir, done->pruned);
   }
 
   void resume(const std::string& path) {
@@ -325,16 +364,21 @@ struct Trainer::State {
       record.profiled = traced;
       if (memory_step) record.memory = memory_record(memory_profile->end_step());
       if (!std::isfinite(record.loss)) fail("iteration ", step + 1, ": loss is NaN/Inf: stopping");
-      if ((step + 1) % t.log_interval == 0 || step + 1 == t.train_iters) metrics.record(record, t.train_iters);
 
+      // A background save that finished (or failed) during this step is settled at its boundary.
+      if (async_saver) finish_async_save(async_saver->poll());
       const bool exiting = t.exit_interval > 0 && (step + 1) % t.exit_interval == 0;
       const bool last = step + 1 == t.train_iters || exiting;
-      if (!t.save.empty() && (last || (t.save_interval > 0 && (step + 1) % t.save_interval == 0))) save(step + 1);
+      if (!t.save.empty() && (last || (t.save_interval > 0 && (step + 1) % t.save_interval == 0)))
+        record.checkpoint_stall_ms = save(step + 1);
+      if ((step + 1) % t.log_interval == 0 || step + 1 == t.train_iters) metrics.record(record, t.train_iters);
       if (exiting) {
         log("exit_interval " + std::to_string(t.exit_interval) + " reached at iteration " + std::to_string(step + 1));
         break;
       }
     }
+    // A normal exit leaves no save behind.
+    if (async_saver) finish_async_save(async_saver->wait());
   }
 };
 

@@ -29,6 +29,7 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
       .field("save", &T::save)
       .field("save_interval", &T::save_interval)
       .field("keep_latest_k", &T::keep_latest_k)
+      .field("async_save", &T::async_save)
       .field("log_interval", &T::log_interval)
       .field("exit_interval", &T::exit_interval)
       .field("use_deter_comp", &T::use_deter_comp)
@@ -66,6 +67,7 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
         check.at_least("keep_latest_k", t.keep_latest_k, 0);
         check.at_least("exit_interval", t.exit_interval, 0);
         check.at_least("log_interval", t.log_interval, 1);
+        if (t.async_save && t.save.empty()) check.invalid("async_save", "false when training.save is not set", "true");
         if (t.load == "auto" && t.save.empty())
           check.invalid("load", "a checkpoint path, or auto together with training.save (auto resumes from it)",
                         "auto without training.save");

@@ -38,6 +38,7 @@ struct TrainingConfig {
   std::string save;                            // save root; empty = never save
   int64_t save_interval = 0;                   // 0 = only at the end (when save is set)
   int keep_latest_k = 0;                       // complete checkpoints kept under save (the newest k); 0 = all
+  bool async_save = false;                     // write checkpoints in the background (checkpoint/async_checkpoint.h)
   int64_t log_interval = 1;                    // iterations between metric lines
   int64_t exit_interval = 0;                   // stop (after saving) once iteration % this == 0; 0 = never
   bool use_deter_comp = false;                 // deterministic kernels only
