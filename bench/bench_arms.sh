@@ -5,7 +5,9 @@
 #                       (default BUILD_DIR/DIR_NAME, created), WORLD (2), ROUNDS (2), TCMALLOC
 #                       (which must exist), and one intra-op thread per rank on both sides: the
 #                       comparison is per-core work, not thread scaling.
-#   mmtrain_arm OUT     mmtrain trains BENCH_DIR/bench.yaml on WORLD ranks, logging into OUT.
+#   mmtrain_arm OUT [ARGS...]
+#                       mmtrain trains BENCH_DIR/bench.yaml on WORLD ranks, logging into OUT,
+#                       ARGS (e.g. --set key=value) appended to its command line.
 #   run_rounds ARM...   runs every arm once per round for ROUNDS rounds, in the order A B C, then
 #                       C B A, ..., so drift on a shared machine falls on every arm alike. Each run
 #                       is `arm_command ARM OUT` (the caller defines it), writing OUT/metrics.jsonl,
@@ -27,7 +29,7 @@ bench_setup() {
 
 mmtrain_arm() {
   "$PY" -m torch.distributed.run --standalone --nproc-per-node "$WORLD" --no-python \
-    "$BIN" train "$BENCH_DIR/bench.yaml" --set "logging.output_dir=$1"
+    "$BIN" train "$BENCH_DIR/bench.yaml" --set "logging.output_dir=$1" "${@:2}"
 }
 
 run_rounds() {

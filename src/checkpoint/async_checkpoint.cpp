@@ -2,6 +2,9 @@
 
 #include "core/error.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <exception>
 #include <filesystem>
@@ -14,6 +17,10 @@ bool finished(const std::future<void>& job) {
 }
 
 enum Outcome { kRunning = 0, kDone = 1, kFailed = 2 };
+
+// The calling (background) thread gets the lowest CPU priority (nice 19): where every core
+// trains, the save takes only what training leaves.
+void yield_to_training() { ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19); }
 
 }  // namespace
 
@@ -71,6 +78,7 @@ AsyncCheckpointSaver::Staged AsyncCheckpointSaver::start(const std::string& save
   keep_latest_k_ = keep_latest_k;
   write_ = std::async(std::launch::async,
                       [=, tensors = std::move(staged_tensors), rank_state = std::move(rank_state)] {
+                        yield_to_training();
                         checkpoint_save_rank_file(save_root, iteration, rank, world, tensors, rank_state);
                       });
   phase_ = Phase::writing;
@@ -119,6 +127,7 @@ std::optional<AsyncCheckpointSaver::Completed> AsyncCheckpointSaver::advance(boo
       if (outcome == kRunning) return std::nullopt;
     if (rank0) {
       commit_ = std::async(std::launch::async, [this, world = comm_.world_size()] {
+        yield_to_training();
         checkpoint_save_commit(save_root_, iteration_, world, global_state_, plan_);
         pruned_.clear();
         if (keep_latest_k_ > 0) pruned_ = checkpoint_prune(save_root_, keep_latest_k_);

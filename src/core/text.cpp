@@ -41,4 +41,10 @@ std::string join_ints(const std::vector<int64_t>& values, const std::string& sep
   return out;
 }
 
+std::string join(const std::vector<std::string>& values, const std::string& separator) {
+  std::string out;
+  for (size_t i = 0; i < values.size(); ++i) out += (i ? separator : "") + values[i];
+  return out;
+}
+
 }  // namespace mmtrain

@@ -16,5 +16,7 @@ std::string shape_str(const std::vector<int64_t>& shape);
 std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 // {50, 70} -> "50,70" (separator ","): lists of lengths in tool output.
 std::string join_ints(const std::vector<int64_t>& values, const std::string& separator = ",");
+// {"a", "b"} -> "a, b" (separator ", ").
+std::string join(const std::vector<std::string>& values, const std::string& separator = ", ");
 
 }  // namespace mmtrain

@@ -6,7 +6,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -14,12 +16,31 @@
 
 namespace mmtrain {
 
-AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), tmp_path_(path_ + ".tmp") {
-  fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+namespace {
+
+// O_DIRECT needs offsets, lengths and buffer addresses aligned to the device's logical block
+// (512 or 4096 bytes); 4096 covers both.
+constexpr size_t kDirectAlign = 4096;
+constexpr size_t kBounceBytes = size_t{8} << 20;
+
+}  // namespace
+
+AtomicFile::AtomicFile(std::string path, Direct direct) : path_(std::move(path)), tmp_path_(path_ + ".tmp") {
+  const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+  if (direct == Direct::when_supported) {
+    fd_ = ::open(tmp_path_.c_str(), flags | O_DIRECT, 0644);
+    if (fd_ >= 0 && ::posix_memalign(reinterpret_cast<void**>(&bounce_), kDirectAlign, kBounceBytes) != 0) {
+      bounce_ = nullptr;
+      ::close(fd_);
+      fd_ = -1;
+    }
+  }
+  if (fd_ < 0) fd_ = ::open(tmp_path_.c_str(), flags, 0644);  // no O_DIRECT here: buffered
   if (fd_ < 0) fail("cannot create ", tmp_path_, ": ", std::strerror(errno));
 }
 
 AtomicFile::~AtomicFile() {
+  std::free(bounce_);
   if (fd_ >= 0) {
     ::close(fd_);
     ::unlink(tmp_path_.c_str());
@@ -28,6 +49,30 @@ AtomicFile::~AtomicFile() {
 
 void AtomicFile::write(const void* data, size_t nbytes) {
   if (fd_ < 0) fail("write to ", path_, " after commit");
+  length_ += nbytes;
+  if (!bounce_) return write_fully(data, nbytes);
+  const char* p = static_cast<const char*>(data);
+  while (nbytes > 0) {
+    const size_t n = std::min(nbytes, kBounceBytes - bounce_filled_);
+    std::memcpy(bounce_ + bounce_filled_, p, n);
+    bounce_filled_ += n;
+    p += n;
+    nbytes -= n;
+    if (bounce_filled_ == kBounceBytes) flush_bounce(false);
+  }
+}
+
+void AtomicFile::flush_bounce(bool last) {
+  if (bounce_filled_ == 0) return;
+  // Only the last block may be partial: padded with zeros to the alignment, cut off by commit().
+  const size_t padded = (bounce_filled_ + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+  if (padded != bounce_filled_ && !last) fail("AtomicFile ", path_, ": a partial direct-I/O block before the end");
+  std::memset(bounce_ + bounce_filled_, 0, padded - bounce_filled_);
+  write_fully(bounce_, padded);
+  bounce_filled_ = 0;
+}
+
+void AtomicFile::write_fully(const void* data, size_t nbytes) {
   const char* p = static_cast<const char*>(data);
   while (nbytes > 0) {
     ssize_t n = ::write(fd_, p, nbytes);
@@ -42,6 +87,11 @@ void AtomicFile::write(const void* data, size_t nbytes) {
 
 void AtomicFile::commit() {
   if (fd_ < 0) fail("commit of ", path_, " twice");
+  if (bounce_) {
+    flush_bounce(true);
+    if (::ftruncate(fd_, static_cast<off_t>(length_)) != 0)
+      fail("cannot truncate ", tmp_path_, " to ", length_, " bytes: ", std::strerror(errno));
+  }
   if (::fsync(fd_) != 0) fail("cannot fsync ", tmp_path_, ": ", std::strerror(errno));
   int fd = fd_;
   fd_ = -1;

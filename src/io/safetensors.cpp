@@ -97,7 +97,7 @@ void safetensors_write(const std::string& path,
   json.append((8 - json.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
   const uint64_t header_len = json.size();      // little-endian on every host we build for
 
-  AtomicFile file(path);
+  AtomicFile file(path, AtomicFile::Direct::when_supported);
   file.write(&header_len, sizeof(header_len));
   file.write(json.data(), json.size());
   for (const auto& [name, tensor] : tensors) {

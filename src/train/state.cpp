@@ -1,9 +1,12 @@
 #include "train/state.h"
 
+#include "dist/node_names.h"
+
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/finite.h"
 #include "core/text.h"
+#include "dist/node_names.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -220,7 +223,8 @@ StateSnapshot state_snapshot(Comm& comm, Model& model, Fsdp& fsdp, const AdamW* 
   snapshot.tensors = trained_shards(fsdp, adamw);
   refuse_non_finite(snapshot.tensors, comm, info.iteration);
   append_buffers(model, comm.rank(), snapshot.tensors);
-  snapshot.rank_state = {{"cpu_rng_state", to_hex(at::detail::getDefaultCPUGenerator().get_state())}};
+  snapshot.rank_state = {{"cpu_rng_state", to_hex(at::detail::getDefaultCPUGenerator().get_state())},
+                         {"node", node_name()}};
   return snapshot;
 }
 
@@ -251,6 +255,14 @@ StateLoaded state_load(const std::string& path, Comm& comm, Model& model, Fsdp& 
   StateLoaded loaded;
   loaded.dir = reader.dir();
   loaded.saved_world_size = reader.saved_world_size();
+  for (int r = 0; r < reader.saved_world_size(); ++r) {
+    const auto state = reader.rank_state(r);
+    if (!state.contains("node") || !state["node"].is_string()) {
+      loaded.saved_nodes.clear();  // a checkpoint from before nodes were recorded
+      break;
+    }
+    loaded.saved_nodes.push_back(state["node"].get<std::string>());
+  }
   const std::string saved_model = state_string(reader, "model_id");
   if (saved_model != options.model_id)
     fail("cannot resume from ", reader.dir(), ": it holds model '", saved_model, "', the config builds '",

@@ -4,7 +4,8 @@
 //   optim.exp_avg.<name>     AdamW moments, the same rows as the parameter
 //   optim.exp_avg_sq.<name>
 //   trainer_state.json       iteration, consumed_samples, global_batch_size, optimizer_step,
-//                            model_id, the run's config, and per rank its CPU RNG state
+//                            model_id, the run's config, and per rank its CPU RNG state and
+//                            node (dist/node_names.h)
 // A model-only checkpoint (`convert hf-to-ckpt`) has no optim.* tensors and says model_only; a
 // run that loads it starts at iteration 0 from its weights.
 #pragma once
@@ -72,6 +73,7 @@ struct StateLoaded {
   int64_t iteration = 0;                // where the run continues (0 after a model-only checkpoint)
   bool model_only = false;
   int saved_world_size = 0;
+  std::vector<std::string> saved_nodes;  // the node of each saving rank; empty when not recorded
 };
 
 // Loads a checkpoint (an iter_N directory or a save root with `latest`) on any world size: the

@@ -2,6 +2,8 @@
 
 #include "checkpoint/async_checkpoint.h"
 #include "core/error.h"
+#include "core/text.h"
+#include "dist/node_names.h"
 #include "models/flops_report.h"
 #include "optim/lr_schedule.h"
 #include "train/build.h"
@@ -236,16 +238,16 @@ struct Trainer::State {
         if (async_saver->in_flight()) {
           const auto waited_from = std::chrono::steady_clock::now();
           finish_async_save(async_saver->wait());
-          log("training.async_save: iteration " + std::to_string(step) + " waited " +
-              format_ms(std::chrono::steady_clock::now() - waited_from) + " for the previous save to finish");
+          const double waited_ms =
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - waited_from).count();
+          log(format("training.async_save: iteration %lld waited %.1f ms for the previous save to finish",
+                     static_cast<long long>(step), waited_ms));
         }
         const auto snapshot = state_snapshot(comm(), *model, *fsdp, adamw.get(), info);
         const auto staged = async_saver->start(config.training.save, step, snapshot.tensors, snapshot.global_state,
                                                snapshot.rank_state, info.plan, config.training.keep_latest_k);
-        char mib[32];
-        std::snprintf(mib, sizeof(mib), "%.1f MiB", staged.bytes / 1048576.0);
-        log("checkpoint of iteration " + std::to_string(step) + " staged in " + format_ms(staged.ms) + " (" + mib +
-            " on rank 0); writing it in the background");
+        log(format("checkpoint of iteration %lld staged in %.1f ms (%.1f MiB on rank 0); writing it in the background",
+                   static_cast<long long>(step), staged.ms, staged.bytes / 1048576.0));
       } else {
         const std::string dir = state_save(config.training.save, comm(), *model, *fsdp, adamw.get(), info);
         std::vector<std::string> pruned;
@@ -257,15 +259,6 @@ struct Trainer::State {
       fail(e.what(), " (training.lr of that step: ", schedule.at(step - 1), ")");
     }
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count();
-  }
-
-  static std::string format_ms(double ms) {
-    char text[32];
-    std::snprintf(text, sizeof(text), "%.1f ms", ms);
-    return text;
-  }
-  static std::string format_ms(std::chrono::steady_clock::duration d) {
-    return format_ms(std::chrono::duration<double, std::milli>(d).count());
   }
 
   // What a completed save prints: its directory, then the ones keep_latest_k removed.
@@ -294,6 +287,19 @@ struct Trainer::State {
     start_step = loaded.iteration;
     log("resumed from " + loaded.dir + " at iteration " + std::to_string(start_step) + " (saved on " +
         std::to_string(loaded.saved_world_size) + " ranks, now " + std::to_string(comm().world_size()) + ")");
+    report_node_changes(loaded.saved_nodes);
+  }
+
+  // After an elastic restart: which nodes the run lost or gained since its checkpoint.
+  void report_node_changes(const std::vector<std::string>& saved_nodes) {
+    const auto nodes = node_names_of_ranks(runtime.store, comm().rank(), comm().world_size());
+    if (saved_nodes.empty() || saved_nodes == nodes) return;
+    std::string line = "the nodes changed since the checkpoint: it was saved on " + describe_nodes(saved_nodes) +
+                       "; this run has " + describe_nodes(nodes);
+    if (const auto lost = nodes_missing(saved_nodes, nodes); !lost.empty()) line += "; lost: " + join(lost, ", ");
+    if (const auto joined = nodes_missing(nodes, saved_nodes); !joined.empty()) line += "; joined: " + join(joined, ", ");
+    log(line + "; global batch " + std::to_string(data.sampler.global_batch_size()) + " kept with gradient accumulation " +
+        std::to_string(config.training.gradient_accumulation_steps));
   }
 
   void train() {
