@@ -87,8 +87,10 @@ AsyncCheckpointSaver::Staged AsyncCheckpointSaver::start(const std::string& save
 
 std::vector<double> AsyncCheckpointSaver::agree(std::future<void>* job, bool block, const char* what) {
   const int rank = comm_.rank();
-  double mine = kDone;  // a rank without a job in this phase has nothing to wait for
-  if (job) {
+  // A rank without a job in this phase, or whose job finished at an earlier poll (its future
+  // then holds nothing), has nothing to wait for.
+  double mine = kDone;
+  if (job && job->valid()) {
     if (block) job->wait();
     if (!finished(*job)) {
       mine = kRunning;
