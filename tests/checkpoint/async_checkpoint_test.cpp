@@ -32,19 +32,29 @@ using testing::TempDir;
 const nlohmann::json kGlobalState = {{"iteration", 20}, {"consumed_samples", 160}};
 const nlohmann::json kPlan = {{"unit", "layers.{*}"}};
 
+// This rank's shards plus, on rank 1 only, a 32 MiB tensor: rank 0 finishes writing long before
+// rank 1, and its polls meanwhile must wait for rank 1 without touching its own finished job.
+std::vector<ShardedTensor> uneven_shards(const std::vector<std::pair<std::string, at::Tensor>>& full, int rank,
+                                         const at::Tensor& big) {
+  auto shards = chunk_shards(full, rank, 2);
+  shards.push_back({"big", big.sizes().vec(), 0, rank == 1 ? big : big.slice(0, 0, 0)});
+  return shards;
+}
+
 TEST(AsyncCheckpoint, WritesTheBytesOfASyncSaveOfTheStateAtStart) {
   TempDir async_root, sync_root;
+  const at::Tensor big = testing::random_tensor({1, 8 << 20}, at::kFloat, 9);
   std::vector<std::string> latest_after_start(2);
   std::vector<std::string> completed_dir(2);
   testing::run_ranks(2, [&](Comm& comm) {
     save_model(async_root.str(), 10, comm, 100);
     save_model(sync_root.str(), 10, comm, 100);
     auto full = model_tensors(200);
-    checkpoint_save(sync_root.str(), 20, comm, chunk_shards(full, comm.rank(), 2), kGlobalState,
+    checkpoint_save(sync_root.str(), 20, comm, uneven_shards(full, comm.rank(), big), kGlobalState,
                     rank_state_of(comm.rank(), 20), kPlan);
 
     AsyncCheckpointSaver saver(comm);
-    const auto staged = saver.start(async_root.str(), 20, chunk_shards(full, comm.rank(), 2), kGlobalState,
+    const auto staged = saver.start(async_root.str(), 20, uneven_shards(full, comm.rank(), big), kGlobalState,
                                     rank_state_of(comm.rank(), 20), kPlan, 0);
     EXPECT_GT(staged.bytes, 0);
     if (comm.rank() == 0) latest_after_start[0] = read_bytes(async_root / "latest");
