@@ -113,7 +113,9 @@ def save_syscalls(ckpt):
     return points
 
 
-def test_sigkill_at_every_system_call_of_a_background_save(tmp_path, token_file):
+@pytest.fixture
+def reference(tmp_path, token_file):
+    """The straight 6-step run the interrupted ones must end equal to (after checking strace works)."""
     why = strace_usable()
     if why:
         pytest.skip(why)
@@ -121,7 +123,10 @@ def test_sigkill_at_every_system_call_of_a_background_save(tmp_path, token_file)
     straight.mkdir()
     cfg = write_config(straight / "c.yaml", tiny_config(straight, token_file, iters=6))
     run_mmtrain(["train", str(cfg), "--set", "training.save="])
-    reference = read_metrics(straight / "run")
+    return read_metrics(straight / "run")
+
+
+def test_sigkill_at_every_system_call_of_a_background_save(tmp_path, token_file, reference):
 
     for i, (call, path) in enumerate(save_syscalls(tmp_path / "probe" / "ckpt")):
         run_dir = tmp_path / f"kill{i}"
@@ -138,15 +143,7 @@ def test_sigkill_at_every_system_call_of_a_background_save(tmp_path, token_file)
 
 @pytest.mark.parametrize("call,file", [("write", "iter_0000004.tmp/rank_00000.safetensors.tmp"),
                                        ("fsync", "iter_0000004.tmp/index.json.tmp")])
-def test_a_full_disk_under_the_background_save_stops_the_run(tmp_path, token_file, call, file):
-    why = strace_usable()
-    if why:
-        pytest.skip(why)
-    straight = tmp_path / "straight"
-    straight.mkdir()
-    cfg = write_config(straight / "c.yaml", tiny_config(straight, token_file, iters=6))
-    run_mmtrain(["train", str(cfg), "--set", "training.save="])
-    reference = read_metrics(straight / "run")
+def test_a_full_disk_under_the_background_save_stops_the_run(tmp_path, token_file, reference, call, file):
 
     run_dir = tmp_path / "run_dir"
     cfg = interrupted_run(run_dir, token_file)
