@@ -1,6 +1,7 @@
 """Shared helpers for end-to-end tests that run the mmtrain binary (alone or under torchrun)."""
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -102,3 +103,11 @@ logging:
   output_dir: {tmp / 'run'}
 {extra}
 """
+
+
+def strace_usable() -> str:
+    """Why the strace-driven tests cannot run here ('' when they can)."""
+    if shutil.which("strace") is None:
+        return "strace is not installed (scripts/setup.sh installs it)"
+    probe = subprocess.run(["strace", "-f", "-qq", "-o", "/dev/null", "true"], capture_output=True, text=True)
+    return "" if probe.returncode == 0 else f"strace cannot trace here: {probe.stderr.strip()[:200]}"

@@ -12,7 +12,7 @@ import safetensors.torch
 import torch
 from safetensors import safe_open
 
-from conftest import mmtrain_bin, read_metrics, run_mmtrain, tiny_config, write_config
+from conftest import mmtrain_bin, read_metrics, run_mmtrain, strace_usable, tiny_config, write_config
 
 ASYNC = ["--set", "training.async_save=true"]
 
@@ -55,14 +55,6 @@ def test_async_checkpoints_equal_sync_ones_and_resume_bitwise(tmp_path, token_fi
     resumed = read_metrics(async_dir / "run")
     assert [m["iteration"] for m in resumed] == [10, 11, 12]
     assert [(m["loss"], m["grad_norm"]) for m in resumed] == [(m["loss"], m["grad_norm"]) for m in sync_metrics[9:]]
-
-
-def strace_usable() -> str:
-    """Why the strace-driven tests cannot run here ('' when they can)."""
-    if shutil.which("strace") is None:
-        return "strace is not installed (scripts/setup.sh installs it)"
-    probe = subprocess.run(["strace", "-f", "-qq", "-o", "/dev/null", "true"], capture_output=True, text=True)
-    return "" if probe.returncode == 0 else f"strace cannot trace here: {probe.stderr.strip()[:200]}"
 
 
 def interrupted_run(tmp_path, token_file):

@@ -1,6 +1,7 @@
 """Elastic shrink under torchrun: two agents on loopback (`--nnodes 1:2`, c10d rendezvous, 2 ranks
 each) train with a pinned global batch and asynchronous saves; one agent's whole process group is
-SIGKILLed mid-run. The survivor restarts its workers on the smaller world, `load: auto` reshards
+SIGKILLed while its asynchronous save of iteration 60 is still being written (strace holds its
+writer's first write for a minute). The survivor restarts its workers on the smaller world, `load: auto` reshards
 the last checkpoint onto 2 ranks, accumulation doubles, and the losses after the restart equal a
 by-hand resume from the same checkpoint on 2 ranks. (A node that comes back is not tested: on one
 host torchrun's re-rendezvous hangs in its rank assignment, pytorch issue 147064; docs/elastic.md.)"""
@@ -12,7 +13,9 @@ import subprocess
 import sys
 import time
 
-from conftest import free_port, mmtrain_bin, read_metrics, run_mmtrain, tiny_config, write_config
+import pytest
+
+from conftest import free_port, mmtrain_bin, read_metrics, run_mmtrain, strace_usable, tiny_config, write_config
 
 ITERS = 600
 SAVE_INTERVAL = 20
@@ -20,15 +23,54 @@ SAVE_INTERVAL = 20
 TRAIN_SETS = ["--set", "training.global_batch_size=8", "--set", "training.async_save=true"]
 
 
-def agent(cfg, port, node, log):
+STALLED_SAVE = 3 * SAVE_INTERVAL
+
+
+def stalled_writer(ckpt):
+    """A wrapper under which a rank's background writer blocks for a minute in its first write of
+    the save of iteration STALLED_SAVE (either node may hold any rank: all four files are named)."""
+    files = [ckpt / f"iter_{STALLED_SAVE:07d}.tmp" / f"rank_{r:05d}.safetensors.tmp" for r in range(4)]
+    return ["strace", "-f", "-qq", "-o", "/dev/null", "--seccomp-bpf", *[a for f in files for a in ("-P", str(f))],
+            "-e", "trace=write", "-e", "inject=write:delay_enter=60000000:when=1"]
+
+
+def agent(cfg, port, node, log, wrapper=()):
     """One torchrun agent (2 ranks) in its own process group, as if on its own node."""
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     cmd = [torchrun, "--nnodes", "1:2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "elastic-test", "--max-restarts", "3",
            "--rdzv-conf", "join_timeout=60,last_call_timeout=2", "--monitor-interval", "0.5",
-           "--no-python", str(mmtrain_bin()), "train", str(cfg), *TRAIN_SETS]
+           "--no-python", *wrapper, str(mmtrain_bin()), "train", str(cfg), *TRAIN_SETS]
     env = dict(os.environ, OMP_NUM_THREADS="1", MMTRAIN_NODE_NAME=node)
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def process_tree(root):
+    """root and every process below it, across sessions (torchrun starts each worker in its own)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            parent = int(stat[stat.rindex(")") + 2:].split()[1])
+            children.setdefault(parent, []).append(int(entry))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
+def kill_node(agent_proc):
+    """SIGKILL every process of an agent's node at once: the agent, its workers and their tracers."""
+    for pid in process_tree(agent_proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def wait_for(condition, timeout, what):
@@ -54,6 +96,9 @@ def after(text, marker):
 
 
 def test_a_lost_node_shrinks_the_world_and_training_goes_on(tmp_path, token_file):
+    why = strace_usable()
+    if why:
+        pytest.skip(why)
     cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, mbs=2, accum=0, iters=ITERS,
                                                         save_interval=SAVE_INTERVAL, load="auto"))
     port = free_port()
@@ -61,11 +106,13 @@ def test_a_lost_node_shrinks_the_world_and_training_goes_on(tmp_path, token_file
     log_a = tmp_path / "node-a.log"
     a = agent(cfg, port, "node-a", open(log_a, "w"))
     time.sleep(0.5)  # node-a hosts the rendezvous store: the one not killed
-    b = agent(cfg, port, "node-b", open(tmp_path / "node-b.log", "w"))
+    b = agent(cfg, port, "node-b", open(tmp_path / "node-b.log", "w"), stalled_writer(tmp_path / "ckpt"))
     try:
-        # Both nodes train on 4 ranks; node-b dies after a few saves.
-        wait_for(lambda: last_iteration(metrics) >= 3 * SAVE_INTERVAL, 120, "training on 4 ranks")
-        os.killpg(b.pid, signal.SIGKILL)
+        # Both nodes train on 4 ranks past the save of iteration 60, which node-b's writer cannot
+        # finish: node-b dies with that save in flight.
+        wait_for(lambda: last_iteration(metrics) >= STALLED_SAVE + 2, 120, "training on 4 ranks")
+        assert not (tmp_path / "ckpt" / f"iter_{STALLED_SAVE:07d}").exists()
+        kill_node(b)
         killed_at = time.time()
         b.wait()
         stopped_at = last_iteration(metrics)
@@ -79,7 +126,7 @@ def test_a_lost_node_shrinks_the_world_and_training_goes_on(tmp_path, token_file
     finally:
         for proc in (a, b):
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+                kill_node(proc)
     text = log_a.read_text()
     print(f"\nelastic: node-b killed at iteration {stopped_at}; node-a resumed from iteration {resumed_from} on 2 "
           f"ranks, its first step {first_step_s:.1f} s after the kill")
@@ -90,6 +137,9 @@ def test_a_lost_node_shrinks_the_world_and_training_goes_on(tmp_path, token_file
     assert re.search(rf"the nodes changed since the checkpoint: it was saved on {four_ranks}; this run has "
                      r"node-a \(ranks 0-1\); lost: node-b; global batch 8 kept with gradient accumulation 2",
                      text), text[-5000:]
+    # The save in flight was never committed: the run went back to the one before it.
+    assert resumed_from == STALLED_SAVE - SAVE_INTERVAL
+    run_mmtrain(["ckpt", "verify", str(tmp_path / "ckpt")])
     final = read_metrics(tmp_path / "run")
     assert [m["iteration"] for m in final] == list(range(1, ITERS + 1))
 
