@@ -32,7 +32,8 @@ AsyncCheckpointSaver::~AsyncCheckpointSaver() {
 AsyncCheckpointSaver::Staged AsyncCheckpointSaver::start(const std::string& save_root, int64_t iteration,
                                                          const std::vector<ShardedTensor>& tensors,
                                                          nlohmann::json global_state, nlohmann::json rank_state,
-                                                         nlohmann::json plan, int keep_latest_k) {
+                                                         nlohmann::json plan, int keep_latest_k,
+                                                         StagedCheck check_staged) {
   if (in_flight())
     fail("async checkpoint of iteration ", iteration, ": ", name_, " is still in flight (wait() for it first)");
   const int rank = comm_.rank(), world = comm_.world_size();
@@ -76,9 +77,10 @@ AsyncCheckpointSaver::Staged AsyncCheckpointSaver::start(const std::string& save
   global_state_ = std::move(global_state);
   plan_ = std::move(plan);
   keep_latest_k_ = keep_latest_k;
-  write_ = std::async(std::launch::async,
-                      [=, tensors = std::move(staged_tensors), rank_state = std::move(rank_state)] {
+  write_ = std::async(std::launch::async, [=, tensors = std::move(staged_tensors), rank_state = std::move(rank_state),
+                                            check_staged = std::move(check_staged)] {
                         yield_to_training();
+                        if (check_staged) check_staged(tensors);
                         checkpoint_save_rank_file(save_root, iteration, rank, world, tensors, rank_state);
                       });
   phase_ = Phase::writing;
@@ -115,7 +117,7 @@ std::vector<double> AsyncCheckpointSaver::agree(std::future<void>* job, bool blo
                                     " still names the previous complete checkpoint";
     if (mine == kFailed) fail("checkpoint ", name_, ": the background ", what, " failed: ", job_error_, consequence);
     fail("checkpoint ", name_, ": the background ", what, " failed on rank ", failed_ranks,
-         " (that rank's error names the file)", consequence);
+         " (that rank's error says why)", consequence);
   }
   return outcomes;
 }

@@ -3,8 +3,8 @@
 //
 //   start()  collective, at a save step: rank 0 creates iter_N.tmp (step 1), then every rank copies
 //            its shards into staging buffers, reused from save to save, and a background thread
-//            writes its rank file from them (step 2: checksums, fsync, rename). Training goes on
-//            as soon as the copy is done.
+//            checks the staged copy (an optional check, e.g. for NaN) and writes its rank file from
+//            it (step 2: checksums, fsync, rename). Training goes on as soon as the copy is done.
 //   poll()   collective, at every step boundary while a save is in flight, never blocking: the
 //            ranks agree on how far the save got. Once every rank's file is written, a background
 //            thread on rank 0 commits it (step 3: index.json, trainer_state.json, rename, `latest`)
@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <optional>
 #include <string>
@@ -41,9 +42,13 @@ class AsyncCheckpointSaver {
     double ms = 0;      // this rank's copy into the staging buffers
     int64_t bytes = 0;  // this rank's staged bytes
   };
-  // `tensors` may alias live training state: it is copied before start() returns.
+  // `tensors` may alias live training state: it is copied before start() returns. check_staged
+  // (optional) runs on the background thread on the staged copy before anything is written: what
+  // it throws fails the save like a failed write.
+  using StagedCheck = std::function<void(const std::vector<ShardedTensor>& staged)>;
   Staged start(const std::string& save_root, int64_t iteration, const std::vector<ShardedTensor>& tensors,
-               nlohmann::json global_state, nlohmann::json rank_state, nlohmann::json plan, int keep_latest_k);
+               nlohmann::json global_state, nlohmann::json rank_state, nlohmann::json plan, int keep_latest_k,
+               StagedCheck check_staged = {});
 
   struct Completed {
     std::string dir;                  // the committed iter_N directory

@@ -94,23 +94,28 @@ void append_buffers(Model& model, int world_rank, std::vector<ShardedTensor>& ou
 }
 
 // A checkpoint is never written from a diverged state: it would pass its checksums, and `latest`
-// would name it. Every rank reads its shards of the weights and moments (buffers may hold -inf
-// by design) and the ranks agree before anything is written, so none is left waiting in the
-// save's barriers.
-void refuse_non_finite(const std::vector<ShardedTensor>& trained, Comm& comm, int64_t iteration) {
-  std::string bad;
-  for (const auto& t : trained) {
-    if (const int64_t at = first_non_finite(t.local); at >= 0) {
-      bad = "tensor '" + t.name + "' holds " + std::to_string(t.local.reshape(-1)[at].item<double>()) +
-            " (element " + std::to_string(at) + " of rank " + std::to_string(comm.rank()) + "'s rows)";
-      break;
-    }
+// would name it. This rank's first NaN/Inf among the trained tensors (weights and moments; buffers
+// may hold -inf by design), described; "" when there is none.
+std::string describe_non_finite(const std::vector<ShardedTensor>& tensors, size_t trained_count, int rank) {
+  for (size_t i = 0; i < trained_count; ++i) {
+    const auto& t = tensors[i];
+    if (const int64_t at = first_non_finite(t.local); at >= 0)
+      return "tensor '" + t.name + "' holds " + std::to_string(t.local.reshape(-1)[at].item<double>()) +
+             " (element " + std::to_string(at) + " of rank " + std::to_string(rank) + "'s rows)";
   }
-  if (!comm.any_rank(!bad.empty())) return;
-  fail("checkpoint of iteration ", iteration, " not written: ",
-       bad.empty() ? "another rank holds NaN/Inf weights or moments (see its error)" : bad,
-       "; refusing to save non-finite state (`latest` keeps naming the previous checkpoint)");
+  return "";
 }
+
+constexpr const char* kRefusal = "; refusing to save non-finite state (`latest` keeps naming the previous checkpoint)";
+
+// Everything a checkpoint of iteration info.iteration holds, not yet written: this rank's shards
+// (they alias the live parameters and moments: copy them before training goes on), trained
+// tensors first, then buffers; trainer_state.json; this rank's state.
+struct StateSnapshot {
+  std::vector<ShardedTensor> tensors;
+  size_t trained_count = 0;  // tensors[0, trained_count): weights and moments, which must be finite
+  nlohmann::json global_state, rank_state;
+};
 
 // A training checkpoint records the effective config: its model.config must be this run's, key by
 // key, apart from the keys that only change how the model computes.
@@ -197,18 +202,7 @@ int64_t state_int(const CheckpointReader& reader, const char* key, int64_t minim
   return value;
 }
 
-}  // namespace
-
-std::string state_model_key(const std::string& param_name) { return "model." + param_name; }
-
-nlohmann::json state_plan_entry(const FsdpConfig& plan) {
-  return {{"apply_modules", plan.apply_modules},
-          {"param_dtype", dtype_name(plan.param_dtype)},
-          {"reduce_dtype", dtype_name(plan.reduce_dtype)},
-          {"sharding", "dim0 torch.chunk"}};
-}
-
-StateSnapshot state_snapshot(Comm& comm, Model& model, Fsdp& fsdp, const AdamW* adamw, const StateInfo& info) {
+StateSnapshot state_snapshot(const Comm& comm, Model& model, Fsdp& fsdp, const AdamW* adamw, const StateInfo& info) {
   StateSnapshot snapshot;
   auto& global = snapshot.global_state;
   global = {{"iteration", info.iteration}, {"model_id", info.model_id}, {"config", info.config}};
@@ -221,18 +215,50 @@ StateSnapshot state_snapshot(Comm& comm, Model& model, Fsdp& fsdp, const AdamW* 
   }
   for (const auto& [key, value] : info.extra.items()) global[key] = value;
   snapshot.tensors = trained_shards(fsdp, adamw);
-  refuse_non_finite(snapshot.tensors, comm, info.iteration);
+  snapshot.trained_count = snapshot.tensors.size();
   append_buffers(model, comm.rank(), snapshot.tensors);
   snapshot.rank_state = {{"cpu_rng_state", to_hex(at::detail::getDefaultCPUGenerator().get_state())},
                          {"node", node_name()}};
   return snapshot;
 }
 
+
+}  // namespace
+
+std::string state_model_key(const std::string& param_name) { return "model." + param_name; }
+
+nlohmann::json state_plan_entry(const FsdpConfig& plan) {
+  return {{"apply_modules", plan.apply_modules},
+          {"param_dtype", dtype_name(plan.param_dtype)},
+          {"reduce_dtype", dtype_name(plan.reduce_dtype)},
+          {"sharding", "dim0 torch.chunk"}};
+}
+
+
 std::string state_save(const std::string& save_root, Comm& comm, Model& model, Fsdp& fsdp, const AdamW* adamw,
                        const StateInfo& info) {
   const auto snapshot = state_snapshot(comm, model, fsdp, adamw, info);
+  // Every rank checks before anything is written, and the ranks agree, so none is left waiting
+  // in the save's barriers.
+  const std::string bad = describe_non_finite(snapshot.tensors, snapshot.trained_count, comm.rank());
+  if (comm.any_rank(!bad.empty()))
+    fail("checkpoint of iteration ", info.iteration, " not written: ",
+         bad.empty() ? "another rank holds NaN/Inf weights or moments (see its error)" : bad, kRefusal);
   return checkpoint_save(save_root, info.iteration, comm, snapshot.tensors, snapshot.global_state,
                          snapshot.rank_state, info.plan);
+}
+
+AsyncCheckpointSaver::Staged state_save_async(AsyncCheckpointSaver& saver, const std::string& save_root, Comm& comm,
+                                              Model& model, Fsdp& fsdp, const AdamW& adamw, const StateInfo& info,
+                                              int keep_latest_k) {
+  auto snapshot = state_snapshot(comm, model, fsdp, &adamw, info);
+  auto refuse_non_finite = [trained_count = snapshot.trained_count, rank = comm.rank(),
+                            iteration = info.iteration](const std::vector<ShardedTensor>& staged) {
+    if (const std::string bad = describe_non_finite(staged, trained_count, rank); !bad.empty())
+      fail("checkpoint of iteration ", iteration, " not written: ", bad, kRefusal);
+  };
+  return saver.start(save_root, info.iteration, snapshot.tensors, std::move(snapshot.global_state),
+                     std::move(snapshot.rank_state), info.plan, keep_latest_k, refuse_non_finite);
 }
 
 void state_load_model(const CheckpointReader& reader, Model& model, Fsdp& fsdp) {

@@ -9,6 +9,7 @@
 // A model-only checkpoint (`convert hf-to-ckpt`) has no optim.* tensors and says model_only; a
 // run that loads it starts at iteration 0 from its weights.
 #pragma once
+#include "checkpoint/async_checkpoint.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "fsdp/fully_shard.h"
 #include "models/model.h"
@@ -42,20 +43,18 @@ struct StateInfo {
   nlohmann::json plan = nlohmann::json::object();   // the index's plan entry (FSDP plan, provenance)
 };
 
-// Everything a checkpoint of iteration info.iteration holds, not yet written: this rank's shards
-// (they alias the live parameters and moments: copy them before training goes on, as the
-// asynchronous saver does), trainer_state.json and this rank's state. Collective: refuses
-// non-finite state on every rank alike.
-struct StateSnapshot {
-  std::vector<ShardedTensor> tensors;
-  nlohmann::json global_state, rank_state;
-};
-StateSnapshot state_snapshot(Comm& comm, Model& model, Fsdp& fsdp, const AdamW* adamw, const StateInfo& info);
-
 // Saves a checkpoint of iteration info.iteration under save_root (collective, crash-safe) and
-// returns its directory. adamw null: a model-only checkpoint.
+// returns its directory. adamw null: a model-only checkpoint. Non-finite weights or moments on
+// any rank: nothing is written, and every rank throws (the one holding them names the tensor).
 std::string state_save(const std::string& save_root, Comm& comm, Model& model, Fsdp& fsdp, const AdamW* adamw,
                        const StateInfo& info);
+
+// state_save through the asynchronous saver (training.async_save): collective; returns once this
+// rank's state is staged. The background writer refuses non-finite state (it checks the staged
+// copy, off the training thread), which fails the save at a later poll() on every rank.
+AsyncCheckpointSaver::Staged state_save_async(AsyncCheckpointSaver& saver, const std::string& save_root, Comm& comm,
+                                              Model& model, Fsdp& fsdp, const AdamW& adamw, const StateInfo& info,
+                                              int keep_latest_k);
 
 struct StateLoadOptions {
   std::string model_id;                 // must equal the checkpoint's

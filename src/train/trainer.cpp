@@ -243,9 +243,8 @@ struct Trainer::State {
           log(format("training.async_save: iteration %lld waited %.1f ms for the previous save to finish",
                      static_cast<long long>(step), waited_ms));
         }
-        const auto snapshot = state_snapshot(comm(), *model, *fsdp, adamw.get(), info);
-        const auto staged = async_saver->start(config.training.save, step, snapshot.tensors, snapshot.global_state,
-                                               snapshot.rank_state, info.plan, config.training.keep_latest_k);
+        const auto staged = state_save_async(*async_saver, config.training.save, comm(), *model, *fsdp, *adamw, info,
+                                             config.training.keep_latest_k);
         log(format("checkpoint of iteration %lld staged in %.1f ms (%.1f MiB on rank 0); writing it in the background",
                    static_cast<long long>(step), staged.ms, staged.bytes / 1048576.0));
       } else {

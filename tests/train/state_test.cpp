@@ -74,10 +74,10 @@ TEST(StateRng, DamagedStatesNameFileAndKey) {
   }
 }
 
-// A save from NaN weights or moments is refused on every rank before anything is written;
-// `latest` keeps naming the last good checkpoint, which still verifies.
-TEST(StateSave, RefusesNonFiniteStateOnEveryRank) {
-  testing::TempDir root;
+// Two thread ranks save iteration 1, then rank 1's moments get a NaN and they save iteration 2
+// with `save2`; returns each rank's error.
+template <typename Save>
+std::vector<std::string> errors_saving_nan_moments(const std::string& root, Save save2) {
   std::vector<std::string> errors(2);
   std::mutex mutex;
   testing::run_ranks(2, [&](Comm& comm_ref) {
@@ -91,20 +91,53 @@ TEST(StateSave, RefusesNonFiniteStateOnEveryRank) {
     info.model_id = "test_transformer";
     info.config = {{"model", {{"model_id", "test_transformer"}}}};
     info.iteration = 1;
-    state_save(root.str(), *comm, *model, *fsdp, adamw.get(), info);
+    state_save(root, *comm, *model, *fsdp, adamw.get(), info);
     if (comm->rank() == 1) adamw->states()[0].exp_avg_sq[5].fill_(std::numeric_limits<float>::quiet_NaN());
     info.iteration = 2;
-    const auto error = testing::error_of([&] { state_save(root.str(), *comm, *model, *fsdp, adamw.get(), info); });
+    const auto error = testing::error_of([&] { save2(*comm, *model, *fsdp, *adamw, info); });
     std::lock_guard<std::mutex> lock(mutex);
     errors[comm->rank()] = error;
+  });
+  return errors;
+}
+
+void expect_latest_still_iteration_1(const testing::TempDir& root) {
+  EXPECT_EQ(testing::read_bytes(root / "latest"), "iter_0000001\n");
+  EXPECT_NO_THROW(CheckpointReader(root.str()).verify());
+}
+
+// A save from NaN weights or moments is refused on every rank before anything is written;
+// `latest` keeps naming the last good checkpoint, which still verifies.
+TEST(StateSave, RefusesNonFiniteStateOnEveryRank) {
+  testing::TempDir root;
+  const auto errors = errors_saving_nan_moments(root.str(), [&](Comm& comm, Model& model, Fsdp& fsdp, AdamW& adamw,
+                                                                const StateInfo& info) {
+    state_save(root.str(), comm, model, fsdp, &adamw, info);
   });
   EXPECT_CONTAINS(errors[1], "checkpoint of iteration 2 not written: tensor 'optim.exp_avg_sq.");
   EXPECT_CONTAINS(errors[1], "holds nan (element ");
   EXPECT_CONTAINS(errors[1], "of rank 1's rows); refusing to save non-finite state (`latest` keeps naming the previous");
   EXPECT_CONTAINS(errors[0], "another rank holds NaN/Inf weights or moments (see its error)");
-  EXPECT_EQ(testing::read_bytes(root / "latest"), "iter_0000001\n");
   EXPECT_FALSE(std::filesystem::exists(root / "iter_0000002.tmp"));
-  EXPECT_NO_THROW(CheckpointReader(root.str()).verify());
+  expect_latest_still_iteration_1(root);
+}
+
+// The asynchronous save checks the staged copy on its background thread: start() returns, and
+// the refusal stops every rank at the next poll/wait, naming the tensor on rank 1.
+TEST(StateSave, AsyncSaveRefusesNonFiniteStateInTheBackground) {
+  testing::TempDir root;
+  const auto errors = errors_saving_nan_moments(root.str(), [&](Comm& comm, Model& model, Fsdp& fsdp, AdamW& adamw,
+                                                                const StateInfo& info) {
+    AsyncCheckpointSaver saver(comm);
+    state_save_async(saver, root.str(), comm, model, fsdp, adamw, info, 0);
+    saver.wait();
+  });
+  EXPECT_CONTAINS(errors[1], "checkpoint iter_0000002: the background write of the rank files failed: checkpoint of "
+                             "iteration 2 not written: tensor 'optim.exp_avg_sq.");
+  EXPECT_CONTAINS(errors[1], "of rank 1's rows); refusing to save non-finite state");
+  EXPECT_CONTAINS(errors[0], "failed on rank 1 (that rank's error says why)");
+  EXPECT_FALSE(std::filesystem::exists(root / "iter_0000002"));
+  expect_latest_still_iteration_1(root);
 }
 
 TEST(StatePlanEntry, NamesTheShardingTheTrainerUsed) {
