@@ -1,6 +1,7 @@
 #include "optim/adamw.h"
 
 #include "core/error.h"
+#include "core/finite.h"
 
 
 namespace mmtrain {
@@ -23,32 +24,97 @@ void AdamW::set_update_mask(size_t i, at::Tensor mask) {
   masks_[i] = std::move(mask);
 }
 
+void AdamW::offload_moments(std::shared_ptr<DiskStore> store, int64_t chunk_numel) {
+  std::vector<int64_t> numels;
+  for (const auto& p : params_) numels.push_back(p.numel());
+  disk_ = std::make_unique<DiskMoments>(std::move(store), numels, chunk_numel);
+  for (size_t i = 0; i < states_.size(); ++i) {
+    if (states_[i].exp_avg.abs().max().item<float>() != 0 || states_[i].exp_avg_sq.abs().max().item<float>() != 0)
+      disk_->write(i, states_[i].exp_avg, states_[i].exp_avg_sq);  // the file starts as zeros
+    states_[i] = {};
+  }
+}
+
 void AdamW::step(double lr) {
   at::NoGradGuard no_grad;
   ++step_count_;
-  // One kernel call over every param that updates; a masked param keeps a copy of its frozen
-  // elements and gets them back afterwards (the kernel has no mask).
-  std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
-  std::vector<std::pair<size_t, at::Tensor>> restore;  // (param index, values before the step)
+  std::vector<size_t> updating;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (masks_[i].defined()) {
-      if (!masks_[i].any().item<bool>()) continue;  // wholly frozen: no update, moments stay zero
-      restore.emplace_back(i, params_[i].clone());
-    }
+    if (masks_[i].defined() && !masks_[i].any().item<bool>()) continue;  // wholly frozen: moments stay zero
     steps_[i].fill_(static_cast<double>(step_count_));
-    params.push_back(params_[i]);
-    grads.push_back(grads_[i]);
-    exp_avgs.push_back(states_[i].exp_avg);
-    exp_avg_sqs.push_back(states_[i].exp_avg_sq);
-    steps.push_back(steps_[i]);
+    updating.push_back(i);
   }
-  if (params.empty()) return;
-  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, options_.beta1,
-                    options_.beta2, options_.weight_decay, options_.eps, /*amsgrad=*/false, /*maximize=*/false);
-  for (auto& [i, before] : restore) params_[i].copy_(at::where(masks_[i], params_[i], before));
+  if (updating.empty()) return;
+  // The kernel has no mask: a masked param (or chunk of it) keeps a copy of its frozen elements
+  // and gets them back afterwards.
+  auto run_kernel = [&](const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                        const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+                        const std::vector<at::Tensor>& steps, const std::vector<at::Tensor>& masks) {
+    std::vector<at::Tensor> before(params.size());
+    for (size_t k = 0; k < params.size(); ++k)
+      if (masks[k].defined()) before[k] = params[k].clone();
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, options_.beta1,
+                      options_.beta2, options_.weight_decay, options_.eps, /*amsgrad=*/false, /*maximize=*/false);
+    for (size_t k = 0; k < params.size(); ++k)
+      if (masks[k].defined()) params[k].copy_(at::where(masks[k], params[k], before[k]));
+  };
+  if (!disk_) {  // one kernel call over every param that updates
+    std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps, masks;
+    for (size_t i : updating) {
+      params.push_back(params_[i]);
+      grads.push_back(grads_[i]);
+      exp_avgs.push_back(states_[i].exp_avg);
+      exp_avg_sqs.push_back(states_[i].exp_avg_sq);
+      steps.push_back(steps_[i]);
+      masks.push_back(masks_[i]);
+    }
+    run_kernel(params, grads, exp_avgs, exp_avg_sqs, steps, masks);
+    return;
+  }
+  disk_non_finite_.reset();
+  disk_->stream(updating, [&](size_t i, int64_t begin, at::Tensor& exp_avg, at::Tensor& exp_avg_sq) {
+    const int64_t n = exp_avg.numel();
+    const at::Tensor mask = masks_[i].defined() ? masks_[i].reshape(-1).narrow(0, begin, n) : at::Tensor();
+    run_kernel({params_[i].reshape(-1).narrow(0, begin, n)}, {grads_[i].reshape(-1).narrow(0, begin, n)}, {exp_avg},
+               {exp_avg_sq}, {steps_[i]}, {mask});
+    if (disk_non_finite_) return;
+    for (const auto& [name, moment] : {std::pair<const char*, const at::Tensor&>{"exp_avg", exp_avg},
+                                       std::pair<const char*, const at::Tensor&>{"exp_avg_sq", exp_avg_sq}})
+      if (const int64_t at = first_non_finite(moment); at >= 0) {
+        disk_non_finite_ = NonFiniteMoment{i, name, begin + at};
+        return;
+      }
+  });
+}
+
+AdamWState AdamW::moments(size_t i) const {
+  if (i >= params_.size()) fail("AdamW: moments of param ", i, " of ", params_.size());
+  if (!disk_) return states_[i];
+  auto [exp_avg, exp_avg_sq] = disk_->read(i);
+  return {exp_avg.view(params_[i].sizes()), exp_avg_sq.view(params_[i].sizes())};
+}
+
+void AdamW::set_moments(size_t i, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) {
+  if (i >= params_.size()) fail("AdamW: moments of param ", i, " of ", params_.size());
+  for (const auto* m : {&exp_avg, &exp_avg_sq})
+    if (m->sizes() != params_[i].sizes())
+      fail("AdamW: moments of param ", i, " must be shaped ", params_[i].sizes(), ", got ", m->sizes());
+  if (disk_) return disk_->write(i, exp_avg, exp_avg_sq);
+  states_[i].exp_avg.copy_(exp_avg);
+  states_[i].exp_avg_sq.copy_(exp_avg_sq);
+}
+
+std::optional<AdamW::NonFiniteMoment> AdamW::first_non_finite_moment() const {
+  if (disk_) return disk_non_finite_;
+  for (size_t i = 0; i < states_.size(); ++i)
+    for (const auto& [name, moment] : {std::pair<const char*, const at::Tensor&>{"exp_avg", states_[i].exp_avg},
+                                       std::pair<const char*, const at::Tensor&>{"exp_avg_sq", states_[i].exp_avg_sq}})
+      if (const int64_t at = first_non_finite(moment); at >= 0) return NonFiniteMoment{i, name, at};
+  return std::nullopt;
 }
 
 int64_t AdamW::state_bytes() const {
+  if (disk_) return disk_->window_bytes();
   int64_t bytes = 0;
   for (const auto& s : states_)
     bytes += (s.exp_avg.numel() + s.exp_avg_sq.numel()) * s.exp_avg.element_size();

@@ -74,15 +74,17 @@ std::vector<ShardedTensor> trained_shards(Fsdp& fsdp, const AdamW* adamw) {
   std::vector<ShardedTensor> out;
   const int rank = fsdp.comm().rank();
   const auto units = fsdp.units();
-  for (size_t u = 0; u < units.size() && fsdp.is_primary_replica(); ++u)
+  for (size_t u = 0; u < units.size() && fsdp.is_primary_replica(); ++u) {
+    // With the moments on disk this reads the unit's back into RAM until the save is written.
+    const AdamWState state = adamw ? adamw->moments(u) : AdamWState{};
     for (auto& p : units[u]->params) {
       const int64_t begin = p.layout.row_begin(rank), rows = p.layout.rows(rank);
       out.push_back({state_model_key(p.name), p.param->shape, begin, p.shard.narrow(0, 0, rows)});
       if (!adamw) continue;
-      const auto& state = adamw->states()[u];
       out.push_back({kExpAvg + p.name, p.param->shape, begin, p.view_of(state.exp_avg).narrow(0, 0, rows)});
       out.push_back({kExpAvgSq + p.name, p.param->shape, begin, p.view_of(state.exp_avg_sq).narrow(0, 0, rows)});
     }
+  }
   return out;
 }
 
@@ -164,18 +166,17 @@ void check_no_extra_tensors(const CheckpointReader& reader, Model& model, bool w
 void load_optimizer(const CheckpointReader& reader, Fsdp& fsdp, AdamW& adamw, int rank) {
   const auto units = fsdp.units();
   for (size_t u = 0; u < units.size(); ++u) {
-    auto& state = adamw.states()[u];
+    const AdamWState state{at::zeros_like(units[u]->shard_flat), at::zeros_like(units[u]->shard_flat)};
     for (auto& p : units[u]->params) {
       const int64_t rows = p.layout.rows(rank), begin = p.layout.row_begin(rank);
       for (const auto& [prefix, flat] : {std::pair<std::string, at::Tensor>{kExpAvg, state.exp_avg},
                                          std::pair<std::string, at::Tensor>{kExpAvgSq, state.exp_avg_sq}}) {
         const auto key = prefix + p.name;
         if (!reader.contains(key)) fail("checkpoint ", reader.dir(), ": missing tensor '", key, "'");
-        auto view = p.view_of(flat);
-        view.zero_();
-        if (rows > 0) view.narrow(0, 0, rows).copy_(reader.read_rows(key, begin, begin + rows));
+        if (rows > 0) p.view_of(flat).narrow(0, 0, rows).copy_(reader.read_rows(key, begin, begin + rows));
       }
     }
+    adamw.set_moments(u, state.exp_avg, state.exp_avg_sq);
   }
 }
 

@@ -75,23 +75,20 @@ namespace {
 // Which weight or AdamW moment of this rank's shards holds NaN/Inf, as "the weights of 'name'
 // (element i of this rank's shard)"; empty when all are finite. adamw's params are the units'
 // shard_flat, in unit order (make_fsdp_adamw).
+std::string describe_shard_element(const FsdpUnit& unit, const std::string& what, int64_t at) {
+  for (const auto& p : unit.params)
+    if (at >= p.offset && at < p.offset + p.layout.shard_numel())
+      return what + " of '" + p.name + "' (element " + std::to_string(at - p.offset) + " of this rank's shard)";
+  return what + " of FSDP unit '" + unit.name + "' (padding element " + std::to_string(at) + ")";
+}
+
 std::string non_finite_state(Fsdp& fsdp, const AdamW& adamw) {
   const auto units = fsdp.units();
-  for (size_t u = 0; u < units.size(); ++u) {
-    const AdamWState* state = u < adamw.states().size() ? &adamw.states()[u] : nullptr;
-    const std::pair<const char*, at::Tensor> flats[] = {{"the weights", units[u]->shard_flat},
-                                                        {"the AdamW exp_avg", state ? state->exp_avg : at::Tensor()},
-                                                        {"the AdamW exp_avg_sq", state ? state->exp_avg_sq : at::Tensor()}};
-    for (const auto& [what, flat] : flats) {
-      const int64_t at = first_non_finite(flat);
-      if (at < 0) continue;
-      for (const auto& p : units[u]->params)
-        if (at >= p.offset && at < p.offset + p.layout.shard_numel())
-          return std::string(what) + " of '" + p.name + "' (element " + std::to_string(at - p.offset) +
-                 " of this rank's shard)";
-      return std::string(what) + " of FSDP unit '" + units[u]->name + "' (padding element " + std::to_string(at) + ")";
-    }
-  }
+  for (const auto* unit : units)
+    if (const int64_t at = first_non_finite(unit->shard_flat); at >= 0)
+      return describe_shard_element(*unit, "the weights", at);
+  if (const auto bad = adamw.first_non_finite_moment(); bad && bad->param < units.size())
+    return describe_shard_element(*units[bad->param], "the AdamW " + bad->moment, bad->element);
   return {};
 }
 

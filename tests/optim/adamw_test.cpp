@@ -74,7 +74,7 @@ TEST(AdamW, MaskedElementsStayBitwiseAndWhollyFrozenParamsAreSkipped) {
   EXPECT_TRUE(at::equal(params[0].narrow(0, 4, 6), before0.narrow(0, 4, 6)));
   EXPECT_FALSE(at::equal(params[0].narrow(0, 0, 4), before0.narrow(0, 0, 4)));
   EXPECT_TRUE(at::equal(params[1], before1));
-  EXPECT_EQ(adamw.states()[1].exp_avg.abs().max().item<float>(), 0.0f);
+  EXPECT_EQ(adamw.moments(1).exp_avg.abs().max().item<float>(), 0.0f);
 }
 
 TEST(AdamW, RefusesNonFp32Params) {

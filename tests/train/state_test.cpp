@@ -92,7 +92,7 @@ std::vector<std::string> errors_saving_nan_moments(const std::string& root, Save
     info.config = {{"model", {{"model_id", "test_transformer"}}}};
     info.iteration = 1;
     state_save(root, *comm, *model, *fsdp, adamw.get(), info);
-    if (comm->rank() == 1) adamw->states()[0].exp_avg_sq[5].fill_(std::numeric_limits<float>::quiet_NaN());
+    if (comm->rank() == 1) adamw->moments(0).exp_avg_sq[5].fill_(std::numeric_limits<float>::quiet_NaN());
     info.iteration = 2;
     const auto error = testing::error_of([&] { save2(*comm, *model, *fsdp, *adamw, info); });
     std::lock_guard<std::mutex> lock(mutex);

@@ -1,0 +1,121 @@
+#include "offload/disk_store.h"
+
+#include "core/error.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+namespace mmtrain {
+namespace {
+
+int64_t round_up(int64_t bytes) { return (bytes + DiskStore::kAlign - 1) / DiskStore::kAlign * DiskStore::kAlign; }
+
+std::string rank_file(const std::string& dir, int rank) {
+  char name[64];
+  std::snprintf(name, sizeof name, "mmtrain_rank_%05d.offload", rank);
+  return (std::filesystem::path(dir) / name).string();
+}
+
+}  // namespace
+
+int64_t aligned_bytes(int64_t numel) { return round_up(numel * static_cast<int64_t>(sizeof(float))); }
+
+at::Tensor aligned_buffer(int64_t numel) {
+  const int64_t bytes = aligned_bytes(numel);
+  void* data = nullptr;
+  if (::posix_memalign(&data, DiskStore::kAlign, static_cast<size_t>(bytes)) != 0)
+    fail("offload: cannot allocate an aligned buffer of ", bytes, " bytes");
+  std::memset(data, 0, static_cast<size_t>(bytes));
+  return at::from_blob(data, {numel}, [](void* p) { std::free(p); }, at::TensorOptions().dtype(at::kFloat));
+}
+
+DiskStore::DiskStore(const std::string& dir, int rank) : path_(rank_file(dir, rank)) {
+  const int flags = O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC;
+  fd_ = ::open(path_.c_str(), flags | O_DIRECT, 0600);
+  direct_ = fd_ >= 0;
+  if (fd_ < 0 && (errno == EINVAL || errno == ENOTSUP)) fd_ = ::open(path_.c_str(), flags, 0600);  // tmpfs
+  if (fd_ < 0) fail("training.offload_dir: cannot create ", path_, ": ", std::strerror(errno));
+  thread_ = std::thread([this] { run(); });
+}
+
+DiskStore::~DiskStore() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+  ::close(fd_);
+  ::unlink(path_.c_str());
+}
+
+int64_t DiskStore::reserve(int64_t bytes) {
+  const int64_t offset = end_;
+  end_ += round_up(bytes);
+  // The new region reads as zeros (a hole) until it is written.
+  if (::ftruncate(fd_, end_) != 0)
+    fail("offload file ", path_, ": cannot grow it to ", end_, " bytes: ", std::strerror(errno));
+  return offset;
+}
+
+std::shared_future<void> DiskStore::read(int64_t offset, void* buffer, int64_t bytes) {
+  const int64_t length = round_up(bytes);
+  return enqueue([=] {
+    for (int64_t done = 0; done < length;) {
+      const ssize_t n = ::pread(fd_, static_cast<char*>(buffer) + done, length - done, offset + done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        fail("offload file ", path_, ": reading ", length, " bytes at offset ", offset, " failed: ",
+             n == 0 ? std::string("unexpected end of file") : std::string(std::strerror(errno)));
+      done += n;
+    }
+    bytes_read_ += length;
+  });
+}
+
+std::shared_future<void> DiskStore::write(int64_t offset, const void* buffer, int64_t bytes) {
+  const int64_t length = round_up(bytes);
+  return enqueue([=] {
+    for (int64_t done = 0; done < length;) {
+      const ssize_t n = ::pwrite(fd_, static_cast<const char*>(buffer) + done, length - done, offset + done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0)
+        fail("offload file ", path_, ": writing ", length, " bytes at offset ", offset, " failed: ",
+             std::strerror(errno));
+      done += n;
+    }
+    bytes_written_ += length;
+  });
+}
+
+std::shared_future<void> DiskStore::enqueue(std::function<void()> transfer) {
+  std::packaged_task<void()> task(std::move(transfer));
+  std::shared_future<void> done = task.get_future().share();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back(std::move(task));
+  }
+  wake_.notify_one();
+  return done;
+}
+
+void DiskStore::run() {
+  for (;;) {
+    std::packaged_task<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and every queued transfer ran
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task();  // an exception lands in the task's future
+  }
+}
+
+}  // namespace mmtrain

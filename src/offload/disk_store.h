@@ -1,0 +1,78 @@
+// The disk tier: state that does not stay in RAM (AdamW moments with training.offload_dir) lives in
+// one file per rank, `<offload_dir>/mmtrain_rank_<rank>.offload`, and passes through small RAM
+// windows when it is needed. Each tensor owns a region of the file; reads and writes are queued to
+// one background I/O thread (pread / pwrite, O_DIRECT where the filesystem allows, so the page
+// cache neither doubles the RAM nor costs a copy), so that the caller computes on one chunk while
+// the next is read and the previous written.
+//
+// Alignment: O_DIRECT needs offsets, lengths and buffer addresses aligned to the device's block;
+// regions start on kAlign boundaries and transfers move whole kAlign blocks, so the buffers come
+// from aligned_buffer() (page-aligned, padded to whole blocks).
+//
+// The file is created empty (sparse: it reads as zeros) and removed when the store is destroyed: it
+// is scratch space, not a checkpoint. An I/O error fails the transfer's future with the file, the
+// offset and the errno.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace mmtrain {
+
+class DiskStore {
+ public:
+  static constexpr int64_t kAlign = 4096;
+
+  // Creates (truncates) the rank's file under dir; fails naming dir when it cannot.
+  DiskStore(const std::string& dir, int rank);
+  ~DiskStore();  // finishes queued transfers, closes and removes the file
+  DiskStore(const DiskStore&) = delete;
+  DiskStore& operator=(const DiskStore&) = delete;
+
+  // A new region of `bytes` (rounded up to kAlign) at the end of the file; returns its offset.
+  int64_t reserve(int64_t bytes);
+
+  // Queued transfers of `bytes` (rounded up to kAlign: the buffer must hold that many) between a
+  // kAlign-aligned buffer and the file at `offset`. The future is ready when the bytes moved, and
+  // throws what failed.
+  std::shared_future<void> read(int64_t offset, void* buffer, int64_t bytes);
+  std::shared_future<void> write(int64_t offset, const void* buffer, int64_t bytes);
+
+  const std::string& path() const { return path_; }
+  bool direct() const { return direct_; }  // O_DIRECT took
+  int64_t size() const { return end_; }    // bytes reserved
+  int64_t bytes_read() const { return bytes_read_; }
+  int64_t bytes_written() const { return bytes_written_; }
+
+ private:
+  std::shared_future<void> enqueue(std::function<void()> transfer);
+  void run();  // the I/O thread
+
+  std::string path_;
+  int fd_ = -1;
+  bool direct_ = false;
+  int64_t end_ = 0;
+  std::atomic<int64_t> bytes_read_{0}, bytes_written_{0};
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::packaged_task<void()>> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+// An fp32 tensor of numel elements whose storage starts on a DiskStore::kAlign boundary and is
+// padded to whole blocks (the padding is zero), for DiskStore transfers.
+at::Tensor aligned_buffer(int64_t numel);
+
+// numel fp32 elements rounded up to whole DiskStore blocks, in bytes.
+int64_t aligned_bytes(int64_t numel);
+
+}  // namespace mmtrain

@@ -1,0 +1,115 @@
+#include "optim/disk_moments.h"
+
+#include "core/error.h"
+
+#include <chrono>
+
+namespace mmtrain {
+
+DiskMoments::DiskMoments(std::shared_ptr<DiskStore> store, const std::vector<int64_t>& numels, int64_t chunk_numel)
+    : store_(std::move(store)), chunk_numel_(chunk_numel) {
+  // Whole blocks per chunk, so every chunk's offset in a region stays block-aligned.
+  const int64_t per_block = DiskStore::kAlign / static_cast<int64_t>(sizeof(float));
+  if (chunk_numel_ < per_block || chunk_numel_ % per_block != 0)
+    fail("DiskMoments: chunk_numel must be a positive multiple of ", per_block, ", got ", chunk_numel_);
+  for (int64_t numel : numels) {
+    const int64_t bytes = numel * static_cast<int64_t>(sizeof(float));
+    regions_.push_back({numel, store_->reserve(bytes), store_->reserve(bytes)});
+  }
+  for (auto& window : windows_) {
+    window.exp_avg = aligned_buffer(chunk_numel_);
+    window.exp_avg_sq = aligned_buffer(chunk_numel_);
+  }
+}
+
+int64_t DiskMoments::window_bytes() const {
+  return static_cast<int64_t>(windows_.size()) * 2 * aligned_bytes(chunk_numel_);
+}
+
+void DiskMoments::wait(std::shared_future<void>& transfer) {
+  if (!transfer.valid()) return;
+  const auto began = std::chrono::steady_clock::now();
+  transfer.get();  // rethrows the store's error
+  wait_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count();
+  transfer = {};
+}
+
+void DiskMoments::start_read(const Chunk& chunk, Window& window) {
+  // The window's previous chunk must be on disk before the buffers are reused.
+  wait(window.write_avg);
+  wait(window.write_avg_sq);
+  const Region& region = regions_[chunk.param];
+  const int64_t at = chunk.begin * static_cast<int64_t>(sizeof(float));
+  const int64_t bytes = chunk.numel * static_cast<int64_t>(sizeof(float));
+  window.read_avg = store_->read(region.exp_avg + at, window.exp_avg.data_ptr(), bytes);
+  window.read_avg_sq = store_->read(region.exp_avg_sq + at, window.exp_avg_sq.data_ptr(), bytes);
+}
+
+void DiskMoments::stream(const std::vector<size_t>& params, const Update& update) {
+  std::vector<Chunk> chunks;
+  for (size_t param : params)
+    for (int64_t begin = 0; begin < regions_.at(param).numel; begin += chunk_numel_)
+      chunks.push_back({param, begin, std::min(chunk_numel_, regions_[param].numel - begin)});
+  if (chunks.empty()) return;
+
+  // On an error every queued transfer still runs to its end before the buffers may go.
+  auto drain = [this] {
+    for (auto& w : windows_)
+      for (auto* t : {&w.read_avg, &w.read_avg_sq, &w.write_avg, &w.write_avg_sq})
+        if (t->valid()) t->wait(), *t = {};
+  };
+  try {
+    start_read(chunks[0], windows_[0]);
+    for (size_t k = 0; k < chunks.size(); ++k) {
+      if (k + 1 < chunks.size()) start_read(chunks[k + 1], windows_[(k + 1) % windows_.size()]);
+      Window& window = windows_[k % windows_.size()];
+      wait(window.read_avg);
+      wait(window.read_avg_sq);
+      const Chunk& chunk = chunks[k];
+      at::Tensor exp_avg = window.exp_avg.narrow(0, 0, chunk.numel);
+      at::Tensor exp_avg_sq = window.exp_avg_sq.narrow(0, 0, chunk.numel);
+      update(chunk.param, chunk.begin, exp_avg, exp_avg_sq);
+      const Region& region = regions_[chunk.param];
+      const int64_t at = chunk.begin * static_cast<int64_t>(sizeof(float));
+      const int64_t bytes = chunk.numel * static_cast<int64_t>(sizeof(float));
+      window.write_avg = store_->write(region.exp_avg + at, window.exp_avg.data_ptr(), bytes);
+      window.write_avg_sq = store_->write(region.exp_avg_sq + at, window.exp_avg_sq.data_ptr(), bytes);
+    }
+    for (auto& w : windows_) {
+      wait(w.write_avg);
+      wait(w.write_avg_sq);
+    }
+  } catch (...) {
+    drain();
+    throw;
+  }
+}
+
+std::pair<at::Tensor, at::Tensor> DiskMoments::read(size_t param) const {
+  const Region& region = regions_.at(param);
+  at::Tensor exp_avg = aligned_buffer(region.numel), exp_avg_sq = aligned_buffer(region.numel);
+  const int64_t bytes = region.numel * static_cast<int64_t>(sizeof(float));
+  auto a = store_->read(region.exp_avg, exp_avg.data_ptr(), bytes);
+  auto b = store_->read(region.exp_avg_sq, exp_avg_sq.data_ptr(), bytes);
+  a.wait();
+  b.wait();
+  a.get();
+  b.get();
+  return {exp_avg, exp_avg_sq};
+}
+
+void DiskMoments::write(size_t param, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) {
+  const Region& region = regions_.at(param);
+  const int64_t bytes = region.numel * static_cast<int64_t>(sizeof(float));
+  at::Tensor a = aligned_buffer(region.numel), b = aligned_buffer(region.numel);
+  a.copy_(exp_avg.reshape(-1));
+  b.copy_(exp_avg_sq.reshape(-1));
+  auto wa = store_->write(region.exp_avg, a.data_ptr(), bytes);
+  auto wb = store_->write(region.exp_avg_sq, b.data_ptr(), bytes);
+  wa.wait();
+  wb.wait();
+  wa.get();
+  wb.get();
+}
+
+}  // namespace mmtrain

@@ -1,0 +1,110 @@
+// AdamW with its moments on the disk tier (AdamW::offload_moments, optim/disk_moments.h) against
+// the same AdamW in memory: chunks that do not divide the params, a masked param and a wholly
+// frozen one; params and moments bitwise equal after every step, a checkpoint-style round trip
+// of the moments, and NaN found in the chunk that holds it.
+#include "optim/adamw.h"
+
+#include "checkpoint/checkpoint_test_util.h"
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <limits>
+
+namespace mmtrain {
+namespace {
+
+constexpr int64_t kChunk = 1024;  // the smallest chunk: params of 1-3 chunks and a partial one
+
+struct Pair {
+  std::vector<at::Tensor> params, grads;
+  std::unique_ptr<AdamW> adamw;
+};
+
+Pair make(const std::vector<at::Tensor>& init, const AdamWOptions& options) {
+  Pair out;
+  for (const auto& p : init) {
+    out.params.push_back(p.clone());
+    out.grads.push_back(at::zeros_like(p));
+  }
+  out.adamw = std::make_unique<AdamW>(out.params, out.grads, options);
+  // Param 2: half its elements frozen; param 3: wholly frozen.
+  out.adamw->set_update_mask(2, at::arange(init[2].numel()).remainder(2).eq(0).view(init[2].sizes()));
+  out.adamw->set_update_mask(3, at::zeros(init[3].sizes(), at::kBool));
+  return out;
+}
+
+TEST(AdamWOnDisk, EqualsTheInMemoryStepBitwise) {
+  testing::TempDir dir;
+  const AdamWOptions options{0.9, 0.95, 1e-8, 0.1};
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  const std::vector<at::Tensor> init = {at::randn({2500}, gen), at::randn({7}, gen), at::randn({3, 700}, gen),
+                                        at::randn({2048}, gen)};
+  Pair memory = make(init, options), disk = make(init, options);
+  disk.adamw->offload_moments(std::make_shared<DiskStore>(dir.str(), 0), kChunk);
+  EXPECT_EQ(disk.adamw->state_bytes(), 3 * 2 * kChunk * 4);  // three windows, whatever the params
+  for (int step = 0; step < 5; ++step) {
+    for (size_t i = 0; i < init.size(); ++i) {
+      const auto g = at::randn(init[i].sizes(), gen);
+      memory.grads[i].copy_(g);
+      disk.grads[i].copy_(g);
+    }
+    memory.adamw->step(1e-2 * (step + 1));
+    disk.adamw->step(1e-2 * (step + 1));
+    for (size_t i = 0; i < init.size(); ++i) {
+      ASSERT_TRUE(testing::bitwise_equal(disk.params[i], memory.params[i])) << "param " << i << " step " << step;
+      const auto want = memory.adamw->moments(i), got = disk.adamw->moments(i);
+      ASSERT_TRUE(testing::bitwise_equal(got.exp_avg, want.exp_avg)) << "exp_avg " << i << " step " << step;
+      ASSERT_TRUE(testing::bitwise_equal(got.exp_avg_sq, want.exp_avg_sq)) << "exp_avg_sq " << i << " step " << step;
+    }
+  }
+  EXPECT_FALSE(disk.adamw->first_non_finite_moment());
+  // Written per step, in whole 4096-byte blocks of 1024 floats: 2500 elements -> 3, 7 -> 1, 2100
+  // -> 3 (param 3 is frozen), two moments each.
+  EXPECT_EQ(disk.adamw->disk_moments()->store().bytes_written(), (3 + 1 + 3) * 4096 * 2 * 5);
+}
+
+TEST(AdamWOnDisk, MomentsSetAndReadBackAndResumeEqually) {
+  testing::TempDir dir;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const std::vector<at::Tensor> init = {at::randn({1500}, gen), at::randn({9}, gen), at::randn({2, 5}, gen),
+                                        at::randn({3}, gen)};
+  Pair memory = make(init, {}), disk = make(init, {});
+  disk.adamw->offload_moments(std::make_shared<DiskStore>(dir.str(), 0), kChunk);
+  for (size_t i = 0; i < init.size(); ++i) {  // as a checkpoint load does
+    const auto m = at::randn(init[i].sizes(), gen), v = at::rand(init[i].sizes(), gen);
+    memory.adamw->set_moments(i, m, v);
+    disk.adamw->set_moments(i, m, v);
+    EXPECT_TRUE(testing::bitwise_equal(disk.adamw->moments(i).exp_avg, m));
+    EXPECT_TRUE(testing::bitwise_equal(disk.adamw->moments(i).exp_avg_sq, v));
+    memory.grads[i].copy_(at::randn(init[i].sizes(), gen));
+    disk.grads[i].copy_(memory.grads[i]);
+  }
+  memory.adamw->step(1e-3);
+  disk.adamw->step(1e-3);
+  for (size_t i = 0; i < init.size(); ++i) EXPECT_TRUE(testing::bitwise_equal(disk.params[i], memory.params[i]));
+  EXPECT_CONTAINS(testing::error_of([&] { disk.adamw->set_moments(1, at::zeros({8}), at::zeros({8})); }),
+                  "AdamW: moments of param 1 must be shaped [9], got [8]");
+}
+
+TEST(AdamWOnDisk, FindsANonFiniteMomentInItsChunk) {
+  testing::TempDir dir;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
+  const std::vector<at::Tensor> init = {at::randn({3000}, gen), at::randn({9}, gen), at::randn({2, 5}, gen),
+                                        at::randn({3}, gen)};
+  Pair disk = make(init, {});
+  disk.adamw->offload_moments(std::make_shared<DiskStore>(dir.str(), 0), kChunk);
+  disk.grads[0].fill_(1);
+  disk.grads[0][2100] = std::numeric_limits<float>::infinity();  // third chunk of param 0
+  disk.adamw->step(1e-3);
+  const auto bad = disk.adamw->first_non_finite_moment();
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->param, 0u);
+  EXPECT_EQ(bad->moment, "exp_avg");
+  EXPECT_EQ(bad->element, 2100);
+}
+
+}  // namespace
+}  // namespace mmtrain
