@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace mmtrain {
@@ -22,9 +23,17 @@ DiskMoments::DiskMoments(std::shared_ptr<DiskStore> store, const std::vector<int
   }
 }
 
-int64_t DiskMoments::window_bytes() const {
-  return static_cast<int64_t>(windows_.size()) * 2 * aligned_bytes(chunk_numel_);
+int64_t DiskMoments::chunk_numel_for(double mem_fraction_static, std::optional<int64_t> free_bytes) {
+  const int64_t per_block = DiskStore::kAlign / static_cast<int64_t>(sizeof(float));
+  int64_t numel = kMaxChunkNumel;
+  if (free_bytes) {
+    const double budget = mem_fraction_static * static_cast<double>(*free_bytes);
+    numel = std::min<int64_t>(numel, static_cast<int64_t>(budget / (3 * 2 * sizeof(float))));
+  }
+  return std::max(per_block, numel / per_block * per_block);
 }
+
+int64_t DiskMoments::window_bytes() const { return window_bytes_for(chunk_numel_); }
 
 void DiskMoments::wait(std::shared_future<void>& transfer) {
   if (!transfer.valid()) return;

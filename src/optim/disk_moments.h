@@ -18,12 +18,20 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace mmtrain {
 
 class DiskMoments {
  public:
+  static constexpr int64_t kMaxChunkNumel = int64_t{1} << 21;  // 8 MiB per moment: 48 MiB of windows
+  // training.mem_fraction_static: the chunk whose three windows take at most that share of the
+  // device's free memory (unknown: no bound), capped at kMaxChunkNumel (larger chunks hide no more
+  // I/O), in whole blocks.
+  static int64_t chunk_numel_for(double mem_fraction_static, std::optional<int64_t> free_bytes);
+  static int64_t window_bytes_for(int64_t chunk_numel) { return 3 * 2 * aligned_bytes(chunk_numel); }
+
   // One pair of zero moments per entry of numels (fp32 elements per param), chunks of at most
   // chunk_numel elements.
   DiskMoments(std::shared_ptr<DiskStore> store, const std::vector<int64_t>& numels, int64_t chunk_numel);

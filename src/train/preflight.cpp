@@ -4,7 +4,9 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "fsdp/plan.h"
+#include "optim/disk_moments.h"
 
+#include <sys/statvfs.h>
 #include <unistd.h>
 #ifdef MMTRAIN_CUDA
 #include <c10/cuda/CUDAException.h>
@@ -70,6 +72,19 @@ std::optional<int64_t> file_int(const char* path) {
   }
 }
 
+// training.offload_dir must hold every local rank's file of moments (with 5 % to spare).
+void require_offload_room(const Config& config, int64_t moment_bytes_per_rank, int local_ranks) {
+  const auto& dir = config.training.offload_dir;
+  struct statvfs st {};
+  if (::statvfs(dir.c_str(), &st) != 0) return;  // unknown: the writes will say
+  const int64_t free_bytes = static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
+  const int64_t needed = moment_bytes_per_rank * local_ranks;
+  if (needed + needed / 20 <= free_bytes) return;
+  fail("config ", config.source_path, ": training.offload_dir '", dir, "' has ", gib(free_bytes),
+       " free, but its AdamW moments need ", gib(moment_bytes_per_rank), " per rank x ", local_ranks,
+       " rank(s) on this node = ", gib(needed), " (checked before training; free some room or choose another disk)");
+}
+
 }  // namespace
 
 void preflight_paths(const Config& config, int rank) {
@@ -93,7 +108,19 @@ void preflight_paths(const Config& config, int rank) {
     require_path(config, config.model.checkpoint_path.empty() ? "model.model_name_or_path" : "model.checkpoint_path",
                  config.model.weights_path());
   if (!t.save.empty()) require_writable_dir(config, "training.save", t.save, rank);
+  if (!t.offload_dir.empty()) {
+    if (!fs::is_directory(t.offload_dir))
+      fail("config ", config.source_path, ": training.offload_dir '", t.offload_dir,
+           "' is not a directory (it is not created for you: it should be a fast local disk with room for the "
+           "moments; checked before training)");
+    require_writable_dir(config, "training.offload_dir", t.offload_dir, rank);
+  }
   require_writable_dir(config, "logging.output_dir", config.logging.output_dir, rank);
+}
+
+int64_t adamw_offload_chunk_numel(const TrainingConfig& training, Device device) {
+  return DiskMoments::chunk_numel_for(training.mem_fraction_static,
+                                      device == Device::cuda ? cuda_free_memory_bytes() : available_memory_bytes());
 }
 
 std::optional<int64_t> available_memory_bytes() {
@@ -123,8 +150,14 @@ void preflight_memory(const Config& config, Module& model, const LaunchEnv& env,
   const auto available = cuda ? cuda_free_memory_bytes() : available_memory_bytes();
   if (!available) return;
   const auto plan = fsdp_memory_plan(model, config.parallel.fsdp_plan, fsdp_size);
-  const int64_t per_rank = plan.sharded_state_bytes() + plan.transient_bytes();
   const int sharing = cuda ? 1 : env.local_world_size;
+  int64_t per_rank = plan.sharded_state_bytes() + plan.transient_bytes();
+  if (!config.training.offload_dir.empty()) {
+    // The moments go to the disk tier: RAM keeps only their windows, the disk needs room for them
+    // all (every rank of this node writes its file there).
+    per_rank += DiskMoments::window_bytes_for(adamw_offload_chunk_numel(config.training, device)) - plan.optimizer_bytes;
+    require_offload_room(config, plan.optimizer_bytes, env.local_world_size);
+  }
   const int64_t needed = per_rank * sharing;
   if (needed <= *available) return;
   const std::string where = cuda ? "this rank's GPU (cuda:" + std::to_string(env.local_rank) + ")" : "this machine";

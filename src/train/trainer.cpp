@@ -72,6 +72,7 @@ struct Trainer::State {
     preflight_memory(c, *model, runtime.env, runtime.device, dims.fsdp());
     fsdp = parallelize_model(c, *model, *mesh);
     adamw = make_fsdp_adamw(*fsdp, adamw_options(c.training));
+    if (!c.training.offload_dir.empty()) offload_moments();
     schedule = LrSchedule::make(c.training.lr, c.training.lr_min, c.training.lr_warmup_ratio, c.training.train_iters,
                                 c.training.lr_decay_style);
     const std::string trace_dir =
@@ -88,6 +89,18 @@ struct Trainer::State {
                   comm().rank(), stats.param_bytes / 1048576.0, stats.grad_bytes / 1048576.0,
                   adamw->state_bytes() / 1048576.0, stats.unsharded_param_bytes / 1048576.0, fsdp->units().size());
     log(line);
+  }
+
+  // training.optimizer adamw_swap: the AdamW moments go to this rank's file under offload_dir.
+  void offload_moments() {
+    const auto& t = config.training;
+    auto store = std::make_shared<DiskStore>(t.offload_dir, comm().rank());
+    adamw->offload_moments(store, adamw_offload_chunk_numel(t, runtime.device));
+    const auto* disk = adamw->disk_moments();
+    log(format("training.offload_dir: AdamW moments on disk in %s (%.1f MiB per rank, %s I/O), through %.1f MiB of "
+               "RAM windows (chunks of %lld elements)",
+               store->path().c_str(), store->size() / 1048576.0, store->direct() ? "direct" : "buffered",
+               disk->window_bytes() / 1048576.0, static_cast<long long>(disk->chunk_numel())));
   }
 
   // Rank 0 holds training.save for the run (train/save_root_lock.h); when another run holds it,

@@ -21,6 +21,8 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
       .field("clip_grad", &T::clip_grad)
       .field("train_iters", &T::train_iters)
       .field("optimizer", &T::optimizer)
+      .field("mem_fraction_static", &T::mem_fraction_static)
+      .field("offload_dir", &T::offload_dir)
       .field("adam_fused", &T::adam_fused)
       .field("init_model_with_meta_device", &T::init_model_with_meta_device)
       .field("load", &T::load)
@@ -62,7 +64,23 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
         check.in_unit("adam_beta2", t.adam_beta2, false);
         if (!(t.adam_eps > 0.0)) check.invalid("adam_eps", "> 0", number(t.adam_eps));
         if (!(t.clip_grad >= 0.0)) check.invalid("clip_grad", ">= 0 (0 = no clipping)", number(t.clip_grad));
-        check.one_of("optimizer", t.optimizer, {"adamw"});
+        check.one_of("optimizer", t.optimizer, {"adamw", "adamw_swap"});
+        if (!(t.mem_fraction_static > 0.0 && t.mem_fraction_static <= 1.0))
+          check.invalid("mem_fraction_static", "in (0, 1]", number(t.mem_fraction_static));
+        if (t.optimizer == "adamw_swap" && t.offload_dir.empty())
+          check.invalid("optimizer",
+                        "adamw_swap together with training.offload_dir (the moments' disk tier); its host tier "
+                        "(moments in pinned host memory, for CUDA) is not built yet, and on CPU the moments are in "
+                        "host memory already",
+                        "adamw_swap without training.offload_dir");
+        if (!t.offload_dir.empty() && t.optimizer != "adamw_swap")
+          check.invalid("offload_dir", "empty unless training.optimizer is adamw_swap (it holds that optimizer's moments)",
+                        "'" + t.offload_dir + "' with optimizer " + t.optimizer);
+        if (t.async_save && !t.offload_dir.empty())
+          check.invalid("async_save",
+                        "false with training.offload_dir (its staging copy would hold every moment in RAM, which the "
+                        "disk tier exists to avoid)",
+                        "true");
         check.at_least("save_interval", t.save_interval, 0);
         check.at_least("keep_latest_k", t.keep_latest_k, 0);
         check.at_least("exit_interval", t.exit_interval, 0);

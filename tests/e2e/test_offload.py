@@ -1,0 +1,132 @@
+"""AdamW moments on the disk tier (`training.optimizer: adamw_swap` with `training.offload_dir`):
+tiny MagiHuman and tiny Magistral on 2 ranks, recompute on, fp32, train bitwise like the moments in
+RAM (losses, grad norms, and every tensor of the checkpoint, moments included); a run resumes
+bitwise across the setting in both directions; bad settings are refused before training, naming
+the key; a disk that fails mid-run stops the run naming the file and errno, and the last
+checkpoint stays intact."""
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import mmtrain_bin, read_metrics, run_mmtrain, strace_usable, write_config
+import test_magihuman_ranks as magihuman
+import test_mistral3_training as mistral3
+
+fixture_dirs = magihuman.fixture_dirs  # tiny MagiHuman data and weights (module fixture)
+data = mistral3.data                    # tiny Magistral conversations with images
+
+ITERS = 20
+
+
+def on_disk(tmp: Path) -> list:
+    offload = tmp / "offload"
+    offload.mkdir(parents=True, exist_ok=True)
+    return ["--set", "training.optimizer=adamw_swap", "--set", f"training.offload_dir={offload}"]
+
+
+def magihuman_config(tmp: Path, fixture_dirs, iters=ITERS) -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
+    data_dir, weights = fixture_dirs
+    return write_config(tmp / "c.yaml", magihuman.config(tmp, data_dir, weights, accum=1, iters=iters))
+
+
+def mistral3_config(tmp: Path, data, iters=ITERS) -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
+    return write_config(tmp / "c.yaml", mistral3.config(tmp, data, mbs=1, iters=iters, basic_extra=", packing: true"))
+
+
+def train(cfg: Path, *sets, world=2):
+    proc = run_mmtrain(["train", str(cfg), "--set", "training.save_interval=10", *sets], world=world, timeout=600)
+    return read_metrics(cfg.parent / "run"), proc
+
+
+def checkpoint_tensors(iter_dir: Path) -> dict:
+    out = {}
+    for rank_file in sorted(iter_dir.glob("rank_*.safetensors")):
+        for name, tensor in load_file(str(rank_file)).items():
+            out[(rank_file.name, name)] = tensor
+    return out
+
+
+def assert_bitwise_equal_runs(a_dir: Path, a_metrics, b_dir: Path, b_metrics):
+    assert [(m["iteration"], m["loss"], m["grad_norm"]) for m in a_metrics] == \
+           [(m["iteration"], m["loss"], m["grad_norm"]) for m in b_metrics]
+    a = checkpoint_tensors(a_dir / "ckpt" / f"iter_{ITERS:07d}")
+    b = checkpoint_tensors(b_dir / "ckpt" / f"iter_{ITERS:07d}")
+    assert a.keys() == b.keys()
+    assert any("exp_avg_sq" in name for _, name in a)
+    for key in a:
+        assert a[key].dtype == b[key].dtype, key
+        assert a[key].reshape(-1).view(torch.uint8).equal(b[key].reshape(-1).view(torch.uint8)), key
+
+
+@pytest.mark.parametrize("model", ["magihuman", "mistral3"])
+def test_moments_on_disk_train_bitwise_like_moments_in_ram(tmp_path, request, model):
+    make = {"magihuman": lambda t: magihuman_config(t, request.getfixturevalue("fixture_dirs")),
+            "mistral3": lambda t: mistral3_config(t, request.getfixturevalue("data"))}[model]
+    ram_metrics, _ = train(make(tmp_path / "ram"))
+    disk_metrics, proc = train(make(tmp_path / "disk"), *on_disk(tmp_path / "disk"))
+    assert "AdamW moments on disk in" in proc.stdout and "RAM windows" in proc.stdout
+    assert_bitwise_equal_runs(tmp_path / "ram", ram_metrics, tmp_path / "disk", disk_metrics)
+    # The files are scratch: gone with the run.
+    assert list((tmp_path / "disk" / "offload").iterdir()) == []
+
+    # Resume across the setting, both ways: from the RAM run's iteration 10 with the moments on
+    # disk, and from the disk run's in RAM; both end as the straight runs did.
+    for source, sets in (("ram", on_disk(tmp_path / "ram_then_disk")), ("disk", [])):
+        cfg = make(tmp_path / f"{source}_resumed")
+        resumed, proc = train(cfg, "--set", f"training.load={tmp_path / source / 'ckpt' / 'iter_0000010'}", *sets)
+        assert "resumed from" in proc.stdout
+        assert [(m["loss"], m["grad_norm"]) for m in resumed] == [(m["loss"], m["grad_norm"]) for m in ram_metrics[10:]]
+
+
+def test_bad_offload_settings_are_refused_before_training(tmp_path, fixture_dirs):
+    cfg = magihuman_config(tmp_path / "bad", fixture_dirs, iters=2)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    cases = [
+        (["--set", "training.optimizer=adamw_swap"], "training.optimizer: expected adamw_swap together with "
+                                                     "training.offload_dir"),
+        (["--set", f"training.offload_dir={tmp_path}"], "training.offload_dir: expected empty unless "
+                                                        "training.optimizer is adamw_swap"),
+        ([*on_disk(tmp_path), "--set", "training.mem_fraction_static=1.5"], "training.mem_fraction_static: "
+                                                                            "expected in (0, 1], found 1.5"),
+        ([*on_disk(tmp_path), "--set", "training.async_save=true"], "training.async_save: expected false with "
+                                                                     "training.offload_dir"),
+        (["--set", "training.optimizer=adamw_swap", "--set", f"training.offload_dir={tmp_path / 'missing'}"],
+         f"training.offload_dir '{tmp_path / 'missing'}' is not a directory"),
+        (["--set", "training.optimizer=adamw_swap", "--set", f"training.offload_dir={a_file}"],
+         f"training.offload_dir '{a_file}' is not a directory"),
+    ]
+    for sets, message in cases:
+        proc = run_mmtrain(["train", str(cfg), *sets], check=False)
+        assert proc.returncode != 0 and message in proc.stderr, (sets, proc.stderr[-2000:])
+        assert not (tmp_path / "bad" / "run" / "metrics.jsonl").exists()
+
+
+def test_a_disk_that_fails_mid_run_stops_it_naming_the_file(tmp_path, fixture_dirs):
+    why = strace_usable()
+    if why:
+        pytest.skip(why)
+    cfg = magihuman_config(tmp_path / "run_dir", fixture_dirs, iters=6)
+    offload = tmp_path / "run_dir" / "offload"
+    offload.mkdir()
+    moments = offload / "mmtrain_rank_00000.offload"
+    # The 40th write to the moments' file (a few steps in, after the save of iteration 2) fails.
+    cmd = ["strace", "-f", "-qq", "-o", "/dev/null", "--seccomp-bpf", "-P", str(moments), "-e", "trace=pwrite64",
+           "-e", "inject=pwrite64:error=ENOSPC:when=40", str(mmtrain_bin()), "train", str(cfg),
+           "--set", "training.save_interval=2", *on_disk(tmp_path / "run_dir")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode != 0
+    assert f"offload file {moments}: writing " in proc.stderr and "No space left on device" in proc.stderr, \
+        proc.stderr[-3000:]
+    done = read_metrics(tmp_path / "run_dir" / "run")
+    assert 2 <= len(done) < 6
+    latest = (tmp_path / "run_dir" / "ckpt" / "latest").read_text().strip()
+    run_mmtrain(["ckpt", "verify", str(tmp_path / "run_dir" / "ckpt" / latest)])
+    shutil.rmtree(offload)
