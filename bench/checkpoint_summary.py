@@ -19,28 +19,14 @@ import argparse
 import json
 import os
 import re
-import statistics
 
-
-def _rounds(d: str, arm: str) -> list[str]:
-    runs = os.path.join(d, "runs")
-    names = sorted(n for n in os.listdir(runs) if re.fullmatch(rf"{arm}_r\d+", n))
-    return [os.path.join(runs, n) for n in names]
-
-
-def _metrics(run: str) -> list[dict]:
-    with open(os.path.join(run, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def _median(values: list[float]) -> float | None:
-    return round(statistics.median(values), 1) if values else None
+from arm_runs import median, metrics, rounds
 
 
 def _arm(d: str, arm: str, warmup: int, interval: int) -> dict:
     ordinary, after_save, stall = [], [], []
-    for run in _rounds(d, arm):
-        for m in _metrics(run):
+    for run in rounds(d, arm):
+        for m in metrics(run):
             if m["iteration"] <= warmup:
                 continue
             saves_here = m["iteration"] % interval == 0
@@ -50,23 +36,23 @@ def _arm(d: str, arm: str, warmup: int, interval: int) -> dict:
                 after_save.append(m["step_time_ms"])
             elif not saves_here:
                 ordinary.append(m["step_time_ms"])
-    return {"ordinary_step_ms": _median(ordinary), "after_save_step_ms": _median(after_save),
-            "stall_ms": _median(stall), "saves": len(stall)}
+    return {"ordinary_step_ms": median(ordinary), "after_save_step_ms": median(after_save),
+            "stall_ms": median(stall), "saves": len(stall)}
 
 
 def _staging(d: str) -> tuple[float | None, float | None]:
     pattern = re.compile(r"staged in ([0-9.]+) ms \(([0-9.]+) MiB on rank 0\)")
     ms, mib = [], []
-    for run in _rounds(d, "async"):
+    for run in rounds(d, "async"):
         with open(run + ".log") as f:
             for match in pattern.finditer(f.read()):
                 ms.append(float(match.group(1)))
                 mib.append(float(match.group(2)))
-    return _median(ms), _median(mib)
+    return median(ms), median(mib)
 
 
 def _checkpoint_mib(d: str) -> float | None:
-    runs = _rounds(d, "sync") or _rounds(d, "async")
+    runs = rounds(d, "sync") or rounds(d, "async")
     if not runs:
         return None
     ckpt = os.path.join(runs[-1], "ckpt")
@@ -82,7 +68,7 @@ def main() -> None:
     args = parser.parse_args()
     meta = json.load(open(os.path.join(args.dir, "bench_meta.json")))
     arms = {arm: _arm(args.dir, arm, meta["WARMUP"], args.save_interval)
-            for arm in ("none", "sync", "async") if _rounds(args.dir, arm)}
+            for arm in ("none", "sync", "async") if rounds(args.dir, arm)}
     staging_ms, staged_mib = _staging(args.dir) if "async" in arms else (None, None)
     sync_stall, async_stall = (arms.get(arm, {}).get("stall_ms") for arm in ("sync", "async"))
     result = {"bench": "checkpoint", "save_interval": args.save_interval, **{k: meta[k] for k in meta},

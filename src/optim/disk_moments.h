@@ -25,7 +25,7 @@ namespace mmtrain {
 
 class DiskMoments {
  public:
-  static constexpr int64_t kMaxChunkNumel = int64_t{1} << 21;  // 8 MiB per moment: 48 MiB of windows
+  static constexpr int64_t kMaxChunkNumel = int64_t{1} << 20;  // 4 MiB per moment: 24 MiB of windows
   // training.mem_fraction_static: the chunk whose three windows take at most that share of the
   // device's free memory (unknown: no bound), capped at kMaxChunkNumel (larger chunks hide no more
   // I/O), in whole blocks.

@@ -49,6 +49,10 @@ std::vector<std::pair<std::string, double>> tensorboard_scalars(const StepRecord
   if (step.tflops_per_device) out.emplace_back("tflops_per_device", *step.tflops_per_device);
   if (step.mfu) out.emplace_back("mfu", *step.mfu);
   if (step.checkpoint_stall_ms) out.emplace_back("checkpoint_stall_ms", *step.checkpoint_stall_ms);
+  if (step.offload.is_object())
+    for (const auto& [tier, counters] : step.offload.items())
+      for (const auto& [name, value] : counters.items())
+        if (value.is_number()) out.emplace_back("offload/" + tier + "/" + name, value.get<double>());
   for (const auto& [group, phases] : {std::pair<const char*, const nlohmann::json*>{"phases_ms", &step.phases_ms},
                                        {"phases_max_ms", &step.phases_max_ms}})
     if (phases->is_object())

@@ -18,6 +18,7 @@ nlohmann::json StepRecord::to_json() const {
   if (tflops_per_device) j["tflops_per_device"] = *tflops_per_device;
   if (mfu) j["mfu"] = *mfu;
   if (checkpoint_stall_ms) j["checkpoint_stall_ms"] = *checkpoint_stall_ms;
+  if (!offload.is_null()) j["offload"] = offload;
   if (profiled) j["profiled"] = true;
   if (!memory.is_null()) j["memory"] = memory;
   return j;

@@ -28,6 +28,9 @@ struct StepRecord {
   // Save iterations only: the ms the save held training up after the step (a synchronous save:
   // all of it; training.async_save: waiting for the previous save, if any, and the staging copy).
   std::optional<double> checkpoint_stall_ms;
+  // training.offload_dir: what the step moved per tier on rank 0, {"disk": {"read_mib",
+  // "written_mib", "wait_ms"}} (wait_ms: the time the optimizer waited for the disk); null otherwise.
+  nlohmann::json offload;
   bool profiled = false;                    // the step ran under the Kineto profiler
   nlohmann::json memory;                    // per-phase peaks of a memory-profiled step; null otherwise
 

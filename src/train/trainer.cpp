@@ -91,6 +91,24 @@ struct Trainer::State {
     log(line);
   }
 
+  // What the disk tier has moved so far (zeros without one).
+  struct OffloadCounters {
+    int64_t read = 0, written = 0;
+    double wait_ms = 0;
+  };
+  OffloadCounters offload_counters() const {
+    const auto* disk = adamw->disk_moments();
+    if (!disk) return {};
+    return {disk->store().bytes_read(), disk->store().bytes_written(), disk->wait_ms()};
+  }
+  nlohmann::json offload_record(const OffloadCounters& before) const {
+    if (!adamw->disk_moments()) return nullptr;
+    const auto now = offload_counters();
+    return {{"disk", {{"read_mib", (now.read - before.read) / 1048576.0},
+                      {"written_mib", (now.written - before.written) / 1048576.0},
+                      {"wait_ms", now.wait_ms - before.wait_ms}}}};
+  }
+
   // training.optimizer adamw_swap: the AdamW moments go to this rank's file under offload_dir.
   void offload_moments() {
     const auto& t = config.training;
@@ -345,6 +363,7 @@ struct Trainer::State {
         memory_profile->begin_step();
       }
       profiler->begin_step(step + 1);
+      const OffloadCounters offload_before = offload_counters();
       const auto stats = train_step(*model, *fsdp, *adamw, settings, [&](int micro) {
         auto batch = loader.next(step, micro);
         for (auto& [key, tensor] : batch) tensor = tensor.to(comm().device());
@@ -379,6 +398,7 @@ struct Trainer::State {
         record.tflops_per_device = rate.tflops_per_device;
         if (config.logging.hardware_flops > 0) record.mfu = rate.mfu;
       }
+      record.offload = offload_record(offload_before);
       record.profiled = traced;
       if (memory_step) record.memory = memory_record(memory_profile->end_step());
       if (!std::isfinite(record.loss)) fail("iteration ", step + 1, ": loss is NaN/Inf: stopping");

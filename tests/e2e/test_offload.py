@@ -73,6 +73,9 @@ def test_moments_on_disk_train_bitwise_like_moments_in_ram(tmp_path, request, mo
     disk_metrics, proc = train(make(tmp_path / "disk"), *on_disk(tmp_path / "disk"))
     assert "AdamW moments on disk in" in proc.stdout and "RAM windows" in proc.stdout
     assert_bitwise_equal_runs(tmp_path / "ram", ram_metrics, tmp_path / "disk", disk_metrics)
+    # Every step streamed the moments through the disk tier, and says so.
+    assert all(m["offload"]["disk"]["read_mib"] > 0 and m["offload"]["disk"]["written_mib"] > 0 for m in disk_metrics)
+    assert all("offload" not in m for m in ram_metrics)
     # The files are scratch: gone with the run.
     assert list((tmp_path / "disk" / "offload").iterdir()) == []
 
