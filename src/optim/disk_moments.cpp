@@ -6,6 +6,17 @@
 #include <chrono>
 
 namespace mmtrain {
+namespace {
+
+// Waits for both transfers (the buffers must outlive them), then rethrows the first's error.
+void both_done(const std::shared_future<void>& a, const std::shared_future<void>& b) {
+  a.wait();
+  b.wait();
+  a.get();
+  b.get();
+}
+
+}  // namespace
 
 DiskMoments::DiskMoments(std::shared_ptr<DiskStore> store, const std::vector<int64_t>& numels, int64_t chunk_numel)
     : store_(std::move(store)), chunk_numel_(chunk_numel) {
@@ -98,12 +109,8 @@ std::pair<at::Tensor, at::Tensor> DiskMoments::read(size_t param) const {
   const Region& region = regions_.at(param);
   at::Tensor exp_avg = aligned_buffer(region.numel), exp_avg_sq = aligned_buffer(region.numel);
   const int64_t bytes = region.numel * static_cast<int64_t>(sizeof(float));
-  auto a = store_->read(region.exp_avg, exp_avg.data_ptr(), bytes);
-  auto b = store_->read(region.exp_avg_sq, exp_avg_sq.data_ptr(), bytes);
-  a.wait();
-  b.wait();
-  a.get();
-  b.get();
+  both_done(store_->read(region.exp_avg, exp_avg.data_ptr(), bytes),
+            store_->read(region.exp_avg_sq, exp_avg_sq.data_ptr(), bytes));
   return {exp_avg, exp_avg_sq};
 }
 
@@ -113,12 +120,7 @@ void DiskMoments::write(size_t param, const at::Tensor& exp_avg, const at::Tenso
   at::Tensor a = aligned_buffer(region.numel), b = aligned_buffer(region.numel);
   a.copy_(exp_avg.reshape(-1));
   b.copy_(exp_avg_sq.reshape(-1));
-  auto wa = store_->write(region.exp_avg, a.data_ptr(), bytes);
-  auto wb = store_->write(region.exp_avg_sq, b.data_ptr(), bytes);
-  wa.wait();
-  wb.wait();
-  wa.get();
-  wb.get();
+  both_done(store_->write(region.exp_avg, a.data_ptr(), bytes), store_->write(region.exp_avg_sq, b.data_ptr(), bytes));
 }
 
 }  // namespace mmtrain
