@@ -120,6 +120,15 @@ nlohmann::ordered_json compare_arm(const AblationArm& arm, const ArmFigures& f, 
   return row;
 }
 
+// Student's t 0.975 quantile for df degrees of freedom (two-sided 95 %).
+double student_t_975(int df) {
+  static constexpr double kTable[] = {12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228};
+  if (df < 1) return kTable[0];
+  if (df <= 10) return kTable[df - 1];
+  const double d = df;  // Cornish-Fisher beyond the table: within 0.003 of the exact value
+  return 1.96 + 2.372 / d + 2.823 / (d * d);
+}
+
 std::string cell_number(const nlohmann::json& v, const char* fmt) {
   return v.is_number() ? format(fmt, v.get<double>()) : std::string("n/a");
 }
@@ -139,8 +148,8 @@ AblationFeature parse_ablation_feature(const std::string& argument) {
   feature.name = argument.substr(0, colon);
   if (!is_valid_name(feature.name))
     fail("--feature '", argument, "': the name '", feature.name, "' must be letters, digits, '_', '-' or '.'");
-  if (feature.name == "control" || feature.name == "control_repeat")
-    fail("--feature '", argument, "': '", feature.name, "' names the control runs; pick another name");
+  if (feature.name.rfind("control", 0) == 0)
+    fail("--feature '", argument, "': names beginning with 'control' are the control runs'; pick another name");
   const std::string rest = argument.substr(colon + 1);
   size_t start = 0;
   while (start <= rest.size()) {
@@ -155,41 +164,71 @@ AblationFeature parse_ablation_feature(const std::string& argument) {
   return feature;
 }
 
-nlohmann::ordered_json ablation_table(const AblationArm& control, const AblationArm* control_repeat,
-                                      const std::vector<AblationArm>& features, int64_t skip) {
-  const auto base = arm_figures(control, skip);
+nlohmann::ordered_json ablation_table(const std::vector<AblationArm>& controls, const std::vector<AblationArm>& features,
+                                      int64_t skip) {
+  if (controls.empty()) fail("ablate: no control run");
+  const auto base = arm_figures(controls[0], skip);
+  // The control's step time: the mean of its runs' medians (the repeats run between the
+  // features, so this spans the machine's drift over the ablation).
+  std::vector<double> control_medians;
+  std::vector<ArmFigures> repeats;
+  for (size_t r = 0; r < controls.size(); ++r) {
+    if (r > 0) repeats.push_back(arm_figures(controls[r], skip));
+    if (const auto m = (r == 0 ? base : repeats.back()).step_ms.median()) control_medians.push_back(*m);
+  }
+  std::optional<double> control_step_ms;
+  if (!control_medians.empty()) control_step_ms = mean(control_medians);
+  auto step_change = [&](const ArmFigures& f) { return change_pct(f.step_ms.median(), control_step_ms); };
+
   nlohmann::ordered_json table = {{"steps", static_cast<int64_t>(base.loss.size())}, {"skip", skip}};
-  table["control"] = {{"overrides", control.overrides},
+  table["control"] = {{"overrides", controls[0].overrides},
                       {"allocated_peak_mb", or_null(base.allocated_mb.max())},
                       {"allocated_least_mb", or_null(base.allocated_mb.min())},
                       {"rss_peak_mb", or_null(base.rss_mb)},
-                      {"step_time_ms", or_null(base.step_ms.median())},
+                      {"step_time_ms", or_null(control_step_ms)},
+                      {"step_time_ms_per_run", control_medians},
                       {"steady_steps", static_cast<int64_t>(base.step_ms.values.size())}};
   nlohmann::ordered_json noise = {{"loss_rel_diff", nullptr},
                                   {"allocated_change_pct", nullptr},
                                   {"rss_change_pct", nullptr},
                                   {"step_time_change_pct", nullptr}};
-  if (control_repeat) {
-    const auto repeat = compare_arm(*control_repeat, arm_figures(*control_repeat, skip), base);
-    table["control_repeat"] = repeat;
-    noise["loss_rel_diff"] = repeat["loss_rel_diff"];
-    // max(|the repeat's change|, band), in % of the control's value.
-    auto floor_pct = [&](const char* key, std::optional<double> control_value, double band) -> nlohmann::json {
-      if (!repeat[key].is_number() || !control_value || *control_value <= 0) return nullptr;
-      return std::max(std::abs(repeat[key].get<double>()), 100.0 * band / *control_value);
-    };
+  if (!repeats.empty()) {
+    table["control_repeats"] = nlohmann::ordered_json::array();
+    double loss_floor = 0, allocated_floor = 0;
+    bool allocated_known = base.allocated_mb.max().has_value();
+    for (size_t r = 0; r < repeats.size(); ++r) {
+      auto row = compare_arm(controls[r + 1], repeats[r], base);
+      row["step_time_change_pct"] = step_change(repeats[r]);
+      loss_floor = std::max(loss_floor, row["loss_rel_diff"].get<double>());
+      if (row["allocated_change_pct"].is_number())
+        allocated_floor = std::max(allocated_floor, std::abs(row["allocated_change_pct"].get<double>()));
+      else
+        allocated_known = false;
+      table["control_repeats"].push_back(std::move(row));
+    }
+    noise["loss_rel_diff"] = loss_floor;
     // The largest step's peak repeats within a fraction of a MiB (the least swings by several).
-    noise["allocated_change_pct"] = floor_pct("allocated_change_pct", base.allocated_mb.max(), 1.0);
-    noise["step_time_change_pct"] =
-        floor_pct("step_time_change_pct", base.step_ms.median(), 2.0 * base.step_ms.median_difference_se());
-    // RSS is not judged (null floor): it has one value per run, and identical CPU runs differ by
-    // several % (which malloc arena serves a thread's frees depends on timing), so one repeat
-    // cannot bound it: a do-nothing feature would land outside such a floor half the time.
+    if (allocated_known) noise["allocated_change_pct"] = std::max(allocated_floor, 100.0 / *base.allocated_mb.max());
+    // Step time: a 95 % prediction interval for one more run's median, from the control runs'
+    // medians (n of them): t(0.975, n - 1) x sd x sqrt(1 + 1 / n); at least 2 standard errors of
+    // the difference of two medians of the control's steady steps.
+    if (control_step_ms && control_medians.size() >= 2) {
+      const double n = static_cast<double>(control_medians.size());
+      double sq = 0;
+      for (double m : control_medians) sq += (m - *control_step_ms) * (m - *control_step_ms);
+      const double between = student_t_975(static_cast<int>(n) - 1) * std::sqrt(sq / (n - 1)) * std::sqrt(1 + 1 / n);
+      const double within = 2.0 * base.step_ms.median_difference_se();
+      noise["step_time_change_pct"] = 100.0 * std::max(between, within) / *control_step_ms;
+    }
+    // RSS is not judged (null floor): identical CPU runs differ by several % (which malloc arena
+    // serves a thread's frees depends on timing), more than a few repeats bound.
   }
   table["noise"] = noise;
   table["features"] = nlohmann::ordered_json::array();
   for (const auto& arm : features) {
-    auto row = compare_arm(arm, arm_figures(arm, skip), base);
+    const auto figures = arm_figures(arm, skip);
+    auto row = compare_arm(arm, figures, base);
+    row["step_time_change_pct"] = step_change(figures);
     nlohmann::ordered_json inside;
     for (const char* key : kMeasures) {
       if (!noise[key].is_number() || !row[key].is_number()) {
@@ -212,12 +251,17 @@ std::string ablation_markdown(const nlohmann::ordered_json& t) {
         cell_number(c["rss_peak_mb"], "%.1f") + " MiB peak RSS, " + cell_number(c["step_time_ms"], "%.1f") +
         " ms median step.\n\n";
   const auto& noise = t["noise"];
-  if (t.contains("control_repeat")) {
-    md += "Noise floor (the control repeated): loss " + cell_number(noise["loss_rel_diff"], "%.2e") + ", allocated ±" +
-          cell_number(noise["allocated_change_pct"], "%.2f") + " %, step time ±" + cell_number(noise["step_time_change_pct"], "%.2f") + " %.\n\n";
+  if (t.contains("control_repeats")) {
+    std::string per_run;
+    for (const auto& ms : c["step_time_ms_per_run"]) per_run += (per_run.empty() ? "" : ", ") + format("%.1f", ms.get<double>());
+    md += format("Noise floor (the control and %zu repeats, median step %s ms): loss ", t["control_repeats"].size(),
+                 per_run.c_str()) +
+          cell_number(noise["loss_rel_diff"], "%.2e") + ", allocated ±" + cell_number(noise["allocated_change_pct"], "%.2f") +
+          " %, step time ±" + cell_number(noise["step_time_change_pct"], "%.2f") +
+          " % (95 % prediction interval of one more run).\n\n";
     md += "RSS is reported, not judged: identical CPU runs differ by several %, more than one repeat can bound.\n\n";
   } else {
-    md += "No noise floor: run with --repeat-control to judge the differences.\n\n";
+    md += "No noise floor: run with --control-repeats 3 to judge the differences.\n\n";
   }
   md += "| feature | overrides | loss sum\\|a-b\\|/sum\\|b\\| | allocated peak | RSS peak | step time |\n";
   md += "|---|---|---|---|---|---|\n";
@@ -262,7 +306,7 @@ struct AblateOptions {
   std::vector<std::string> overrides;
   int64_t steps = 20;
   int64_t skip = 5;
-  bool repeat_control = false;
+  int control_repeats = 0;
   int nproc = 2;
   std::string out_dir = "runs/ablation";
   std::string launcher;  // empty: <tools_python()> -m torch.distributed.run
@@ -340,15 +384,23 @@ void ablate(const AblateOptions& o) {
     features.push_back(parse_ablation_feature(argument));
     if (!names.insert(features.back().name).second) fail("ablate: feature '", features.back().name, "' is given twice");
   }
-  const size_t count = features.size() + 1 + (o.repeat_control ? 1 : 0);
+  if (o.control_repeats < 0) fail("ablate: --control-repeats must be at least 0, found ", o.control_repeats);
+  const size_t repeats = static_cast<size_t>(o.control_repeats);
+  const size_t count = features.size() + 1 + repeats;
   size_t index = 0;
-  const auto control = run_arm(o, "control", {}, ++index, count);
+  std::vector<AblationArm> controls = {run_arm(o, "control", {}, ++index, count)};
   std::vector<AblationArm> arms;
-  for (const auto& feature : features) arms.push_back(run_arm(o, feature.name, feature.overrides, ++index, count));
-  std::optional<AblationArm> repeat;
-  if (o.repeat_control) repeat = run_arm(o, "control_repeat", {}, ++index, count);
+  // Repeat j (1-based) runs after feature j * F / N: spread over the ablation, the last at the end.
+  auto repeats_through = [&](size_t done_features) {
+    while (controls.size() <= repeats && (controls.size() * features.size()) / repeats <= done_features)
+      controls.push_back(run_arm(o, "control_repeat_" + std::to_string(controls.size()), {}, ++index, count));
+  };
+  for (const auto& feature : features) {
+    arms.push_back(run_arm(o, feature.name, feature.overrides, ++index, count));
+    if (repeats > 0) repeats_through(arms.size());
+  }
 
-  auto table = ablation_table(control, repeat ? &*repeat : nullptr, arms, o.skip);
+  auto table = ablation_table(controls, arms, o.skip);
   table["config"] = o.config_path;
   table["nproc"] = o.nproc;
   const auto markdown = ablation_markdown(table);
@@ -382,8 +434,11 @@ void add_ablate_commands(CLI::App& app, Commands& commands) {
   ablate_cmd->add_option("--steps", o->steps, "training iterations per run")->capture_default_str();
   ablate_cmd->add_option("--skip", o->skip, "warm-up iterations left out of memory peaks and step times")
       ->capture_default_str();
-  ablate_cmd->add_flag("--repeat-control,--repeat_control", o->repeat_control,
-                       "run the control twice: the repeat is the noise floor each difference is judged against");
+  ablate_cmd
+      ->add_option("--control-repeats,--control_repeats", o->control_repeats,
+                   "run the control N more times, spread between the features: their spread is the noise floor "
+                   "each difference is judged against (3 or more for a useful floor; 0: nothing judged)")
+      ->capture_default_str();
   ablate_cmd->add_option("--nproc", o->nproc, "ranks per run (torch.distributed.run when more than 1)")
       ->capture_default_str();
   ablate_cmd->add_option("--out", o->out_dir, "directory of ablation.md/.json/.png and the runs")->capture_default_str();

@@ -11,15 +11,19 @@
 //               allocated_least_mb).
 //   RSS         the process's peak resident memory (peak_rss_mb of the last record; the analogue
 //               of the caching allocator's reserved memory), change in %
-//   step time   the median step time after the warm-up, change in %
-// A repeat of the control (run last, so that it also spans the machine's drift over the whole
-// ablation) is the noise floor: a difference no larger than the floor is "inside the noise".
-//   loss             the repeat's loss difference (0 where the runs are deterministic)
-//   allocated        max(|the repeat's change|, 1 MiB), as a % of the control
-//   step time        max(|the repeat's change|, 2 standard errors of the difference of two medians
-//                    of the control's step times: 2 * 1.2533 * sd * sqrt(2 / n), in %)
-//   RSS              reported, not judged: one value per run, and identical CPU runs differ by
-//                    several % (malloc arenas), which one repeat cannot bound
+//   step time   the median step time after the warm-up, change in % of the control's: the
+//               mean of the medians of the control and its repeats
+// Repeats of the control (--control-repeats N, spread between the features and one last, so that
+// they span the machine's drift over the whole ablation) set the noise floor: a difference no
+// larger than the floor is "inside the noise".
+//   loss             the largest loss difference of a repeat (0 where the runs are deterministic)
+//   allocated        max(|a repeat's change|, 1 MiB), as a % of the control
+//   step time        a 95 % prediction interval for one more run's median from the n control runs'
+//                    medians, t(0.975, n - 1) * sd * sqrt(1 + 1 / n), at least 2 standard errors of
+//                    the difference of two medians of the control's steps (2 * 1.2533 * sd_steps *
+//                    sqrt(2 / steps)), in %: a feature that changes nothing lands outside it about
+//                    1 time in 20, whatever the machine's run-to-run noise
+//   RSS              reported, not judged: identical CPU runs differ by several % (malloc arenas)
 #pragma once
 #include "tools/logs.h"
 
@@ -45,13 +49,15 @@ struct AblationArm {
   std::vector<LogRecord> records;  // its metrics.jsonl
 };
 
-// The table as JSON: {"steps", "skip", "control": {...}, "noise": {...} (nulls without a repeat),
+// The table as JSON: {"steps", "skip", "control": {...}, "control_repeats": [rows like a
+// feature's] (with repeats), "noise": {...} (nulls without a repeat),
 // "features": [{"name", "overrides", "loss_rel_diff", "allocated_peak_mb", "allocated_change_pct",
 // "allocated_least_mb", "rss_peak_mb", "rss_change_pct", "step_time_ms", "step_time_change_pct",
 // "inside_noise": {per measure: true, false, or null without a repeat}}]}.
 // skip: warm-up iterations left out of the memory peak and the step times.
-nlohmann::ordered_json ablation_table(const AblationArm& control, const AblationArm* control_repeat,
-                                      const std::vector<AblationArm>& features, int64_t skip);
+// controls: the control, then its repeats (none: nothing is judged).
+nlohmann::ordered_json ablation_table(const std::vector<AblationArm>& controls, const std::vector<AblationArm>& features,
+                                      int64_t skip);
 // The table as markdown, one row per feature, each difference marked inside / outside the noise.
 std::string ablation_markdown(const nlohmann::ordered_json& table);
 // The figure spec for src/tools/plot_figures.py (three bar panels with the noise bands).

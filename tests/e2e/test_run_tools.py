@@ -85,11 +85,11 @@ def test_logs_summary_prints_text_then_json(two_runs):
     assert json.loads(lines[-1])["iterations"] == 12
 
 
-def test_ablate_judges_features_against_the_control_repeat(tmp_path, token_file):
+def test_ablate_judges_features_against_the_control_repeats(tmp_path, token_file):
     # Deep and wide enough that recompute's saved activations are ~17 MiB (the memory floor is >= 1 MiB).
     cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, mbs=16, iters=10))
     out = tmp_path / "ablation"
-    proc = run_mmtrain(["ablate", str(cfg), "--steps", "10", "--skip", "2", "--repeat-control", "--nproc", "2",
+    proc = run_mmtrain(["ablate", str(cfg), "--steps", "10", "--skip", "2", "--control-repeats", "2", "--nproc", "2",
                         "--out", str(out),
                         "--set", "model.config.hidden_size=256", "--set", "model.config.ffn_hidden_size=1024",
                         "--set", "model.config.num_layers=6",
@@ -100,7 +100,11 @@ def test_ablate_judges_features_against_the_control_repeat(tmp_path, token_file)
     assert table == json.loads((out / "ablation.json").read_text())
     assert (out / "ablation.png").read_bytes()[:8] == PNG_MAGIC
     assert "| no_recompute |" in (out / "ablation.md").read_text()
-    assert "[5/5] control_repeat done" in proc.stdout
+    # The repeats run between the features, the last at the end.
+    order = [line.split("] ")[1].split(" ")[0] for line in proc.stdout.splitlines()
+             if line.startswith("ablate: [") and " done in " in line]
+    assert order == ["control", "no_progress", "control_repeat_1", "no_recompute", "lr_x3", "control_repeat_2"], order
+    assert len(table["control"]["step_time_ms_per_run"]) == 3
     assert table["noise"]["loss_rel_diff"] == 0.0  # CPU runs are deterministic
     f = {row["name"]: row for row in table["features"]}
     # A switch that changes nothing the step computes lands inside every noise floor.

@@ -5,7 +5,7 @@ import re
 
 from conftest import REPO
 
-LAYERS = ["core", "io", "nn", "dist", "optim", "checkpoint", "fsdp", "parallel", "models", "data", "train", "tools"]
+LAYERS = ["core", "io", "nn", "dist", "offload", "optim", "checkpoint", "fsdp", "parallel", "models", "data", "train", "tools"]
 INCLUDE = re.compile(r'^\s*#include "(\w+)/')
 
 
