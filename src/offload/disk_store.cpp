@@ -6,7 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 
@@ -26,12 +26,14 @@ std::string rank_file(const std::string& dir, int rank) {
 int64_t aligned_bytes(int64_t numel) { return round_up(numel * static_cast<int64_t>(sizeof(float))); }
 
 at::Tensor aligned_buffer(int64_t numel) {
-  const int64_t bytes = aligned_bytes(numel);
-  void* data = nullptr;
-  if (::posix_memalign(&data, DiskStore::kAlign, static_cast<size_t>(bytes)) != 0)
-    fail("offload: cannot allocate an aligned buffer of ", bytes, " bytes");
-  std::memset(data, 0, static_cast<size_t>(bytes));
-  return at::from_blob(data, {numel}, [](void* p) { std::free(p); }, at::TensorOptions().dtype(at::kFloat));
+  // From ATen's allocator (so that memory accounting sees it), one block longer than needed; the
+  // view starts at the first block boundary in it (the allocator's 64-byte alignment keeps the
+  // offset a whole number of floats).
+  constexpr int64_t kFloatsPerBlock = DiskStore::kAlign / static_cast<int64_t>(sizeof(float));
+  const at::Tensor storage = at::zeros({aligned_bytes(numel) / static_cast<int64_t>(sizeof(float)) + kFloatsPerBlock});
+  const auto address = reinterpret_cast<uintptr_t>(storage.data_ptr());
+  const auto offset = static_cast<int64_t>((DiskStore::kAlign - address % DiskStore::kAlign) % DiskStore::kAlign);
+  return storage.narrow(0, offset / static_cast<int64_t>(sizeof(float)), numel);
 }
 
 DiskStore::DiskStore(const std::string& dir, int rank) : path_(rank_file(dir, rank)) {

@@ -68,8 +68,8 @@ class DiskStore {
   std::thread thread_;
 };
 
-// An fp32 tensor of numel elements whose storage starts on a DiskStore::kAlign boundary and is
-// padded to whole blocks (the padding is zero), for DiskStore transfers.
+// A zeroed fp32 tensor of numel elements that starts on a DiskStore::kAlign boundary and has
+// whole blocks of storage after its start (aligned_bytes(numel)), for DiskStore transfers.
 at::Tensor aligned_buffer(int64_t numel);
 
 // numel fp32 elements rounded up to whole DiskStore blocks, in bytes.

@@ -134,7 +134,7 @@ def figure_ablation(spec):
         if noise is not None:
             low = -noise if signed else 0.0
             ax.axvspan(low, max(noise, 1e-300), color="tab:orange", alpha=0.2,
-                       label=f"noise floor (control repeat): {noise:.3g}")
+                       label=f"noise floor (control repeats): {noise:.3g}")
             ax.legend(fontsize=8, loc="best")
         if signed:
             ax.axvline(0, color="black", linewidth=0.8)
