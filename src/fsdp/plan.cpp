@@ -80,6 +80,12 @@ std::vector<std::string> module_names_from_params(const std::vector<PlanParam>& 
   return names;
 }
 
+int64_t FsdpMemoryPlan::largest_shard_numel() const {
+  int64_t largest = 0;
+  for (const auto& unit : units) largest = std::max(largest, unit.shard_numel);
+  return largest;
+}
+
 FsdpMemoryPlan fsdp_memory_plan(const std::vector<PlanParam>& params, const std::vector<std::string>& module_names,
                                 const FsdpConfig& config, int world) {
   if (world < 1) fail("memory plan: world size must be >= 1, found ", world);

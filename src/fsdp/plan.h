@@ -81,6 +81,7 @@ struct FsdpMemoryPlan {
   std::string in_flight_first;        // first unit of that window
   int64_t reduce_bytes = 0;
   int64_t sharded_state_bytes() const { return param_bytes + grad_bytes + optimizer_bytes; }
+  int64_t largest_shard_numel() const;  // of the units' flat shards (AdamW's params)
   int64_t transient_bytes() const { return root_gathered_bytes + in_flight_bytes + reduce_bytes; }
 };
 

@@ -3,8 +3,6 @@
 #include "core/error.h"
 #include "core/finite.h"
 
-#include <algorithm>
-
 
 namespace mmtrain {
 
@@ -28,15 +26,7 @@ void AdamW::set_update_mask(size_t i, at::Tensor mask) {
 
 void AdamW::offload_moments(std::shared_ptr<DiskStore> store, int64_t chunk_numel) {
   std::vector<int64_t> numels;
-  int64_t largest = 0;
-  for (const auto& p : params_) {
-    numels.push_back(p.numel());
-    largest = std::max(largest, p.numel());
-  }
-  // No window larger than the largest param needs (small models: the windows would outweigh the
-  // moments they replace).
-  const int64_t per_block = DiskStore::kAlign / static_cast<int64_t>(sizeof(float));
-  chunk_numel = std::min(chunk_numel, std::max(per_block, (largest + per_block - 1) / per_block * per_block));
+  for (const auto& p : params_) numels.push_back(p.numel());
   disk_ = std::make_unique<DiskMoments>(std::move(store), numels, chunk_numel);
   for (size_t i = 0; i < states_.size(); ++i) {
     if (states_[i].exp_avg.abs().max().item<float>() != 0 || states_[i].exp_avg_sq.abs().max().item<float>() != 0)

@@ -34,9 +34,10 @@ DiskMoments::DiskMoments(std::shared_ptr<DiskStore> store, const std::vector<int
   }
 }
 
-int64_t DiskMoments::chunk_numel_for(double mem_fraction_static, std::optional<int64_t> free_bytes) {
+int64_t DiskMoments::chunk_numel_for(double mem_fraction_static, std::optional<int64_t> free_bytes,
+                                     int64_t largest_numel) {
   const int64_t per_block = DiskStore::kAlign / static_cast<int64_t>(sizeof(float));
-  int64_t numel = kMaxChunkNumel;
+  int64_t numel = std::min(kMaxChunkNumel, (largest_numel + per_block - 1) / per_block * per_block);
   if (free_bytes) {
     const double budget = mem_fraction_static * static_cast<double>(*free_bytes);
     numel = std::min<int64_t>(numel, static_cast<int64_t>(budget / (3 * 2 * sizeof(float))));

@@ -28,8 +28,9 @@ class DiskMoments {
   static constexpr int64_t kMaxChunkNumel = int64_t{1} << 20;  // 4 MiB per moment: 24 MiB of windows
   // training.mem_fraction_static: the chunk whose three windows take at most that share of the
   // device's free memory (unknown: no bound), capped at kMaxChunkNumel (larger chunks hide no more
-  // I/O), in whole blocks.
-  static int64_t chunk_numel_for(double mem_fraction_static, std::optional<int64_t> free_bytes);
+  // I/O) and at the largest param (on a small model the windows would outweigh the moments), in
+  // whole blocks.
+  static int64_t chunk_numel_for(double mem_fraction_static, std::optional<int64_t> free_bytes, int64_t largest_numel);
   static int64_t window_bytes_for(int64_t chunk_numel) { return 3 * 2 * aligned_bytes(chunk_numel); }
 
   // One pair of zero moments per entry of numels (fp32 elements per param), chunks of at most

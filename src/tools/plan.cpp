@@ -5,6 +5,7 @@
 #include "core/text.h"
 #include "fsdp/plan.h"
 #include "models/model_spec.h"
+#include "optim/disk_moments.h"
 #include "tools/command.h"
 #include "train/config.h"
 
@@ -163,6 +164,20 @@ void plan_memory(const PlanOptions& o) {
     row("= TOTAL per rank without activations", fixed);
     j["total_bytes_without_activations"] = fixed;
   }
+  // The disk tier (training.optimizer adamw_swap with offload_dir): the moments leave for the
+  // disk, RAM keeps three windows of at most DiskMoments::kMaxChunkNumel elements (fewer when
+  // training.mem_fraction_static of the free memory at run time is smaller).
+  const int64_t windows =
+      DiskMoments::window_bytes_for(DiskMoments::chunk_numel_for(1.0, std::nullopt, plan.largest_shard_numel()));
+  const int64_t total = j.contains("total_bytes") ? j["total_bytes"].get<int64_t>() : fixed;
+  const bool on_disk = !cfg.training.offload_dir.empty();
+  std::printf("\n  AdamW moments on disk (training.optimizer adamw_swap + offload_dir)%s\n", on_disk ? "  (this config)" : "");
+  row("RAM: the moments' windows (instead of the moments)", windows);
+  row("disk: the moments (one file per rank under offload_dir)", plan.optimizer_bytes);
+  row("= TOTAL per rank in RAM, moments on disk", total - plan.optimizer_bytes + windows);
+  j["offload"] = {{"moments_on_disk", {{"memory_bytes", total - plan.optimizer_bytes + windows},
+                                       {"optimizer_window_bytes", windows},
+                                       {"disk_bytes", plan.optimizer_bytes}}}};
   std::printf("  (no allocator reserve, comm library buffers, kernel workspaces or runtime context: "
               "docs/tools.md)\n");
   std::printf("%s\n", j.dump().c_str());

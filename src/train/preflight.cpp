@@ -118,9 +118,10 @@ void preflight_paths(const Config& config, int rank) {
   require_writable_dir(config, "logging.output_dir", config.logging.output_dir, rank);
 }
 
-int64_t adamw_offload_chunk_numel(const TrainingConfig& training, Device device) {
+int64_t adamw_offload_chunk_numel(const TrainingConfig& training, Device device, int64_t largest_shard_numel) {
   return DiskMoments::chunk_numel_for(training.mem_fraction_static,
-                                      device == Device::cuda ? cuda_free_memory_bytes() : available_memory_bytes());
+                                      device == Device::cuda ? cuda_free_memory_bytes() : available_memory_bytes(),
+                                      largest_shard_numel);
 }
 
 std::optional<int64_t> available_memory_bytes() {
@@ -155,7 +156,8 @@ void preflight_memory(const Config& config, Module& model, const LaunchEnv& env,
   if (!config.training.offload_dir.empty()) {
     // The moments go to the disk tier: RAM keeps only their windows, the disk needs room for them
     // all (every rank of this node writes its file there).
-    per_rank += DiskMoments::window_bytes_for(adamw_offload_chunk_numel(config.training, device)) - plan.optimizer_bytes;
+    per_rank += DiskMoments::window_bytes_for(adamw_offload_chunk_numel(config.training, device, plan.largest_shard_numel())) -
+                plan.optimizer_bytes;
     require_offload_room(config, plan.optimizer_bytes, env.local_world_size);
   }
   const int64_t needed = per_rank * sharing;

@@ -27,8 +27,8 @@ std::optional<int64_t> available_memory_bytes();
 std::optional<int64_t> cuda_free_memory_bytes();
 
 // adamw_swap's chunk (optim/disk_moments.h): training.mem_fraction_static of the device's free
-// memory (on CPU, the host's available memory).
-int64_t adamw_offload_chunk_numel(const TrainingConfig& training, Device device);
+// memory (on CPU, the host's available memory), no larger than the largest FSDP unit's shard.
+int64_t adamw_offload_chunk_numel(const TrainingConfig& training, Device device, int64_t largest_shard_numel);
 
 // model: built (shapes only), not yet parallelized.
 void preflight_memory(const Config& config, Module& model, const LaunchEnv& env, Device device, int fsdp_size);

@@ -113,7 +113,9 @@ struct Trainer::State {
   void offload_moments() {
     const auto& t = config.training;
     auto store = std::make_shared<DiskStore>(t.offload_dir, comm().rank());
-    adamw->offload_moments(store, adamw_offload_chunk_numel(t, runtime.device));
+    int64_t largest = 0;
+    for (const auto* unit : fsdp->units()) largest = std::max(largest, unit->shard_flat.numel());
+    adamw->offload_moments(store, adamw_offload_chunk_numel(t, runtime.device, largest));
     const auto* disk = adamw->disk_moments();
     log(format("training.offload_dir: AdamW moments on disk in %s (%.1f MiB per rank, %s I/O), through %.1f MiB of "
                "RAM windows (chunks of %lld elements)",

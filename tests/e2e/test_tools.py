@@ -145,6 +145,20 @@ def test_plan_matches_what_the_trainer_allocates(tmp_path, token_file):
     assert plan["tokens"] == 2 * 16 and plan["recompute"] is True
     assert plan["total_bytes"] == plan["total_bytes_recompute"] > 0
 
+    # The moments on disk: the trainer's optimizer state is the plan's windows, the disk its moments.
+    (tmp_path / "offload").mkdir()
+    disk = ["--set", "training.optimizer=adamw_swap", "--set", f"training.offload_dir={tmp_path / 'offload'}",
+            "--set", f"logging.output_dir={tmp_path / 'run_disk'}"]
+    tiers = last_json(run_mmtrain(["plan", str(cfg), "--world-size", "2", "--seqlen", "16", *disk]))["offload"]
+    moments = tiers["moments_on_disk"]
+    assert moments["disk_bytes"] == plan["optimizer_bytes"]
+    assert moments["memory_bytes"] == plan["total_bytes"] - plan["optimizer_bytes"] + moments["optimizer_window_bytes"]
+    train = run_mmtrain(["train", str(cfg), *disk], world=2)
+    m = re.search(r"optimizer state ([\d.]+) MiB", train.stdout)
+    assert float(m.group(1)) == round(moments["optimizer_window_bytes"] / MIB, 2), train.stdout
+    m = re.search(r"mmtrain_rank_00000.offload \(([\d.]+) MiB per rank", train.stdout)
+    assert float(m.group(1)) == round(moments["disk_bytes"] / MIB, 1), train.stdout
+
 
 def test_plan_full_magihuman_on_eight_ranks():
     proc = run_mmtrain(["plan", str(FULL), "--world-size", "8"])
