@@ -121,6 +121,8 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
     const auto& spec = model_spec(name);
     struct Options {
       std::string hf_dir, save_dir, load_dir, assets_dir, config_path;
+      std::vector<std::string> drop;
+      int world_size = 0;
     };
     auto o = std::make_shared<Options>();
     auto* model_cmd = convert->add_subcommand(
@@ -141,7 +143,23 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
     to_hf->add_option("--model_assets_dir", o->assets_dir,
                       "reference HF directory: shard names, key order, dtypes, other files")
         ->required();
+    auto* from_dcp = model_cmd->add_subcommand("dcp-to-ckpt", "PyTorch DCP checkpoint -> mmtrain checkpoint");
+    from_dcp->add_option("--load_dir", o->load_dir, "DCP directory (.metadata + .distcp files)")->required();
+    from_dcp->add_option("--save_dir", o->save_dir, "checkpoint root to write")->required();
+    from_dcp->add_option("--config", o->config_path, "YAML of the run that will resume from it")->required();
+    from_dcp->add_option("--drop", o->drop, "leave DCP keys matching this shell pattern out (repeatable)");
+    from_dcp->add_option("--world-size,--world_size", o->world_size,
+                         "ranks of the run that wrote the DCP, for its global batch when training.global_batch_size "
+                         "is not set (0: counted from the DCP's __<rank>_<n>.distcp files)")
+        ->capture_default_str();
+    auto* to_dcp = model_cmd->add_subcommand("ckpt-to-dcp", "mmtrain checkpoint -> PyTorch DCP checkpoint");
+    to_dcp->add_option("--load_dir", o->load_dir, "checkpoint iter_N directory or save root")->required();
+    to_dcp->add_option("--save_dir", o->save_dir, "DCP directory to write")->required();
     commands.add(to_ckpt, [o, name] { convert_hf_to_ckpt(name, o->config_path, o->hf_dir, o->save_dir); });
+    commands.add(from_dcp, [o, name] {
+      convert_dcp_to_ckpt(name, o->config_path, o->load_dir, o->save_dir, o->drop, o->world_size);
+    });
+    commands.add(to_dcp, [o, name] { convert_ckpt_to_dcp(name, o->load_dir, o->save_dir); });
     commands.add(to_hf, [o, name] { convert_ckpt_to_hf(name, o->load_dir, o->save_dir, o->assets_dir); });
   }
 }

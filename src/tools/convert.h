@@ -5,6 +5,7 @@
 // shapes and dtypes as the reference directory, copying its other assets.
 #pragma once
 #include <string>
+#include <vector>
 
 namespace mmtrain {
 
@@ -13,5 +14,18 @@ void convert_hf_to_ckpt(const std::string& model_id, const std::string& config_p
                         const std::string& save_dir);
 void convert_ckpt_to_hf(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
                         const std::string& model_assets_dir);
+
+// PyTorch Distributed Checkpoints (tools/dcp_convert.cpp), read and written by PyTorch's own DCP
+// code (share/mmtrain/dcp_bridge.py). dcp-to-ckpt takes the model's weights ("model.<name>" or
+// "<name>"), AdamW moments and step ("optim.state.<name>.exp_avg|exp_avg_sq|step", also under
+// "optimizer."), train_state.step as the iteration; param-group hyperparameters must equal the run
+// config's; lr_scheduler entries are accepted (the schedule is a function of the iteration); any
+// other key is refused unless a --drop pattern (fnmatch) names it. The checkpoint is the one the
+// run of config_path would have saved (its global batch: training.global_batch_size, else micro x
+// accumulation x world_size; 0: the ranks that wrote the DCP). ckpt-to-dcp writes the layout torch.distributed.checkpoint.state_dict's
+// get_state_dict gives under {"model", "optim", "train_state"}.
+void convert_dcp_to_ckpt(const std::string& model_id, const std::string& config_path, const std::string& load_dir,
+                         const std::string& save_dir, const std::vector<std::string>& drop_patterns, int world_size);
+void convert_ckpt_to_dcp(const std::string& model_id, const std::string& load_dir, const std::string& save_dir);
 
 }  // namespace mmtrain

@@ -38,14 +38,16 @@ std::vector<double> numbers(const nlohmann::json& values) {
   return out;
 }
 
-std::string plot_script() {
-  if (const char* path = std::getenv("MMTRAIN_PLOT_SCRIPT")) return path;
-  const auto beside = fs::path(executable_dir()) / ".." / "share" / "mmtrain" / "plot_figures.py";
-  if (fs::exists(beside)) return fs::weakly_canonical(beside).string();
-  fail("cannot find the plotter: expected ", beside.string(), " (the build copies it there) or $MMTRAIN_PLOT_SCRIPT");
-}
+std::string plot_script() { return tools_script("plot_figures.py", "MMTRAIN_PLOT_SCRIPT"); }
 
 }  // namespace
+
+std::string tools_script(const std::string& file_name, const char* env_override) {
+  if (const char* path = std::getenv(env_override)) return path;
+  const auto beside = fs::path(executable_dir()) / ".." / "share" / "mmtrain" / file_name;
+  if (fs::exists(beside)) return fs::weakly_canonical(beside).string();
+  fail("cannot find ", file_name, ": expected ", beside.string(), " (the build copies it there) or $", env_override);
+}
 
 std::string tools_python() {
   if (const char* python = std::getenv("MMTRAIN_PYTHON")) return python;

@@ -49,6 +49,9 @@ nlohmann::json compare_figure(const NamedRun& a, const NamedRun& b, int64_t skip
 // The Python the tools run (the plotter; `ablate`'s torch.distributed.run): $MMTRAIN_PYTHON, else
 // the venv the build was configured with.
 std::string tools_python();
+// A Python script the build installs beside the binary (share/mmtrain/<file_name>), or the path in
+// $env_override.
+std::string tools_script(const std::string& file_name, const char* env_override);
 
 // Draws spec (its "out" set to out_path; the format from the extension: .png, .svg or .pdf).
 void draw_figure(nlohmann::json spec, const std::string& out_path);

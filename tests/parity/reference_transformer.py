@@ -467,12 +467,12 @@ class _StepRunner:
 
 
 def _train_loop(runner: _StepRunner, rc: RunConfig, out_dir: str, write: bool,
-                on_step: Callable[[], None] | None = None) -> list[dict]:
+                on_step: Callable[[], None] | None = None, start: int = 0, stop: int | None = None) -> list[dict]:
     metrics = []
     path = os.path.join(out_dir, "metrics.jsonl")
     f = open(path, "w") if write else None
     try:
-        for t in range(rc.train_iters):
+        for t in range(start, rc.train_iters if stop is None else stop):
             record = runner.step(t)
             if on_step is not None:
                 on_step()
@@ -562,15 +562,35 @@ def _build_fsdp_model(rc: RunConfig, rank: int, world: int) -> ReferenceTransfor
 
 
 def _fsdp_worker(rank: int, world: int, port: int, cfg: dict, out_dir: str, backend: str, threads: int,
-                 adamw: str) -> None:
+                 adamw: str, dcp: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    _fsdp_rank_main(rank, world, cfg, out_dir, backend, threads, adamw)
+    _fsdp_rank_main(rank, world, cfg, out_dir, backend, threads, adamw, **dcp)
+
+
+def _dcp_state(model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> dict:
+    """What a PyTorch user saves with torch.distributed.checkpoint: get_state_dict's model and
+    optimizer state dicts, and the step."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optim": optim_sd, "train_state": {"step": step}}
+
+
+def _dcp_load(model: nn.Module, optimizer: torch.optim.Optimizer, path: str) -> int:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+    state = _dcp_state(model, optimizer, 0)
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return int(state["train_state"]["step"])
 
 
 def _fsdp_rank_main(rank: int, world: int, cfg: dict, out_dir: str, backend: str, threads: int,
-                    adamw: str = "fused") -> None:
-    """One FSDP2 rank; the process group comes from MASTER_ADDR/MASTER_PORT (env://)."""
+                    adamw: str = "fused", dcp_load: str | None = None, dcp_save: str | None = None,
+                    stop: int | None = None) -> None:
+    """One FSDP2 rank; the process group comes from MASTER_ADDR/MASTER_PORT (env://). dcp_load:
+    resume from that DCP checkpoint; stop: the step to stop after (default train_iters);
+    dcp_save: write a DCP checkpoint there at the end."""
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
@@ -579,7 +599,11 @@ def _fsdp_rank_main(rank: int, world: int, cfg: dict, out_dir: str, backend: str
         rc = RunConfig.from_yaml_dict(cfg)
         model = _build_fsdp_model(rc, rank, world)
         runner = _StepRunner(rc, model, rank, world, rc.grad_accum, True, forward=model, adamw=adamw)
-        _train_loop(runner, rc, out_dir, write=(rank == 0))
+        start = _dcp_load(model, runner.optimizer, dcp_load) if dcp_load else 0
+        _train_loop(runner, rc, out_dir, write=(rank == 0), start=start, stop=stop)
+        if dcp_save:
+            import torch.distributed.checkpoint as dcp
+            dcp.save(_dcp_state(model, runner.optimizer, stop or rc.train_iters), checkpoint_id=dcp_save)
 
         full = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}  # collective
         if rank == 0:
@@ -601,16 +625,20 @@ def free_port() -> int:
 
 
 def train(cfg: dict, world_size: int, backend: str = "gloo", fsdp: bool = True,
-          threads: int | None = None, adamw: str = "fused") -> TrainResult:
+          threads: int | None = None, adamw: str = "fused", dcp_load: str | None = None,
+          dcp_save: str | None = None, stop: int | None = None) -> TrainResult:
     """Runs the reference training described by the mmtrain YAML dict `cfg` (see module doc).
-    threads: intra-op threads per rank (default $OMP_NUM_THREADS or 1); adamw: one of ADAMW_KINDS."""
+    threads: intra-op threads per rank (default $OMP_NUM_THREADS or 1); adamw: one of ADAMW_KINDS.
+    FSDP2 only: dcp_load resumes from a torch.distributed.checkpoint directory, stop ends after that
+    step (of the same schedule), dcp_save writes one at the end."""
     rc = RunConfig.from_yaml_dict(cfg)
     out_dir = rc.output_dir or tempfile.mkdtemp(prefix="torch_ref_")
     os.makedirs(out_dir, exist_ok=True)
     threads = threads or int(os.environ.get("OMP_NUM_THREADS", "1"))
     if fsdp:
         import torch.multiprocessing as mp
-        mp.spawn(_fsdp_worker, args=(world_size, free_port(), cfg, out_dir, backend, threads, adamw),
+        dcp = dict(dcp_load=dcp_load, dcp_save=dcp_save, stop=stop)
+        mp.spawn(_fsdp_worker, args=(world_size, free_port(), cfg, out_dir, backend, threads, adamw, dcp),
                  nprocs=world_size, join=True)
     else:
         saved_threads = torch.get_num_threads()

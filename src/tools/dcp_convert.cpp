@@ -1,0 +1,308 @@
+// `mmtrain convert MODEL dcp-to-ckpt | ckpt-to-dcp`: PyTorch Distributed Checkpoints in and out.
+// PyTorch's own DCP reader and writer do the DCP side (share/mmtrain/dcp_bridge.py, run with the
+// tools' Python), through one flat safetensors file beside the output; this file maps its keys to
+// the model's parameters, AdamW moments and run state, and writes (or reads) the mmtrain checkpoint.
+#include "tools/convert.h"
+
+#include "checkpoint/sharded_checkpoint.h"
+#include "core/error.h"
+#include "core/subprocess.h"
+#include "core/text.h"
+#include "io/safetensors.h"
+#include "models/model_spec.h"
+#include "optim/lr_schedule.h"
+#include "tools/plots.h"
+#include "train/build.h"
+#include "train/config.h"
+#include "train/hf_weights.h"
+#include "train/state.h"
+
+#include <fnmatch.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+
+namespace mmtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kOptimizerPrefixes[] = {"optim.state.", "optimizer.state."};
+constexpr const char* kParamGroupPrefixes[] = {"optim.param_groups.", "optimizer.param_groups."};
+
+bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+
+// Runs the bridge ("read" or "write"); on failure, fails with its last lines.
+void run_bridge(const std::string& verb, const std::string& from, const std::string& to, const std::string& what) {
+  const std::string log = to + ".bridge.log";
+  ProcessOptions options;
+  options.output_path = log;
+  const int status = run_process({tools_python(), tools_script("dcp_bridge.py", "MMTRAIN_DCP_BRIDGE"), verb, from, to},
+                                 options);
+  std::stringstream text;
+  text << std::ifstream(log).rdbuf();
+  fs::remove(log);
+  if (status != 0) fail(what, ": ", trim(text.str()));
+}
+
+// The temporary flat file beside `out` (removed when this goes out of scope).
+struct FlatFile {
+  std::string path;
+  explicit FlatFile(const std::string& out) : path(fs::path(out).lexically_normal().string() + ".dcp_flat.safetensors") {
+    if (fs::path(path).has_parent_path()) fs::create_directories(fs::path(path).parent_path());
+  }
+  ~FlatFile() {
+    std::error_code ignored;
+    fs::remove(path, ignored);
+  }
+};
+
+bool dropped(const std::string& key, const std::vector<std::string>& patterns) {
+  for (const auto& pattern : patterns)
+    if (::fnmatch(pattern.c_str(), key.c_str(), 0) == 0) return true;
+  return false;
+}
+
+// What a DCP key holds for this model.
+struct Placement {
+  enum Kind { weight, moment, step, unknown } kind = unknown;
+  std::string param;  // the model's parameter name
+  std::string field;  // a moment's: "exp_avg" or "exp_avg_sq"
+};
+
+Placement place(const std::string& key, const std::map<std::string, Param*>& params) {
+  if (params.count(key)) return {Placement::weight, key, ""};
+  if (starts_with(key, "model.") && params.count(key.substr(6))) return {Placement::weight, key.substr(6), ""};
+  for (const char* prefix : kOptimizerPrefixes) {
+    if (!starts_with(key, prefix)) continue;
+    const std::string rest = key.substr(std::string(prefix).size());
+    for (const char* field : {"exp_avg_sq", "exp_avg", "step"}) {
+      const std::string suffix = std::string(".") + field;
+      if (rest.size() > suffix.size() && rest.compare(rest.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        const std::string param = rest.substr(0, rest.size() - suffix.size());
+        if (!params.count(param)) return {};
+        if (std::string(field) == "step") return {Placement::step, param, ""};
+        return {Placement::moment, param, field};
+      }
+    }
+  }
+  return {};
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// A hyperparameter in the DCP's param groups must be the run's (a resumed run uses the config's).
+void check_hyperparameter(const std::string& key, const nlohmann::json& value, const TrainingConfig& t,
+                          const std::string& config_path) {
+  const std::string name = key.substr(key.rfind('.') + 1);
+  auto differs = [&](double dcp_value, double config_value, const char* config_key) {
+    if (dcp_value != config_value)
+      fail("dcp-to-ckpt: '", key, "' is ", dcp_value, " but ", config_path, " sets training.", config_key, " ",
+           config_value, " (the run would step with different hyperparameters)");
+  };
+  if (name == "betas" && value.is_array() && value.size() == 2) {
+    differs(value[0].get<double>(), t.adam_beta1, "adam_beta1");
+    differs(value[1].get<double>(), t.adam_beta2, "adam_beta2");
+  } else if (name == "eps" && value.is_number()) {
+    differs(value.get<double>(), t.adam_eps, "adam_eps");
+  } else if (name == "weight_decay" && value.is_number()) {
+    differs(value.get<double>(), t.weight_decay, "weight_decay");
+  } else if ((name == "amsgrad" || name == "maximize") && value.is_boolean() && value.get<bool>()) {
+    fail("dcp-to-ckpt: '", key, "' is true: mmtrain's AdamW has no ", name);
+  }
+}
+
+// The ranks that wrote a DCP directory: its data files are named __<rank>_<n>.distcp.
+int dcp_writer_ranks(const std::string& dcp_dir) {
+  std::set<int> ranks;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dcp_dir, error)) {
+    int rank = 0, n = 0;
+    char tail[16] = {};
+    if (std::sscanf(entry.path().filename().c_str(), "__%d_%d%15s", &rank, &n, tail) == 3 && std::string(tail) == ".distcp")
+      ranks.insert(rank);
+  }
+  return std::max<int>(1, static_cast<int>(ranks.size()));
+}
+
+}  // namespace
+
+void convert_dcp_to_ckpt(const std::string& model_id, const std::string& config_path, const std::string& load_dir,
+                         const std::string& save_dir, const std::vector<std::string>& drop_patterns, int world_size) {
+  const auto& spec = model_spec(model_id, "convert");
+  auto config = config_load(config_path);
+  if (config.model.model_id != model_id)
+    fail("convert ", model_id, " dcp-to-ckpt: ", config_path, " configures model '", config.model.model_id, "'");
+  if (world_size < 0) fail("dcp-to-ckpt: --world-size must be at least 1 (0: the ranks that wrote the DCP), found ", world_size);
+  if (world_size == 0) world_size = dcp_writer_ranks(load_dir);
+  auto model = spec.build(config.model.config);
+  std::map<std::string, Param*> params;
+  for (auto& [name, param] : model->named_parameters()) params[name] = param;
+
+  FlatFile flat_file(save_dir);
+  run_bridge("read", load_dir, flat_file.path, "dcp-to-ckpt: reading " + load_dir);
+  SafetensorsFile flat(flat_file.path);
+  const auto meta = flat.metadata().find("dcp_objects");
+  const auto objects = nlohmann::json::parse(meta == flat.metadata().end() ? std::string("{}") : meta->second);
+
+  // Every key placed, dropped by a pattern, or listed as unknown.
+  std::map<std::string, std::string> weight_key;                        // param -> key
+  std::map<std::string, std::map<std::string, std::string>> moment_key;  // param -> moment -> key
+  std::optional<double> optimizer_step;
+  std::vector<std::string> unknown, dropped_keys;
+  for (const auto& key : flat.names()) {
+    if (dropped(key, drop_patterns)) {
+      dropped_keys.push_back(key);
+      continue;
+    }
+    const auto placement = place(key, params);
+    const auto& info = flat.info(key);
+    switch (placement.kind) {
+      case Placement::weight:
+      case Placement::moment:
+        if (info.shape != params.at(placement.param)->shape)
+          fail("dcp-to-ckpt: '", key, "' has shape ", shape_text(info.shape), ", the model's '", placement.param,
+               "' is ", shape_text(params.at(placement.param)->shape));
+        if (placement.kind == Placement::weight)
+          weight_key[placement.param] = key;
+        else
+          moment_key[placement.param][placement.field] = key;
+        break;
+      case Placement::step: {
+        const double step = flat.read(key).to(at::kDouble).item<double>();
+        if (optimizer_step && *optimizer_step != step)
+          fail("dcp-to-ckpt: '", key, "' is step ", step, ", other parameters' are at step ", *optimizer_step);
+        optimizer_step = step;
+        break;
+      }
+      case Placement::unknown:
+        unknown.push_back(key);
+    }
+  }
+  std::optional<int64_t> iteration;
+  for (const auto& [key, value] : objects.items()) {
+    if (dropped(key, drop_patterns)) {
+      dropped_keys.push_back(key);
+    } else if (key == "train_state.step" && value.is_number_integer()) {
+      iteration = value.get<int64_t>();
+    } else if (starts_with(key, kParamGroupPrefixes[0]) || starts_with(key, kParamGroupPrefixes[1])) {
+      check_hyperparameter(key, value, config.training, config_path);
+    } else if (!starts_with(key, "lr_scheduler.")) {  // mmtrain's schedule is a function of the iteration
+      unknown.push_back(key);
+    }
+  }
+  if (!unknown.empty()) {
+    std::string listed;
+    for (size_t i = 0; i < unknown.size() && i < 20; ++i) listed += "\n  " + unknown[i];
+    fail("dcp-to-ckpt: ", load_dir, " holds ", unknown.size(), " key(s) model '", model_id,
+         "' cannot place (nothing written):", listed, unknown.size() > 20 ? "\n  ..." : "",
+         "\npass --drop PATTERN (shell-style, repeatable) to leave keys out on purpose");
+  }
+  for (const auto& [name, param] : params)
+    if (param->trainable && !weight_key.count(name))
+      fail("dcp-to-ckpt: ", load_dir, " has no weight for '", name, "' (looked for 'model.", name, "' and '", name, "')");
+  const bool with_optimizer = !moment_key.empty() || optimizer_step;
+  if (with_optimizer)
+    for (const auto& [name, param] : params)
+      for (const char* moment : {"exp_avg", "exp_avg_sq"})
+        if (param->trainable && param->requires_grad && !moment_key[name].count(moment))
+          fail("dcp-to-ckpt: ", load_dir, " has optimizer state but no '", moment, "' for '", name,
+               "' (looked for 'optim.state.", name, ".", moment, "')");
+  if (!iteration && optimizer_step) iteration = static_cast<int64_t>(*optimizer_step);
+
+  // One process, one FSDP unit in fp32: the layout every world size reshards from on resume.
+  auto comm = std::make_shared<Comm>(nullptr, 0, 1);
+  const FsdpConfig plan;
+  Fsdp fsdp(*model, comm, plan);
+  fsdp.load_params([&](const std::string& name, int64_t b, int64_t e) {
+    return flat.read_rows(weight_key.at(name), b, e).to(at::kFloat);
+  });
+  init_buffers(*model, fsdp.device());
+  StateInfo info;
+  info.iteration = with_optimizer ? iteration.value_or(0) : 0;
+  const auto& t = config.training;
+  info.global_batch_size = t.global_batch_size > 0 ? t.global_batch_size
+                                                   : t.micro_batch_size * std::max<int64_t>(1, t.gradient_accumulation_steps) * world_size;
+  info.model_id = model_id;
+  info.config = config_to_json(config);
+  info.extra = {{"source", load_dir}};
+  info.plan = state_plan_entry(plan);
+  info.plan["converted_from"] = "dcp";
+  std::unique_ptr<AdamW> adamw;
+  if (with_optimizer) {
+    adamw = make_fsdp_adamw(fsdp, adamw_options(t));
+    adamw->set_step_count(static_cast<int64_t>(optimizer_step.value_or(static_cast<double>(info.iteration))));
+    const auto units = fsdp.units();
+    for (size_t u = 0; u < units.size(); ++u) {
+      const auto& flat_shard = units[u]->shard_flat;
+      at::Tensor exp_avg = at::zeros_like(flat_shard), exp_avg_sq = at::zeros_like(flat_shard);
+      for (auto& p : units[u]->params)
+        for (auto& [moment, target] : {std::pair<const char*, at::Tensor&>{"exp_avg", exp_avg},
+                                       std::pair<const char*, at::Tensor&>{"exp_avg_sq", exp_avg_sq}})
+          if (moment_key[p.name].count(moment))
+            p.view_of(target).narrow(0, 0, p.layout.rows(0)).copy_(flat.read(moment_key[p.name][moment]).to(at::kFloat));
+      adamw->set_moments(u, exp_avg, exp_avg_sq);
+    }
+  }
+  const auto dir = state_save(save_dir, *comm, *model, fsdp, adamw.get(), info);
+  std::printf("dcp-to-ckpt: %s -> %s (%zu weights%s, iteration %lld%s)\n", load_dir.c_str(), dir.c_str(),
+              weight_key.size(), with_optimizer ? ", AdamW moments and step" : ", model only",
+              static_cast<long long>(info.iteration),
+              dropped_keys.empty() ? "" : (", dropped " + std::to_string(dropped_keys.size()) + " key(s)").c_str());
+  for (const auto& key : dropped_keys) std::printf("dcp-to-ckpt: dropped '%s' (--drop)\n", key.c_str());
+}
+
+void convert_ckpt_to_dcp(const std::string& model_id, const std::string& load_dir, const std::string& save_dir) {
+  const auto& spec = model_spec(model_id, "convert");
+  CheckpointReader reader(load_dir);
+  const auto& global = reader.global_state();
+  if (global.value("model_id", "") != model_id)
+    fail("ckpt-to-dcp: ", reader.dir(), " holds model '", global.value("model_id", ""), "', not '", model_id, "'");
+  auto model = spec.build(global.at("config").at("model").at("config"));
+  const bool with_optimizer = !global.value("model_only", false);
+  const int64_t iteration = global.value("iteration", int64_t{0});
+
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  nlohmann::json param_names = nlohmann::json::array();
+  for (auto& [name, param] : model->named_parameters()) {
+    tensors.emplace_back("model." + name, reader.read_full(state_model_key(name)));
+    const std::string moment = "optim.exp_avg." + name;
+    if (!with_optimizer || !reader.contains(moment)) continue;
+    param_names.push_back(name);
+    tensors.emplace_back("optim.state." + name + ".exp_avg", reader.read_full(moment));
+    tensors.emplace_back("optim.state." + name + ".exp_avg_sq", reader.read_full("optim.exp_avg_sq." + name));
+    // torch.optim.AdamW(fused=True) keeps its step as a 0-dim fp32 tensor.
+    tensors.emplace_back("optim.state." + name + ".step",
+                         at::full({}, static_cast<double>(global.value("optimizer_step", iteration)), at::kFloat));
+  }
+  nlohmann::json objects = {{"train_state.step", iteration}};
+  if (with_optimizer) {
+    const auto& t = global.at("config").at("training");
+    const auto schedule = LrSchedule::make(t.at("lr"), t.at("lr_min"), t.at("lr_warmup_ratio"), t.at("train_iters"),
+                                           t.at("lr_decay_style"));
+    objects["optim.param_groups.0.lr"] = schedule.at(std::max<int64_t>(0, iteration - 1));
+    objects["optim.param_groups.0.betas"] = {t.at("adam_beta1"), t.at("adam_beta2")};
+    objects["optim.param_groups.0.eps"] = t.at("adam_eps");
+    objects["optim.param_groups.0.weight_decay"] = t.at("weight_decay");
+    objects["optim.param_groups.0.fused"] = true;
+    objects["optim.param_groups.0.params"] = param_names;
+  }
+  FlatFile flat_file(save_dir);
+  safetensors_write(flat_file.path, tensors, {{"format", "pt"}, {"dcp_objects", objects.dump()}});
+  tensors.clear();
+  run_bridge("write", flat_file.path, save_dir, "ckpt-to-dcp: writing " + save_dir);
+  std::printf("ckpt-to-dcp: %s -> %s (%zu parameters%s, iteration %lld)\n", reader.dir().c_str(), save_dir.c_str(),
+              model->named_parameters().size(), with_optimizer ? ", AdamW moments and step" : ", model only",
+              static_cast<long long>(iteration));
+}
+
+}  // namespace mmtrain
