@@ -115,7 +115,8 @@ void convert_ckpt_to_hf(const std::string& model_id, const std::string& load_dir
 }
 
 void add_convert_commands(CLI::App& app, Commands& commands) {
-  auto* convert = app.add_subcommand("convert", "convert weights between the public HF layout and mmtrain checkpoints");
+  auto* convert = app.add_subcommand(
+      "convert", "convert checkpoints: the public HF layout and PyTorch DCP to and from mmtrain checkpoints");
   convert->require_subcommand(1);
   for (const auto& name : model_spec_registry().names()) {
     const auto& spec = model_spec(name);
