@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up of everything mmtrain needs on a fresh Debian machine:
-#   - Debian packages: compilers' helpers, gloo headers, yaml-cpp, nlohmann-json, CLI11, gtest, ccache
+#   - Debian packages: compilers' helpers, gloo headers, yaml-cpp, nlohmann-json, CLI11, gtest, ccache;
+#     strace and a single-node SLURM (slurmctld, slurmd, munge) for the fault and launcher tests
 #   - the project venv .venv with torch==2.13.0 (CPU build) and the Python test/benchmark packages
 # Re-running it only checks what is already there.
 set -euo pipefail
@@ -8,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(cmake ninja-build g++ ccache libgloo-dev libyaml-cpp-dev nlohmann-json3-dev
               libcli11-dev googletest libgtest-dev libstb-dev libpcre2-dev pkg-config
-              libtcmalloc-minimal4 libjemalloc2 strace)
+              libtcmalloc-minimal4 libjemalloc2 strace slurmctld slurmd slurm-client munge)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
