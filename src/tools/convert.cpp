@@ -61,6 +61,24 @@ void convert_hf_to_ckpt(const std::string& model_id, const std::string& config_p
 void convert_ckpt_to_hf(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
                         const std::string& model_assets_dir) {
   const auto& spec = model_spec(model_id, "convert");
+  if (is_dcp_dir(load_dir)) {
+    // A PyTorch DCP (MindSpeed-MM's training checkpoints): its weights through a model-only
+    // checkpoint beside the output, the model's config read off the reference directory.
+    if (!spec.config_from_checkpoint)
+      fail("ckpt-to-hf: ", load_dir, " is a DCP checkpoint, and model '", model_id,
+           "' cannot read its config off ", model_assets_dir, "; convert it with dcp-to-ckpt --config first");
+    const std::string staged = fs::path(save_dir).lexically_normal().string() + ".from_dcp";
+    fs::remove_all(staged);
+    const auto dir = convert_dcp_weights_to_ckpt(model_id, spec.config_from_checkpoint(model_assets_dir), load_dir, staged);
+    try {
+      convert_ckpt_to_hf(model_id, dir, save_dir, model_assets_dir);
+    } catch (...) {
+      fs::remove_all(staged);
+      throw;
+    }
+    fs::remove_all(staged);
+    return;
+  }
   CheckpointReader reader(load_dir);
   const auto& global = reader.global_state();
   if (global.value("model_id", "") != model_id)
@@ -137,9 +155,10 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
     to_ckpt->add_option("--config", o->config_path,
                         "YAML whose model.config describes the model (default: read off the directory: its "
                         "config.json or tensor shapes)");
-    auto* to_hf = model_cmd->add_subcommand("ckpt-to-hf", "checkpoint -> HF layout like the reference");
+    auto* to_hf = model_cmd->add_subcommand("ckpt-to-hf", "checkpoint (or a PyTorch DCP's weights) -> HF layout like the reference");
     to_hf->alias("dcp_to_hf");
-    to_hf->add_option("--load_dir", o->load_dir, "checkpoint iter_N directory or save root")->required();
+    to_hf->add_option("--load_dir", o->load_dir, "checkpoint iter_N directory or save root, or a DCP directory")
+        ->required();
     to_hf->add_option("--save_dir", o->save_dir, "output HF directory")->required();
     to_hf->add_option("--model_assets_dir", o->assets_dir,
                       "reference HF directory: shard names, key order, dtypes, other files")

@@ -4,6 +4,8 @@
 // it); ckpt-to-hf restores the HF row layout and writes the same shard files, index, keys, order,
 // shapes and dtypes as the reference directory, copying its other assets.
 #pragma once
+#include <nlohmann/json.hpp>
+
 #include <string>
 #include <vector>
 
@@ -27,5 +29,10 @@ void convert_ckpt_to_hf(const std::string& model_id, const std::string& load_dir
 void convert_dcp_to_ckpt(const std::string& model_id, const std::string& config_path, const std::string& load_dir,
                          const std::string& save_dir, const std::vector<std::string>& drop_patterns, int world_size);
 void convert_ckpt_to_dcp(const std::string& model_id, const std::string& load_dir, const std::string& save_dir);
+// A DCP directory (it holds .metadata): ckpt-to-hf (and its seed spelling dcp_to_hf) accepts one,
+// taking only its weights, through a model-only checkpoint written by this (returns its iter dir).
+bool is_dcp_dir(const std::string& dir);
+std::string convert_dcp_weights_to_ckpt(const std::string& model_id, const nlohmann::json& model_config,
+                                        const std::string& load_dir, const std::string& save_dir);
 
 }  // namespace mmtrain

@@ -75,19 +75,38 @@ struct Placement {
   std::string field;  // a moment's: "exp_avg" or "exp_avg_sq"
 };
 
-Placement place(const std::string& key, const std::map<std::string, Param*>& params) {
-  if (params.count(key)) return {Placement::weight, key, ""};
-  if (starts_with(key, "model.") && params.count(key.substr(6))) return {Placement::weight, key.substr(6), ""};
+// A DCP names a parameter by the model's own name or by its HF key (the names a PyTorch port of
+// the model uses, MindSpeed-MM's among them), either with a "model." prefix or without.
+using ParamOfFqn = std::map<std::string, std::string>;
+
+ParamOfFqn param_of_fqn(const Model& model, const HfAdapter& adapter) {
+  ParamOfFqn out;
+  for (const auto& [name, param] : const_cast<Model&>(model).named_parameters()) {
+    out[name] = name;
+    out[adapter.hf_key(name)] = name;
+    for (const auto& alias : adapter.hf_key_aliases(name)) out[alias] = name;
+  }
+  return out;
+}
+
+std::optional<std::string> param_named(const std::string& fqn, const ParamOfFqn& params) {
+  for (const std::string& candidate : {fqn, starts_with(fqn, "model.") ? fqn.substr(6) : std::string()})
+    if (const auto found = params.find(candidate); !candidate.empty() && found != params.end()) return found->second;
+  return std::nullopt;
+}
+
+Placement place(const std::string& key, const ParamOfFqn& params) {
+  if (const auto param = param_named(key, params)) return {Placement::weight, *param, ""};
   for (const char* prefix : kOptimizerPrefixes) {
     if (!starts_with(key, prefix)) continue;
     const std::string rest = key.substr(std::string(prefix).size());
     for (const char* field : {"exp_avg_sq", "exp_avg", "step"}) {
       const std::string suffix = std::string(".") + field;
       if (rest.size() > suffix.size() && rest.compare(rest.size() - suffix.size(), suffix.size(), suffix) == 0) {
-        const std::string param = rest.substr(0, rest.size() - suffix.size());
-        if (!params.count(param)) return {};
-        if (std::string(field) == "step") return {Placement::step, param, ""};
-        return {Placement::moment, param, field};
+        const auto param = param_named(rest.substr(0, rest.size() - suffix.size()), params);
+        if (!param) return {};
+        if (std::string(field) == "step") return {Placement::step, *param, ""};
+        return {Placement::moment, *param, field};
       }
     }
   }
@@ -134,19 +153,22 @@ int dcp_writer_ranks(const std::string& dcp_dir) {
   return std::max<int>(1, static_cast<int>(ranks.size()));
 }
 
-}  // namespace
-
-void convert_dcp_to_ckpt(const std::string& model_id, const std::string& config_path, const std::string& load_dir,
-                         const std::string& save_dir, const std::vector<std::string>& drop_patterns, int world_size) {
+// What dcp-to-ckpt does, for the run of `config`; weights_only (HF export of a DCP): the
+// optimizer, train_state and lr_scheduler entries are left out and a model-only checkpoint written.
+std::string dcp_to_checkpoint(const Config& config, const std::string& load_dir, const std::string& save_dir,
+                              std::vector<std::string> drop_patterns, int world_size, bool weights_only) {
+  const std::string& model_id = config.model.model_id;
+  const std::string& config_path = config.source_path;
   const auto& spec = model_spec(model_id, "convert");
-  auto config = config_load(config_path);
-  if (config.model.model_id != model_id)
-    fail("convert ", model_id, " dcp-to-ckpt: ", config_path, " configures model '", config.model.model_id, "'");
   if (world_size < 0) fail("dcp-to-ckpt: --world-size must be at least 1 (0: the ranks that wrote the DCP), found ", world_size);
   if (world_size == 0) world_size = dcp_writer_ranks(load_dir);
+  if (weights_only)
+    for (const char* pattern : {"optim.*", "optimizer.*", "train_state.*", "lr_scheduler.*"}) drop_patterns.push_back(pattern);
   auto model = spec.build(config.model.config);
+  const auto adapter = make_hf_adapter(spec, config.model.config);
   std::map<std::string, Param*> params;
   for (auto& [name, param] : model->named_parameters()) params[name] = param;
+  const auto names = param_of_fqn(*model, *adapter);
 
   FlatFile flat_file(save_dir);
   run_bridge("read", load_dir, flat_file.path, "dcp-to-ckpt: reading " + load_dir);
@@ -161,10 +183,10 @@ void convert_dcp_to_ckpt(const std::string& model_id, const std::string& config_
   std::vector<std::string> unknown, dropped_keys;
   for (const auto& key : flat.names()) {
     if (dropped(key, drop_patterns)) {
-      dropped_keys.push_back(key);
+      if (!weights_only) dropped_keys.push_back(key);
       continue;
     }
-    const auto placement = place(key, params);
+    const auto placement = place(key, names);
     const auto& info = flat.info(key);
     switch (placement.kind) {
       case Placement::weight:
@@ -191,7 +213,7 @@ void convert_dcp_to_ckpt(const std::string& model_id, const std::string& config_
   std::optional<int64_t> iteration;
   for (const auto& [key, value] : objects.items()) {
     if (dropped(key, drop_patterns)) {
-      dropped_keys.push_back(key);
+      if (!weights_only) dropped_keys.push_back(key);
     } else if (key == "train_state.step" && value.is_number_integer()) {
       iteration = value.get<int64_t>();
     } else if (starts_with(key, kParamGroupPrefixes[0]) || starts_with(key, kParamGroupPrefixes[1])) {
@@ -218,6 +240,13 @@ void convert_dcp_to_ckpt(const std::string& model_id, const std::string& config_
           fail("dcp-to-ckpt: ", load_dir, " has optimizer state but no '", moment, "' for '", name,
                "' (looked for 'optim.state.", name, ".", moment, "')");
   if (!iteration && optimizer_step) iteration = static_cast<int64_t>(*optimizer_step);
+  // The model's own layout conversions (MagiHuman: the de-interleaved gated-MLP rows of its
+  // SwiGLU7 layers, which MindSpeed-MM's DCP holds too): as many as the config expects.
+  int64_t converted_layout = 0;
+  for (const auto& [name, key] : weight_key) converted_layout += adapter->layout_differs(name) ? 1 : 0;
+  if (converted_layout != adapter->expected_layout_conversions())
+    fail("dcp-to-ckpt: ", load_dir, " holds ", converted_layout, " tensors in the model's converted layout, the config "
+         "expects ", adapter->expected_layout_conversions());
 
   // One process, one FSDP unit in fp32: the layout every world size reshards from on resume.
   auto comm = std::make_shared<Comm>(nullptr, 0, 1);
@@ -254,11 +283,33 @@ void convert_dcp_to_ckpt(const std::string& model_id, const std::string& config_
     }
   }
   const auto dir = state_save(save_dir, *comm, *model, fsdp, adamw.get(), info);
-  std::printf("dcp-to-ckpt: %s -> %s (%zu weights%s, iteration %lld%s)\n", load_dir.c_str(), dir.c_str(),
-              weight_key.size(), with_optimizer ? ", AdamW moments and step" : ", model only",
-              static_cast<long long>(info.iteration),
+  std::printf("dcp-to-ckpt: %s -> %s (%zu weights, %lld in the converted layout%s, iteration %lld%s)\n",
+              load_dir.c_str(), dir.c_str(), weight_key.size(), static_cast<long long>(converted_layout),
+              with_optimizer ? ", AdamW moments and step" : ", model only", static_cast<long long>(info.iteration),
               dropped_keys.empty() ? "" : (", dropped " + std::to_string(dropped_keys.size()) + " key(s)").c_str());
   for (const auto& key : dropped_keys) std::printf("dcp-to-ckpt: dropped '%s' (--drop)\n", key.c_str());
+  return dir;
+}
+
+}  // namespace
+
+bool is_dcp_dir(const std::string& dir) { return fs::is_regular_file(fs::path(dir) / ".metadata"); }
+
+void convert_dcp_to_ckpt(const std::string& model_id, const std::string& config_path, const std::string& load_dir,
+                         const std::string& save_dir, const std::vector<std::string>& drop_patterns, int world_size) {
+  auto config = config_load(config_path);
+  if (config.model.model_id != model_id)
+    fail("convert ", model_id, " dcp-to-ckpt: ", config_path, " configures model '", config.model.model_id, "'");
+  dcp_to_checkpoint(config, load_dir, save_dir, drop_patterns, world_size, false);
+}
+
+std::string convert_dcp_weights_to_ckpt(const std::string& model_id, const nlohmann::json& model_config,
+                                        const std::string& load_dir, const std::string& save_dir) {
+  Config config;
+  config.source_path = "(the model's config)";
+  config.model.model_id = model_id;
+  config.model.config = model_config;
+  return dcp_to_checkpoint(config, load_dir, save_dir, {}, 1, true);
 }
 
 void convert_ckpt_to_dcp(const std::string& model_id, const std::string& load_dir, const std::string& save_dir) {

@@ -409,6 +409,32 @@ def test_hf_to_ckpt_to_hf_is_byte_identical(mh):
         pytest.fail(f"{name}: round trip is not byte-identical ({len(b)} vs {len(a)} bytes). {detail}")
 
 
+def test_mindspeed_dcp_to_hf_is_byte_identical(mh):
+    """The seed's export, `mm-convert MagiHumanConverter dcp_to_hf`, from a PyTorch DCP laid out as
+    MindSpeed-MM trains (HF key names under "model.", the SwiGLU7 up_gate rows de-interleaved, plus
+    optimizer and train state the export leaves out): the HF files come back byte for byte."""
+    import torch.distributed.checkpoint as dcp
+    from mmtrain_util import load_mmtrain_params
+
+    base = mh.make_weights()
+    ckpt, dcp_dir, out = mh.tmp / "dcp_src_ckpt", mh.tmp / "mindspeed_dcp", mh.tmp / "dcp_to_hf"
+    run_mmtrain(["convert", "magihuman", "hf-to-ckpt", "--hf_dir", str(base), "--save_dir", str(ckpt)])
+    params = load_mmtrain_params(str(ckpt / (ckpt / "latest").read_text().strip()))  # training layout
+    model = {"model." + name.removeprefix("dit."): t for name, t in params.items()}
+    optim = {"state": {k: {"exp_avg": torch.zeros_like(t), "exp_avg_sq": torch.zeros_like(t), "step": torch.tensor(9.0)}
+                       for k, t in model.items()}, "param_groups": [{"lr": 1e-4, "params": list(model)}]}
+    dcp.save({"model": {k.removeprefix("model."): t for k, t in model.items()}, "optim": optim,
+              "train_state": {"step": 9}}, checkpoint_id=str(dcp_dir))
+    proc = run_mmtrain(["convert", "MagiHumanConverter", "dcp_to_hf", "--load_dir", str(dcp_dir), "--save_dir",
+                        str(out), "--model_assets_dir", str(base)])
+    assert "in the converted layout, model only" in proc.stdout, proc.stdout
+    assert not (mh.tmp / "dcp_to_hf.from_dcp").exists()
+    files = lambda d: sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file())  # noqa: E731
+    assert files(out) == files(base)
+    for name in files(base):
+        assert (out / name).read_bytes() == (base / name).read_bytes(), name
+
+
 # ---------------------------------------------------------------------------------------------
 # 6: packing
 
