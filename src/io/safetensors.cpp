@@ -72,19 +72,31 @@ std::string safetensors_dtype_name(at::ScalarType dtype) {
 void safetensors_write(const std::string& path,
                        const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsSource> sources;
+  for (const auto& [name, tensor] : tensors) {
+    if (!tensor.defined()) fail("safetensors_write ", path, ": tensor '", name, "' is undefined");
+    sources.push_back({name, tensor.scalar_type(), tensor.sizes().vec(), [t = tensor] { return t; }});
+  }
+  safetensors_write_streamed(path, sources, metadata);
+}
+
+void safetensors_write_streamed(const std::string& path, const std::vector<SafetensorsSource>& sources,
+                                const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     auto& meta = header[kMetadataKey] = nlohmann::ordered_json::object();
     for (const auto& [key, value] : metadata) meta[key] = value;
   }
   int64_t offset = 0;
-  for (const auto& [name, tensor] : tensors) {
+  for (const auto& source : sources) {
+    const auto& name = source.name;
     if (name == kMetadataKey) fail("safetensors_write ", path, ": tensor name '", name, "' is reserved");
     if (header.contains(name)) fail("safetensors_write ", path, ": tensor '", name, "' given twice");
-    if (!tensor.defined()) fail("safetensors_write ", path, ": tensor '", name, "' is undefined");
-    const int64_t nbytes = tensor.numel() * static_cast<int64_t>(tensor.element_size());
-    header[name] = {{"dtype", safetensors_dtype_name(tensor.scalar_type())},
-                    {"shape", tensor.sizes().vec()},
+    int64_t numel = 1;
+    for (int64_t d : source.shape) numel *= d;
+    const int64_t nbytes = numel * static_cast<int64_t>(c10::elementSize(source.dtype));
+    header[name] = {{"dtype", safetensors_dtype_name(source.dtype)},
+                    {"shape", source.shape},
                     {"data_offsets", {offset, offset + nbytes}}};
     offset += nbytes;
   }
@@ -100,7 +112,11 @@ void safetensors_write(const std::string& path,
   AtomicFile file(path, AtomicFile::Direct::when_supported);
   file.write(&header_len, sizeof(header_len));
   file.write(json.data(), json.size());
-  for (const auto& [name, tensor] : tensors) {
+  for (const auto& source : sources) {
+    const at::Tensor tensor = source.fetch();
+    if (!tensor.defined() || tensor.scalar_type() != source.dtype || tensor.sizes().vec() != source.shape)
+      fail("safetensors_write ", path, ": tensor '", source.name, "' was announced as ",
+           safetensors_dtype_name(source.dtype), " of ", source.shape.size(), " dims, but came out different");
     if (tensor.numel() == 0) continue;
     // One tensor at a time: a rank's shards of a large model must not all be copied at once.
     at::Tensor cpu = tensor.device().is_cpu() ? tensor : tensor.to(at::kCPU);

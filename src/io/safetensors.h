@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -40,6 +41,18 @@ struct SafetensorsTensorInfo {
 void safetensors_write(const std::string& path,
                        const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+// The same, with each tensor produced only when its bytes are written (one at a time: a file
+// larger than memory streams through it). fetch must return a tensor of exactly that dtype and
+// shape.
+struct SafetensorsSource {
+  std::string name;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;
+  std::function<at::Tensor()> fetch;
+};
+void safetensors_write_streamed(const std::string& path, const std::vector<SafetensorsSource>& sources,
+                                const std::map<std::string, std::string>& metadata = {});
 
 // One open safetensors file. The constructor validates the header against the file size (every
 // problem is an mmtrain::Error naming the file and, where there is one, the tensor); reads never

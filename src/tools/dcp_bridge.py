@@ -110,16 +110,20 @@ def read(dcp_dir: str, out_path: str) -> None:
 
 
 class _LazySavePlanner(DefaultSavePlanner):
-    """Plans from meta tensors; each tensor is read from the flat file when the writer asks for it."""
+    """Plans from meta tensors; each tensor is read from the flat file when the writer asks for it,
+    through a mapping opened for that tensor alone (a mapping kept open would keep every page
+    read so far resident: the whole file by the end)."""
 
-    def __init__(self, flat):
+    def __init__(self, flat_path: str):
         super().__init__(flatten_state_dict=False)
-        self.flat = flat
+        self.flat_path = flat_path
 
     def lookup_object(self, index):
+        from safetensors import safe_open
         value = super().lookup_object(index)
         if isinstance(value, torch.Tensor) and value.is_meta:
-            return self.flat.get_tensor(index.fqn)
+            with safe_open(self.flat_path, "pt") as flat:
+                return flat.get_tensor(index.fqn).clone()
         return value
 
 
@@ -139,16 +143,18 @@ def write(in_path: str, dcp_dir: str) -> None:
             sl = flat.get_slice(key)
             dtype = {v: k for k, v in SAFETENSORS_DTYPES.items()}[sl.get_dtype()]
             state[key] = torch.empty(sl.get_shape(), dtype=dtype, device="meta")
-        # The optimizer's param groups carry every key this torch's AdamW has, so that
-        # get_state_dict + dcp.load in PyTorch finds each one.
-        groups = sorted({k.split(".")[2] for k in objects if k.startswith("optim.param_groups.")})
-        for g in groups:
-            for name, default in _adamw_group_defaults().items():
-                objects.setdefault(f"optim.param_groups.{g}.{name}", default)
-        for key, value in objects.items():
-            state[key] = tuple(value) if key.endswith(".betas") else value
-        os.makedirs(dcp_dir, exist_ok=True)
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(dcp_dir, thread_count=1), planner=_LazySavePlanner(flat))
+    # The optimizer's param groups carry every key this torch's AdamW has, so that
+    # get_state_dict + dcp.load in PyTorch finds each one.
+    groups = sorted({k.split(".")[2] for k in objects if k.startswith("optim.param_groups.")})
+    for g in groups:
+        for name, default in _adamw_group_defaults().items():
+            objects.setdefault(f"optim.param_groups.{g}.{name}", default)
+    for key, value in objects.items():
+        state[key] = tuple(value) if key.endswith(".betas") else value
+    os.makedirs(dcp_dir, exist_ok=True)
+    # One file per tensor: DCP's writer keeps every tensor of a file alive until that file is done.
+    writer = dcp.FileSystemWriter(dcp_dir, single_file_per_rank=False, thread_count=1)
+    dcp.save(state, storage_writer=writer, planner=_LazySavePlanner(in_path))
     print(f"dcp_bridge: wrote {dcp_dir} ({len(state)} entries)", file=sys.stderr)
 
 

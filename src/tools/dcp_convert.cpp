@@ -322,18 +322,22 @@ void convert_ckpt_to_dcp(const std::string& model_id, const std::string& load_di
   const bool with_optimizer = !global.value("model_only", false);
   const int64_t iteration = global.value("iteration", int64_t{0});
 
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  // Each tensor is read from the checkpoint only when the flat file's writer reaches it.
+  std::vector<SafetensorsSource> tensors;
+  auto from_checkpoint = [&](const std::string& flat_key, const std::string& key) {
+    tensors.push_back({flat_key, reader.dtype(key), reader.global_shape(key), [&reader, key] { return reader.read_full(key); }});
+  };
   nlohmann::json param_names = nlohmann::json::array();
+  const double step = static_cast<double>(global.value("optimizer_step", iteration));
   for (auto& [name, param] : model->named_parameters()) {
-    tensors.emplace_back("model." + name, reader.read_full(state_model_key(name)));
+    from_checkpoint("model." + name, state_model_key(name));
     const std::string moment = "optim.exp_avg." + name;
     if (!with_optimizer || !reader.contains(moment)) continue;
     param_names.push_back(name);
-    tensors.emplace_back("optim.state." + name + ".exp_avg", reader.read_full(moment));
-    tensors.emplace_back("optim.state." + name + ".exp_avg_sq", reader.read_full("optim.exp_avg_sq." + name));
+    from_checkpoint("optim.state." + name + ".exp_avg", moment);
+    from_checkpoint("optim.state." + name + ".exp_avg_sq", "optim.exp_avg_sq." + name);
     // torch.optim.AdamW(fused=True) keeps its step as a 0-dim fp32 tensor.
-    tensors.emplace_back("optim.state." + name + ".step",
-                         at::full({}, static_cast<double>(global.value("optimizer_step", iteration)), at::kFloat));
+    tensors.push_back({"optim.state." + name + ".step", at::kFloat, {}, [step] { return at::full({}, step, at::kFloat); }});
   }
   nlohmann::json objects = {{"train_state.step", iteration}};
   if (with_optimizer) {
@@ -348,8 +352,7 @@ void convert_ckpt_to_dcp(const std::string& model_id, const std::string& load_di
     objects["optim.param_groups.0.params"] = param_names;
   }
   FlatFile flat_file(save_dir);
-  safetensors_write(flat_file.path, tensors, {{"format", "pt"}, {"dcp_objects", objects.dump()}});
-  tensors.clear();
+  safetensors_write_streamed(flat_file.path, tensors, {{"format", "pt"}, {"dcp_objects", objects.dump()}});
   run_bridge("write", flat_file.path, save_dir, "ckpt-to-dcp: writing " + save_dir);
   std::printf("ckpt-to-dcp: %s -> %s (%zu parameters%s, iteration %lld)\n", reader.dir().c_str(), save_dir.c_str(),
               model->named_parameters().size(), with_optimizer ? ", AdamW moments and step" : ", model only",
