@@ -142,11 +142,13 @@ void save_prepare(const fs::path& root, const fs::path& tmp_dir) {
 
 void save_rank_file(const fs::path& file, int64_t iteration, int rank, int world,
                     const std::vector<ShardedTensor>& tensors, const nlohmann::json& rank_state) {
-  std::vector<std::pair<std::string, at::Tensor>> locals;
+  std::vector<SafetensorsSource> sources;
   nlohmann::ordered_json shards = nlohmann::ordered_json::object();
-  for (const auto& t : tensors) {
+  for (const auto& entry : tensors) {
     const std::string where = "checkpoint_save iteration " + std::to_string(iteration) + " rank " +
-                              std::to_string(rank) + ": tensor '" + t.name + "'";
+                              std::to_string(rank) + ": tensor '" + entry.name + "'";
+    ShardedTensor t = entry;
+    if (!t.local.defined() && t.fetch) t.local = t.fetch();  // for its checksum; fetched again to write
     if (!t.local.defined()) fail(where, ": local tensor is undefined");
     if (t.local.dim() != static_cast<int64_t>(t.global_shape.size()))
       fail(where, ": local shard is ", t.local.dim(), "-dim but global_shape ", shape_str(t.global_shape), " is ",
@@ -169,11 +171,17 @@ void save_rank_file(const fs::path& file, int64_t iteration, int rank, int world
     auto local = t.local.contiguous().cpu();
     const uint32_t crc = crc32c(local.data_ptr(), local.nbytes());
     shards[t.name] = {{"global_shape", t.global_shape}, {"row_begin", t.row_begin}, {"crc32c", crc32c_hex(crc)}};
-    locals.emplace_back(t.name, std::move(local));
+    SafetensorsSource source{t.name, local.scalar_type(), local.sizes().vec(), nullptr};
+    if (entry.local.defined()) {
+      source.fetch = [local] { return local; };
+    } else {
+      source.fetch = [fetch = entry.fetch] { return fetch().contiguous().cpu(); };
+    }
+    sources.push_back(std::move(source));
   }
   nlohmann::ordered_json header = {
       {"iteration", iteration}, {"rank", rank}, {"world_size", world}, {"tensors", shards}};
-  safetensors_write(file.string(), locals,
+  safetensors_write_streamed(file.string(), sources,
                     {{"format", "pt"}, {kShardsKey, header.dump()}, {kRankStateKey, rank_state.dump()}});
 }
 

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -27,6 +28,10 @@ struct ShardedTensor {
   int64_t row_begin = 0;              // this rank holds rows [row_begin, row_begin + local.size(0)) of dim 0
   at::Tensor local;                   // may have 0 rows (empty shard); 0-dim tensors: held whole by rank 0 only
                                       // (other ranks may pass them too: they are ignored there)
+  // Instead of local (a streamed save, e.g. a conversion larger than memory): produces it on
+  // demand, the same tensor every call; a synchronous save calls it twice (checksum, then write)
+  // and holds one such tensor at a time.
+  std::function<at::Tensor()> fetch;
 };
 
 // "iter_0000020" for 20.

@@ -6,15 +6,14 @@
 
 #include "checkpoint/sharded_checkpoint.h"
 #include "core/error.h"
+#include "core/finite.h"
 #include "core/subprocess.h"
 #include "core/text.h"
 #include "io/safetensors.h"
 #include "models/model_spec.h"
 #include "optim/lr_schedule.h"
 #include "tools/plots.h"
-#include "train/build.h"
 #include "train/config.h"
-#include "train/hf_weights.h"
 #include "train/state.h"
 
 #include <fnmatch.h>
@@ -248,14 +247,6 @@ std::string dcp_to_checkpoint(const Config& config, const std::string& load_dir,
     fail("dcp-to-ckpt: ", load_dir, " holds ", converted_layout, " tensors in the model's converted layout, the config "
          "expects ", adapter->expected_layout_conversions());
 
-  // One process, one FSDP unit in fp32: the layout every world size reshards from on resume.
-  auto comm = std::make_shared<Comm>(nullptr, 0, 1);
-  const FsdpConfig plan;
-  Fsdp fsdp(*model, comm, plan);
-  fsdp.load_params([&](const std::string& name, int64_t b, int64_t e) {
-    return flat.read_rows(weight_key.at(name), b, e).to(at::kFloat);
-  });
-  init_buffers(*model, fsdp.device());
   StateInfo info;
   info.iteration = with_optimizer ? iteration.value_or(0) : 0;
   const auto& t = config.training;
@@ -264,25 +255,41 @@ std::string dcp_to_checkpoint(const Config& config, const std::string& load_dir,
   info.model_id = model_id;
   info.config = config_to_json(config);
   info.extra = {{"source", load_dir}};
-  info.plan = state_plan_entry(plan);
+  info.plan = state_plan_entry(FsdpConfig{});  // one rank's whole tensors in fp32: any world size reshards them
   info.plan["converted_from"] = "dcp";
-  std::unique_ptr<AdamW> adamw;
-  if (with_optimizer) {
-    adamw = make_fsdp_adamw(fsdp, adamw_options(t));
-    adamw->set_step_count(static_cast<int64_t>(optimizer_step.value_or(static_cast<double>(info.iteration))));
-    const auto units = fsdp.units();
-    for (size_t u = 0; u < units.size(); ++u) {
-      const auto& flat_shard = units[u]->shard_flat;
-      at::Tensor exp_avg = at::zeros_like(flat_shard), exp_avg_sq = at::zeros_like(flat_shard);
-      for (auto& p : units[u]->params)
-        for (auto& [moment, target] : {std::pair<const char*, at::Tensor&>{"exp_avg", exp_avg},
-                                       std::pair<const char*, at::Tensor&>{"exp_avg_sq", exp_avg_sq}})
-          if (moment_key[p.name].count(moment))
-            p.view_of(target).narrow(0, 0, p.layout.rows(0)).copy_(flat.read(moment_key[p.name][moment]).to(at::kFloat));
-      adamw->set_moments(u, exp_avg, exp_avg_sq);
+  const int64_t step = static_cast<int64_t>(optimizer_step.value_or(static_cast<double>(info.iteration)));
+
+  // Written tensor by tensor, each read from the flat file when the checkpoint writer needs it:
+  // memory holds one tensor at a time, however large the checkpoint.
+  auto from_dcp = [&flat](const std::string& key) {
+    return [&flat, key] {
+      at::Tensor value = flat.read(key).to(at::kFloat);
+      if (const int64_t at = first_non_finite(value); at >= 0)
+        fail("dcp-to-ckpt: '", key, "' holds ", value.reshape(-1)[at].item<double>(), " at element ", at,
+             "; refusing to write non-finite state");
+      return value;
+    };
+  };
+  std::vector<ShardedTensor> tensors;
+  for (const auto& [name, param] : params) {
+    if (!param->trainable && !weight_key.count(name)) {
+      tensors.push_back({state_model_key(name), param->shape, 0, param->init_value(), nullptr});  // a buffer
+      continue;
+    }
+    tensors.push_back({state_model_key(name), param->shape, 0, at::Tensor(), from_dcp(weight_key.at(name))});
+    if (!with_optimizer || !param->trainable) continue;
+    for (const char* moment : {"exp_avg", "exp_avg_sq"}) {
+      const std::string key = std::string(moment) == "exp_avg" ? state_exp_avg_key(name) : state_exp_avg_sq_key(name);
+      auto zeros = [shape = param->shape] { return at::zeros(shape, at::kFloat); };  // a frozen param's
+      tensors.push_back({key, param->shape, 0, at::Tensor(),
+                         moment_key[name].count(moment) ? std::function<at::Tensor()>(from_dcp(moment_key[name][moment]))
+                                                        : std::function<at::Tensor()>(zeros)});
     }
   }
-  const auto dir = state_save(save_dir, *comm, *model, fsdp, adamw.get(), info);
+  Comm comm(nullptr, 0, 1);
+  const auto dir = checkpoint_save(save_dir, info.iteration, comm, tensors,
+                                   state_global_state(info, with_optimizer ? std::optional<int64_t>(step) : std::nullopt),
+                                   state_rank_state(), info.plan);
   std::printf("dcp-to-ckpt: %s -> %s (%zu weights, %lld in the converted layout%s, iteration %lld%s)\n",
               load_dir.c_str(), dir.c_str(), weight_key.size(), static_cast<long long>(converted_layout),
               with_optimizer ? ", AdamW moments and step" : ", model only", static_cast<long long>(info.iteration),

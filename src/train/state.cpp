@@ -205,21 +205,11 @@ int64_t state_int(const CheckpointReader& reader, const char* key, int64_t minim
 
 StateSnapshot state_snapshot(const Comm& comm, Model& model, Fsdp& fsdp, const AdamW* adamw, const StateInfo& info) {
   StateSnapshot snapshot;
-  auto& global = snapshot.global_state;
-  global = {{"iteration", info.iteration}, {"model_id", info.model_id}, {"config", info.config}};
-  if (adamw) {
-    global["consumed_samples"] = info.iteration * info.global_batch_size;
-    global["global_batch_size"] = info.global_batch_size;
-    global["optimizer_step"] = adamw->step_count();
-  } else {
-    global["model_only"] = true;
-  }
-  for (const auto& [key, value] : info.extra.items()) global[key] = value;
+  snapshot.global_state = state_global_state(info, adamw ? std::optional<int64_t>(adamw->step_count()) : std::nullopt);
   snapshot.tensors = trained_shards(fsdp, adamw);
   snapshot.trained_count = snapshot.tensors.size();
   append_buffers(model, comm.rank(), snapshot.tensors);
-  snapshot.rank_state = {{"cpu_rng_state", to_hex(at::detail::getDefaultCPUGenerator().get_state())},
-                         {"node", node_name()}};
+  snapshot.rank_state = state_rank_state();
   return snapshot;
 }
 
@@ -227,6 +217,25 @@ StateSnapshot state_snapshot(const Comm& comm, Model& model, Fsdp& fsdp, const A
 }  // namespace
 
 std::string state_model_key(const std::string& param_name) { return "model." + param_name; }
+std::string state_exp_avg_key(const std::string& param_name) { return kExpAvg + param_name; }
+std::string state_exp_avg_sq_key(const std::string& param_name) { return kExpAvgSq + param_name; }
+
+nlohmann::json state_global_state(const StateInfo& info, std::optional<int64_t> optimizer_step) {
+  nlohmann::json global = {{"iteration", info.iteration}, {"model_id", info.model_id}, {"config", info.config}};
+  if (optimizer_step) {
+    global["consumed_samples"] = info.iteration * info.global_batch_size;
+    global["global_batch_size"] = info.global_batch_size;
+    global["optimizer_step"] = *optimizer_step;
+  } else {
+    global["model_only"] = true;
+  }
+  for (const auto& [key, value] : info.extra.items()) global[key] = value;
+  return global;
+}
+
+nlohmann::json state_rank_state() {
+  return {{"cpu_rng_state", to_hex(at::detail::getDefaultCPUGenerator().get_state())}, {"node", node_name()}};
+}
 
 nlohmann::json state_plan_entry(const FsdpConfig& plan) {
   return {{"apply_modules", plan.apply_modules},

@@ -18,12 +18,15 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace mmtrain {
 
-// The checkpoint name of a model parameter or buffer: "model." + name.
+// The checkpoint name of a model parameter or buffer: "model." + name; of its AdamW moments.
 std::string state_model_key(const std::string& param_name);
+std::string state_exp_avg_key(const std::string& param_name);
+std::string state_exp_avg_sq_key(const std::string& param_name);
 
 // The index's plan entry for shards laid out by an Fsdp built with plan: apply_modules, param and
 // reduce dtypes (the YAML's spelling) and the sharding rule. The trainer and `convert` both use it.
@@ -42,6 +45,12 @@ struct StateInfo {
   nlohmann::json extra = nlohmann::json::object();  // more trainer_state.json fields ("source": ...)
   nlohmann::json plan = nlohmann::json::object();   // the index's plan entry (FSDP plan, provenance)
 };
+
+// trainer_state.json of a checkpoint of info.iteration (optimizer_step absent: model-only), and
+// this process's rank_state (its CPU generator, its node): what state_save writes, for tools
+// that write a checkpoint tensor by tensor (checkpoint_save with ShardedTensor::fetch).
+nlohmann::json state_global_state(const StateInfo& info, std::optional<int64_t> optimizer_step);
+nlohmann::json state_rank_state();
 
 // Saves a checkpoint of iteration info.iteration under save_root (collective, crash-safe) and
 // returns its directory. adamw null: a model-only checkpoint. Non-finite weights or moments on
