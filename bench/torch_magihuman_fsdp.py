@@ -10,8 +10,9 @@ Contract:
                       collated micro-batch of every rank and step (`mmtrain debug collate`), so both
                       trainers see the same weights and batches; D/bench_meta.json. Reused while the
                       knobs are unchanged; clears old D/runs.
-  torch --dir D --out O
-                      WORLD gloo ranks, one intra-op thread each; every layer and the root are
+  torch --dir D --out O [--dcp-load DCP] [--dcp-save DCP] [--stop N]
+                      WORLD gloo ranks, one intra-op thread each (optionally resuming from, stopping
+                      after step N and saving a torch.distributed.checkpoint: HF keys, HF rows); every layer and the root are
                       fully_shard units (as mmtrain's plan); fp32 params; torch.optim.AdamW(fused=True);
                       clip_grad_norm_ split for DTensors; the LR schedule of the YAML. Output
                       O/metrics.jsonl (iteration, loss, grad_norm, lr, step_time_ms, peak_rss_mb).
@@ -176,7 +177,35 @@ def load_own_rows(model: Dit, weights_dir: str, rank: int, world: int) -> None:
     mu.load_own_rows(model.named_layer_tensors(), lambda name: handles[index[name]].get_slice(name), rank, world)
 
 
-def rank_main(rank: int, world: int, port: int, d: str, out: str) -> None:
+def dcp_state(model: Dit, optimizer: torch.optim.Optimizer, step: int) -> dict:
+    """What this trainer saves with torch.distributed.checkpoint: the weights and AdamW state under
+    the HF keys (a port of the model names its parameters so), the HF row layout, and the step."""
+    named = dict(model.named_layer_tensors())
+    return {"model": named,
+            "optim": {"state": {k: optimizer.state[p] for k, p in named.items() if p in optimizer.state}},
+            "train_state": {"step": step}}
+
+
+def dcp_resume(model: Dit, params: list, optimizer: torch.optim.Optimizer, path: str) -> int:
+    """Loads a DCP into the live tensors (the AdamW state made first by a step of lr 0 on zero
+    grads, which moves nothing) and returns its step."""
+    import torch.distributed.checkpoint as dcp
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    lrs = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    for group, lr in zip(optimizer.param_groups, lrs):
+        group["lr"] = lr
+    state = dcp_state(model, optimizer, 0)
+    dcp.load(state, checkpoint_id=path)
+    return int(state["train_state"]["step"])
+
+
+def rank_main(rank: int, world: int, port: int, d: str, out: str, dcp_load: str | None = None,
+              dcp_save: str | None = None, stop: int | None = None) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -208,8 +237,9 @@ def rank_main(rank: int, world: int, port: int, d: str, out: str) -> None:
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=tr["lr"], weight_decay=tr["weight_decay"], fused=True)
         iters = int(tr["train_iters"])
+        start = dcp_resume(model, params, optimizer, dcp_load) if dcp_load else 0
         records = []
-        for t in range(iters):
+        for t in range(start, stop or iters):
             batch = load_file(batch_path(d, t, rank))
             lr = rt.lr_at(t, tr["lr"], tr["lr_min"], iters, tr["lr_warmup_ratio"], tr["lr_decay_style"])
             start = time.perf_counter()
@@ -230,6 +260,9 @@ def rank_main(rank: int, world: int, port: int, d: str, out: str) -> None:
             dist.all_reduce(rss, op=dist.ReduceOp.MAX)
             records.append({"iteration": t + 1, "loss": float(loss_sum) / world, "grad_norm": float(total),
                             "lr": lr, "step_time_ms": step_ms, "peak_rss_mb": float(rss)})
+        if dcp_save:
+            import torch.distributed.checkpoint as dcp
+            dcp.save(dcp_state(model, optimizer, stop or iters), checkpoint_id=dcp_save)
         if rank == 0:
             os.makedirs(out, exist_ok=True)
             with open(os.path.join(out, "metrics.jsonl"), "w") as f:
@@ -246,6 +279,9 @@ def main() -> int:
     parser.add_argument("--dir", required=True)
     parser.add_argument("--mmtrain", help="prepare: the mmtrain binary that writes the fixture")
     parser.add_argument("--out", help="torch: output directory (metrics.jsonl)")
+    parser.add_argument("--dcp-load", help="torch: resume from this torch.distributed.checkpoint directory")
+    parser.add_argument("--dcp-save", help="torch: write one there at the end")
+    parser.add_argument("--stop", type=int, help="torch: stop after this step (of the same schedule)")
     args = parser.parse_args()
     d = os.path.abspath(args.dir)
     os.makedirs(d, exist_ok=True)
@@ -258,7 +294,8 @@ def main() -> int:
             parser.error("torch needs --out")
         import torch.multiprocessing as mp
         world = json.load(open(os.path.join(d, "bench_meta.json")))["WORLD"]
-        mp.spawn(rank_main, args=(world, rt.free_port(), d, os.path.abspath(args.out)), nprocs=world, join=True)
+        mp.spawn(rank_main, args=(world, rt.free_port(), d, os.path.abspath(args.out), args.dcp_load, args.dcp_save,
+                                  args.stop), nprocs=world, join=True)
     return 0
 
 

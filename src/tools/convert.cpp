@@ -142,6 +142,7 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
       std::string hf_dir, save_dir, load_dir, assets_dir, config_path;
       std::vector<std::string> drop;
       int world_size = 0;
+      std::string layout = "training";
     };
     auto o = std::make_shared<Options>();
     auto* model_cmd = convert->add_subcommand(
@@ -172,14 +173,21 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
                          "ranks of the run that wrote the DCP, for its global batch when training.global_batch_size "
                          "is not set (0: counted from the DCP's __<rank>_<n>.distcp files)")
         ->capture_default_str();
+    const std::string layout_help =
+        "row layout of the DCP's tensors: training (the model's training layout, MindSpeed-MM's) or hf (the public HF rows)";
+    from_dcp->add_option("--layout", o->layout, layout_help)->check(CLI::IsMember({"training", "hf"}))->capture_default_str();
     auto* to_dcp = model_cmd->add_subcommand("ckpt-to-dcp", "mmtrain checkpoint -> PyTorch DCP checkpoint");
+    to_dcp->add_option("--layout", o->layout, layout_help)->check(CLI::IsMember({"training", "hf"}))->capture_default_str();
     to_dcp->add_option("--load_dir", o->load_dir, "checkpoint iter_N directory or save root")->required();
     to_dcp->add_option("--save_dir", o->save_dir, "DCP directory to write")->required();
     commands.add(to_ckpt, [o, name] { convert_hf_to_ckpt(name, o->config_path, o->hf_dir, o->save_dir); });
     commands.add(from_dcp, [o, name] {
-      convert_dcp_to_ckpt(name, o->config_path, o->load_dir, o->save_dir, o->drop, o->world_size);
+      convert_dcp_to_ckpt(name, o->config_path, o->load_dir, o->save_dir, o->drop, o->world_size,
+                          o->layout == "hf" ? DcpLayout::hf : DcpLayout::training);
     });
-    commands.add(to_dcp, [o, name] { convert_ckpt_to_dcp(name, o->load_dir, o->save_dir); });
+    commands.add(to_dcp, [o, name] {
+      convert_ckpt_to_dcp(name, o->load_dir, o->save_dir, o->layout == "hf" ? DcpLayout::hf : DcpLayout::training);
+    });
     commands.add(to_hf, [o, name] { convert_ckpt_to_hf(name, o->load_dir, o->save_dir, o->assets_dir); });
   }
 }

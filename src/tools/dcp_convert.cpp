@@ -155,7 +155,8 @@ int dcp_writer_ranks(const std::string& dcp_dir) {
 // What dcp-to-ckpt does, for the run of `config`; weights_only (HF export of a DCP): the
 // optimizer, train_state and lr_scheduler entries are left out and a model-only checkpoint written.
 std::string dcp_to_checkpoint(const Config& config, const std::string& load_dir, const std::string& save_dir,
-                              std::vector<std::string> drop_patterns, int world_size, bool weights_only) {
+                              std::vector<std::string> drop_patterns, int world_size, bool weights_only,
+                              DcpLayout layout) {
   const std::string& model_id = config.model.model_id;
   const std::string& config_path = config.source_path;
   const auto& spec = model_spec(model_id, "convert");
@@ -246,6 +247,14 @@ std::string dcp_to_checkpoint(const Config& config, const std::string& load_dir,
   if (converted_layout != adapter->expected_layout_conversions())
     fail("dcp-to-ckpt: ", load_dir, " holds ", converted_layout, " tensors in the model's converted layout, the config "
          "expects ", adapter->expected_layout_conversions());
+  // --layout hf: the DCP holds the HF rows (a PyTorch port that loads the HF checkpoint as it is);
+  // the adapter reorders them into the training layout, moments alike (elementwise state follows
+  // its parameter's rows).
+  auto training_rows = [&](const std::string& name, const std::string& key) {
+    if (layout == DcpLayout::training || !adapter->layout_differs(name)) return flat.read(key);
+    return adapter->load_rows(name, 0, params.at(name)->shape.at(0),
+                              [&](const std::string&, int64_t b, int64_t e) { return flat.read_rows(key, b, e); });
+  };
 
   StateInfo info;
   info.iteration = with_optimizer ? iteration.value_or(0) : 0;
@@ -261,9 +270,9 @@ std::string dcp_to_checkpoint(const Config& config, const std::string& load_dir,
 
   // Written tensor by tensor, each read from the flat file when the checkpoint writer needs it:
   // memory holds one tensor at a time, however large the checkpoint.
-  auto from_dcp = [&flat](const std::string& key) {
-    return [&flat, key] {
-      at::Tensor value = flat.read(key).to(at::kFloat);
+  auto from_dcp = [&training_rows](const std::string& name, const std::string& key) {
+    return [&training_rows, name, key] {
+      at::Tensor value = training_rows(name, key).to(at::kFloat);
       if (const int64_t at = first_non_finite(value); at >= 0)
         fail("dcp-to-ckpt: '", key, "' holds ", value.reshape(-1)[at].item<double>(), " at element ", at,
              "; refusing to write non-finite state");
@@ -276,13 +285,13 @@ std::string dcp_to_checkpoint(const Config& config, const std::string& load_dir,
       tensors.push_back({state_model_key(name), param->shape, 0, param->init_value(), nullptr});  // a buffer
       continue;
     }
-    tensors.push_back({state_model_key(name), param->shape, 0, at::Tensor(), from_dcp(weight_key.at(name))});
+    tensors.push_back({state_model_key(name), param->shape, 0, at::Tensor(), from_dcp(name, weight_key.at(name))});
     if (!with_optimizer || !param->trainable) continue;
     for (const char* moment : {"exp_avg", "exp_avg_sq"}) {
       const std::string key = std::string(moment) == "exp_avg" ? state_exp_avg_key(name) : state_exp_avg_sq_key(name);
       auto zeros = [shape = param->shape] { return at::zeros(shape, at::kFloat); };  // a frozen param's
       tensors.push_back({key, param->shape, 0, at::Tensor(),
-                         moment_key[name].count(moment) ? std::function<at::Tensor()>(from_dcp(moment_key[name][moment]))
+                         moment_key[name].count(moment) ? std::function<at::Tensor()>(from_dcp(name, moment_key[name][moment]))
                                                         : std::function<at::Tensor()>(zeros)});
     }
   }
@@ -303,11 +312,12 @@ std::string dcp_to_checkpoint(const Config& config, const std::string& load_dir,
 bool is_dcp_dir(const std::string& dir) { return fs::is_regular_file(fs::path(dir) / ".metadata"); }
 
 void convert_dcp_to_ckpt(const std::string& model_id, const std::string& config_path, const std::string& load_dir,
-                         const std::string& save_dir, const std::vector<std::string>& drop_patterns, int world_size) {
+                         const std::string& save_dir, const std::vector<std::string>& drop_patterns, int world_size,
+                         DcpLayout layout) {
   auto config = config_load(config_path);
   if (config.model.model_id != model_id)
     fail("convert ", model_id, " dcp-to-ckpt: ", config_path, " configures model '", config.model.model_id, "'");
-  dcp_to_checkpoint(config, load_dir, save_dir, drop_patterns, world_size, false);
+  dcp_to_checkpoint(config, load_dir, save_dir, drop_patterns, world_size, false, layout);
 }
 
 std::string convert_dcp_weights_to_ckpt(const std::string& model_id, const nlohmann::json& model_config,
@@ -316,35 +326,42 @@ std::string convert_dcp_weights_to_ckpt(const std::string& model_id, const nlohm
   config.source_path = "(the model's config)";
   config.model.model_id = model_id;
   config.model.config = model_config;
-  return dcp_to_checkpoint(config, load_dir, save_dir, {}, 1, true);
+  return dcp_to_checkpoint(config, load_dir, save_dir, {}, 1, true, DcpLayout::training);
 }
 
-void convert_ckpt_to_dcp(const std::string& model_id, const std::string& load_dir, const std::string& save_dir) {
+void convert_ckpt_to_dcp(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
+                         DcpLayout layout) {
   const auto& spec = model_spec(model_id, "convert");
   CheckpointReader reader(load_dir);
   const auto& global = reader.global_state();
   if (global.value("model_id", "") != model_id)
     fail("ckpt-to-dcp: ", reader.dir(), " holds model '", global.value("model_id", ""), "', not '", model_id, "'");
-  auto model = spec.build(global.at("config").at("model").at("config"));
+  const auto& model_config = global.at("config").at("model").at("config");
+  auto model = spec.build(model_config);
+  const auto adapter = make_hf_adapter(spec, model_config);
   const bool with_optimizer = !global.value("model_only", false);
   const int64_t iteration = global.value("iteration", int64_t{0});
 
   // Each tensor is read from the checkpoint only when the flat file's writer reaches it.
   std::vector<SafetensorsSource> tensors;
-  auto from_checkpoint = [&](const std::string& flat_key, const std::string& key) {
-    tensors.push_back({flat_key, reader.dtype(key), reader.global_shape(key), [&reader, key] { return reader.read_full(key); }});
+  auto from_checkpoint = [&](const std::string& flat_key, const std::string& name, const std::string& key) {
+    const bool to_hf = layout == DcpLayout::hf && adapter->layout_differs(name);
+    tensors.push_back({flat_key, reader.dtype(key), reader.global_shape(key), [&reader, &adapter, to_hf, name, key] {
+                         return to_hf ? adapter->to_hf_layout(name, reader.read_full(key)) : reader.read_full(key);
+                       }});
   };
   nlohmann::json param_names = nlohmann::json::array();
   const double step = static_cast<double>(global.value("optimizer_step", iteration));
   for (auto& [name, param] : model->named_parameters()) {
-    from_checkpoint("model." + name, state_model_key(name));
-    const std::string moment = "optim.exp_avg." + name;
+    const std::string fqn = layout == DcpLayout::hf ? adapter->hf_key(name) : name;  // the port's parameter name
+    from_checkpoint("model." + fqn, name, state_model_key(name));
+    const std::string moment = state_exp_avg_key(name);
     if (!with_optimizer || !reader.contains(moment)) continue;
-    param_names.push_back(name);
-    from_checkpoint("optim.state." + name + ".exp_avg", moment);
-    from_checkpoint("optim.state." + name + ".exp_avg_sq", "optim.exp_avg_sq." + name);
+    param_names.push_back(fqn);
+    from_checkpoint("optim.state." + fqn + ".exp_avg", name, moment);
+    from_checkpoint("optim.state." + fqn + ".exp_avg_sq", name, state_exp_avg_sq_key(name));
     // torch.optim.AdamW(fused=True) keeps its step as a 0-dim fp32 tensor.
-    tensors.push_back({"optim.state." + name + ".step", at::kFloat, {}, [step] { return at::full({}, step, at::kFloat); }});
+    tensors.push_back({"optim.state." + fqn + ".step", at::kFloat, {}, [step] { return at::full({}, step, at::kFloat); }});
   }
   nlohmann::json objects = {{"train_state.step", iteration}};
   if (with_optimizer) {
