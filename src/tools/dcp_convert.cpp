@@ -180,10 +180,15 @@ std::string dcp_to_checkpoint(const Config& config, const std::string& load_dir,
   std::map<std::string, std::string> weight_key;                        // param -> key
   std::map<std::string, std::map<std::string, std::string>> moment_key;  // param -> moment -> key
   std::optional<double> optimizer_step;
+  std::optional<int64_t> iteration;
   std::vector<std::string> unknown, dropped_keys;
   for (const auto& key : flat.names()) {
     if (dropped(key, drop_patterns)) {
       if (!weights_only) dropped_keys.push_back(key);
+      continue;
+    }
+    if (key == "train_state.step" && flat.info(key).shape.empty()) {  // torchtitan keeps it as a tensor
+      iteration = flat.read(key).to(at::kLong).item<int64_t>();
       continue;
     }
     const auto placement = place(key, names);
@@ -210,7 +215,6 @@ std::string dcp_to_checkpoint(const Config& config, const std::string& load_dir,
         unknown.push_back(key);
     }
   }
-  std::optional<int64_t> iteration;
   for (const auto& [key, value] : objects.items()) {
     if (dropped(key, drop_patterns)) {
       if (!weights_only) dropped_keys.push_back(key);

@@ -219,3 +219,20 @@ def test_magihuman_mmtrain_checkpoint_into_the_reference(mmtrain_bin, magihuman_
     parity_report(f"[dcp] MagiHuman mmtrain checkpoint at step 5 -> DCP -> reference DiT, steps 6-10 vs mmtrain's "
                   f"own resume: max loss rel {worst:.2e}")
     assert worst <= MAGIHUMAN_LOSS_TOL, worst
+
+
+def test_a_torchtitan_layout_converts(mmtrain_bin, setup, tmp_path):
+    """torchtitan's layout: the model's FQNs at the top level, "optimizer" and "lr_scheduler" keys, and
+    train_state.step as a tensor."""
+    _, _, cfg_path, _, _ = setup
+
+    def torchtitan(state):
+        state.update(state.pop("model"))
+        state["optimizer"] = state.pop("optim")
+        state["lr_scheduler"] = {"last_epoch": 5, "_step_count": 6}
+        state["train_state"] = {"step": torch.tensor(5)}
+    _torch_dcp_with(tmp_path / "titan", torchtitan)
+    proc = convert(mmtrain_bin, "dcp-to-ckpt", "--config", cfg_path, "--load_dir", str(tmp_path / "titan"),
+                   "--save_dir", str(tmp_path / "ckpt"))
+    assert "AdamW moments and step, iteration 5" in proc.stdout
+    assert (tmp_path / "ckpt" / "latest").read_text() == "iter_0000005\n"
