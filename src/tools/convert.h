@@ -26,8 +26,8 @@ void convert_ckpt_to_hf(const std::string& model_id, const std::string& load_dir
 // run of config_path would have saved (its global batch: training.global_batch_size, else micro x
 // accumulation x world_size; 0: the ranks that wrote the DCP). ckpt-to-dcp writes the layout torch.distributed.checkpoint.state_dict's
 // get_state_dict gives under {"model", "optim", "train_state"}.
-// The layout of the DCP's tensors: the model's training layout (MindSpeed-MM's: MagiHuman's
-// SwiGLU7 up_gate rows de-interleaved), or the public HF one (a port that trains on the HF rows).
+// The layout of the DCP's tensors: the model's training layout (MindSpeed-MM's: gated-MLP rows
+// de-interleaved where the adapter says so), or the public HF one (a port that trains on the HF rows).
 // dcp-to-ckpt reads either naming in both; ckpt-to-dcp names parameters by their HF keys with hf
 // and by mmtrain's names with training.
 enum class DcpLayout { training, hf };

@@ -244,8 +244,8 @@ std::string dcp_to_checkpoint(const Config& config, const std::string& load_dir,
           fail("dcp-to-ckpt: ", load_dir, " has optimizer state but no '", moment, "' for '", name,
                "' (looked for 'optim.state.", name, ".", moment, "')");
   if (!iteration && optimizer_step) iteration = static_cast<int64_t>(*optimizer_step);
-  // The model's own layout conversions (MagiHuman: the de-interleaved gated-MLP rows of its
-  // SwiGLU7 layers, which MindSpeed-MM's DCP holds too): as many as the config expects.
+  // The model's own layout conversions (the adapter's: e.g. gated-MLP rows de-interleaved for
+  // training, as MindSpeed-MM's DCP holds them too): as many as the config expects.
   int64_t converted_layout = 0;
   for (const auto& [name, key] : weight_key) converted_layout += adapter->layout_differs(name) ? 1 : 0;
   if (converted_layout != adapter->expected_layout_conversions())
