@@ -79,13 +79,10 @@ void convert_ckpt_to_hf(const std::string& model_id, const std::string& load_dir
     fs::remove_all(staged);
     return;
   }
-  CheckpointReader reader(load_dir);
-  const auto& global = reader.global_state();
-  if (global.value("model_id", "") != model_id)
-    fail("ckpt-to-hf: ", reader.dir(), " holds model '", global.value("model_id", ""), "', not '", model_id, "'");
-  const auto& model_config = global.at("config").at("model").at("config");
-  auto model = spec.build(model_config);
-  const auto adapter = make_hf_adapter(spec, model_config);
+  const auto opened = open_checkpoint_of(model_id, load_dir, "ckpt-to-hf");
+  const CheckpointReader& reader = *opened.reader;
+  const auto& model = opened.model;
+  const auto& adapter = opened.adapter;
   SafetensorsIndex reference(model_assets_dir);
 
   // HF key -> parameter name, under every naming scheme the model loads (its adapter's legacy
@@ -130,6 +127,19 @@ void convert_ckpt_to_hf(const std::string& model_id, const std::string& load_dir
   }
   std::printf("ckpt-to-hf: %s -> %s (%lld tensors with a restored layout)\n", reader.dir().c_str(), save_dir.c_str(),
               static_cast<long long>(conversions));
+}
+
+CheckpointOfModel open_checkpoint_of(const std::string& model_id, const std::string& load_dir, const std::string& command) {
+  const auto& spec = model_spec(model_id, "convert");
+  CheckpointOfModel out;
+  out.reader = std::make_unique<CheckpointReader>(load_dir);
+  const auto& global = out.reader->global_state();
+  if (global.value("model_id", "") != model_id)
+    fail(command, ": ", out.reader->dir(), " holds model '", global.value("model_id", ""), "', not '", model_id, "'");
+  const auto& model_config = global.at("config").at("model").at("config");
+  out.model = spec.build(model_config);
+  out.adapter = make_hf_adapter(spec, model_config);
+  return out;
 }
 
 void add_convert_commands(CLI::App& app, Commands& commands) {

@@ -4,7 +4,12 @@
 // it); ckpt-to-hf restores the HF row layout and writes the same shard files, index, keys, order,
 // shapes and dtypes as the reference directory, copying its other assets.
 #pragma once
+#include "checkpoint/sharded_checkpoint.h"
+#include "models/model_spec.h"
+
 #include <nlohmann/json.hpp>
+
+#include <memory>
 
 #include <string>
 #include <vector>
@@ -16,6 +21,16 @@ void convert_hf_to_ckpt(const std::string& model_id, const std::string& config_p
                         const std::string& save_dir);
 void convert_ckpt_to_hf(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
                         const std::string& model_assets_dir);
+
+// A checkpoint of model_id opened for export (`command` names the caller in errors): its reader,
+// the model built from the config it records, and the model's HF adapter. A checkpoint of another
+// model is an error.
+struct CheckpointOfModel {
+  std::unique_ptr<CheckpointReader> reader;
+  std::shared_ptr<Model> model;
+  std::shared_ptr<const HfAdapter> adapter;
+};
+CheckpointOfModel open_checkpoint_of(const std::string& model_id, const std::string& load_dir, const std::string& command);
 
 // PyTorch Distributed Checkpoints (tools/dcp_convert.cpp), read and written by PyTorch's own DCP
 // code (share/mmtrain/dcp_bridge.py). dcp-to-ckpt takes the model's weights ("model.<name>" or

@@ -335,14 +335,11 @@ std::string convert_dcp_weights_to_ckpt(const std::string& model_id, const nlohm
 
 void convert_ckpt_to_dcp(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
                          DcpLayout layout) {
-  const auto& spec = model_spec(model_id, "convert");
-  CheckpointReader reader(load_dir);
+  const auto opened = open_checkpoint_of(model_id, load_dir, "ckpt-to-dcp");
+  const CheckpointReader& reader = *opened.reader;
+  const auto& model = opened.model;
+  const auto& adapter = opened.adapter;
   const auto& global = reader.global_state();
-  if (global.value("model_id", "") != model_id)
-    fail("ckpt-to-dcp: ", reader.dir(), " holds model '", global.value("model_id", ""), "', not '", model_id, "'");
-  const auto& model_config = global.at("config").at("model").at("config");
-  auto model = spec.build(model_config);
-  const auto adapter = make_hf_adapter(spec, model_config);
   const bool with_optimizer = !global.value("model_only", false);
   const int64_t iteration = global.value("iteration", int64_t{0});
 
