@@ -25,4 +25,12 @@ double mean(const std::vector<double>& v) {
   return sum / static_cast<double>(v.size());
 }
 
+double sample_sd(const std::vector<double>& v) {
+  if (v.size() < 2) return 0.0;
+  const double m = mean(v);
+  double sq = 0;
+  for (double x : v) sq += (x - m) * (x - m);
+  return std::sqrt(sq / static_cast<double>(v.size() - 1));
+}
+
 }  // namespace mmtrain

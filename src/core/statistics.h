@@ -10,5 +10,7 @@ double median(std::vector<double> v);
 // numpy's default percentile (linear interpolation between closest ranks), q in [0, 100].
 double percentile(std::vector<double> v, double q);
 double mean(const std::vector<double>& v);
+// The sample standard deviation (n - 1 in the denominator); 0 for fewer than two values.
+double sample_sd(const std::vector<double>& v);
 
 }  // namespace mmtrain

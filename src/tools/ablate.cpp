@@ -51,11 +51,7 @@ struct SteadySeries {
   double median_difference_se() const {
     const size_t n = values.size();
     if (n < 2) return 0.0;
-    double mean = 0, sq = 0;
-    for (double x : values) mean += x;
-    mean /= static_cast<double>(n);
-    for (double x : values) sq += (x - mean) * (x - mean);
-    return 1.2533 * std::sqrt(sq / static_cast<double>(n - 1)) * std::sqrt(2.0 / static_cast<double>(n));
+    return 1.2533 * sample_sd(values) * std::sqrt(2.0 / static_cast<double>(n));
   }
 };
 
@@ -106,7 +102,9 @@ nlohmann::json change_pct(const std::optional<double>& value, const std::optiona
 
 nlohmann::json or_null(const std::optional<double>& v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); }
 
-nlohmann::ordered_json compare_arm(const AblationArm& arm, const ArmFigures& f, const ArmFigures& control) {
+// control_step_ms: the control's step time (the mean over its runs), which step times compare with.
+nlohmann::ordered_json compare_arm(const AblationArm& arm, const ArmFigures& f, const ArmFigures& control,
+                                   const std::optional<double>& control_step_ms) {
   nlohmann::ordered_json row = {{"name", arm.name},
                                 {"overrides", arm.overrides},
                                 {"loss_rel_diff", loss_rel_diff(f, control, arm.name)},
@@ -116,7 +114,7 @@ nlohmann::ordered_json compare_arm(const AblationArm& arm, const ArmFigures& f, 
                                 {"rss_peak_mb", or_null(f.rss_mb)},
                                 {"rss_change_pct", change_pct(f.rss_mb, control.rss_mb)},
                                 {"step_time_ms", or_null(f.step_ms.median())},
-                                {"step_time_change_pct", change_pct(f.step_ms.median(), control.step_ms.median())}};
+                                {"step_time_change_pct", change_pct(f.step_ms.median(), control_step_ms)}};
   return row;
 }
 
@@ -167,18 +165,16 @@ AblationFeature parse_ablation_feature(const std::string& argument) {
 nlohmann::ordered_json ablation_table(const std::vector<AblationArm>& controls, const std::vector<AblationArm>& features,
                                       int64_t skip) {
   if (controls.empty()) fail("ablate: no control run");
-  const auto base = arm_figures(controls[0], skip);
+  std::vector<ArmFigures> runs;  // the control's, then its repeats'
+  for (const auto& control : controls) runs.push_back(arm_figures(control, skip));
+  const ArmFigures& base = runs[0];
   // The control's step time: the mean of its runs' medians (the repeats run between the
   // features, so this spans the machine's drift over the ablation).
   std::vector<double> control_medians;
-  std::vector<ArmFigures> repeats;
-  for (size_t r = 0; r < controls.size(); ++r) {
-    if (r > 0) repeats.push_back(arm_figures(controls[r], skip));
-    if (const auto m = (r == 0 ? base : repeats.back()).step_ms.median()) control_medians.push_back(*m);
-  }
+  for (const auto& run : runs)
+    if (const auto m = run.step_ms.median()) control_medians.push_back(*m);
   std::optional<double> control_step_ms;
   if (!control_medians.empty()) control_step_ms = mean(control_medians);
-  auto step_change = [&](const ArmFigures& f) { return change_pct(f.step_ms.median(), control_step_ms); };
 
   nlohmann::ordered_json table = {{"steps", static_cast<int64_t>(base.loss.size())}, {"skip", skip}};
   table["control"] = {{"overrides", controls[0].overrides},
@@ -192,13 +188,12 @@ nlohmann::ordered_json ablation_table(const std::vector<AblationArm>& controls, 
                                   {"allocated_change_pct", nullptr},
                                   {"rss_change_pct", nullptr},
                                   {"step_time_change_pct", nullptr}};
-  if (!repeats.empty()) {
+  if (runs.size() > 1) {
     table["control_repeats"] = nlohmann::ordered_json::array();
     double loss_floor = 0, allocated_floor = 0;
     bool allocated_known = base.allocated_mb.max().has_value();
-    for (size_t r = 0; r < repeats.size(); ++r) {
-      auto row = compare_arm(controls[r + 1], repeats[r], base);
-      row["step_time_change_pct"] = step_change(repeats[r]);
+    for (size_t r = 1; r < runs.size(); ++r) {
+      auto row = compare_arm(controls[r], runs[r], base, control_step_ms);
       loss_floor = std::max(loss_floor, row["loss_rel_diff"].get<double>());
       if (row["allocated_change_pct"].is_number())
         allocated_floor = std::max(allocated_floor, std::abs(row["allocated_change_pct"].get<double>()));
@@ -214,9 +209,7 @@ nlohmann::ordered_json ablation_table(const std::vector<AblationArm>& controls, 
     // the difference of two medians of the control's steady steps.
     if (control_step_ms && control_medians.size() >= 2) {
       const double n = static_cast<double>(control_medians.size());
-      double sq = 0;
-      for (double m : control_medians) sq += (m - *control_step_ms) * (m - *control_step_ms);
-      const double between = student_t_975(static_cast<int>(n) - 1) * std::sqrt(sq / (n - 1)) * std::sqrt(1 + 1 / n);
+      const double between = student_t_975(static_cast<int>(n) - 1) * sample_sd(control_medians) * std::sqrt(1 + 1 / n);
       const double within = 2.0 * base.step_ms.median_difference_se();
       noise["step_time_change_pct"] = 100.0 * std::max(between, within) / *control_step_ms;
     }
@@ -226,9 +219,7 @@ nlohmann::ordered_json ablation_table(const std::vector<AblationArm>& controls, 
   table["noise"] = noise;
   table["features"] = nlohmann::ordered_json::array();
   for (const auto& arm : features) {
-    const auto figures = arm_figures(arm, skip);
-    auto row = compare_arm(arm, figures, base);
-    row["step_time_change_pct"] = step_change(figures);
+    auto row = compare_arm(arm, arm_figures(arm, skip), base, control_step_ms);
     nlohmann::ordered_json inside;
     for (const char* key : kMeasures) {
       if (!noise[key].is_number() || !row[key].is_number()) {
