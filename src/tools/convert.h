@@ -38,9 +38,9 @@ CheckpointOfModel open_checkpoint_of(const std::string& model_id, const std::str
 // "optimizer."), train_state.step as the iteration; param-group hyperparameters must equal the run
 // config's; lr_scheduler entries are accepted (the schedule is a function of the iteration); any
 // other key is refused unless a --drop pattern (fnmatch) names it. The checkpoint is the one the
-// run of config_path would have saved (its global batch: training.global_batch_size, else micro x
-// accumulation x world_size; 0: the ranks that wrote the DCP). ckpt-to-dcp writes the layout torch.distributed.checkpoint.state_dict's
-// get_state_dict gives under {"model", "optim", "train_state"}.
+// run of config_path would have saved on world_size ranks (0: the ranks that wrote the DCP), its
+// global batch config_global_batch's. ckpt-to-dcp writes the layout
+// torch.distributed.checkpoint.state_dict's get_state_dict gives under {"model", "optim", "train_state"}.
 // The layout of the DCP's tensors: the model's training layout (MindSpeed-MM's: gated-MLP rows
 // de-interleaved where the adapter says so), or the public HF one (a port that trains on the HF rows).
 // dcp-to-ckpt reads either naming in both; ckpt-to-dcp names parameters by their HF keys with hf

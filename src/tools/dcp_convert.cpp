@@ -9,6 +9,7 @@
 #include "core/finite.h"
 #include "core/subprocess.h"
 #include "core/text.h"
+#include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "models/model_spec.h"
 #include "optim/lr_schedule.h"
@@ -20,11 +21,9 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
-#include <sstream>
 
 namespace mmtrain {
 namespace {
@@ -36,17 +35,16 @@ constexpr const char* kParamGroupPrefixes[] = {"optim.param_groups.", "optimizer
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 
-// Runs the bridge ("read" or "write"); on failure, fails with its last lines.
+// Runs the bridge ("read" or "write"); on failure, fails with what it printed.
 void run_bridge(const std::string& verb, const std::string& from, const std::string& to, const std::string& what) {
   const std::string log = to + ".bridge.log";
   ProcessOptions options;
   options.output_path = log;
   const int status = run_process({tools_python(), tools_script("dcp_bridge.py", "MMTRAIN_DCP_BRIDGE"), verb, from, to},
                                  options);
-  std::stringstream text;
-  text << std::ifstream(log).rdbuf();
+  const std::string printed = file_read_text(log);
   fs::remove(log);
-  if (status != 0) fail(what, ": ", trim(text.str()));
+  if (status != 0) fail(what, ": ", trim(printed));
 }
 
 // The temporary flat file beside `out` (removed when this goes out of scope).
@@ -78,9 +76,9 @@ struct Placement {
 // the model uses, MindSpeed-MM's among them), either with a "model." prefix or without.
 using ParamOfFqn = std::map<std::string, std::string>;
 
-ParamOfFqn param_of_fqn(const Model& model, const HfAdapter& adapter) {
+ParamOfFqn param_of_fqn(Model& model, const HfAdapter& adapter) {
   ParamOfFqn out;
-  for (const auto& [name, param] : const_cast<Model&>(model).named_parameters()) {
+  for (const auto& [name, param] : model.named_parameters()) {
     out[name] = name;
     out[adapter.hf_key(name)] = name;
     for (const auto& alias : adapter.hf_key_aliases(name)) out[alias] = name;
@@ -110,12 +108,6 @@ Placement place(const std::string& key, const ParamOfFqn& params) {
     }
   }
   return {};
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
 }
 
 // A hyperparameter in the DCP's param groups must be the run's (a resumed run uses the config's).
@@ -197,8 +189,8 @@ std::string dcp_to_checkpoint(const Config& config, const std::string& load_dir,
       case Placement::weight:
       case Placement::moment:
         if (info.shape != params.at(placement.param)->shape)
-          fail("dcp-to-ckpt: '", key, "' has shape ", shape_text(info.shape), ", the model's '", placement.param,
-               "' is ", shape_text(params.at(placement.param)->shape));
+          fail("dcp-to-ckpt: '", key, "' has shape ", shape_str(info.shape), ", the model's '", placement.param,
+               "' is ", shape_str(params.at(placement.param)->shape));
         if (placement.kind == Placement::weight)
           weight_key[placement.param] = key;
         else
@@ -262,9 +254,8 @@ std::string dcp_to_checkpoint(const Config& config, const std::string& load_dir,
 
   StateInfo info;
   info.iteration = with_optimizer ? iteration.value_or(0) : 0;
-  const auto& t = config.training;
-  info.global_batch_size = t.global_batch_size > 0 ? t.global_batch_size
-                                                   : t.micro_batch_size * std::max<int64_t>(1, t.gradient_accumulation_steps) * world_size;
+  info.global_batch_size =
+      config_global_batch(config, parallel_dims(config.parallel, world_size, "dcp-to-ckpt: " + config_path + ": "));
   info.model_id = model_id;
   info.config = config_to_json(config);
   info.extra = {{"source", load_dir}};

@@ -122,6 +122,10 @@ int config_accumulation(const Config& c, const ParallelDims& dims) {
   return static_cast<int>(derived);
 }
 
+int64_t config_global_batch(const Config& c, const ParallelDims& dims) {
+  return int64_t{c.training.micro_batch_size} * config_accumulation(c, dims) * dims.dp();
+}
+
 ParallelDims config_resolve_world(Config& c, int world_size) {
   const ParallelDims dims = parallel_dims(c.parallel, world_size, "config " + c.source_path + ": ");
   c.training.gradient_accumulation_steps = config_accumulation(c, dims);

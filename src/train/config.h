@@ -58,6 +58,8 @@ ParallelDims config_check_world(const Config& config, int world_size);
 //     gradient_accumulation_steps must equal it. So G stays the same when the world changes.
 // Errors name both keys and the numbers.
 int config_accumulation(const Config& config, const ParallelDims& dims);
+// Samples per optimizer step on this world: micro x config_accumulation x data-parallel size.
+int64_t config_global_batch(const Config& config, const ParallelDims& dims);
 // config_check_world, writing the resolved accumulation into config.training, which every reader
 // after it (the sampler, the train step, the checkpoint's config) then sees. Returns the degrees.
 ParallelDims config_resolve_world(Config& config, int world_size);
