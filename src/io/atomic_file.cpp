@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/regular_file.h"
+#include "io/direct_io.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -18,24 +19,23 @@ namespace mmtrain {
 
 namespace {
 
-// O_DIRECT needs offsets, lengths and buffer addresses aligned to the device's logical block
-// (512 or 4096 bytes); 4096 covers both.
-constexpr size_t kDirectAlign = 4096;
+constexpr size_t kDirectAlign = kDirectIoAlign;
 constexpr size_t kBounceBytes = size_t{8} << 20;
 
 }  // namespace
 
 AtomicFile::AtomicFile(std::string path, Direct direct) : path_(std::move(path)), tmp_path_(path_ + ".tmp") {
   const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+  bool took_direct = false;
   if (direct == Direct::when_supported) {
-    fd_ = ::open(tmp_path_.c_str(), flags | O_DIRECT, 0644);
-    if (fd_ >= 0 && ::posix_memalign(reinterpret_cast<void**>(&bounce_), kDirectAlign, kBounceBytes) != 0) {
+    fd_ = open_direct_when_supported(tmp_path_, flags, 0644, &took_direct);
+    if (took_direct && ::posix_memalign(reinterpret_cast<void**>(&bounce_), kDirectAlign, kBounceBytes) != 0) {
       bounce_ = nullptr;
       ::close(fd_);
       fd_ = -1;
     }
   }
-  if (fd_ < 0) fd_ = ::open(tmp_path_.c_str(), flags, 0644);  // no O_DIRECT here: buffered
+  if (fd_ < 0) fd_ = ::open(tmp_path_.c_str(), flags, 0644);  // buffered
   if (fd_ < 0) fail("cannot create ", tmp_path_, ": ", std::strerror(errno));
 }
 

@@ -1,6 +1,7 @@
 #include "offload/disk_store.h"
 
 #include "core/error.h"
+#include "io/direct_io.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -29,18 +30,15 @@ at::Tensor aligned_buffer(int64_t numel) {
   // From ATen's allocator (so that memory accounting sees it), one block longer than needed; the
   // view starts at the first block boundary in it (the allocator's 64-byte alignment keeps the
   // offset a whole number of floats).
-  constexpr int64_t kFloatsPerBlock = DiskStore::kAlign / static_cast<int64_t>(sizeof(float));
-  const at::Tensor storage = at::zeros({aligned_bytes(numel) / static_cast<int64_t>(sizeof(float)) + kFloatsPerBlock});
+  const at::Tensor storage =
+      at::zeros({aligned_bytes(numel) / static_cast<int64_t>(sizeof(float)) + DiskStore::kFloatsPerBlock});
   const auto address = reinterpret_cast<uintptr_t>(storage.data_ptr());
   const auto offset = static_cast<int64_t>((DiskStore::kAlign - address % DiskStore::kAlign) % DiskStore::kAlign);
   return storage.narrow(0, offset / static_cast<int64_t>(sizeof(float)), numel);
 }
 
 DiskStore::DiskStore(const std::string& dir, int rank) : path_(rank_file(dir, rank)) {
-  const int flags = O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC;
-  fd_ = ::open(path_.c_str(), flags | O_DIRECT, 0600);
-  direct_ = fd_ >= 0;
-  if (fd_ < 0 && (errno == EINVAL || errno == ENOTSUP)) fd_ = ::open(path_.c_str(), flags, 0600);  // tmpfs
+  fd_ = open_direct_when_supported(path_, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600, &direct_);
   if (fd_ < 0) fail("training.offload_dir: cannot create ", path_, ": ", std::strerror(errno));
   thread_ = std::thread([this] { run(); });
 }

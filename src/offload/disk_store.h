@@ -13,6 +13,8 @@
 // is scratch space, not a checkpoint. An I/O error fails the transfer's future with the file, the
 // offset and the errno.
 #pragma once
+#include "io/direct_io.h"
+
 #include <ATen/ATen.h>
 
 #include <atomic>
@@ -29,7 +31,8 @@ namespace mmtrain {
 
 class DiskStore {
  public:
-  static constexpr int64_t kAlign = 4096;
+  static constexpr int64_t kAlign = kDirectIoAlign;
+  static constexpr int64_t kFloatsPerBlock = kAlign / static_cast<int64_t>(sizeof(float));
 
   // Creates (truncates) the rank's file under dir; fails naming dir when it cannot.
   DiskStore(const std::string& dir, int rank);

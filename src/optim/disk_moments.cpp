@@ -21,7 +21,7 @@ void both_done(const std::shared_future<void>& a, const std::shared_future<void>
 DiskMoments::DiskMoments(std::shared_ptr<DiskStore> store, const std::vector<int64_t>& numels, int64_t chunk_numel)
     : store_(std::move(store)), chunk_numel_(chunk_numel) {
   // Whole blocks per chunk, so every chunk's offset in a region stays block-aligned.
-  const int64_t per_block = DiskStore::kAlign / static_cast<int64_t>(sizeof(float));
+  constexpr int64_t per_block = DiskStore::kFloatsPerBlock;
   if (chunk_numel_ < per_block || chunk_numel_ % per_block != 0)
     fail("DiskMoments: chunk_numel must be a positive multiple of ", per_block, ", got ", chunk_numel_);
   for (int64_t numel : numels) {
@@ -36,7 +36,7 @@ DiskMoments::DiskMoments(std::shared_ptr<DiskStore> store, const std::vector<int
 
 int64_t DiskMoments::chunk_numel_for(double mem_fraction_static, std::optional<int64_t> free_bytes,
                                      int64_t largest_numel) {
-  const int64_t per_block = DiskStore::kAlign / static_cast<int64_t>(sizeof(float));
+  constexpr int64_t per_block = DiskStore::kFloatsPerBlock;
   int64_t numel = std::min(kMaxChunkNumel, (largest_numel + per_block - 1) / per_block * per_block);
   if (free_bytes) {
     const double budget = mem_fraction_static * static_cast<double>(*free_bytes);
