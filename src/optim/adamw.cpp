@@ -5,6 +5,19 @@
 
 
 namespace mmtrain {
+namespace {
+
+// The first NaN/Inf in param i's moments (elements counted from `begin`, where they start in the
+// param's flat shard).
+std::optional<AdamW::NonFiniteMoment> non_finite_in(size_t i, int64_t begin, const at::Tensor& exp_avg,
+                                                    const at::Tensor& exp_avg_sq) {
+  for (const auto& [name, moment] : {std::pair<const char*, const at::Tensor&>{"exp_avg", exp_avg},
+                                     std::pair<const char*, const at::Tensor&>{"exp_avg_sq", exp_avg_sq}})
+    if (const int64_t at = first_non_finite(moment); at >= 0) return AdamW::NonFiniteMoment{i, name, begin + at};
+  return std::nullopt;
+}
+
+}  // namespace
 
 AdamW::AdamW(std::vector<at::Tensor> params, std::vector<at::Tensor> grads, AdamWOptions options)
     : params_(std::move(params)), grads_(std::move(grads)), options_(options) {
@@ -77,13 +90,7 @@ void AdamW::step(double lr) {
     const at::Tensor mask = masks_[i].defined() ? masks_[i].reshape(-1).narrow(0, begin, n) : at::Tensor();
     run_kernel({params_[i].reshape(-1).narrow(0, begin, n)}, {grads_[i].reshape(-1).narrow(0, begin, n)}, {exp_avg},
                {exp_avg_sq}, {steps_[i]}, {mask});
-    if (disk_non_finite_) return;
-    for (const auto& [name, moment] : {std::pair<const char*, const at::Tensor&>{"exp_avg", exp_avg},
-                                       std::pair<const char*, const at::Tensor&>{"exp_avg_sq", exp_avg_sq}})
-      if (const int64_t at = first_non_finite(moment); at >= 0) {
-        disk_non_finite_ = NonFiniteMoment{i, name, begin + at};
-        return;
-      }
+    if (!disk_non_finite_) disk_non_finite_ = non_finite_in(i, begin, exp_avg, exp_avg_sq);
   });
 }
 
@@ -107,9 +114,7 @@ void AdamW::set_moments(size_t i, const at::Tensor& exp_avg, const at::Tensor& e
 std::optional<AdamW::NonFiniteMoment> AdamW::first_non_finite_moment() const {
   if (disk_) return disk_non_finite_;
   for (size_t i = 0; i < states_.size(); ++i)
-    for (const auto& [name, moment] : {std::pair<const char*, const at::Tensor&>{"exp_avg", states_[i].exp_avg},
-                                       std::pair<const char*, const at::Tensor&>{"exp_avg_sq", states_[i].exp_avg_sq}})
-      if (const int64_t at = first_non_finite(moment); at >= 0) return NonFiniteMoment{i, name, at};
+    if (auto bad = non_finite_in(i, 0, states_[i].exp_avg, states_[i].exp_avg_sq)) return bad;
   return std::nullopt;
 }
 
