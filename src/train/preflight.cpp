@@ -146,20 +146,21 @@ std::optional<int64_t> cuda_free_memory_bytes() {
 }
 
 void preflight_memory(const Config& config, Module& model, const LaunchEnv& env, Device device, int fsdp_size) {
+  const auto plan = fsdp_memory_plan(model, config.parallel.fsdp_plan, fsdp_size);
+  // The moments on the disk tier: the disk needs room for them all (every rank of this node
+  // writes its file there), whether or not the memory below can be read.
+  const bool moments_on_disk = !config.training.offload_dir.empty();
+  if (moments_on_disk) require_offload_room(config, plan.optimizer_bytes, env.local_world_size);
   // On CPU the ranks of a node share its memory; on CUDA each rank has a device of its own.
   const bool cuda = device == Device::cuda;
   const auto available = cuda ? cuda_free_memory_bytes() : available_memory_bytes();
   if (!available) return;
-  const auto plan = fsdp_memory_plan(model, config.parallel.fsdp_plan, fsdp_size);
   const int sharing = cuda ? 1 : env.local_world_size;
   int64_t per_rank = plan.sharded_state_bytes() + plan.transient_bytes();
-  if (!config.training.offload_dir.empty()) {
-    // The moments go to the disk tier: RAM keeps only their windows, the disk needs room for them
-    // all (every rank of this node writes its file there).
-    per_rank += DiskMoments::window_bytes_for(adamw_offload_chunk_numel(config.training, device, plan.largest_shard_numel())) -
+  if (moments_on_disk)  // RAM keeps only the moments' windows (sized as the trainer will size them)
+    per_rank += DiskMoments::window_bytes_for(DiskMoments::chunk_numel_for(
+                    config.training.mem_fraction_static, available, plan.largest_shard_numel())) -
                 plan.optimizer_bytes;
-    require_offload_room(config, plan.optimizer_bytes, env.local_world_size);
-  }
   const int64_t needed = per_rank * sharing;
   if (needed <= *available) return;
   const std::string where = cuda ? "this rank's GPU (cuda:" + std::to_string(env.local_rank) + ")" : "this machine";
