@@ -21,6 +21,7 @@
 #include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
 
+#include <csignal>
 #include <cstdio>
 
 namespace {
@@ -61,6 +62,10 @@ bool subcommands_exist(CLI::App& app, int argc, char** argv) {
 int main(int argc, char** argv) {
   using namespace mmtrain;
   install_fatal_signal_handlers();
+  // A write to a peer's closed socket (a rank that died) must fail with EPIPE, which the
+  // collectives and the peer watch turn into an error naming that rank, not kill this process
+  // silently with SIGPIPE.
+  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"mmtrain: FSDP2 training for large multimodal models"};
   app.require_subcommand(1);
   Commands commands;
