@@ -320,7 +320,8 @@ std::string checkpoint_save_commit(const std::string& save_root, int64_t iterati
 
 std::string checkpoint_save(const std::string& save_root, int64_t iteration, Comm& comm,
                             const std::vector<ShardedTensor>& tensors, const nlohmann::json& global_state,
-                            const nlohmann::json& rank_state, const nlohmann::json& plan) {
+                            const nlohmann::json& rank_state, const nlohmann::json& plan,
+                            const std::function<void()>& before_commit) {
   const int rank = comm.rank(), world = comm.world_size();
   const fs::path root(save_root);
   const std::string name = checkpoint_dir_name(iteration);  // throws on every rank alike
@@ -344,6 +345,7 @@ std::string checkpoint_save(const std::string& save_root, int64_t iteration, Com
   comm.barrier();
   step([&] { checkpoint_save_rank_file(save_root, iteration, rank, world, tensors, rank_state); });
   comm.barrier();
+  if (before_commit) step(before_commit);
   if (rank == 0) step([&] { checkpoint_save_commit(save_root, iteration, world, global_state, plan); });
   comm.barrier();
   // Did rank 0 commit? The tmp dir is gone only after a successful rename.

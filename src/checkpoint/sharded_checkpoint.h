@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
-#include <optional>
 #include <functional>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -66,11 +66,13 @@ std::string checkpoint_save_commit(const std::string& save_root, int64_t iterati
 // Protocol (docs/checkpoint_format.md): step 1; barrier; step 2; barrier; step 3; barrier; ranks
 // != 0 check the commit happened; barrier (so a next save cannot race that check).
 // A failure on any rank makes every rank throw after the last barrier (no rank is left waiting).
-// Returns the final directory.
+// before_commit, when given, runs on every rank once every rank file is written and before step 3:
+// what must be on disk before the checkpoint can become `latest` (the trainer's metrics record of
+// the saved iteration, which a resume from it never writes again). Returns the final directory.
 std::string checkpoint_save(const std::string& save_root, int64_t iteration, Comm& comm,
                             const std::vector<ShardedTensor>& tensors,
                             const nlohmann::json& global_state, const nlohmann::json& rank_state,
-                            const nlohmann::json& plan);
+                            const nlohmann::json& plan, const std::function<void()>& before_commit = {});
 
 class CheckpointReader {
  public:

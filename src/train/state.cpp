@@ -246,7 +246,7 @@ nlohmann::json state_plan_entry(const FsdpConfig& plan) {
 
 
 std::string state_save(const std::string& save_root, Comm& comm, Model& model, Fsdp& fsdp, const AdamW* adamw,
-                       const StateInfo& info) {
+                       const StateInfo& info, const std::function<void()>& before_commit) {
   const auto snapshot = state_snapshot(comm, model, fsdp, adamw, info);
   // Every rank checks before anything is written, and the ranks agree, so none is left waiting
   // in the save's barriers.
@@ -255,7 +255,7 @@ std::string state_save(const std::string& save_root, Comm& comm, Model& model, F
     fail("checkpoint of iteration ", info.iteration, " not written: ",
          bad.empty() ? "another rank holds NaN/Inf weights or moments (see its error)" : bad, kRefusal);
   return checkpoint_save(save_root, info.iteration, comm, snapshot.tensors, snapshot.global_state,
-                         snapshot.rank_state, info.plan);
+                         snapshot.rank_state, info.plan, before_commit);
 }
 
 AsyncCheckpointSaver::Staged state_save_async(AsyncCheckpointSaver& saver, const std::string& save_root, Comm& comm,

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -55,8 +56,9 @@ nlohmann::json state_rank_state();
 // Saves a checkpoint of iteration info.iteration under save_root (collective, crash-safe) and
 // returns its directory. adamw null: a model-only checkpoint. Non-finite weights or moments on
 // any rank: nothing is written, and every rank throws (the one holding them names the tensor).
+// before_commit: as for checkpoint_save.
 std::string state_save(const std::string& save_root, Comm& comm, Model& model, Fsdp& fsdp, const AdamW* adamw,
-                       const StateInfo& info);
+                       const StateInfo& info, const std::function<void()>& before_commit = {});
 
 // state_save through the asynchronous saver (training.async_save): collective; returns once this
 // rank's state is staged. The background writer refuses non-finite state (it checks the staged

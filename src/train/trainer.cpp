@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 
 namespace mmtrain {
 
@@ -257,9 +258,14 @@ struct Trainer::State {
     }
   }
 
-  // Saves the checkpoint of `step` (steps taken) and returns the ms it held training up.
-  double save(int64_t step) {
+  // Saves the checkpoint of `step` (steps taken). record_step(ms the save held training up) runs
+  // once, before the checkpoint can become `latest`: a resume from it starts after that step and
+  // never records it again. (An async save commits at a later step boundary.)
+  void save(int64_t step, const std::function<void(double stall_ms)>& record_step) {
     const auto began = std::chrono::steady_clock::now();
+    auto stalled_so_far = [&] {
+      record_step(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count());
+    };
     StateInfo info;
     info.iteration = step;
     info.global_batch_size = data.sampler.global_batch_size();
@@ -280,8 +286,10 @@ struct Trainer::State {
                                              config.training.keep_latest_k);
         log(format("checkpoint of iteration %lld staged in %.1f ms (%.1f MiB on rank 0); writing it in the background",
                    static_cast<long long>(step), staged.ms, staged.bytes / 1048576.0));
+        stalled_so_far();
       } else {
-        const std::string dir = state_save(config.training.save, comm(), *model, *fsdp, adamw.get(), info);
+        const std::string dir =
+            state_save(config.training.save, comm(), *model, *fsdp, adamw.get(), info, stalled_so_far);
         std::vector<std::string> pruned;
         const int keep = config.training.keep_latest_k;
         if (is_rank0() && keep > 0) pruned = checkpoint_prune(config.training.save, keep);
@@ -290,7 +298,6 @@ struct Trainer::State {
     } catch (const Error& e) {
       fail(e.what(), " (training.lr of that step: ", schedule.at(step - 1), ")");
     }
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count();
   }
 
   // What a completed save prints: its directory, then the ones keep_latest_k removed.
@@ -409,9 +416,17 @@ struct Trainer::State {
       if (async_saver) finish_async_save(async_saver->poll());
       const bool exiting = t.exit_interval > 0 && (step + 1) % t.exit_interval == 0;
       const bool last = step + 1 == t.train_iters || exiting;
+      const bool logged = (step + 1) % t.log_interval == 0 || step + 1 == t.train_iters;
+      auto write_record = [&] {
+        if (logged) metrics.record(record, t.train_iters);
+      };
       if (!t.save.empty() && (last || (t.save_interval > 0 && (step + 1) % t.save_interval == 0)))
-        record.checkpoint_stall_ms = save(step + 1);
-      if ((step + 1) % t.log_interval == 0 || step + 1 == t.train_iters) metrics.record(record, t.train_iters);
+        save(step + 1, [&](double stall_ms) {
+          record.checkpoint_stall_ms = stall_ms;
+          write_record();
+        });
+      else
+        write_record();
       if (exiting) {
         log("exit_interval " + std::to_string(t.exit_interval) + " reached at iteration " + std::to_string(step + 1));
         break;

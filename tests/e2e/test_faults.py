@@ -1,7 +1,7 @@
 """Faults and damage lose nothing silently: a checkpoint with a flipped bit is refused (and
 `mmtrain ckpt verify` finds it), a resume into a different model is refused naming the first
-difference, a torchrun restart resumes by itself from `latest` with `training.load: auto`, and a
-fatal signal is reported with its name and a backtrace."""
+difference, a torchrun restart resumes by itself from `latest` with `training.load: auto` (and a
+save iteration's record is on disk before its checkpoint is `latest`), and a fatal signal is reported with its name and a backtrace."""
 import json
 import os
 import signal
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import free_port, mmtrain_bin, read_metrics, run_mmtrain, tiny_config, write_config
+from conftest import free_port, mmtrain_bin, read_metrics, run_mmtrain, strace_usable, tiny_config, write_config
 
 
 def crc32c(data: bytes) -> int:
@@ -94,6 +94,39 @@ def test_a_model_only_checkpoint_with_tensors_the_model_lacks_is_refused(tmp_pat
                         "model.config.num_layers=1"], check=False)
     assert proc.returncode != 0 and "'model.layers.1." in proc.stderr and "does not have" in proc.stderr, \
         proc.stderr[-2000:]
+
+
+def test_a_save_iterations_record_is_on_disk_before_its_checkpoint_is_latest(tmp_path, token_file):
+    """A run killed after checkpoint N became `latest` but before iteration N's metrics record was
+    written lost that record for good: the resume starts at N + 1 (a CI run of the torchrun restart
+    test below found iteration 20 missing). strace holds the write of record 10 (a save iteration)
+    for a minute: while it is held, `latest` must still name iteration 5; killed there and resumed,
+    metrics.jsonl has every iteration once."""
+    why = strace_usable()
+    if why:
+        pytest.skip(why)
+    cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, iters=12, save_interval=5))
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    held_record = ["strace", "-f", "-qq", "-o", "/dev/null", "--seccomp-bpf", "-P", str(metrics), "-e", "trace=write",
+                   "-e", "inject=write:delay_enter=60000000:when=10"]
+    proc = subprocess.Popen([*held_record, str(mmtrain_bin()), "train", str(cfg)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
+    try:
+        written = [tmp_path / "ckpt" / "iter_0000010.tmp" / "rank_00000.safetensors",
+                   tmp_path / "ckpt" / "iter_0000010" / "rank_00000.safetensors"]
+        deadline = time.time() + 120
+        while time.time() < deadline and not any(f.exists() for f in written) and proc.poll() is None:
+            time.sleep(0.05)
+        assert any(f.exists() for f in written), "the save of iteration 10 never wrote its rank file"
+        time.sleep(2.0)  # a commit racing ahead of the held record would be done by now
+        assert len(metrics.read_text().splitlines()) == 9
+        assert (tmp_path / "ckpt" / "latest").read_text().strip() == "iter_0000005"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    resumed = run_mmtrain(["train", str(cfg), "--set", "training.load=auto"])
+    assert "resumed from" in resumed.stdout and "iter_0000005 at iteration 5" in resumed.stdout, resumed.stdout[-2000:]
+    assert [m["iteration"] for m in read_metrics(tmp_path / "run")] == list(range(1, 13))
 
 
 def test_torchrun_restart_resumes_from_latest(tmp_path, token_file):
