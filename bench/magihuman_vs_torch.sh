@@ -6,7 +6,8 @@
 # of stdout is one JSON object, the fields of bench/fsdp_vs_torch.sh (bench/README.md).
 # Usage: bench/magihuman_vs_torch.sh [BUILD_DIR]   (binary BUILD_DIR/bin/mmtrain or $MMTRAIN_BIN)
 # Knobs (environment): STEPS WARMUP LAYERS HIDDEN HEAD_DIM KV_HEADS VIDEO_GRID AUDIO_TOKENS
-#   TEXT_TOKENS SAMPLES WORLD (bench/torch_magihuman_fsdp.py); ROUNDS (2); BENCH_DIR (default
+#   TEXT_TOKENS SAMPLES WORLD PARAM_DTYPE (fp32 | bf16: bf16 gathers, fp32 reduce and shards)
+#   (bench/torch_magihuman_fsdp.py); ROUNDS (2); BENCH_DIR (default
 #   BUILD_DIR/bench_magihuman).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,8 +16,9 @@ bench_setup bench_magihuman "${1:-build}"
 [ -x "$BIN" ] || { echo "bench: no mmtrain binary at $BIN (build first: make build)" >&2; exit 1; }
 echo "bench: fixture, weights and batches (reused while the knobs are unchanged)" >&2
 "$PY" bench/torch_magihuman_fsdp.py prepare --dir "$BENCH_DIR" --mmtrain "$BIN" >&2
-echo "bench: GEMM peak (fp32, 1 thread)" >&2
-"$BIN" measure gemm --dtype fp32 --threads 1 --repeats 5 | tail -n 1 >"$BENCH_DIR/gemm.json"
+PARAM_DTYPE=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['PARAM_DTYPE'])" "$BENCH_DIR/bench_meta.json")
+echo "bench: GEMM peak ($PARAM_DTYPE, 1 thread)" >&2
+"$BIN" measure gemm --dtype "$PARAM_DTYPE" --threads 1 --repeats 5 | tail -n 1 >"$BENCH_DIR/gemm.json"
 
 arm_command() {  # arm_command ARM OUT
   case "$1" in

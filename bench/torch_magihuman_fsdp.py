@@ -13,7 +13,8 @@ Contract:
   torch --dir D --out O [--dcp-load DCP] [--dcp-save DCP] [--stop N]
                       WORLD gloo ranks, one intra-op thread each (optionally resuming from, stopping
                       after step N and saving a torch.distributed.checkpoint: HF keys, HF rows); every layer and the root are
-                      fully_shard units (as mmtrain's plan); fp32 params; torch.optim.AdamW(fused=True);
+                      fully_shard units (as mmtrain's plan); fp32 params, gathered in PARAM_DTYPE
+                      (bf16: MixedPrecisionPolicy, upstream's numerics); torch.optim.AdamW(fused=True);
                       clip_grad_norm_ split for DTensors; the LR schedule of the YAML. Output
                       O/metrics.jsonl (iteration, loss, grad_norm, lr, step_time_ms, peak_rss_mb).
 PyTorch's best configuration, not the oracle's: attention is F.scaled_dot_product_attention (ATen's
@@ -55,9 +56,8 @@ def knobs() -> dict:
     for name, default in KNOBS.items():
         raw = os.environ.get(name)
         values[name] = default if raw in (None, "") else (raw if isinstance(default, str) else int(raw))
-    if values["PARAM_DTYPE"] != "fp32":
-        raise SystemExit("PARAM_DTYPE: this bench runs fp32 params only (the reference's bf16 mode is "
-                         "upstream's numerics, not FSDP2 mixed precision)")
+    if values["PARAM_DTYPE"] not in ("fp32", "bf16"):
+        raise SystemExit(f"PARAM_DTYPE: fp32 or bf16, got {values['PARAM_DTYPE']!r}")
     return values
 
 
@@ -72,7 +72,8 @@ def bench_yaml(k: dict, d: str) -> str:
                 "lr_warmup_ratio": 0.1, "lr_decay_style": "cosine", "weight_decay": 0.01, "clip_grad": 1.0,
                 "train_iters": k["WARMUP"] + k["STEPS"]}
     return mu.magihuman_yaml("bench/magihuman_vs_torch.sh: MagiHuman where compute dominates (written by prepare).",
-                             model_config(k), f"{d}/weights", f"{d}/data", training, f"{d}/runs/unused")
+                             model_config(k), f"{d}/weights", f"{d}/data", training, f"{d}/runs/unused",
+                             param_dtype=k["PARAM_DTYPE"])
 
 
 def prepare(d: str, mmtrain: str) -> None:
@@ -112,13 +113,16 @@ def batch_path(d: str, step: int, rank: int) -> str:
 
 
 def sdpa_attention_core(q, k, v, cu_seqlens, num):
-    """R.attention_core through ATen's fused attention: q [L, Hq, hd], k/v [L, Hkv, hd] -> [L, Hq, hd]."""
+    """R.attention_core through ATen's fused attention: q [L, Hq, hd], k/v [L, Hkv, hd] -> [L, Hq, hd]
+    fp32. Upstream numerics (bf16 params): ATen's bf16 flash attention (fp32 softmax and accumulation,
+    bf16 output), as flash-attn upstream."""
+    dtype = torch.bfloat16 if num.bf16 else q.dtype
     bounds = [int(b) for b in cu_seqlens]
     outs = []
     for a, b in zip(bounds[:-1], bounds[1:]):
-        qs, ks, vs = (t[a:b].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+        qs, ks, vs = (t[a:b].to(dtype).transpose(0, 1).unsqueeze(0) for t in (q, k, v))
         outs.append(F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)[0].transpose(0, 1))
-    return torch.cat(outs, dim=0)
+    return torch.cat(outs, dim=0).to(q.dtype)
 
 
 class Tensors(nn.Module):
@@ -135,26 +139,26 @@ class Tensors(nn.Module):
 
 
 class Layer(nn.Module):
-    def __init__(self, cfg, index, specs):
+    def __init__(self, cfg, index, specs, num):
         super().__init__()
-        self.cfg, self.index = cfg, index
+        self.cfg, self.index, self.num = cfg, index, num
         self.tensors = Tensors(specs)
 
     def forward(self, h, packing):
-        return R.layer(h, self.tensors.as_dict(), self.index, self.cfg, packing, R.Numerics("fp32"))
+        return R.layer(h, self.tensors.as_dict(), self.index, self.cfg, packing, self.num)
 
 
 class Dit(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, num):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.num = cfg, num
         specs = R.tensor_specs(cfg)
         by_layer = [[s for s in specs if s[0].startswith(f"block.layers.{i}.")] for i in range(cfg["num_layers"])]
         self.root = Tensors([s for s in specs if not s[0].startswith("block.layers.")])
-        self.layers = nn.ModuleList(Layer(cfg, i, by_layer[i]) for i in range(cfg["num_layers"]))
+        self.layers = nn.ModuleList(Layer(cfg, i, by_layer[i], num) for i in range(cfg["num_layers"]))
 
     def forward(self, batch):
-        num = R.Numerics("fp32")
+        num = self.num
         root = self.root.as_dict()
         h, packing = R.adapter(root, batch, self.cfg, num)
         for layer in self.layers:
@@ -221,12 +225,18 @@ def rank_main(rank: int, world: int, port: int, d: str, out: str, dcp_load: str 
         tr = config_io.load_yaml(os.path.join(d, "bench.yaml"))["training"]
         cfg = model_config(k)
         mesh = init_device_mesh("cpu", (world,))
+        bf16 = k["PARAM_DTYPE"] == "bf16"
         with torch.device("meta"):
-            model = Dit(cfg)
-        policy = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=False)
+            model = Dit(cfg, R.Numerics("upstream" if bf16 else "fp32"))
+        # mmtrain's plan: the layers gather in param_dtype and reduce in fp32; the root unit (embedders,
+        # final norms and heads) computes in fp32 whatever param_dtype is.
+        layer_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else torch.float32,
+                                            reduce_dtype=torch.float32, cast_forward_inputs=False)
         for layer in model.layers:
-            fully_shard(layer, mesh=mesh, mp_policy=policy)
-        fully_shard(model, mesh=mesh, mp_policy=policy)
+            fully_shard(layer, mesh=mesh, mp_policy=layer_policy)
+        fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32,
+                                                                      reduce_dtype=torch.float32,
+                                                                      cast_forward_inputs=False))
         layers = list(model.layers)
         for i, layer in enumerate(layers[:-1]):
             layer.set_modules_to_forward_prefetch([layers[i + 1]])

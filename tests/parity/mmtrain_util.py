@@ -296,13 +296,13 @@ class MmtrainFailed(RuntimeError):
     pass
 
 
-def magihuman_yaml(title: str, c: dict, weights, data_root, training: dict, output_dir) -> str:
+def magihuman_yaml(title: str, c: dict, weights, data_root, training: dict, output_dir, param_dtype="fp32") -> str:
     """A MagiHuman config in plain YAML (no anchors), which config_io reads too."""
     model_keys = ("num_layers", "hidden_size", "head_dim", "num_query_groups", "video_in_channels",
                   "audio_in_channels", "text_in_channels", "mm_layers", "gelu7_layers")
     cfg = {
         "parallel": {"fully_shard_parallel_size": "auto",
-                     "fsdp_plan": {"apply_modules": ["dit.block.layers.{*}"], "param_dtype": "fp32",
+                     "fsdp_plan": {"apply_modules": ["dit.block.layers.{*}"], "param_dtype": param_dtype,
                                    "reduce_dtype": "fp32", "num_to_forward_prefetch": 1,
                                    "num_to_backward_prefetch": 1}},
         "model": {"model_id": "magihuman", "model_name_or_path": str(weights),

@@ -29,25 +29,41 @@ std::shared_ptr<Norm> norm_layer(int64_t width) { return std::make_shared<Norm>(
 struct ModalityRows {
   std::array<at::Tensor, kNumModalities> index;  // int64 [N_k]
   std::array<int64_t, kNumModalities> count{};
+  // int64 [L]: where packed row r sits among the modality-sorted rows (the present modalities'
+  // index[k] one after another), so that one gather puts per-modality results back in order.
+  at::Tensor packed_from_sorted;
 };
 
-// Applies fn(k, rows_of_k) for each present modality k and scatters the results back to
-// packed order. With one expert (E = 1) it is a single call on all rows.
+ModalityRows modality_rows(const at::Tensor& modality) {
+  ModalityRows rows;
+  std::vector<at::Tensor> present;
+  for (int k = 0; k < kNumModalities; ++k) {
+    rows.index[k] = (modality == k).nonzero().view(-1);
+    rows.count[k] = rows.index[k].numel();
+    if (rows.count[k] > 0) present.push_back(rows.index[k]);
+  }
+  const int64_t L = modality.size(0);
+  const auto sorted = at::cat(present);
+  if (sorted.numel() != L)
+    fail("batch 'modality_mapping': ", L - sorted.numel(), " of ", L, " rows hold a value outside [0, ",
+         kNumModalities, ")");
+  rows.packed_from_sorted = at::empty({L}, sorted.options()).scatter_(0, sorted, at::arange(L, sorted.options()));
+  return rows;
+}
+
+// fn(k, rows of modality k) for each present modality k, the results back in packed order: one
+// concatenation and one gather (scattering each part into a zeroed output would copy the whole
+// output once per modality, forward and backward). One expert (E = 1): one call on all rows.
+template <typename Fn>
+at::Tensor per_modality(const at::Tensor& x, const ModalityRows& rows, Fn fn) {
+  std::vector<at::Tensor> parts;
+  for (int k = 0; k < kNumModalities; ++k)
+    if (rows.count[k] > 0) parts.push_back(fn(k, x.index_select(0, rows.index[k])));
+  return at::cat(parts).index_select(0, rows.packed_from_sorted);
+}
 template <typename Fn>
 at::Tensor per_expert(const at::Tensor& x, const ModalityRows& rows, int64_t experts, Fn fn) {
-  if (experts == 1) return fn(0, x);
-  at::Tensor out;
-  for (int k = 0; k < kNumModalities; ++k) {
-    if (rows.count[k] == 0) continue;
-    auto part = fn(k, x.index_select(0, rows.index[k]));
-    if (!out.defined()) {
-      auto shape = part.sizes().vec();
-      shape[0] = x.size(0);
-      out = at::zeros(shape, part.options());
-    }
-    out = out.index_copy(0, rows.index[k], part);
-  }
-  return out;
+  return experts == 1 ? fn(0, x) : per_modality(x, rows, fn);
 }
 
 // Expert k's rows of a modality-expert weight: contiguous dim-0 chunks, video/audio/text.
@@ -93,9 +109,13 @@ class Attention : public Module {
       auto a = norm_1p(c, part, expert_slice(pre_norm->weight.value, experts_, k));
       return block_linear(a, expert_slice(linear_qkv->weight.value, experts_, k));
     });                                                                               // [L, qkv] fp32
-    auto q = qkv.slice(1, 0, hq * hd).view({L, hq, hd});
-    auto key = qkv.slice(1, hq * hd, (hq + hkv) * hd).view({L, hkv, hd});
-    auto v = qkv.slice(1, (hq + hkv) * hd, (hq + 2 * hkv) * hd).view({L, hkv, hd});
+    // One split, not four slices: a slice's backward writes its grad into a zeroed [L, qkv]
+    // tensor of its own (four of them summed); the split's backward concatenates the pieces once.
+    const int64_t gate_width = qkv.size(1) - (hq + 2 * hkv) * hd;  // hq with attention gating, else 0
+    const auto pieces = at::split_with_sizes(qkv, {hq * hd, hkv * hd, hkv * hd, gate_width}, 1);
+    auto q = pieces[0].view({L, hq, hd});
+    auto key = pieces[1].view({L, hkv, hd});
+    auto v = pieces[2].view({L, hkv, hd});
     q = per_expert(q, rows, experts_, [&](int64_t k, const at::Tensor& part) {
       return norm_1p(c, part, expert_slice(q_norm->weight.value, experts_, k));
     });
@@ -111,7 +131,7 @@ class Attention : public Module {
     auto o = seq.attention(q.to(compute), key.to(compute), v.to(compute), /*causal=*/false);  // [L, Hq, hd]
     at::Tensor gated = o.to(at::kFloat);
     if (c.enable_attn_gating) {
-      auto g = qkv.slice(1, (hq + 2 * hkv) * hd, (hq + 2 * hkv) * hd + hq).view({L, hq, 1});
+      auto g = pieces[3].view({L, hq, 1});
       gated = o * at::sigmoid(g);  // per (token, head) gate; compute dtype x fp32 -> fp32
     }
     gated = gated.reshape({L, hq * hd}).to(compute);
@@ -247,23 +267,17 @@ class MagiHumanModel : public Model, public SplitsSequence {
     const auto loss_mask = seq->take(batch_get(batch, "loss_mask"), 0);
     const int64_t L = x.size(0);
 
-    ModalityRows rows;
-    for (int k = 0; k < kNumModalities; ++k) {
-      rows.index[k] = (modality == k).nonzero().view(-1);
-      rows.count[k] = rows.index[k].numel();
-    }
+    const ModalityRows rows = modality_rows(modality);
 
     // Adapter: per-modality embedders over the right column slices, fp32 output.
     const int64_t in_width[kNumModalities] = {c.video_in_channels, c.audio_in_channels, c.text_in_channels};
     const std::shared_ptr<Linear> embedder[kNumModalities] = {adapter->video_embedder, adapter->audio_embedder,
                                                               adapter->text_embedder};
-    at::Tensor h = at::zeros({L, c.hidden_size}, x.options().dtype(at::kFloat));
-    for (int k = 0; k < kNumModalities; ++k) {
-      if (rows.count[k] == 0) continue;
+    at::Tensor h = per_modality(x, rows, [&](int64_t k, const at::Tensor& part) {
       const auto& w = embedder[k]->weight.value;
-      auto in = x.index_select(0, rows.index[k]).slice(1, 0, in_width[k]).to(w.scalar_type());
-      h = h.index_copy(0, rows.index[k], at::linear(in, w, embedder[k]->bias->value).to(at::kFloat));
-    }
+      return at::linear(part.slice(1, 0, in_width[k]).to(w.scalar_type()), w, embedder[k]->bias->value)
+          .to(at::kFloat);
+    });
     auto rope = fourier_rope(coords, adapter->bands->value);
 
     for (auto& layer : layers) {
