@@ -9,11 +9,17 @@ import json
 import sys
 
 
-def phases(path: str) -> dict:
+def complete_spans(path: str) -> tuple[list, list]:
+    """The trace's complete ("X") spans, and among them the ProfilerStep ones (at least one)."""
     events = [e for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X"]
     steps = [e for e in events if e["name"].startswith("ProfilerStep#")]
     if not steps:
         raise SystemExit(f"{path}: no ProfilerStep spans (was tools.profile on?)")
+    return events, steps
+
+
+def phases(path: str) -> dict:
+    events, steps = complete_spans(path)
     totals = collections.defaultdict(float)
     for e in events:
         if e["name"].startswith("mmtrain::"):

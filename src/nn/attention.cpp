@@ -1,6 +1,7 @@
 #include "nn/attention.h"
 
 #include "core/error.h"
+#include "nn/attention_amx.h"
 #include "nn/sequence_split.h"
 
 #include <torch/csrc/autograd/custom_function.h>
@@ -52,6 +53,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> segment_backward(const at::Tensor
                                                                 const at::Tensor& k, const at::Tensor& v,
                                                                 const at::Tensor& out, const at::Tensor& lse,
                                                                 const AttentionSegment& s, double scale) {
+  if (amx_attention_backward_usable(q, s.causal))
+    return amx_attention_backward(grad_out.narrow(0, s.q_begin, s.q_len), q.narrow(0, s.q_begin, s.q_len),
+                                  k.narrow(0, s.k_begin, s.k_len), v.narrow(0, s.k_begin, s.k_len),
+                                  out.narrow(0, s.q_begin, s.q_len), lse.narrow(1, s.q_begin, s.q_len),
+                                  effective_scale(scale, q.size(2)));
   auto qs = to_heads(q, s.q_begin, s.q_len), ks = to_heads(k, s.k_begin, s.k_len), vs = to_heads(v, s.k_begin, s.k_len);
   auto gs = to_heads(grad_out, s.q_begin, s.q_len), os = to_heads(out, s.q_begin, s.q_len);
   auto ls = lse.narrow(1, s.q_begin, s.q_len).unsqueeze(0).contiguous();  // [1, Hq, ql]
