@@ -85,30 +85,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> amx_attention_backward(const at::
   auto lse = at::full({hq, queries_padded}, std::numeric_limits<float>::infinity(), f32);
   lse.narrow(1, 0, ql).copy_(lse_in);
 
-  // The query side's operands, packed once per head and query block: qᵀ and doᵀ [d, 64] for the
-  // transposed score tiles, q and do [64, d] for dk and dv (rows past ql are zero).
+  // The query side's operands, packed once: per head and query block, qᵀ and doᵀ [d, 64] for the
+  // transposed score tiles; per key/value head and query block, the group's q and do stacked
+  // [G * 64, d] for dk and dv (one GEMM over the whole group). Rows past ql are zero.
   auto padded = [&](const at::Tensor& t) {
     auto p = at::zeros({queries_padded, hq, d}, q.options());
     p.narrow(0, 0, ql).copy_(t);
     return p;
   };
   const auto q_pad = padded(q), do_pad = padded(grad_out);
-  std::vector<at::Tensor> q_t_packed, do_t_packed, q_packed, do_packed;  // [head * blocks + block]
+  std::vector<at::Tensor> q_t_packed, do_t_packed;          // [head * blocks + block]
+  std::vector<at::Tensor> q_group_packed, do_group_packed;  // [h * blocks + block]
   for (int64_t head = 0; head < hq; ++head)
     for (int64_t b = 0; b < blocks; ++b) {
-      const auto q_block = q_pad.narrow(0, b * kQueryBlock, kQueryBlock).select(1, head);
-      const auto do_block = do_pad.narrow(0, b * kQueryBlock, kQueryBlock).select(1, head);
-      q_t_packed.push_back(pack_b(q_block.t()));
-      do_t_packed.push_back(pack_b(do_block.t()));
-      q_packed.push_back(pack_b(q_block));
-      do_packed.push_back(pack_b(do_block));
+      q_t_packed.push_back(pack_b(q_pad.narrow(0, b * kQueryBlock, kQueryBlock).select(1, head).t()));
+      do_t_packed.push_back(pack_b(do_pad.narrow(0, b * kQueryBlock, kQueryBlock).select(1, head).t()));
+    }
+  for (int64_t h = 0; h < hkv; ++h)
+    for (int64_t b = 0; b < blocks; ++b) {
+      auto stacked = [&](const at::Tensor& pad) {  // [64, G, d] -> [G * 64, d], head-major like the tiles
+        return pad.narrow(0, b * kQueryBlock, kQueryBlock).narrow(1, h * group, group).transpose(0, 1)
+            .reshape({group * kQueryBlock, d});
+      };
+      q_group_packed.push_back(pack_b(stacked(q_pad)));
+      do_group_packed.push_back(pack_b(stacked(do_pad)));
     }
 
+  const int64_t group_cols = group * kQueryBlock;
   auto dq_t = at::zeros({hq, blocks, d, kQueryBlock}, f32);  // dqᵀ per head and query block
   auto dk = at::empty({kl, hkv, d}, q.options()), dv = at::empty({kl, hkv, d}, q.options());
   auto s_t = at::empty({kKeyChunk, kQueryBlock}, f32), dp_t = at::empty({kKeyChunk, kQueryBlock}, f32);
-  auto p_t = at::empty({kKeyChunk, kQueryBlock}, q.options()), ds_t = at::empty({kKeyChunk, kQueryBlock}, q.options());
-  auto ds_packed = at::empty({kKeyChunk, kQueryBlock}, q.options());
+  // pᵀ and dsᵀ of the group's heads side by side [keys, G * 64]; one head's dsᵀ alone for its dq.
+  auto p_t = at::empty({kKeyChunk, group_cols}, q.options()), ds_t = at::empty({kKeyChunk, group_cols}, q.options());
+  auto ds_head = at::empty({kKeyChunk, kQueryBlock}, q.options()), ds_packed = at::empty_like(ds_head);
   auto dk_acc = at::empty({kKeyChunk, d}, f32), dv_acc = at::empty({kKeyChunk, d}, f32);
   for (int64_t h = 0; h < hkv; ++h) {
     const Bf16* k_rows = k.const_data_ptr<Bf16>() + h * k.stride(1);
@@ -122,9 +131,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> amx_attention_backward(const at::
       const int64_t rows = std::min(kKeyChunk, kl - c0), rows_even = round_up(rows, 2);
       dk_acc.zero_();
       dv_acc.zero_();
-      for (int64_t head = h * group; head < (h + 1) * group; ++head) {
-        for (int64_t b = 0; b < blocks; ++b) {
-          const int64_t slot = head * blocks + b;
+      for (int64_t b = 0; b < blocks; ++b) {
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t head = h * group + g, slot = head * blocks + b;
           gemm_packed(rows, kQueryBlock, d, k_rows + c0 * k.stride(0), k.stride(0), q_t_packed[slot],
                       s_t.data_ptr<float>(), kQueryBlock, false);
           gemm_packed(rows, kQueryBlock, d, v_rows + c0 * v.stride(0), v.stride(0), do_t_packed[slot],
@@ -132,17 +141,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> amx_attention_backward(const at::
           const int64_t column = head * queries_padded + b * kQueryBlock;
           attention_rows::probs_and_grads_t(s_t.data_ptr<float>(), dp_t.data_ptr<float>(), rows, kQueryBlock, scale,
                                             lse.data_ptr<float>() + column, delta.data_ptr<float>() + column,
-                                            bits(p_t), bits(ds_t));
-          gemm_packed(rows, d, kQueryBlock, p_t.const_data_ptr<Bf16>(), kQueryBlock, do_packed[slot],
-                      dv_acc.data_ptr<float>(), d, true);
-          gemm_packed(rows, d, kQueryBlock, ds_t.const_data_ptr<Bf16>(), kQueryBlock, q_packed[slot],
-                      dk_acc.data_ptr<float>(), d, true);
-          if (rows_even != rows) std::memset(bits(ds_t) + rows * kQueryBlock, 0, kQueryBlock * sizeof(uint16_t));
+                                            bits(p_t) + g * kQueryBlock, bits(ds_t) + g * kQueryBlock, group_cols);
+          // dqᵀ of this head += kᵀ·dsᵀ (oneDNN packs from a contiguous [keys, 64] block only).
+          for (int64_t r = 0; r < rows; ++r)
+            std::memcpy(bits(ds_head) + r * kQueryBlock, bits(ds_t) + r * group_cols + g * kQueryBlock,
+                        kQueryBlock * sizeof(uint16_t));
+          if (rows_even != rows) std::memset(bits(ds_head) + rows * kQueryBlock, 0, kQueryBlock * sizeof(uint16_t));
           cpublas::pack(rows_even, kQueryBlock, kQueryBlock, kQueryBlock, at::kBFloat16, at::kBFloat16,
-                        ds_t.const_data_ptr(), ds_packed.data_ptr());
+                        ds_head.const_data_ptr(), ds_packed.data_ptr());
           gemm_packed(d, kQueryBlock, rows_even, kt.const_data_ptr<Bf16>() + c0, keys_padded,
-                      ds_packed.const_data_ptr<Bf16>(), dq_t[head][b].data_ptr<float>(), kQueryBlock, true);
+                      ds_packed.const_data_ptr<Bf16>(), dq_t.data_ptr<float>() + slot * d * kQueryBlock,
+                      kQueryBlock, true);
         }
+        gemm_packed(rows, d, group_cols, p_t.const_data_ptr<Bf16>(), group_cols, do_group_packed[h * blocks + b],
+                    dv_acc.data_ptr<float>(), d, true);
+        gemm_packed(rows, d, group_cols, ds_t.const_data_ptr<Bf16>(), group_cols, q_group_packed[h * blocks + b],
+                    dk_acc.data_ptr<float>(), d, true);
       }
       dk.narrow(0, c0, rows).select(1, h).copy_(dk_acc.narrow(0, 0, rows) * scale);
       dv.narrow(0, c0, rows).select(1, h).copy_(dv_acc.narrow(0, 0, rows));

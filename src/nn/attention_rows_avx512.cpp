@@ -41,16 +41,16 @@ bool avx512_available() {
 }
 
 void probs_and_grads_t(const float* st, const float* dpt, int64_t rows, int64_t cols, float scale, const float* lse,
-                       const float* delta, uint16_t* pt, uint16_t* dst) {
+                       const float* delta, uint16_t* pt, uint16_t* dst, int64_t ld_out) {
   const __m512 vscale = _mm512_set1_ps(scale);
   for (int64_t c = 0; c < cols; c += 16) {
     const __m512 vlse = _mm512_loadu_ps(lse + c), vdelta = _mm512_loadu_ps(delta + c);
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t at = r * cols + c;
-      const __m512 prob = exp_ps(_mm512_fmsub_ps(_mm512_loadu_ps(st + at), vscale, vlse));
-      const __m512 grad = _mm512_mul_ps(prob, _mm512_sub_ps(_mm512_loadu_ps(dpt + at), vdelta));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pt + at), to_bf16(prob));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + at), to_bf16(grad));
+      const int64_t in = r * cols + c, out = r * ld_out + c;
+      const __m512 prob = exp_ps(_mm512_fmsub_ps(_mm512_loadu_ps(st + in), vscale, vlse));
+      const __m512 grad = _mm512_mul_ps(prob, _mm512_sub_ps(_mm512_loadu_ps(dpt + in), vdelta));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pt + out), to_bf16(prob));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + out), to_bf16(grad));
     }
   }
 }

@@ -14,10 +14,10 @@ namespace mmtrain::attention_rows {
 
 bool avx512_available();
 
-// Backward, one tile with keys as rows and queries as columns (cols a multiple of 16; row stride
-// cols everywhere): p = exp(scale * st - lse[col]), ds = p * (dpt - delta[col]). Writes p and ds
-// as bf16 into pt and dst.
+// Backward, one tile with keys as rows and queries as columns (cols a multiple of 16; st and dpt
+// with row stride cols): p = exp(scale * st - lse[col]), ds = p * (dpt - delta[col]). Writes p and
+// ds as bf16 into pt and dst (row stride ld_out).
 void probs_and_grads_t(const float* st, const float* dpt, int64_t rows, int64_t cols, float scale, const float* lse,
-                       const float* delta, uint16_t* pt, uint16_t* dst);
+                       const float* delta, uint16_t* pt, uint16_t* dst, int64_t ld_out);
 
 }  // namespace mmtrain::attention_rows
