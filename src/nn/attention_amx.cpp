@@ -19,7 +19,7 @@ using Bf16 = at::BFloat16;
 
 constexpr int64_t kPackCols = 64;     // oneDNN packs B in blocks of 16, 32, 48 or 64 columns
 constexpr int64_t kQueryBlock = 64;   // query rows per tile (one packed block)
-constexpr int64_t kKeyChunk = 256;    // key rows per backward chunk (its dk, dv tiles stay in cache)
+constexpr int64_t kKeyChunk = 512;    // key rows per chunk: its dk, dv tiles stay in L2 (256: 8 % slower, 1024: 10 %)
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 

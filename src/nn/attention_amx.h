@@ -11,7 +11,7 @@
 // Letters: ql, kl rows of q and k; Hq, Hkv heads (G = Hq / Hkv query heads per key/value head);
 // d head dim.
 //
-// FlashAttention-2's loop order: per key/value head and chunk of 256 keys, per block of 64
+// FlashAttention-2's loop order: per key/value head and chunk of 512 keys, per block of 64
 // queries and query head of the group, the transposed tiles sᵀ = k·qᵀ and dpᵀ = v·doᵀ,
 // pᵀ = exp(scale sᵀ - lse), dsᵀ = pᵀ (dpᵀ - D) with D = rowsum(do · out), and dqᵀ += kᵀ·dsᵀ in an
 // fp32 accumulator per head and query block; then, for the G heads of the group at once,
