@@ -13,7 +13,7 @@
 // On CPU each segment is one call of ATen's flash attention (it returns the log-sum-exp and has a
 // backward that takes the final out and lse, which is what makes blocks composable; the backward
 // of full bf16 segments on a CPU with AMX is nn/attention_amx.h's, same contract and numerics,
-// 1.5x faster; MMTRAIN_CPU_ATTENTION=aten keeps ATen's); elsewhere a math fallback with the same
+// 1.7x faster; MMTRAIN_CPU_ATTENTION=aten keeps ATen's); elsewhere a math fallback with the same
 // contract. In fp32 they match a naive softmax to ~1e-7.
 #pragma once
 #include <ATen/ATen.h>

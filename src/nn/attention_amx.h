@@ -2,7 +2,7 @@
 // batch-reduce GEMM as ATen exports it (at::native::cpublas::brgemm: bf16 x bf16 -> fp32 tile
 // GEMMs), for the full (non-causal) segments of attention.h. ATen's CPU flash attention backward
 // takes its bf16 GEMMs through the BLAS-like oneDNN call on small blocks: at MagiHuman's bench
-// shape (4606 tokens, 8 / 2 heads of 128) this kernel takes its backward from ~1030 to ~680 ms on
+// shape (4606 tokens, 8 / 2 heads of 128) this kernel takes its backward from ~970 to ~560 ms on
 // one Xeon core (docs/performance.md). The forward stays ATen's: a forward written the same way
 // measured 10 % slower than ATen's, whose online softmax over 512-key blocks stays in cache.
 // Numerics as ATen's: fp32 scores, probabilities and accumulation; p and ds rounded to bf16 for
