@@ -5,7 +5,6 @@
 #include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -70,10 +69,10 @@ bool amx_attention_backward_usable(const at::Tensor& q, bool causal) {
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> amx_attention_backward(const at::Tensor& grad_out_in,
-                                                                      const at::Tensor& q_in, const at::Tensor& k,
-                                                                      const at::Tensor& v, const at::Tensor& out,
+                                                                      const at::Tensor& q_in, const at::Tensor& k_in,
+                                                                      const at::Tensor& v_in, const at::Tensor& out,
                                                                       const at::Tensor& lse_in, double scale_d) {
-  const auto q = unit_stride(q_in), grad_out = unit_stride(grad_out_in);
+  const auto q = unit_stride(q_in), k = unit_stride(k_in), v = unit_stride(v_in), grad_out = unit_stride(grad_out_in);
   const int64_t ql = q.size(0), hq = q.size(1), d = q.size(2), kl = k.size(0), hkv = k.size(1), group = hq / hkv;
   const int64_t blocks = (ql + kQueryBlock - 1) / kQueryBlock, queries_padded = blocks * kQueryBlock;
   const float scale = static_cast<float>(scale_d);

@@ -346,6 +346,20 @@ def test_bf16_adapter_and_heads_compute_in_fp32(mh, tmp_path):
         f"compute in bf16 (upstream keeps them fp32)")
 
 
+def test_a_modality_outside_the_three_is_refused(mh, tmp_path):
+    """A row whose modality is not video, audio or text belongs to no expert: refused, naming the
+    batch key (it used to leave that row's expert outputs zero)."""
+    batch = mh.batch()
+    batch["modality_mapping"] = batch["modality_mapping"].clone()
+    batch["modality_mapping"][3] = 7
+    path = tmp_path / "bad_modality.safetensors"
+    save_file(batch, str(path))
+    proc = run_mmtrain(["debug", "step", str(mh.cfg), "--batch", str(path), "--out", str(tmp_path / "o.safetensors")],
+                       check=False)
+    assert proc.returncode != 0
+    assert "batch 'modality_mapping': 1 of" in proc.stderr and "outside [0, 3)" in proc.stderr, proc.stderr[-2000:]
+
+
 def test_fused_ops_on_off(mh):
     on, off = mh.step(fused_ops=True), mh.step(fused_ops=False)
     check_step_output(off, "fused_ops=false")
