@@ -24,8 +24,9 @@
 namespace mmtrain {
 
 // Whether amx_attention_backward takes the segment: bf16, not causal, head dim a multiple of 64,
-// a CPU whose oneDNN packs bf16 for tile GEMMs (AMX) and has AVX-512, and MMTRAIN_CPU_ATTENTION
-// not set to `aten`.
+// a CPU for which oneDNN's ukernel packs bf16 (cpublas::could_pack: AMX; oneDNN may also say yes
+// on AVX512-BF16 CPUs without AMX, where the kernel is exact but its speed was not measured) and
+// has AVX-512, and MMTRAIN_CPU_ATTENTION not set to `aten`.
 bool amx_attention_backward_usable(const at::Tensor& q, bool causal);
 
 // q [ql, Hq, d], k and v [kl, Hkv, d] (bf16, unit stride along d); grad_out and out [ql, Hq, d],
