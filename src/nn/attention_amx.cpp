@@ -1,5 +1,6 @@
 #include "nn/attention_amx.h"
 
+#include "core/error.h"
 #include "nn/attention_rows_avx512.h"
 
 #include <ATen/native/CPUBlas.h>
@@ -54,16 +55,22 @@ void gemm_packed(int64_t M, int64_t N, int64_t K, const Bf16* a, int64_t lda, co
 // Rows with unit stride along d (the GEMMs read rows through a row stride).
 at::Tensor unit_stride(const at::Tensor& t) { return t.stride(2) == 1 ? t : t.contiguous(); }
 
-// MMTRAIN_CPU_ATTENTION=aten keeps ATen's flash attention backward everywhere (A/B runs).
-bool kernel_enabled() {
+bool choice_from_environment() {
   const char* choice = std::getenv("MMTRAIN_CPU_ATTENTION");
-  return choice == nullptr || std::strcmp(choice, "aten") != 0;
+  if (choice == nullptr || std::strcmp(choice, "") == 0 || std::strcmp(choice, "auto") == 0) return true;
+  if (std::strcmp(choice, "aten") == 0) return false;
+  fail("MMTRAIN_CPU_ATTENTION must be auto or aten, got '", choice, "'");
 }
 
 }  // namespace
 
+bool amx_attention_enabled() {
+  static const bool enabled = choice_from_environment();
+  return enabled;
+}
+
 bool amx_attention_backward_usable(const at::Tensor& q, bool causal) {
-  static const bool machine = kernel_enabled() && cpublas::could_pack(at::kBFloat16) &&
+  static const bool machine = amx_attention_enabled() && cpublas::could_pack(at::kBFloat16) &&
                               attention_rows::avx512_available();
   return machine && q.is_cpu() && q.scalar_type() == at::kBFloat16 && !causal && q.size(2) % kPackCols == 0;
 }

@@ -23,10 +23,15 @@
 
 namespace mmtrain {
 
+// MMTRAIN_CPU_ATTENTION, read once: unset, empty or `auto` lets the kernel run where it is usable;
+// `aten` keeps ATen's backward everywhere (A/B runs); any other value fails naming it. `mmtrain
+// train` asks at start-up, so a misspelt value stops the run before anything is built.
+bool amx_attention_enabled();
+
 // Whether amx_attention_backward takes the segment: bf16, not causal, head dim a multiple of 64,
 // a CPU for which oneDNN's ukernel packs bf16 (cpublas::could_pack: AMX; oneDNN may also say yes
 // on AVX512-BF16 CPUs without AMX, where the kernel is exact but its speed was not measured) and
-// has AVX-512, and MMTRAIN_CPU_ATTENTION not set to `aten`.
+// has AVX-512, and amx_attention_enabled().
 bool amx_attention_backward_usable(const at::Tensor& q, bool causal);
 
 // q [ql, Hq, d], k and v [kl, Hkv, d] (bf16, unit stride along d); grad_out and out [ql, Hq, d],

@@ -2,6 +2,7 @@
 #include "core/error.h"
 #include "dist/failure_report.h"
 #include "dist/runtime.h"
+#include "nn/attention_amx.h"
 #include "tools/command.h"
 #include "train/trainer.h"
 
@@ -23,6 +24,7 @@ void add_train_commands(CLI::App& app, Commands& commands) {
   train->add_option("--set", o->overrides, "override a config key: --set training.lr=3e-4 (repeatable)");
   commands.add(train, [o] {
     auto config = config_load(o->config_path, o->overrides);
+    amx_attention_enabled();  // a bad MMTRAIN_CPU_ATTENTION fails here, before anything is built
     auto runtime = runtime_init(LaunchEnv::from_environment(), default_device(),
                                 std::chrono::seconds(config.parallel.timeout_s));
     const auto peer_watch = runtime.peer_watch;

@@ -38,6 +38,14 @@ def test_unknown_override_and_bad_value(tmp_path, token_file):
                  "expected at most 1000")
 
 
+def test_unknown_cpu_attention_choice(tmp_path, token_file):
+    """MMTRAIN_CPU_ATTENTION takes auto or aten; a misspelt value is refused, not taken for auto."""
+    cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, iters=1))
+    proc = run_mmtrain(["train", str(cfg), "--set", "training.save="], check=False,
+                       env_extra={"MMTRAIN_CPU_ATTENTION": "flash"})
+    assert_fails(proc, "MMTRAIN_CPU_ATTENTION must be auto or aten, got 'flash'")
+
+
 def test_missing_checkpoint(tmp_path, token_file):
     cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, load=str(tmp_path / "nowhere")))
     assert_fails(run_mmtrain(["train", str(cfg)], check=False), str(tmp_path / "nowhere"))
