@@ -1,10 +1,13 @@
-# Sourced by the A/B benches (fsdp_vs_torch.sh, magihuman_vs_torch.sh), from the repository root.
+# Sourced by the A/B benches (fsdp_vs_torch.sh, magihuman_vs_torch.sh, ...), from the repository root.
 #   bench_setup DIR_NAME [BUILD_DIR]
 #                       the settings both benches share: BUILD_DIR (default build, made
 #                       absolute), PY, BIN ($MMTRAIN_BIN or BUILD_DIR/bin/mmtrain), BENCH_DIR
 #                       (default BUILD_DIR/DIR_NAME, created), WORLD (2), ROUNDS (2), TCMALLOC
 #                       (which must exist), and one intra-op thread per rank on both sides: the
 #                       comparison is per-core work, not thread scaling.
+#   measure_gemm_peak   the peak the ideal step is measured against, taken in the same run: this
+#                       CPU's GEMM rate on one thread in the bench's PARAM_DTYPE (read from
+#                       BENCH_DIR/bench_meta.json), into BENCH_DIR/gemm.json.
 #   mmtrain_arm OUT [ARGS...]
 #                       mmtrain trains BENCH_DIR/bench.yaml on WORLD ranks, logging into OUT,
 #                       ARGS (e.g. --set key=value) appended to its command line.
@@ -25,6 +28,13 @@ bench_setup() {
   export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
   [ -f "$TCMALLOC" ] || { echo "bench: $TCMALLOC is missing (Debian libtcmalloc-minimal4; scripts/setup.sh installs it)" >&2; exit 1; }
   mkdir -p "$BENCH_DIR"
+}
+
+measure_gemm_peak() {
+  local dtype
+  dtype=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['PARAM_DTYPE'])" "$BENCH_DIR/bench_meta.json")
+  echo "bench: GEMM peak ($dtype, 1 thread)" >&2
+  "$BIN" measure gemm --dtype "$dtype" --threads 1 --repeats 5 | tail -n 1 >"$BENCH_DIR/gemm.json"
 }
 
 mmtrain_arm() {

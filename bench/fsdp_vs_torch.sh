@@ -16,17 +16,13 @@ cd "$(dirname "$0")/.."
 . bench/bench_arms.sh
 bench_setup bench "${1:-build}"
 "$PY" bench/torch_fsdp2_reference.py prepare --dir "$BENCH_DIR" >&2
-PARAM_DTYPE=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['PARAM_DTYPE'])" "$BENCH_DIR/bench_meta.json")
 
 status=0
 arms=(torch_shipped torch_fused torch_fused_tcmalloc)
 if [ -x "$BIN" ]; then
   arms=(mmtrain "${arms[@]}")
   [ -n "${MMTRAIN_PRELOAD:-}" ] && arms+=(mmtrain_preload)
-  # The peak the ideal step is measured against: this CPU's GEMM rate in the params' dtype, on
-  # one thread, taken in the same run.
-  echo "bench: GEMM peak ($PARAM_DTYPE, 1 thread)" >&2
-  "$BIN" measure gemm --dtype "$PARAM_DTYPE" --threads 1 --repeats 5 | tail -n 1 >"$BENCH_DIR/gemm.json"
+  measure_gemm_peak
 else
   echo "bench: no mmtrain binary at $BIN: running the torch arms only" >&2
   status=2

@@ -20,8 +20,7 @@ bench_setup bench_magihuman_opt "${1:-build}"
 export PARAM_DTYPE=${PARAM_DTYPE:-bf16}
 echo "bench: fixture, weights and batches (reused while the knobs are unchanged)" >&2
 "$PY" bench/torch_magihuman_fsdp.py prepare --dir "$BENCH_DIR" --mmtrain "$BIN" >&2
-echo "bench: GEMM peak ($PARAM_DTYPE, 1 thread)" >&2
-"$BIN" measure gemm --dtype "$PARAM_DTYPE" --threads 1 --repeats 5 | tail -n 1 >"$BENCH_DIR/gemm.json"
+measure_gemm_peak
 
 arm_command() {  # arm_command ARM OUT
   local fused=true deinterleave=true

@@ -16,9 +16,7 @@ bench_setup bench_magihuman "${1:-build}"
 [ -x "$BIN" ] || { echo "bench: no mmtrain binary at $BIN (build first: make build)" >&2; exit 1; }
 echo "bench: fixture, weights and batches (reused while the knobs are unchanged)" >&2
 "$PY" bench/torch_magihuman_fsdp.py prepare --dir "$BENCH_DIR" --mmtrain "$BIN" >&2
-PARAM_DTYPE=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['PARAM_DTYPE'])" "$BENCH_DIR/bench_meta.json")
-echo "bench: GEMM peak ($PARAM_DTYPE, 1 thread)" >&2
-"$BIN" measure gemm --dtype "$PARAM_DTYPE" --threads 1 --repeats 5 | tail -n 1 >"$BENCH_DIR/gemm.json"
+measure_gemm_peak
 
 arm_command() {  # arm_command ARM OUT
   case "$1" in
