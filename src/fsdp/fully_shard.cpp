@@ -100,16 +100,18 @@ size_t units_in_flight(const FsdpConfig& config) {
 
 }  // namespace
 
-Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Device device, FsdpReduction reduction)
+Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Device device, FsdpReduction reduction,
+           std::shared_ptr<OffloadTiers> tiers)
     : comm_(std::move(comm)),
       config_(std::move(config)),
       device_(device),
       reduction_(std::move(reduction)),
+      tiers_(config_.cpu_offload ? std::move(tiers) : nullptr),
       // Per reduction in flight, plus the one being issued: staged grads, an output and a receive buffer.
       reduce_buffers_(3 * (kReductionsInFlight + 1)) {
   if (!config_.ignored_modules.empty())
     fail("fsdp_plan.ignored_modules: unsharded modules are not implemented; leave the list empty");
-  if (config_.cpu_offload) fail("fsdp_plan.cpu_offload: offload to the host is not implemented; leave it false");
+  if (config_.cpu_offload && !tiers_) fail("fsdp_plan.cpu_offload: the FSDP engine was built without offload tiers");
   const int world = comm_->world_size();
   auto root = std::make_unique<FsdpUnit>();
   root->is_root = true;
@@ -156,8 +158,13 @@ Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Dev
       p.offset = total;
       total += p.layout.shard_numel();
     }
-    unit.shard_flat = at::zeros({total}, fp32);
-    unit.grad_flat = at::zeros({total}, fp32);
+    if (tiers_) {
+      unit.shard_flat = tiers_->host_pool->take_zeros({total}, at::kFloat);
+      unit.grad_flat = tiers_->host_pool->take_zeros({total}, at::kFloat);
+    } else {
+      unit.shard_flat = at::zeros({total}, fp32);
+      unit.grad_flat = at::zeros({total}, fp32);
+    }
     unit.anchor = at::zeros({}, fp32).requires_grad_(true);
     for (auto& p : unit.params) {
       std::vector<int64_t> shard_shape = p.param->shape;
@@ -269,7 +276,10 @@ void Fsdp::unshard_async(FsdpUnit& unit) {
     acquire_gather_storage(p.gathered);
     auto flat = p.gathered.view(-1);
     const int64_t n = p.layout.shard_numel();
-    flat.narrow(0, rank * n, n).copy_(p.shard.view(-1));
+    if (tiers_)  // cpu_offload: the host shard comes to the device, cast on the way
+      tiers_->copies->to_device(flat.narrow(0, rank * n, n), p.shard.view(-1)).wait_on_device();
+    else
+      flat.narrow(0, rank * n, n).copy_(p.shard.view(-1));
     outs.push_back(flat);
   }
   unit.gather_work = comm_->all_gather_in_place(std::move(outs));
@@ -330,10 +340,11 @@ void Fsdp::post_backward(FsdpUnit& unit, const std::vector<at::Tensor>& grads) {
   RECORD_USER_SCOPE(profile_name("fsdp::reduce_scatter", unit));
   const int world = comm_->world_size();
   const int64_t total = unit.shard_flat.numel();
-  const auto reduce_options = unit.shard_flat.options().dtype(config_.reduce_dtype);
-  // Nothing to add to yet (the first micro-batch): reduce straight into grad_flat.
-  const bool into_grad = unit.grad_is_zero && config_.reduce_dtype == at::kFloat;
-  auto output = into_grad ? unit.grad_flat : reduce_buffers_.take({total}, reduce_options);
+  // Nothing to add to yet (the first micro-batch): reduce straight into grad_flat (with
+  // cpu_offload: into a device buffer that is then copied over it).
+  const bool overwrite = unit.grad_is_zero && config_.reduce_dtype == at::kFloat;
+  const auto reduce_options = at::TensorOptions().dtype(config_.reduce_dtype).device(device_);
+  auto output = overwrite && !tiers_ ? unit.grad_flat : reduce_buffers_.take({total}, reduce_options);
   unit.grad_is_zero = false;
   // Rank r's block of a param's grad: its rows [r * padded_rows, (r + 1) * padded_rows). A grad
   // already in reduce_dtype whose rows split evenly is sent from where it lies; the others (a
@@ -370,7 +381,7 @@ void Fsdp::post_backward(FsdpUnit& unit, const std::vector<at::Tensor>& grads) {
   }
   reshard(unit);
   auto work = comm_->reduce_scatter_sum_blocks(std::move(outs), std::move(blocks), &reduce_buffers_);
-  pending_.push_back({&unit, staged, output, std::move(work)});
+  pending_.push_back({&unit, overwrite, staged, output, std::move(work)});
   // A bounded number of reductions in flight overlaps communication with the next unit's
   // backward without holding every unit's grads.
   drain_reductions(kReductionsInFlight);
@@ -402,7 +413,16 @@ void Fsdp::drain_reductions(size_t keep_in_flight) {
     }
     if (divisor > 1) pending.output.div_(divisor);
     auto& grad = pending.unit->grad_flat;
-    if (!pending.output.is_same(grad)) {
+    if (tiers_) {  // cpu_offload: the reduced grad goes to the host, then takes the same add
+      if (pending.overwrite) {
+        tiers_->copies->to_host(grad, pending.output).wait();
+      } else {
+        auto host = tiers_->host_pool->take(pending.output.sizes(), pending.output.scalar_type());
+        tiers_->copies->to_host(host, pending.output).wait();
+        grad.add_(host.to(at::kFloat));
+      }
+      reduce_buffers_.give(std::move(pending.output));
+    } else if (!pending.output.is_same(grad)) {
       grad.add_(pending.output.to(at::kFloat));
       reduce_buffers_.give(std::move(pending.output));
     }

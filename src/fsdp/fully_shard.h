@@ -12,13 +12,21 @@
 // FSDP is the second step of the parallelize chain (parallel/parallelize.h): its block hook sees
 // whether a block runs in the forward pass or again inside backward (BlockPass), and nothing else
 // of the steps around it. With a replicate group (HSDP) the reduce-scattered grads are all-reduced
-// across the replicas of the shard group. Non-goals: tensor parallelism, per-parameter placements.
+// across the replicas of the shard group.
+//
+// cpu_offload (PyTorch's CPUOffloadPolicy): the fp32 shards and their grads live in the host tier
+// (offload/host_pool.h) instead of on the device, so the optimizer steps them on the host. A
+// unit's shards go to the device as part of its all-gather (in prefetch order, like the gather),
+// and each reduce-scattered grad comes back to the host as its reduction is drained; every value
+// takes the same ops in the same order as without offload, so training is bitwise the same.
+// Non-goals: tensor parallelism, per-parameter placements.
 #pragma once
 #include "core/tensor_pool.h"
 #include "dist/comm.h"
 #include "fsdp/fsdp_config.h"
 #include "fsdp/shard_layout.h"
 #include "nn/module.h"
+#include "offload/offload_tiers.h"
 
 #include <deque>
 #include <memory>
@@ -52,8 +60,8 @@ struct FsdpUnit {
   bool is_root = false;
   std::vector<FsdpParam> params;
   at::ScalarType gather_dtype = at::kFloat;  // param_dtype, or fp32 for a unit that computes in fp32 (plan.h)
-  at::Tensor shard_flat;       // fp32 [S], S = sum of padded shard sizes: the optimizer's params
-  at::Tensor grad_flat;        // fp32 [S]: accumulated, reduced grads
+  at::Tensor shard_flat;       // fp32 [S], S = sum of padded shard sizes: the optimizer's params (host tier with cpu_offload)
+  at::Tensor grad_flat;        // fp32 [S]: accumulated, reduced grads (host tier with cpu_offload)
   bool grad_is_zero = true;    // grad_flat holds zeros (since zero_grad): the reduction writes, not adds
   at::Tensor anchor;           // scalar leaf that makes UnitGather part of the graph
   State state = State::sharded;
@@ -89,10 +97,11 @@ class Fsdp {
  public:
   // Builds units over model (config.apply_modules; reshard_after_forward never applies to the
   // root, as FSDP2's default), allocates zeroed fp32 shards on device and installs the unit
-  // hooks on the unit blocks; no full tensor is materialized. ignored_modules and cpu_offload
-  // are not implemented: set, they are refused here.
+  // hooks on the unit blocks; no full tensor is materialized. ignored_modules is not
+  // implemented: set, it is refused here. config.cpu_offload needs `tiers` (the host pool the
+  // shards and grads live in, and the copy stream that moves them).
   Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Device device = at::kCPU,
-       FsdpReduction reduction = {});
+       FsdpReduction reduction = {}, std::shared_ptr<OffloadTiers> tiers = nullptr);
   Fsdp(const Fsdp&) = delete;
   Fsdp& operator=(const Fsdp&) = delete;
 
@@ -122,6 +131,9 @@ class Fsdp {
   bool is_primary_replica() const { return !reduction_.replicate || reduction_.replicate->rank() == 0; }
   const FsdpConfig& config() const { return config_; }
   at::Device device() const { return device_; }
+  // Where shard_flat and grad_flat live, and so where the optimizer steps: the host with
+  // cpu_offload, else the device.
+  at::Device shard_device() const { return config_.cpu_offload ? at::Device(at::kCPU) : device_; }
   FsdpMemoryStats memory_stats() const;
 
   // Hooks, called by the unit block hook / the autograd Functions.
@@ -147,6 +159,7 @@ class Fsdp {
 
   struct PendingReduction {
     FsdpUnit* unit;
+    bool overwrite;     // the first grad since zero_grad, reduced in fp32: it is the grad, not added to it
     at::Tensor staged;  // reduce_dtype [W, S] when some grads needed staging, back to the pool after the wait
     at::Tensor output;  // reduce_dtype [S]; unit->grad_flat itself when written in place
     CommWork work;
@@ -156,6 +169,7 @@ class Fsdp {
   FsdpConfig config_;
   at::Device device_;
   FsdpReduction reduction_;
+  std::shared_ptr<OffloadTiers> tiers_;  // cpu_offload: the host tier; else null
   std::vector<std::unique_ptr<FsdpUnit>> units_;  // forward order; the root first
   std::deque<PendingReduction> pending_;
   // Every unit of a transformer reduces the same sizes, so its buffers are reused instead of

@@ -119,3 +119,21 @@ void DiskStore::run() {
 }
 
 }  // namespace mmtrain
+
+namespace mmtrain {
+
+at::Tensor DiskStore::window(int64_t numel) { return aligned_buffer(numel); }
+
+std::shared_future<void> DiskStore::read(int64_t offset, at::Tensor chunk) {
+  return read(offset, chunk.data_ptr(), chunk.numel() * static_cast<int64_t>(sizeof(float)));
+}
+
+std::shared_future<void> DiskStore::write(int64_t offset, const at::Tensor& chunk) {
+  return write(offset, chunk.data_ptr(), chunk.numel() * static_cast<int64_t>(sizeof(float)));
+}
+
+std::string DiskStore::describe() const {
+  return "on disk in " + path_ + (direct_ ? " (direct I/O)" : " (buffered I/O)");
+}
+
+}  // namespace mmtrain

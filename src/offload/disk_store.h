@@ -14,6 +14,7 @@
 // offset and the errno.
 #pragma once
 #include "io/direct_io.h"
+#include "offload/tier_store.h"
 
 #include <ATen/ATen.h>
 
@@ -29,19 +30,16 @@
 
 namespace mmtrain {
 
-class DiskStore {
+class DiskStore : public TierStore {
  public:
   static constexpr int64_t kAlign = kDirectIoAlign;
   static constexpr int64_t kFloatsPerBlock = kAlign / static_cast<int64_t>(sizeof(float));
 
   // Creates (truncates) the rank's file under dir; fails naming dir when it cannot.
   DiskStore(const std::string& dir, int rank);
-  ~DiskStore();  // finishes queued transfers, closes and removes the file
+  ~DiskStore() override;  // finishes queued transfers, closes and removes the file
   DiskStore(const DiskStore&) = delete;
   DiskStore& operator=(const DiskStore&) = delete;
-
-  // A new region of `bytes` (rounded up to kAlign) at the end of the file; returns its offset.
-  int64_t reserve(int64_t bytes);
 
   // Queued transfers of `bytes` (rounded up to kAlign: the buffer must hold that many) between a
   // kAlign-aligned buffer and the file at `offset`. The future is ready when the bytes moved, and
@@ -49,9 +47,18 @@ class DiskStore {
   std::shared_future<void> read(int64_t offset, void* buffer, int64_t bytes);
   std::shared_future<void> write(int64_t offset, const void* buffer, int64_t bytes);
 
+  // TierStore: the windows are aligned RAM buffers (aligned_buffer), the chunks their slices;
+  // regions are whole kAlign blocks at the end of the file.
+  const char* tier() const override { return "disk"; }
+  at::Tensor window(int64_t numel) override;
+  int64_t reserve(int64_t bytes) override;
+  std::shared_future<void> read(int64_t offset, at::Tensor chunk) override;
+  std::shared_future<void> write(int64_t offset, const at::Tensor& chunk) override;
+  int64_t size() const override { return end_; }
+  std::string describe() const override;
+
   const std::string& path() const { return path_; }
   bool direct() const { return direct_; }  // O_DIRECT took
-  int64_t size() const { return end_; }    // bytes reserved
   int64_t bytes_read() const { return bytes_read_; }
   int64_t bytes_written() const { return bytes_written_; }
 

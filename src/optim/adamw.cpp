@@ -19,12 +19,14 @@ std::optional<AdamW::NonFiniteMoment> non_finite_in(size_t i, int64_t begin, con
 
 }  // namespace
 
-AdamW::AdamW(std::vector<at::Tensor> params, std::vector<at::Tensor> grads, AdamWOptions options)
+AdamW::AdamW(std::vector<at::Tensor> params, std::vector<at::Tensor> grads, AdamWOptions options,
+             const MomentAllocator& allocate_moment)
     : params_(std::move(params)), grads_(std::move(grads)), options_(options) {
+  const MomentAllocator zeros = allocate_moment ? allocate_moment : [](const at::Tensor& p) { return at::zeros_like(p); };
   if (params_.size() != grads_.size()) fail("AdamW: ", params_.size(), " params but ", grads_.size(), " grads");
   for (const auto& p : params_) {
     if (p.scalar_type() != at::kFloat) fail("AdamW: params must be fp32 (the FSDP shards), got ", p.scalar_type());
-    states_.push_back({at::zeros_like(p), at::zeros_like(p)});
+    states_.push_back({zeros(p), zeros(p)});
     steps_.push_back(at::zeros({}, p.options()));
   }
   masks_.resize(params_.size());
@@ -37,13 +39,13 @@ void AdamW::set_update_mask(size_t i, at::Tensor mask) {
   masks_[i] = std::move(mask);
 }
 
-void AdamW::offload_moments(std::shared_ptr<DiskStore> store, int64_t chunk_numel) {
+void AdamW::offload_moments(std::shared_ptr<TierStore> store, int64_t chunk_numel) {
   std::vector<int64_t> numels;
   for (const auto& p : params_) numels.push_back(p.numel());
-  disk_ = std::make_unique<DiskMoments>(std::move(store), numels, chunk_numel);
+  swapped_ = std::make_unique<SwappedMoments>(std::move(store), numels, chunk_numel);
   for (size_t i = 0; i < states_.size(); ++i) {
     if (states_[i].exp_avg.abs().max().item<float>() != 0 || states_[i].exp_avg_sq.abs().max().item<float>() != 0)
-      disk_->write(i, states_[i].exp_avg, states_[i].exp_avg_sq);  // the file starts as zeros
+      swapped_->write(i, states_[i].exp_avg, states_[i].exp_avg_sq);  // the store starts as zeros
     states_[i] = {};
   }
 }
@@ -71,7 +73,7 @@ void AdamW::step(double lr) {
     for (size_t k = 0; k < params.size(); ++k)
       if (masks[k].defined()) params[k].copy_(at::where(masks[k], params[k], before[k]));
   };
-  if (!disk_) {  // one kernel call over every param that updates
+  if (!swapped_) {  // one kernel call over every param that updates
     std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps, masks;
     for (size_t i : updating) {
       params.push_back(params_[i]);
@@ -84,20 +86,27 @@ void AdamW::step(double lr) {
     run_kernel(params, grads, exp_avgs, exp_avg_sqs, steps, masks);
     return;
   }
-  disk_non_finite_.reset();
-  disk_->stream(updating, [&](size_t i, int64_t begin, at::Tensor& exp_avg, at::Tensor& exp_avg_sq) {
+  swapped_non_finite_.reset();
+  swapped_->stream(updating, [&](size_t i, int64_t begin, at::Tensor& exp_avg, at::Tensor& exp_avg_sq) {
     const int64_t n = exp_avg.numel();
     const at::Tensor mask = masks_[i].defined() ? masks_[i].reshape(-1).narrow(0, begin, n) : at::Tensor();
-    run_kernel({params_[i].reshape(-1).narrow(0, begin, n)}, {grads_[i].reshape(-1).narrow(0, begin, n)}, {exp_avg},
-               {exp_avg_sq}, {steps_[i]}, {mask});
-    if (!disk_non_finite_) disk_non_finite_ = non_finite_in(i, begin, exp_avg, exp_avg_sq);
+    // A window away from the params (the disk tier's RAM windows, params on a GPU) visits them.
+    const at::Device where = params_[i].device();
+    at::Tensor avg = exp_avg.to(where), avg_sq = exp_avg_sq.to(where);
+    run_kernel({params_[i].reshape(-1).narrow(0, begin, n)}, {grads_[i].reshape(-1).narrow(0, begin, n)}, {avg},
+               {avg_sq}, {steps_[i]}, {mask});
+    if (!avg.is_same(exp_avg)) {
+      exp_avg.copy_(avg);
+      exp_avg_sq.copy_(avg_sq);
+    }
+    if (!swapped_non_finite_) swapped_non_finite_ = non_finite_in(i, begin, exp_avg, exp_avg_sq);
   });
 }
 
 AdamWState AdamW::moments(size_t i) const {
   if (i >= params_.size()) fail("AdamW: moments of param ", i, " of ", params_.size());
-  if (!disk_) return states_[i];
-  auto [exp_avg, exp_avg_sq] = disk_->read(i);
+  if (!swapped_) return states_[i];
+  auto [exp_avg, exp_avg_sq] = swapped_->read(i);
   return {exp_avg.view(params_[i].sizes()), exp_avg_sq.view(params_[i].sizes())};
 }
 
@@ -106,20 +115,20 @@ void AdamW::set_moments(size_t i, const at::Tensor& exp_avg, const at::Tensor& e
   for (const auto* m : {&exp_avg, &exp_avg_sq})
     if (m->sizes() != params_[i].sizes())
       fail("AdamW: moments of param ", i, " must be shaped ", params_[i].sizes(), ", got ", m->sizes());
-  if (disk_) return disk_->write(i, exp_avg, exp_avg_sq);
+  if (swapped_) return swapped_->write(i, exp_avg, exp_avg_sq);
   states_[i].exp_avg.copy_(exp_avg);
   states_[i].exp_avg_sq.copy_(exp_avg_sq);
 }
 
 std::optional<AdamW::NonFiniteMoment> AdamW::first_non_finite_moment() const {
-  if (disk_) return disk_non_finite_;
+  if (swapped_) return swapped_non_finite_;
   for (size_t i = 0; i < states_.size(); ++i)
     if (auto bad = non_finite_in(i, 0, states_[i].exp_avg, states_[i].exp_avg_sq)) return bad;
   return std::nullopt;
 }
 
 int64_t AdamW::state_bytes() const {
-  if (disk_) return disk_->window_bytes();
+  if (swapped_) return swapped_->window_bytes();
   int64_t bytes = 0;
   for (const auto& s : states_)
     bytes += (s.exp_avg.numel() + s.exp_avg_sq.numel()) * s.exp_avg.element_size();

@@ -8,9 +8,12 @@
 //   2. FSDP (parallel.fsdp_plan): a block hook that gathers the unit's parameters around every
 //      run of its block, the recompute run in backward included; shards over the mesh's fsdp
 //      group (dp_shard x cp) and all-reduces grads across its replicas (fsdp/fully_shard.h).
+//   1b. activation offload (features.enable_activation_offload): the recomputed blocks it selects
+//      hold their input activation in the host tier between forward and backward, through
+//      recompute's saved-input packer (parallel/activation_offload.h);
 // A block's hooks run outermost first: FSDP sits inside recompute so that the recomputed forward
-// finds its unit gathered. No step knows the internals of another. Activation offload is to be a
-// further block-hook step.
+// finds its unit gathered. No step knows the internals of another. The offload features share
+// one OffloadTiers (host pool, copy stream, counters); FSDP's cpu_offload keeps its shards there.
 #pragma once
 #include "dist/device_mesh.h"
 #include "fsdp/fully_shard.h"
@@ -25,17 +28,21 @@ namespace mmtrain {
 
 struct ParallelizePlan {
   std::vector<std::string> recompute_modules;  // blocks to recompute; empty = none
+  std::vector<std::string> activation_offload_modules;  // recomputed blocks whose inputs go to the host; empty = none
   FsdpConfig fsdp;
 };
 
-// The plan the YAML's parallel and features sections ask for.
+// The plan the YAML's parallel and features sections ask for. Activation offload without
+// recompute is refused by name (parallel/activation_offload.h says why).
 ParallelizePlan parallelize_plan(const ParallelConfig& parallel, const FeaturesConfig& features);
 
 // Applies the chain to model in the fixed order; the returned engine owns the shards (zeroed:
-// load or init them next).
-std::unique_ptr<Fsdp> parallelize(Module& model, const ParallelizePlan& plan, const DeviceMesh& mesh);
+// load or init them next). tiers: the offload tiers the plan's offload features use (null when
+// it has none).
+std::unique_ptr<Fsdp> parallelize(Module& model, const ParallelizePlan& plan, const DeviceMesh& mesh,
+                                  std::shared_ptr<OffloadTiers> tiers = nullptr);
 // The same with FSDP over one group and no other dimension (tests, single-group tools).
 std::unique_ptr<Fsdp> parallelize(Module& model, const ParallelizePlan& plan, std::shared_ptr<Comm> comm,
-                                  at::Device device = at::kCPU);
+                                  at::Device device = at::kCPU, std::shared_ptr<OffloadTiers> tiers = nullptr);
 
 }  // namespace mmtrain

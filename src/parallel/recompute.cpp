@@ -3,6 +3,10 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "core/error.h"
+
+#include <set>
+
 namespace mmtrain {
 namespace {
 
@@ -11,16 +15,32 @@ using torch::autograd::variable_list;
 
 struct RecomputeFnHolder : torch::CustomClassHolder {
   BlockFn recompute_fn;
+  std::vector<c10::intrusive_ptr<PackedInput>> packed;  // per input: set where the packer holds it
 };
 
+// An activation among a block's inputs: what a packer holds.
+bool is_activation(const at::Tensor& t) { return t.defined() && t.is_floating_point() && t.requires_grad(); }
+
 // Forward runs forward_fn under no-grad (a custom Function's forward saves nothing but what it
-// asks for: the inputs). Backward runs recompute_fn with grad on detached inputs and
-// backpropagates through that graph, so parameter grads happen inside this backward.
+// asks for: the inputs, or for packed ones nothing but the packer's handle). Backward runs
+// recompute_fn with grad on detached inputs and backpropagates through that graph, so parameter
+// grads happen inside this backward.
 struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   static at::Tensor forward(AutogradContext* ctx, at::TensorList inputs,
-                            c10::intrusive_ptr<RecomputeFnHolder> holder, const BlockFn& forward_fn) {
-    ctx->save_for_backward(inputs.vec());
+                            c10::intrusive_ptr<RecomputeFnHolder> holder, SavedInputPacker* packer,
+                            const BlockFn& forward_fn) {
+    std::vector<at::Tensor> kept = inputs.vec();
+    if (packer) {
+      holder->packed.resize(kept.size());
+      for (size_t i = 0; i < kept.size(); ++i)
+        if (is_activation(kept[i])) {
+          holder->packed[i] = packer->pack(kept[i]);
+          kept[i] = at::Tensor();
+        }
+    }
+    ctx->save_for_backward(kept);
     ctx->saved_data["recompute_fn"] = c10::IValue::make_capsule(holder);
+    // The block runs on the caller's tensors: packing only changed what is kept for backward.
     return forward_fn(inputs.vec());
   }
 
@@ -30,8 +50,15 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
         ctx->saved_data["recompute_fn"].toCapsule());
     std::vector<at::Tensor> detached;
     detached.reserve(saved.size());
-    for (const auto& t : saved)
+    for (size_t i = 0; i < saved.size(); ++i) {
+      if (i < holder->packed.size() && holder->packed[i]) {  // an activation: it required grad
+        detached.push_back(holder->packed[i]->unpack().detach().requires_grad_(true));
+        holder->packed[i].reset();
+        continue;
+      }
+      const auto& t = saved[i];
       detached.push_back(t.defined() ? t.detach().requires_grad_(t.requires_grad()) : t);
+    }
     at::Tensor output;
     {
       at::AutoGradMode enable_grad(true);
@@ -42,27 +69,48 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     for (const auto& t : detached)
       grads.push_back(t.defined() && t.requires_grad() ? t.grad() : at::Tensor());
     grads.push_back(at::Tensor());  // holder
+    grads.push_back(at::Tensor());  // packer
     grads.push_back(at::Tensor());  // forward_fn
     return grads;
   }
 };
 
 struct RecomputeHook : BlockHook {
+  std::shared_ptr<SavedInputPacker> packer;  // null: the inputs are saved as they are
+
+  explicit RecomputeHook(std::shared_ptr<SavedInputPacker> p) : packer(std::move(p)) {}
+
   at::Tensor run(const std::vector<at::Tensor>& inputs, BlockPass pass, const BlockNext& next) override {
     // Under no-grad (a frozen tower, evaluation) there is nothing to save, so nothing to recompute.
     if (!at::GradMode::is_enabled() || pass == BlockPass::recompute) return next(inputs, pass);
     auto holder = c10::make_intrusive<RecomputeFnHolder>();
     holder->recompute_fn = [next](const std::vector<at::Tensor>& in) { return next(in, BlockPass::recompute); };
     BlockFn forward_fn = [next](const std::vector<at::Tensor>& in) { return next(in, BlockPass::forward); };
-    return CheckpointFunction::apply(at::TensorList(inputs), holder, forward_fn);
+    return CheckpointFunction::apply(at::TensorList(inputs), holder, packer.get(), forward_fn);
   }
 };
 
 }  // namespace
 
-void apply_recompute(Module& model, const std::vector<std::string>& patterns) {
-  auto hook = std::make_shared<RecomputeHook>();
-  for (auto& [name, block] : select_blocks(model, patterns, "recompute_plan.apply_modules")) block->add_hook(hook);
+void apply_recompute(Module& model, const std::vector<std::string>& patterns,
+                     const std::vector<std::string>& packed_patterns, std::shared_ptr<SavedInputPacker> packer,
+                     const std::string& packed_key) {
+  std::set<Module*> packed;
+  if (packer) {
+    const auto recomputed = select_blocks(model, patterns, "recompute_plan.apply_modules");
+    for (auto& [name, block] : select_blocks(model, packed_patterns, packed_key)) {
+      bool found = false;
+      for (const auto& entry : recomputed) found = found || entry.second == block;
+      if (!found)
+        fail(packed_key, ": '", name, "' is not recomputed (features.recompute_plan.apply_modules): only a "
+             "recomputed block keeps nothing but its inputs, which is what is offloaded");
+      packed.insert(block);
+    }
+  }
+  auto plain = std::make_shared<RecomputeHook>(nullptr);
+  auto packing = std::make_shared<RecomputeHook>(packer);
+  for (auto& [name, block] : select_blocks(model, patterns, "recompute_plan.apply_modules"))
+    block->add_hook(packed.count(block) ? packing : plain);
 }
 
 }  // namespace mmtrain

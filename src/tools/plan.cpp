@@ -5,7 +5,7 @@
 #include "core/text.h"
 #include "fsdp/plan.h"
 #include "models/model_spec.h"
-#include "optim/disk_moments.h"
+#include "optim/swapped_moments.h"
 #include "tools/command.h"
 #include "train/config.h"
 
@@ -165,10 +165,10 @@ void plan_memory(const PlanOptions& o) {
     j["total_bytes_without_activations"] = fixed;
   }
   // The disk tier (training.optimizer adamw_swap with offload_dir): the moments leave for the
-  // disk, RAM keeps three windows of at most DiskMoments::kMaxChunkNumel elements (fewer when
+  // disk, RAM keeps three windows of at most SwappedMoments::kMaxChunkNumel elements (fewer when
   // training.mem_fraction_static of the free memory at run time is smaller).
   const int64_t windows =
-      DiskMoments::window_bytes_for(DiskMoments::chunk_numel_for(1.0, std::nullopt, plan.largest_shard_numel()));
+      SwappedMoments::window_bytes_for(SwappedMoments::chunk_numel_for(1.0, std::nullopt, plan.largest_shard_numel()));
   const int64_t total = j.contains("total_bytes") ? j["total_bytes"].get<int64_t>() : fixed;
   const bool on_disk = !cfg.training.offload_dir.empty();
   std::printf("\n  AdamW moments on disk (training.optimizer adamw_swap + offload_dir)%s\n", on_disk ? "  (this config)" : "");

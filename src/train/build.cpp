@@ -1,5 +1,6 @@
 #include "train/build.h"
 
+#include "core/error.h"
 #include "parallel/parallelize.h"
 #include "train/hf_weights.h"
 
@@ -16,22 +17,30 @@ DeviceMesh build_mesh(const ParallelDims& dims, const Runtime& runtime) {
   return DeviceMesh(dims.mesh(), runtime.comm, runtime.store, runtime.device);
 }
 
-std::unique_ptr<Fsdp> parallelize_model(const Config& config, Model& model, const DeviceMesh& mesh) {
-  return parallelize(model, parallelize_plan(config.parallel, config.features), mesh);
+std::unique_ptr<Fsdp> parallelize_model(const Config& config, Model& model, const DeviceMesh& mesh,
+                                        std::shared_ptr<OffloadTiers> tiers) {
+  if (!tiers) tiers = OffloadTiers::make(mesh.world()->device());
+  return parallelize(model, parallelize_plan(config.parallel, config.features), mesh, std::move(tiers));
 }
 
 AdamWOptions adamw_options(const TrainingConfig& t) {
   return AdamWOptions{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay};
 }
 
-std::unique_ptr<AdamW> make_fsdp_adamw(Fsdp& fsdp, const AdamWOptions& options) {
+std::unique_ptr<AdamW> make_fsdp_adamw(Fsdp& fsdp, const AdamWOptions& options,
+                                       const std::shared_ptr<OffloadTiers>& tiers) {
   std::vector<at::Tensor> params, grads;
   const auto units = fsdp.units();
   for (auto* unit : units) {
     params.push_back(unit->shard_flat);
     grads.push_back(unit->grad_flat);
   }
-  auto adamw = std::make_unique<AdamW>(params, grads, options);
+  AdamW::MomentAllocator moments;  // default: zeros like the param, where it is
+  if (fsdp.config().cpu_offload) {
+    if (!tiers) fail("fsdp_plan.cpu_offload: make_fsdp_adamw was given no offload tiers");
+    moments = [pool = tiers->host_pool](const at::Tensor& param) { return pool->take_zeros(param.sizes(), at::kFloat); };
+  }
+  auto adamw = std::make_unique<AdamW>(params, grads, options, moments);
   for (size_t u = 0; u < units.size(); ++u) adamw->set_update_mask(u, fsdp_trainable_mask(*units[u]));
   return adamw;
 }

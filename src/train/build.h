@@ -22,12 +22,16 @@ std::shared_ptr<Model> build_model(const Config& config);
 // runtime's world). Collective over the runtime's world (every rank builds its groups).
 DeviceMesh build_mesh(const ParallelDims& dims, const Runtime& runtime);
 // The parallelize chain the config asks for (context parallelism, features.recompute_plan,
-// parallel.fsdp_plan) over the mesh.
-std::unique_ptr<Fsdp> parallelize_model(const Config& config, Model& model, const DeviceMesh& mesh);
+// activation offload, parallel.fsdp_plan) over the mesh; its offload features use tiers (null:
+// fresh ones for the mesh's device).
+std::unique_ptr<Fsdp> parallelize_model(const Config& config, Model& model, const DeviceMesh& mesh,
+                                        std::shared_ptr<OffloadTiers> tiers = nullptr);
 AdamWOptions adamw_options(const TrainingConfig& training);
 // AdamW over every unit's fp32 flat shard and grad, with frozen parameters (requires_grad
-// false) masked out of the update.
-std::unique_ptr<AdamW> make_fsdp_adamw(Fsdp& fsdp, const AdamWOptions& options);
+// false) masked out of the update. With fsdp_plan.cpu_offload the moments are in the host tier,
+// beside the shards.
+std::unique_ptr<AdamW> make_fsdp_adamw(Fsdp& fsdp, const AdamWOptions& options,
+                                       const std::shared_ptr<OffloadTiers>& tiers = nullptr);
 // Weights from model.checkpoint_path / model_name_or_path (HF layout, through the model's HF
 // adapter), else a seeded random init. Returns how many tensors had their layout converted (0 for
 // a random init).

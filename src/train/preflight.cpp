@@ -4,7 +4,7 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "fsdp/plan.h"
-#include "optim/disk_moments.h"
+#include "optim/swapped_moments.h"
 
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -119,7 +119,7 @@ void preflight_paths(const Config& config, int rank) {
 }
 
 int64_t adamw_offload_chunk_numel(const TrainingConfig& training, Device device, int64_t largest_shard_numel) {
-  return DiskMoments::chunk_numel_for(training.mem_fraction_static,
+  return SwappedMoments::chunk_numel_for(training.mem_fraction_static,
                                       device == Device::cuda ? cuda_free_memory_bytes() : available_memory_bytes(),
                                       largest_shard_numel);
 }
@@ -158,7 +158,7 @@ void preflight_memory(const Config& config, Module& model, const LaunchEnv& env,
   const int sharing = cuda ? 1 : env.local_world_size;
   int64_t per_rank = plan.sharded_state_bytes() + plan.transient_bytes();
   if (moments_on_disk)  // RAM keeps only the moments' windows (sized as the trainer will size them)
-    per_rank += DiskMoments::window_bytes_for(DiskMoments::chunk_numel_for(
+    per_rank += SwappedMoments::window_bytes_for(SwappedMoments::chunk_numel_for(
                     config.training.mem_fraction_static, available, plan.largest_shard_numel())) -
                 plan.optimizer_bytes;
   const int64_t needed = per_rank * sharing;

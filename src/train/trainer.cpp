@@ -5,6 +5,7 @@
 #include "core/text.h"
 #include "dist/node_names.h"
 #include "models/flops_report.h"
+#include "offload/host_store.h"
 #include "optim/lr_schedule.h"
 #include "train/build.h"
 #include "train/memory_profile.h"
@@ -29,6 +30,7 @@ struct Trainer::State {
   Runtime runtime;
   std::unique_ptr<DeviceMesh> mesh;
   std::shared_ptr<Model> model;
+  std::shared_ptr<OffloadTiers> tiers;  // the offload features' host pool, copy stream and counters
   std::unique_ptr<Fsdp> fsdp;
   std::unique_ptr<AdamW> adamw;
   LrSchedule schedule;
@@ -71,9 +73,10 @@ struct Trainer::State {
     if (const auto summary = data.dataset->summary(); !summary.empty()) log(summary);
     model = build_model(c);
     preflight_memory(c, *model, runtime.env, runtime.device, dims.fsdp());
-    fsdp = parallelize_model(c, *model, *mesh);
-    adamw = make_fsdp_adamw(*fsdp, adamw_options(c.training));
-    if (!c.training.offload_dir.empty()) offload_moments();
+    tiers = OffloadTiers::make(comm().device());
+    fsdp = parallelize_model(c, *model, *mesh, tiers);
+    adamw = make_fsdp_adamw(*fsdp, adamw_options(c.training), tiers);
+    if (c.training.optimizer == "adamw_swap") offload_moments();
     schedule = LrSchedule::make(c.training.lr, c.training.lr_min, c.training.lr_warmup_ratio, c.training.train_iters,
                                 c.training.lr_decay_style);
     const std::string trace_dir =
@@ -92,36 +95,58 @@ struct Trainer::State {
     log(line);
   }
 
-  // What the disk tier has moved so far (zeros without one).
-  struct OffloadCounters {
-    int64_t read = 0, written = 0;
-    double wait_ms = 0;
-  };
-  OffloadCounters offload_counters() const {
-    const auto* disk = adamw->disk_moments();
-    if (!disk) return {};
-    return {disk->store().bytes_read(), disk->store().bytes_written(), disk->wait_ms()};
+  // What the offload tiers have moved so far, and the time waited on them: the copies count
+  // themselves (OffloadStats); the disk tier's bytes are its store's, its waits the moments'.
+  OffloadCounts offload_counts() const {
+    OffloadCounts counts = tiers->stats->snapshot();
+    const auto* swapped = adamw->swapped_moments();
+    if (const auto* disk = swapped ? dynamic_cast<const DiskStore*>(&swapped->store()) : nullptr) {
+      counts.disk_read_bytes = disk->bytes_read();
+      counts.disk_written_bytes = disk->bytes_written();
+      counts.disk_wait_us = static_cast<int64_t>(swapped->wait_ms() * 1000.0);
+    }
+    return counts;
   }
-  nlohmann::json offload_record(const OffloadCounters& before) const {
-    if (!adamw->disk_moments()) return nullptr;
-    const auto now = offload_counters();
-    return {{"disk", {{"read_mib", (now.read - before.read) / 1048576.0},
-                      {"written_mib", (now.written - before.written) / 1048576.0},
-                      {"wait_ms", now.wait_ms - before.wait_ms}}}};
+  // metrics.jsonl's "offload": per tier in use, what this step moved and waited (rank 0's).
+  nlohmann::json offload_record(const OffloadCounts& before) const {
+    const auto& c = config;
+    const bool host = c.features.enable_activation_offload || c.parallel.fsdp_plan.cpu_offload ||
+                      (c.training.optimizer == "adamw_swap" && c.training.offload_dir.empty());
+    const bool disk = !c.training.offload_dir.empty();
+    if (!host && !disk) return nullptr;
+    const OffloadCounts step = offload_counts() - before;
+    auto mib = [](int64_t bytes) { return bytes / 1048576.0; };
+    nlohmann::json record = nlohmann::json::object();
+    if (host)
+      record["host"] = {{"to_host_mib", mib(step.to_host_bytes)},
+                        {"to_device_mib", mib(step.to_device_bytes)},
+                        {"wait_ms", step.host_wait_us / 1000.0},
+                        {"held_mib", mib(tiers->host_pool->held_bytes())}};
+    if (disk)
+      record["disk"] = {{"read_mib", mib(step.disk_read_bytes)},
+                        {"written_mib", mib(step.disk_written_bytes)},
+                        {"wait_ms", step.disk_wait_us / 1000.0}};
+    return record;
   }
 
-  // training.optimizer adamw_swap: the AdamW moments go to this rank's file under offload_dir.
+  // training.optimizer adamw_swap: the AdamW moments go to the host tier, or to this rank's file
+  // under offload_dir, and pass through windows where the update runs (the shards' device).
   void offload_moments() {
     const auto& t = config.training;
-    auto store = std::make_shared<DiskStore>(t.offload_dir, comm().rank());
+    std::shared_ptr<TierStore> store;
+    if (t.offload_dir.empty())
+      store = std::make_shared<HostStore>(tiers->host_pool,
+                                          std::make_shared<CopyStream>(fsdp->shard_device(), tiers->stats));
+    else
+      store = std::make_shared<DiskStore>(t.offload_dir, comm().rank());
     int64_t largest = 0;
     for (const auto* unit : fsdp->units()) largest = std::max(largest, unit->shard_flat.numel());
     adamw->offload_moments(store, adamw_offload_chunk_numel(t, runtime.device, largest));
-    const auto* disk = adamw->disk_moments();
-    log(format("training.offload_dir: AdamW moments on disk in %s (%.1f MiB per rank, %s I/O), through %.1f MiB of "
-               "RAM windows (chunks of %lld elements)",
-               store->path().c_str(), store->size() / 1048576.0, store->direct() ? "direct" : "buffered",
-               disk->window_bytes() / 1048576.0, static_cast<long long>(disk->chunk_numel())));
+    const auto* swapped = adamw->swapped_moments();
+    log(format("training.optimizer adamw_swap: AdamW moments %s (%.1f MiB per rank), through %.1f MiB of windows "
+               "(chunks of %lld elements)",
+               store->describe().c_str(), store->size() / 1048576.0, swapped->window_bytes() / 1048576.0,
+               static_cast<long long>(swapped->chunk_numel())));
   }
 
   // Rank 0 holds training.save for the run (train/save_root_lock.h); when another run holds it,
@@ -372,7 +397,7 @@ struct Trainer::State {
         memory_profile->begin_step();
       }
       profiler->begin_step(step + 1);
-      const OffloadCounters offload_before = offload_counters();
+      const OffloadCounts offload_before = offload_counts();
       const auto stats = train_step(*model, *fsdp, *adamw, settings, [&](int micro) {
         auto batch = loader.next(step, micro);
         for (auto& [key, tensor] : batch) tensor = tensor.to(comm().device());

@@ -67,14 +67,8 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
         check.one_of("optimizer", t.optimizer, {"adamw", "adamw_swap"});
         if (!(t.mem_fraction_static > 0.0 && t.mem_fraction_static <= 1.0))
           check.invalid("mem_fraction_static", "in (0, 1]", number(t.mem_fraction_static));
-        if (t.optimizer == "adamw_swap" && t.offload_dir.empty())
-          check.invalid("optimizer",
-                        "adamw_swap together with training.offload_dir (the moments' disk tier); its host tier "
-                        "(moments in pinned host memory, for CUDA) is not built yet, and on CPU the moments are in "
-                        "host memory already",
-                        "adamw_swap without training.offload_dir");
         if (!t.offload_dir.empty() && t.optimizer != "adamw_swap")
-          check.invalid("offload_dir", "empty unless training.optimizer is adamw_swap (it holds that optimizer's moments)",
+          check.invalid("offload_dir", "empty unless training.optimizer is adamw_swap (it holds that optimizer's moments on disk)",
                         "'" + t.offload_dir + "' with optimizer " + t.optimizer);
         if (t.async_save && !t.offload_dir.empty())
           check.invalid("async_save",

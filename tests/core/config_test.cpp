@@ -504,7 +504,7 @@ namespace {
 
 // What the seed's YAML can say but mmtrain cannot run is refused by train / debug step, naming
 // the key; the seed's own values (all defaults here) pass; `plan` keeps accepting them. (Ulysses,
-// ring attention and HSDP left this list when they were implemented.)
+// ring attention, HSDP and the offload trio left this list when they were implemented.)
 TEST(ConfigTest, UnimplementedFeaturesAreRefusedNotIgnored) {
   EXPECT_NO_THROW(config_check_supported(load(kSeedYaml), 8));
   struct Refused {
@@ -516,9 +516,6 @@ TEST(ConfigTest, UnimplementedFeaturesAreRefusedNotIgnored) {
       {{"parallel.tensor_parallel_size=2"}, "parallel.tensor_parallel_size", "tensor parallelism"},
       {{"parallel.expert_parallel_size=2"}, "parallel.expert_parallel_size", "expert parallelism"},
       {{"parallel.fsdp_plan.ignored_modules=[layers.0]"}, "parallel.fsdp_plan.ignored_modules", "unsharded modules"},
-      {{"parallel.fsdp_plan.cpu_offload=true"}, "parallel.fsdp_plan.cpu_offload", "offload to the host"},
-      {{"features.enable_activation_offload=true", "features.activation_offload_plan.apply_modules=[layers.{*}]"},
-       "features.enable_activation_offload", "activation offload"},
       {{"features.loss_cfg.loss_type=per-token"}, "features.loss_cfg.loss_type", "a loss reduction other than"},
       {{"model.enable_gradient_checkpointing=true"}, "model.enable_gradient_checkpointing", "model-internal checkpointing"},
   };

@@ -1,9 +1,10 @@
-"""AdamW moments on the disk tier (`training.optimizer: adamw_swap` with `training.offload_dir`):
-tiny MagiHuman and tiny Magistral on 2 ranks, recompute on, fp32, train bitwise like the moments in
-RAM (losses, grad norms, and every tensor of the checkpoint, moments included); a run resumes
-bitwise across the setting in both directions; bad settings are refused before training, naming
-the key; a disk that fails mid-run stops the run naming the file and errno, and the last
-checkpoint stays intact."""
+"""The offload features: activation offload (`features.enable_activation_offload`), FSDP CPU offload
+(`parallel.fsdp_plan.cpu_offload`), AdamW moments swapped to the host tier (`training.optimizer:
+adamw_swap`) or to disk (with `training.offload_dir`), and all three together. Tiny MagiHuman and
+tiny Magistral on 2 ranks, recompute on, fp32, 20 steps: each trains bitwise like no offload
+(losses, grad norms, and every tensor of the checkpoint, moments included); a run resumes bitwise
+across the settings; bad settings are refused before training, naming the key; a disk that fails
+mid-run stops the run naming the file and errno, and the last checkpoint stays intact."""
 import os
 import shutil
 import subprocess
@@ -27,6 +28,20 @@ def on_disk(tmp: Path) -> list:
     offload = tmp / "offload"
     offload.mkdir(parents=True, exist_ok=True)
     return ["--set", "training.optimizer=adamw_swap", "--set", f"training.offload_dir={offload}"]
+
+
+RECOMPUTED = {"magihuman": '["dit.block.layers.{*}"]', "mistral3": '["model.language_model.layers.{*}"]'}
+
+
+def offload_sets(feature: str, model: str, tmp: Path) -> list:
+    """The --set arguments that switch `feature` on."""
+    activations = ["--set", "features.enable_activation_offload=true",
+                   "--set", f"features.activation_offload_plan.apply_modules={RECOMPUTED[model]}"]
+    cpu_offload = ["--set", "parallel.fsdp_plan.cpu_offload=true"]
+    return {"activations": activations,
+            "cpu_offload": cpu_offload,
+            "swap_host": ["--set", "training.optimizer=adamw_swap"],
+            "all_three": activations + cpu_offload + on_disk(tmp)}[feature]
 
 
 def magihuman_config(tmp: Path, fixture_dirs, iters=ITERS) -> Path:
@@ -53,6 +68,12 @@ def checkpoint_tensors(iter_dir: Path) -> dict:
     return out
 
 
+def make_config(request, model: str, tmp: Path) -> Path:
+    if model == "magihuman":
+        return magihuman_config(tmp, request.getfixturevalue("fixture_dirs"))
+    return mistral3_config(tmp, request.getfixturevalue("data"))
+
+
 def assert_bitwise_equal_runs(a_dir: Path, a_metrics, b_dir: Path, b_metrics):
     assert [(m["iteration"], m["loss"], m["grad_norm"]) for m in a_metrics] == \
            [(m["iteration"], m["loss"], m["grad_norm"]) for m in b_metrics]
@@ -66,12 +87,33 @@ def assert_bitwise_equal_runs(a_dir: Path, a_metrics, b_dir: Path, b_metrics):
 
 
 @pytest.mark.parametrize("model", ["magihuman", "mistral3"])
+def test_each_offload_feature_and_all_three_train_bitwise_like_none(tmp_path, request, model):
+    none_metrics, _ = train(make_config(request, model, tmp_path / "none"))
+    moved = {}
+    for feature in ("activations", "cpu_offload", "swap_host", "all_three"):
+        run = tmp_path / feature
+        metrics, proc = train(make_config(request, model, run), *offload_sets(feature, model, run))
+        assert_bitwise_equal_runs(tmp_path / "none", none_metrics, run, metrics)
+        moved[feature] = metrics[-1]["offload"]["host"]
+        assert all(m["offload"]["host"]["to_host_mib"] > 0 for m in metrics), feature
+    assert "offload" not in none_metrics[-1]
+    # What moved is each feature's own traffic: the block inputs out and back, the shards to the
+    # device (forward and backward gathers) and the grads back, or the moments through the windows.
+    act = moved["activations"]
+    assert act["to_host_mib"] == act["to_device_mib"] and act["held_mib"] == 0
+    cpu = moved["cpu_offload"]
+    assert cpu["to_device_mib"] > cpu["to_host_mib"] > 0 and cpu["held_mib"] > 0
+    swap = moved["swap_host"]
+    assert swap["to_host_mib"] == swap["to_device_mib"] and swap["held_mib"] > 0
+    assert moved["all_three"]["to_host_mib"] == pytest.approx(act["to_host_mib"] + cpu["to_host_mib"])
+
+
+@pytest.mark.parametrize("model", ["magihuman", "mistral3"])
 def test_moments_on_disk_train_bitwise_like_moments_in_ram(tmp_path, request, model):
-    make = {"magihuman": lambda t: magihuman_config(t, request.getfixturevalue("fixture_dirs")),
-            "mistral3": lambda t: mistral3_config(t, request.getfixturevalue("data"))}[model]
+    make = lambda t: make_config(request, model, t)
     ram_metrics, _ = train(make(tmp_path / "ram"))
     disk_metrics, proc = train(make(tmp_path / "disk"), *on_disk(tmp_path / "disk"))
-    assert "AdamW moments on disk in" in proc.stdout and "RAM windows" in proc.stdout
+    assert "AdamW moments on disk in" in proc.stdout and "of windows" in proc.stdout
     assert_bitwise_equal_runs(tmp_path / "ram", ram_metrics, tmp_path / "disk", disk_metrics)
     # Every step streamed the moments through the disk tier, and says so.
     assert all(m["offload"]["disk"]["read_mib"] > 0 and m["offload"]["disk"]["written_mib"] > 0 for m in disk_metrics)
@@ -79,9 +121,9 @@ def test_moments_on_disk_train_bitwise_like_moments_in_ram(tmp_path, request, mo
     # The files are scratch: gone with the run.
     assert list((tmp_path / "disk" / "offload").iterdir()) == []
 
-    # Resume across the setting, both ways: from the RAM run's iteration 10 with the moments on
-    # disk, and from the disk run's in RAM; both end as the straight runs did.
-    for source, sets in (("ram", on_disk(tmp_path / "ram_then_disk")), ("disk", [])):
+    # Resume across the settings: from the RAM run's iteration 10 with all three features on
+    # (moments on disk), and from the disk run's with none; both end as the straight runs did.
+    for source, sets in (("ram", offload_sets("all_three", model, tmp_path / "ram_then_all")), ("disk", [])):
         cfg = make(tmp_path / f"{source}_resumed")
         resumed, proc = train(cfg, "--set", f"training.load={tmp_path / source / 'ckpt' / 'iter_0000010'}", *sets)
         assert "resumed from" in proc.stdout
@@ -93,8 +135,8 @@ def test_bad_offload_settings_are_refused_before_training(tmp_path, fixture_dirs
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
     cases = [
-        (["--set", "training.optimizer=adamw_swap"], "training.optimizer: expected adamw_swap together with "
-                                                     "training.offload_dir"),
+        (["--set", "features.recompute=false", *offload_sets("activations", "magihuman", tmp_path)],
+         "features.enable_activation_offload: needs features.recompute on the same blocks"),
         (["--set", f"training.offload_dir={tmp_path}"], "training.offload_dir: expected empty unless "
                                                         "training.optimizer is adamw_swap"),
         ([*on_disk(tmp_path), "--set", "training.mem_fraction_static=1.5"], "training.mem_fraction_static: "

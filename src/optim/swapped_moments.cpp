@@ -1,4 +1,4 @@
-#include "optim/disk_moments.h"
+#include "optim/swapped_moments.h"
 
 #include "core/error.h"
 
@@ -18,25 +18,25 @@ void both_done(const std::shared_future<void>& a, const std::shared_future<void>
 
 }  // namespace
 
-DiskMoments::DiskMoments(std::shared_ptr<DiskStore> store, const std::vector<int64_t>& numels, int64_t chunk_numel)
+SwappedMoments::SwappedMoments(std::shared_ptr<TierStore> store, const std::vector<int64_t>& numels, int64_t chunk_numel)
     : store_(std::move(store)), chunk_numel_(chunk_numel) {
   // Whole blocks per chunk, so every chunk's offset in a region stays block-aligned.
-  constexpr int64_t per_block = DiskStore::kFloatsPerBlock;
+  constexpr int64_t per_block = kFloatsPerBlock;
   if (chunk_numel_ < per_block || chunk_numel_ % per_block != 0)
-    fail("DiskMoments: chunk_numel must be a positive multiple of ", per_block, ", got ", chunk_numel_);
+    fail("SwappedMoments: chunk_numel must be a positive multiple of ", per_block, ", got ", chunk_numel_);
   for (int64_t numel : numels) {
     const int64_t bytes = numel * static_cast<int64_t>(sizeof(float));
     regions_.push_back({numel, store_->reserve(bytes), store_->reserve(bytes)});
   }
   for (auto& window : windows_) {
-    window.exp_avg = aligned_buffer(chunk_numel_);
-    window.exp_avg_sq = aligned_buffer(chunk_numel_);
+    window.exp_avg = store_->window(chunk_numel_);
+    window.exp_avg_sq = store_->window(chunk_numel_);
   }
 }
 
-int64_t DiskMoments::chunk_numel_for(double mem_fraction_static, std::optional<int64_t> free_bytes,
+int64_t SwappedMoments::chunk_numel_for(double mem_fraction_static, std::optional<int64_t> free_bytes,
                                      int64_t largest_numel) {
-  constexpr int64_t per_block = DiskStore::kFloatsPerBlock;
+  constexpr int64_t per_block = kFloatsPerBlock;
   int64_t numel = std::min(kMaxChunkNumel, (largest_numel + per_block - 1) / per_block * per_block);
   if (free_bytes) {
     const double budget = mem_fraction_static * static_cast<double>(*free_bytes);
@@ -45,9 +45,7 @@ int64_t DiskMoments::chunk_numel_for(double mem_fraction_static, std::optional<i
   return std::max(per_block, numel / per_block * per_block);
 }
 
-int64_t DiskMoments::window_bytes() const { return window_bytes_for(chunk_numel_); }
-
-void DiskMoments::wait(std::shared_future<void>& transfer) {
+void SwappedMoments::wait(std::shared_future<void>& transfer) {
   if (!transfer.valid()) return;
   const auto began = std::chrono::steady_clock::now();
   transfer.get();  // rethrows the store's error
@@ -55,18 +53,17 @@ void DiskMoments::wait(std::shared_future<void>& transfer) {
   transfer = {};
 }
 
-void DiskMoments::start_read(const Chunk& chunk, Window& window) {
+void SwappedMoments::start_read(const Chunk& chunk, Window& window) {
   // The window's previous chunk must be on disk before the buffers are reused.
   wait(window.write_avg);
   wait(window.write_avg_sq);
   const Region& region = regions_[chunk.param];
   const int64_t at = chunk.begin * static_cast<int64_t>(sizeof(float));
-  const int64_t bytes = chunk.numel * static_cast<int64_t>(sizeof(float));
-  window.read_avg = store_->read(region.exp_avg + at, window.exp_avg.data_ptr(), bytes);
-  window.read_avg_sq = store_->read(region.exp_avg_sq + at, window.exp_avg_sq.data_ptr(), bytes);
+  window.read_avg = store_->read(region.exp_avg + at, window.exp_avg.narrow(0, 0, chunk.numel));
+  window.read_avg_sq = store_->read(region.exp_avg_sq + at, window.exp_avg_sq.narrow(0, 0, chunk.numel));
 }
 
-void DiskMoments::stream(const std::vector<size_t>& params, const Update& update) {
+void SwappedMoments::stream(const std::vector<size_t>& params, const Update& update) {
   std::vector<Chunk> chunks;
   for (size_t param : params)
     for (int64_t begin = 0; begin < regions_.at(param).numel; begin += chunk_numel_)
@@ -92,9 +89,8 @@ void DiskMoments::stream(const std::vector<size_t>& params, const Update& update
       update(chunk.param, chunk.begin, exp_avg, exp_avg_sq);
       const Region& region = regions_[chunk.param];
       const int64_t at = chunk.begin * static_cast<int64_t>(sizeof(float));
-      const int64_t bytes = chunk.numel * static_cast<int64_t>(sizeof(float));
-      window.write_avg = store_->write(region.exp_avg + at, window.exp_avg.data_ptr(), bytes);
-      window.write_avg_sq = store_->write(region.exp_avg_sq + at, window.exp_avg_sq.data_ptr(), bytes);
+      window.write_avg = store_->write(region.exp_avg + at, exp_avg);
+      window.write_avg_sq = store_->write(region.exp_avg_sq + at, exp_avg_sq);
     }
     for (auto& w : windows_) {
       wait(w.write_avg);
@@ -106,22 +102,19 @@ void DiskMoments::stream(const std::vector<size_t>& params, const Update& update
   }
 }
 
-std::pair<at::Tensor, at::Tensor> DiskMoments::read(size_t param) const {
+std::pair<at::Tensor, at::Tensor> SwappedMoments::read(size_t param) const {
   const Region& region = regions_.at(param);
-  at::Tensor exp_avg = aligned_buffer(region.numel), exp_avg_sq = aligned_buffer(region.numel);
-  const int64_t bytes = region.numel * static_cast<int64_t>(sizeof(float));
-  both_done(store_->read(region.exp_avg, exp_avg.data_ptr(), bytes),
-            store_->read(region.exp_avg_sq, exp_avg_sq.data_ptr(), bytes));
+  at::Tensor exp_avg = store_->window(region.numel), exp_avg_sq = store_->window(region.numel);
+  both_done(store_->read(region.exp_avg, exp_avg), store_->read(region.exp_avg_sq, exp_avg_sq));
   return {exp_avg, exp_avg_sq};
 }
 
-void DiskMoments::write(size_t param, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) {
+void SwappedMoments::write(size_t param, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) {
   const Region& region = regions_.at(param);
-  const int64_t bytes = region.numel * static_cast<int64_t>(sizeof(float));
-  at::Tensor a = aligned_buffer(region.numel), b = aligned_buffer(region.numel);
+  at::Tensor a = store_->window(region.numel), b = store_->window(region.numel);
   a.copy_(exp_avg.reshape(-1));
   b.copy_(exp_avg_sq.reshape(-1));
-  both_done(store_->write(region.exp_avg, a.data_ptr(), bytes), store_->write(region.exp_avg_sq, b.data_ptr(), bytes));
+  both_done(store_->write(region.exp_avg, a), store_->write(region.exp_avg_sq, b));
 }
 
 }  // namespace mmtrain

@@ -1,8 +1,10 @@
-// AdamW with its moments on the disk tier (AdamW::offload_moments, optim/disk_moments.h) against
-// the same AdamW in memory: chunks that do not divide the params, a masked param and a wholly
-// frozen one; params and moments bitwise equal after every step, a checkpoint-style round trip
-// of the moments, and NaN found in the chunk that holds it.
+// AdamW with its moments swapped out (AdamW::offload_moments, optim/swapped_moments.h), on the
+// disk tier and on the host tier, against the same AdamW in memory: chunks that do not divide the
+// params, a masked param and a wholly frozen one; params and moments bitwise equal after every
+// step, a checkpoint-style round trip of the moments, and NaN found in the chunk that holds it.
 #include "optim/adamw.h"
+
+#include "offload/host_store.h"
 
 #include "checkpoint/checkpoint_test_util.h"
 #include "test_util.h"
@@ -23,6 +25,27 @@ struct Pair {
   std::unique_ptr<AdamW> adamw;
 };
 
+// One tier's store, and what it moved so far in each direction.
+struct Tier {
+  std::string name;
+  testing::TempDir dir;
+  std::shared_ptr<OffloadStats> stats = std::make_shared<OffloadStats>();
+  std::shared_ptr<TierStore> store;
+
+  explicit Tier(const std::string& which) : name(which) {
+    if (which == "disk")
+      store = std::make_shared<DiskStore>(dir.str(), 0);
+    else
+      store = std::make_shared<HostStore>(std::make_shared<HostPool>(), std::make_shared<CopyStream>(at::kCPU, stats));
+  }
+  int64_t bytes_written() const {
+    if (auto* disk = dynamic_cast<DiskStore*>(store.get())) return disk->bytes_written();
+    return stats->to_host_bytes;
+  }
+};
+
+class AdamWSwapped : public ::testing::TestWithParam<std::string> {};
+
 Pair make(const std::vector<at::Tensor>& init, const AdamWOptions& options) {
   Pair out;
   for (const auto& p : init) {
@@ -36,14 +59,14 @@ Pair make(const std::vector<at::Tensor>& init, const AdamWOptions& options) {
   return out;
 }
 
-TEST(AdamWOnDisk, EqualsTheInMemoryStepBitwise) {
-  testing::TempDir dir;
+TEST_P(AdamWSwapped, EqualsTheInMemoryStepBitwise) {
+  Tier tier(GetParam());
   const AdamWOptions options{0.9, 0.95, 1e-8, 0.1};
   auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
   const std::vector<at::Tensor> init = {at::randn({2500}, gen), at::randn({7}, gen), at::randn({3, 700}, gen),
                                         at::randn({2048}, gen)};
   Pair memory = make(init, options), disk = make(init, options);
-  disk.adamw->offload_moments(std::make_shared<DiskStore>(dir.str(), 0), kChunk);
+  disk.adamw->offload_moments(tier.store, kChunk);
   EXPECT_EQ(disk.adamw->state_bytes(), 3 * 2 * kChunk * 4);  // three windows, whatever the params
   for (int step = 0; step < 5; ++step) {
     for (size_t i = 0; i < init.size(); ++i) {
@@ -61,18 +84,19 @@ TEST(AdamWOnDisk, EqualsTheInMemoryStepBitwise) {
     }
   }
   EXPECT_FALSE(disk.adamw->first_non_finite_moment());
-  // Written per step, in whole 4096-byte blocks of 1024 floats: 2500 elements -> 3, 7 -> 1, 2100
-  // -> 3 (param 3 is frozen), two moments each.
-  EXPECT_EQ(disk.adamw->disk_moments()->store().bytes_written(), (3 + 1 + 3) * 4096 * 2 * 5);
+  // Written per step, two moments of each param but the frozen one: on disk in whole 4096-byte
+  // blocks of 1024 floats (2500 elements -> 3, 7 -> 1, 2100 -> 3), to the host as they are.
+  const int64_t per_step = GetParam() == "disk" ? (3 + 1 + 3) * 4096 * 2 : (2500 + 7 + 2100) * 4 * 2;
+  EXPECT_EQ(tier.bytes_written(), per_step * 5);
 }
 
-TEST(AdamWOnDisk, MomentsSetAndReadBackAndResumeEqually) {
-  testing::TempDir dir;
+TEST_P(AdamWSwapped, MomentsSetAndReadBackAndResumeEqually) {
+  Tier tier(GetParam());
   auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
   const std::vector<at::Tensor> init = {at::randn({1500}, gen), at::randn({9}, gen), at::randn({2, 5}, gen),
                                         at::randn({3}, gen)};
   Pair memory = make(init, {}), disk = make(init, {});
-  disk.adamw->offload_moments(std::make_shared<DiskStore>(dir.str(), 0), kChunk);
+  disk.adamw->offload_moments(tier.store, kChunk);
   for (size_t i = 0; i < init.size(); ++i) {  // as a checkpoint load does
     const auto m = at::randn(init[i].sizes(), gen), v = at::rand(init[i].sizes(), gen);
     memory.adamw->set_moments(i, m, v);
@@ -89,13 +113,13 @@ TEST(AdamWOnDisk, MomentsSetAndReadBackAndResumeEqually) {
                   "AdamW: moments of param 1 must be shaped [9], got [8]");
 }
 
-TEST(AdamWOnDisk, FindsANonFiniteMomentInItsChunk) {
-  testing::TempDir dir;
+TEST_P(AdamWSwapped, FindsANonFiniteMomentInItsChunk) {
+  Tier tier(GetParam());
   auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
   const std::vector<at::Tensor> init = {at::randn({3000}, gen), at::randn({9}, gen), at::randn({2, 5}, gen),
                                         at::randn({3}, gen)};
   Pair disk = make(init, {});
-  disk.adamw->offload_moments(std::make_shared<DiskStore>(dir.str(), 0), kChunk);
+  disk.adamw->offload_moments(tier.store, kChunk);
   disk.grads[0].fill_(1);
   disk.grads[0][2100] = std::numeric_limits<float>::infinity();  // third chunk of param 0
   disk.adamw->step(1e-3);
@@ -105,6 +129,9 @@ TEST(AdamWOnDisk, FindsANonFiniteMomentInItsChunk) {
   EXPECT_EQ(bad->moment, "exp_avg");
   EXPECT_EQ(bad->element, 2100);
 }
+
+INSTANTIATE_TEST_SUITE_P(Tiers, AdamWSwapped, ::testing::Values("disk", "host"),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace mmtrain

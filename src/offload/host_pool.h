@@ -1,0 +1,46 @@
+// The host tier's memory: buffers of page-locked host RAM (cudaHostAlloc under MMTRAIN_CUDA, so
+// that device<->host copies run asynchronously at full bandwidth; page-aligned RAM on CPU) that
+// are reused across steps. A fresh pinned allocation costs milliseconds on CUDA, so a buffer whose
+// tensor dies goes back to a free list of its byte size and the next take() of that size gets it.
+//
+// The memory comes from outside ATen's allocators on purpose: on a CPU build the "device" is the
+// host too, and tools.memory_profile counts ATen's CPU allocator as the device, so what lives in
+// the pool shows as host-tier bytes (held_bytes()), not as device memory, as it would on a GPU.
+//
+// Thread-safe: tensors may die on any thread (autograd's, a copy stream's callback).
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace mmtrain {
+
+class HostPool {
+ public:
+  HostPool();
+  ~HostPool();  // frees the pooled buffers; tensors still alive keep theirs until they die
+  HostPool(const HostPool&) = delete;
+  HostPool& operator=(const HostPool&) = delete;
+
+  // A host tensor of `shape` and `dtype`, contents undefined, on a pooled buffer of at least its
+  // bytes (rounded up to whole pages). The buffer returns to the pool when the last tensor
+  // sharing its storage dies.
+  at::Tensor take(at::IntArrayRef shape, at::ScalarType dtype);
+  // The same, zero-filled.
+  at::Tensor take_zeros(at::IntArrayRef shape, at::ScalarType dtype);
+
+  int64_t held_bytes() const;       // buffers handed out now
+  int64_t peak_held_bytes() const;  // the most ever handed out at once
+  int64_t pooled_bytes() const;     // free buffers kept for reuse
+  bool pinned() const;              // page-locked (a CUDA build)
+
+ private:
+  struct Shared;  // the free lists; outlives the pool while a tensor holds a buffer
+  std::shared_ptr<Shared> shared_;
+};
+
+}  // namespace mmtrain

@@ -1,0 +1,36 @@
+// What the offload tiers moved and how long training waited for them, per process, for
+// metrics.jsonl ("offload": {"host": {...}, "disk": {...}}) and tests. Counters only grow; a step's
+// figures are the difference of two snapshots. Updated from the I/O thread and the training
+// thread, hence atomics (wait times in microseconds).
+#pragma once
+#include <atomic>
+#include <cstdint>
+
+namespace mmtrain {
+
+struct OffloadCounts {
+  int64_t to_host_bytes = 0;       // device -> host tier
+  int64_t to_device_bytes = 0;     // host tier -> device
+  int64_t host_wait_us = 0;        // time the step blocked on device<->host copies
+  int64_t disk_read_bytes = 0;     // disk tier -> RAM
+  int64_t disk_written_bytes = 0;  // RAM -> disk tier
+  int64_t disk_wait_us = 0;        // time the step blocked on the disk
+
+  OffloadCounts operator-(const OffloadCounts& before) const {
+    return {to_host_bytes - before.to_host_bytes,     to_device_bytes - before.to_device_bytes,
+            host_wait_us - before.host_wait_us,       disk_read_bytes - before.disk_read_bytes,
+            disk_written_bytes - before.disk_written_bytes, disk_wait_us - before.disk_wait_us};
+  }
+};
+
+struct OffloadStats {
+  std::atomic<int64_t> to_host_bytes{0}, to_device_bytes{0}, host_wait_us{0};
+  std::atomic<int64_t> disk_read_bytes{0}, disk_written_bytes{0}, disk_wait_us{0};
+
+  OffloadCounts snapshot() const {
+    return {to_host_bytes.load(), to_device_bytes.load(), host_wait_us.load(),
+            disk_read_bytes.load(), disk_written_bytes.load(), disk_wait_us.load()};
+  }
+};
+
+}  // namespace mmtrain
