@@ -6,6 +6,7 @@
 #include "fsdp/plan.h"
 #include "models/model_spec.h"
 #include "optim/swapped_moments.h"
+#include "train/offload_plan.h"
 #include "tools/command.h"
 #include "train/config.h"
 
@@ -164,20 +165,31 @@ void plan_memory(const PlanOptions& o) {
     row("= TOTAL per rank without activations", fixed);
     j["total_bytes_without_activations"] = fixed;
   }
-  // The disk tier (training.optimizer adamw_swap with offload_dir): the moments leave for the
-  // disk, RAM keeps three windows of at most SwappedMoments::kMaxChunkNumel elements (fewer when
-  // training.mem_fraction_static of the free memory at run time is smaller).
-  const int64_t windows =
+  // The offload features, each and combined (train/offload_plan.h has the rules). The windows are
+  // those of the largest chunk; at run time training.mem_fraction_static of the free memory may
+  // make them smaller.
+  OffloadPlanInputs offload_in;
+  offload_in.fsdp = &plan;
+  offload_in.other_device_bytes = cp_buffer_bytes;
+  if (no_activations.empty()) {
+    offload_in.activation_bytes = recompute ? act.with_recompute_bytes() : act.without_recompute_bytes();
+    offload_in.layer_inputs_bytes = act.layer_inputs_bytes;
+    offload_in.num_layers = act.num_layers;
+  }
+  offload_in.window_bytes =
       SwappedMoments::window_bytes_for(SwappedMoments::chunk_numel_for(1.0, std::nullopt, plan.largest_shard_numel()));
-  const int64_t total = j.contains("total_bytes") ? j["total_bytes"].get<int64_t>() : fixed;
-  const bool on_disk = !cfg.training.offload_dir.empty();
-  std::printf("\n  AdamW moments on disk (training.optimizer adamw_swap + offload_dir)%s\n", on_disk ? "  (this config)" : "");
-  row("RAM: the moments' windows (instead of the moments)", windows);
-  row("disk: the moments (one file per rank under offload_dir)", plan.optimizer_bytes);
-  row("= TOTAL per rank in RAM, moments on disk", total - plan.optimizer_bytes + windows);
-  j["offload"] = {{"moments_on_disk", {{"memory_bytes", total - plan.optimizer_bytes + windows},
-                                       {"optimizer_window_bytes", windows},
-                                       {"disk_bytes", plan.optimizer_bytes}}}};
+  const OffloadSetting chosen = OffloadSetting::of(cfg);
+  std::printf("\n  offload features, per rank: device / host tier / disk%s\n",
+              no_activations.empty() ? "" : " (activations not counted)");
+  j["offload"] = nlohmann::ordered_json::object();
+  for (const auto& setting : OffloadSetting::all(recompute)) {
+    const TierBytes t = offload_tier_bytes(offload_in, setting);
+    std::printf("    %-44s %9.3f / %9.3f / %9.3f GiB%s\n", setting.name().c_str(), gib(t.device), gib(t.host),
+                gib(t.disk), setting == chosen ? "  (this config)" : "");
+    j["offload"][setting.name()] = {{"device_bytes", t.device}, {"host_bytes", t.host}, {"disk_bytes", t.disk}};
+  }
+  j["offload_window_bytes"] = offload_in.window_bytes;
+  std::printf("  (on CPU the device is the host: device + host share its RAM)\n");
   std::printf("  (no allocator reserve, comm library buffers, kernel workspaces or runtime context: "
               "docs/tools.md)\n");
   std::printf("%s\n", j.dump().c_str());

@@ -5,6 +5,7 @@
 #include "core/text.h"
 #include "fsdp/plan.h"
 #include "optim/swapped_moments.h"
+#include "train/offload_plan.h"
 
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -156,11 +157,22 @@ void preflight_memory(const Config& config, Module& model, const LaunchEnv& env,
   const auto available = cuda ? cuda_free_memory_bytes() : available_memory_bytes();
   if (!available) return;
   const int sharing = cuda ? 1 : env.local_world_size;
-  int64_t per_rank = plan.sharded_state_bytes() + plan.transient_bytes();
-  if (moments_on_disk)  // RAM keeps only the moments' windows (sized as the trainer will size them)
-    per_rank += SwappedMoments::window_bytes_for(SwappedMoments::chunk_numel_for(
-                    config.training.mem_fraction_static, available, plan.largest_shard_numel())) -
-                plan.optimizer_bytes;
+  // The offload features this config turns on move bytes off the device (train/offload_plan.h);
+  // on CPU the host tier is the same RAM, so there only the disk tier takes bytes away.
+  OffloadPlanInputs offload_in;
+  offload_in.fsdp = &plan;
+  offload_in.window_bytes = SwappedMoments::window_bytes_for(
+      SwappedMoments::chunk_numel_for(config.training.mem_fraction_static, available, plan.largest_shard_numel()));
+  const TierBytes tiers = offload_tier_bytes(offload_in, OffloadSetting::of(config));
+  if (cuda && tiers.host > 0) {  // the host tier is this node's pinned RAM, shared by its ranks
+    const auto host_available = available_memory_bytes();
+    const int64_t host_needed = tiers.host * env.local_world_size;
+    if (host_available && host_needed > *host_available)
+      fail("config ", config.source_path, ": the offload features' host tier needs ", gib(tiers.host), " per rank x ",
+           env.local_world_size, " rank(s) on this node = ", gib(host_needed), " of pinned host memory, but ",
+           gib(*host_available), " are available (MemAvailable / cgroup limit); `mmtrain plan` shows each tier");
+  }
+  const int64_t per_rank = cuda ? tiers.device : tiers.device + tiers.host;
   const int64_t needed = per_rank * sharing;
   if (needed <= *available) return;
   const std::string where = cuda ? "this rank's GPU (cuda:" + std::to_string(env.local_rank) + ")" : "this machine";

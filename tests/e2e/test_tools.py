@@ -8,7 +8,7 @@ import re
 import torch
 from safetensors.torch import save_file
 
-from conftest import REPO, run_mmtrain, tiny_config, write_config
+from conftest import REPO, read_metrics, run_mmtrain, tiny_config, write_config
 
 FULL = REPO / "examples" / "magihuman" / "magihuman_config_t2av.yaml"
 SEED_ARGS = ["--seqlens", "4606", "--gbs", "8", "--device_num", "8", "--step_time", "4.6348",
@@ -149,15 +149,29 @@ def test_plan_matches_what_the_trainer_allocates(tmp_path, token_file):
     (tmp_path / "offload").mkdir()
     disk = ["--set", "training.optimizer=adamw_swap", "--set", f"training.offload_dir={tmp_path / 'offload'}",
             "--set", f"logging.output_dir={tmp_path / 'run_disk'}"]
-    tiers = last_json(run_mmtrain(["plan", str(cfg), "--world-size", "2", "--seqlen", "16", *disk]))["offload"]
-    moments = tiers["moments_on_disk"]
+    disk_plan = last_json(run_mmtrain(["plan", str(cfg), "--world-size", "2", "--seqlen", "16", *disk]))
+    tiers, windows = disk_plan["offload"], disk_plan["offload_window_bytes"]
+    assert "(this config)" in next(line for line in run_mmtrain(["plan", str(cfg), "--world-size", "2", *disk])
+                                   .stdout.splitlines() if line.strip().startswith("adamw_swap(disk) "))
+    moments = tiers["adamw_swap(disk)"]
     assert moments["disk_bytes"] == plan["optimizer_bytes"]
-    assert moments["memory_bytes"] == plan["total_bytes"] - plan["optimizer_bytes"] + moments["optimizer_window_bytes"]
+    assert moments["device_bytes"] + moments["host_bytes"] == plan["total_bytes"] - plan["optimizer_bytes"] + windows
+    assert tiers["none"] == {"device_bytes": plan["total_bytes"], "host_bytes": 0, "disk_bytes": 0}
+    # cpu_offload: the sharded state leaves the device for the host, byte for byte.
+    cpu = tiers["cpu_offload"]
+    assert cpu["host_bytes"] == plan["sharded_state_bytes"]
+    assert cpu["device_bytes"] == plan["total_bytes"] - plan["sharded_state_bytes"]
     train = run_mmtrain(["train", str(cfg), *disk], world=2)
     m = re.search(r"optimizer state ([\d.]+) MiB", train.stdout)
-    assert float(m.group(1)) == round(moments["optimizer_window_bytes"] / MIB, 2), train.stdout
-    m = re.search(r"mmtrain_rank_00000.offload \(([\d.]+) MiB per rank", train.stdout)
+    assert float(m.group(1)) == round(windows / MIB, 2), train.stdout
+    m = re.search(r"mmtrain_rank_00000.offload \((?:direct|buffered) I/O\) \(([\d.]+) MiB per rank", train.stdout)
     assert float(m.group(1)) == round(moments["disk_bytes"] / MIB, 1), train.stdout
+    # What cpu_offload's run holds in the host tier is the plan's host bytes (each tensor of the
+    # pool rounded up to whole pages: shards, grads and two moments per unit).
+    run_mmtrain(["train", str(cfg), "--set", "parallel.fsdp_plan.cpu_offload=true",
+                 "--set", f"logging.output_dir={tmp_path / 'run_cpu_offload'}"], world=2)
+    held = read_metrics(tmp_path / "run_cpu_offload")[-1]["offload"]["host"]["held_mib"] * MIB
+    assert cpu["host_bytes"] <= held < cpu["host_bytes"] + 4 * plan["units"] * 4096
 
 
 def test_plan_full_magihuman_on_eight_ranks():

@@ -1,0 +1,64 @@
+#include "train/offload_plan.h"
+
+#include "train/config.h"
+
+#include <algorithm>
+
+namespace mmtrain {
+
+std::string OffloadSetting::name() const {
+  std::string out;
+  auto add = [&out](const char* part) { out += (out.empty() ? "" : "+") + std::string(part); };
+  if (activations) add("activations");
+  if (cpu_offload) add("cpu_offload");
+  if (swap) add(disk ? "adamw_swap(disk)" : "adamw_swap(host)");
+  return out.empty() ? "none" : out;
+}
+
+OffloadSetting OffloadSetting::of(const Config& config) {
+  OffloadSetting s;
+  s.activations = config.features.enable_activation_offload;
+  s.cpu_offload = config.parallel.fsdp_plan.cpu_offload;
+  s.swap = config.training.optimizer == "adamw_swap";
+  s.disk = !config.training.offload_dir.empty();
+  return s;
+}
+
+std::vector<OffloadSetting> OffloadSetting::all(bool recompute) {
+  std::vector<OffloadSetting> out = {{}, {false, true, false, false}, {false, false, true, false},
+                                     {false, false, true, true}, {false, true, true, true}};
+  if (recompute) {
+    out.insert(out.begin() + 1, OffloadSetting{true, false, false, false});
+    out.push_back({true, true, true, true});
+  }
+  return out;
+}
+
+TierBytes offload_tier_bytes(const OffloadPlanInputs& in, const OffloadSetting& s) {
+  const FsdpMemoryPlan& p = *in.fsdp;
+  TierBytes t;
+  t.device = p.sharded_state_bytes() + p.transient_bytes() + in.other_device_bytes + in.activation_bytes;
+  if (s.activations && in.num_layers > 0) {
+    const int64_t per_layer = in.layer_inputs_bytes / in.num_layers;
+    t.device -= per_layer * std::max<int64_t>(0, in.num_layers - 2);
+    t.host += per_layer * std::max<int64_t>(0, in.num_layers - 1);
+  }
+  if (s.cpu_offload) {
+    t.device -= p.sharded_state_bytes();
+    t.host += p.sharded_state_bytes();
+  }
+  // The moments leave the side where the step runs (the host under cpu_offload); three windows
+  // take their place there, or in host RAM when the disk holds them.
+  int64_t& step_side = s.cpu_offload ? t.host : t.device;
+  if (s.swap) step_side -= p.optimizer_bytes;
+  if (s.swap && s.disk) {
+    t.disk += p.optimizer_bytes;
+    t.host += in.window_bytes;
+  } else if (s.swap) {
+    t.host += p.optimizer_bytes;
+    step_side += in.window_bytes;
+  }
+  return t;
+}
+
+}  // namespace mmtrain

@@ -1,0 +1,51 @@
+// Where a rank's bytes sit under each combination of the offload features: the device, the host
+// tier (pinned RAM) and the disk tier, from the FSDP memory plan and the activation estimate.
+// `mmtrain plan` prints the table; the rules mirror what the features do:
+//   activation offload: of the n recomputed layers' inputs, n - 1 go to the host, and the device
+//     keeps two at a time (the one in use and the one in flight: sent, or prefetched);
+//   cpu_offload: the fp32 shards, their grads and the moments go to the host;
+//   adamw_swap: the moments go to the host tier, three chunk windows stay where the step runs;
+//   adamw_swap + offload_dir: the moments go to disk, the windows are host RAM.
+// On CPU the device is the host: there the device and host columns share one RAM.
+#pragma once
+#include "fsdp/plan.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mmtrain {
+
+struct Config;
+
+struct OffloadSetting {
+  bool activations = false;  // features.enable_activation_offload (needs recompute)
+  bool cpu_offload = false;  // parallel.fsdp_plan.cpu_offload
+  bool swap = false;         // training.optimizer adamw_swap
+  bool disk = false;         // ... with training.offload_dir
+  std::string name() const;  // "none", "activations+cpu_offload+adamw_swap(disk)", ...
+  bool operator==(const OffloadSetting& o) const {
+    return activations == o.activations && cpu_offload == o.cpu_offload && swap == o.swap && disk == o.disk;
+  }
+
+  static OffloadSetting of(const Config& config);
+  // Each feature alone and the useful combinations, activation offload only where recompute is on.
+  static std::vector<OffloadSetting> all(bool recompute);
+};
+
+struct OffloadPlanInputs {
+  const FsdpMemoryPlan* fsdp = nullptr;
+  int64_t other_device_bytes = 0;    // besides sharded state and gathered units (context-parallel buffers)
+  int64_t activation_bytes = 0;      // with recompute; 0 when not estimated
+  int64_t layer_inputs_bytes = 0;    // of that, the recomputed layers' inputs
+  int64_t num_layers = 0;
+  int64_t window_bytes = 0;          // adamw_swap's three chunk windows
+};
+
+struct TierBytes {
+  int64_t device = 0, host = 0, disk = 0;
+};
+
+TierBytes offload_tier_bytes(const OffloadPlanInputs& in, const OffloadSetting& setting);
+
+}  // namespace mmtrain
