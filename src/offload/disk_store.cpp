@@ -37,7 +37,8 @@ at::Tensor aligned_buffer(int64_t numel) {
   return storage.narrow(0, offset / static_cast<int64_t>(sizeof(float)), numel);
 }
 
-DiskStore::DiskStore(const std::string& dir, int rank) : path_(rank_file(dir, rank)) {
+DiskStore::DiskStore(const std::string& dir, int rank, std::shared_ptr<HostPool> host_pool)
+    : path_(rank_file(dir, rank)), host_pool_(std::move(host_pool)) {
   fd_ = open_direct_when_supported(path_, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600, &direct_);
   if (fd_ < 0) fail("training.offload_dir: cannot create ", path_, ": ", std::strerror(errno));
   thread_ = std::thread([this] { run(); });
@@ -122,7 +123,13 @@ void DiskStore::run() {
 
 namespace mmtrain {
 
-at::Tensor DiskStore::window(int64_t numel) { return aligned_buffer(numel); }
+at::Tensor DiskStore::window(int64_t numel) {
+  if (!host_pool_) return aligned_buffer(numel);
+  // The pool's buffers start on a page and hold whole pages: whole blocks after the start.
+  static_assert(kAlign <= 4096, "the host pool aligns to 4096-byte pages");
+  return host_pool_->take_zeros({aligned_bytes(numel) / static_cast<int64_t>(sizeof(float))}, at::kFloat)
+      .narrow(0, 0, numel);
+}
 
 std::shared_future<void> DiskStore::read(int64_t offset, at::Tensor chunk) {
   return read(offset, chunk.data_ptr(), chunk.numel() * static_cast<int64_t>(sizeof(float)));

@@ -14,6 +14,7 @@
 // offset and the errno.
 #pragma once
 #include "io/direct_io.h"
+#include "offload/host_pool.h"
 #include "offload/tier_store.h"
 
 #include <ATen/ATen.h>
@@ -35,8 +36,10 @@ class DiskStore : public TierStore {
   static constexpr int64_t kAlign = kDirectIoAlign;
   static constexpr int64_t kFloatsPerBlock = kAlign / static_cast<int64_t>(sizeof(float));
 
-  // Creates (truncates) the rank's file under dir; fails naming dir when it cannot.
-  DiskStore(const std::string& dir, int rank);
+  // Creates (truncates) the rank's file under dir; fails naming dir when it cannot. The windows
+  // come from host_pool when one is given (pinned, page-aligned: the host tier's bytes), else
+  // from aligned_buffer.
+  DiskStore(const std::string& dir, int rank, std::shared_ptr<HostPool> host_pool = nullptr);
   ~DiskStore() override;  // finishes queued transfers, closes and removes the file
   DiskStore(const DiskStore&) = delete;
   DiskStore& operator=(const DiskStore&) = delete;
@@ -47,7 +50,7 @@ class DiskStore : public TierStore {
   std::shared_future<void> read(int64_t offset, void* buffer, int64_t bytes);
   std::shared_future<void> write(int64_t offset, const void* buffer, int64_t bytes);
 
-  // TierStore: the windows are aligned RAM buffers (aligned_buffer), the chunks their slices;
+  // TierStore: the windows are page-aligned RAM buffers of whole blocks, the chunks their slices;
   // regions are whole kAlign blocks at the end of the file.
   const char* tier() const override { return "disk"; }
   at::Tensor window(int64_t numel) override;
@@ -67,6 +70,7 @@ class DiskStore : public TierStore {
   void run();  // the I/O thread
 
   std::string path_;
+  std::shared_ptr<HostPool> host_pool_;
   int fd_ = -1;
   bool direct_ = false;
   int64_t end_ = 0;

@@ -111,7 +111,7 @@ struct Trainer::State {
   nlohmann::json offload_record(const OffloadCounts& before) const {
     const auto& c = config;
     const bool host = c.features.enable_activation_offload || c.parallel.fsdp_plan.cpu_offload ||
-                      (c.training.optimizer == "adamw_swap" && c.training.offload_dir.empty());
+                      c.training.optimizer == "adamw_swap";  // the disk tier's windows are host-tier bytes
     const bool disk = !c.training.offload_dir.empty();
     if (!host && !disk) return nullptr;
     const OffloadCounts step = offload_counts() - before;
@@ -138,7 +138,7 @@ struct Trainer::State {
       store = std::make_shared<HostStore>(tiers->host_pool,
                                           std::make_shared<CopyStream>(fsdp->shard_device(), tiers->stats));
     else
-      store = std::make_shared<DiskStore>(t.offload_dir, comm().rank());
+      store = std::make_shared<DiskStore>(t.offload_dir, comm().rank(), tiers->host_pool);
     int64_t largest = 0;
     for (const auto* unit : fsdp->units()) largest = std::max(largest, unit->shard_flat.numel());
     adamw->offload_moments(store, adamw_offload_chunk_numel(t, runtime.device, largest));
