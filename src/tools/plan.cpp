@@ -189,6 +189,7 @@ void plan_memory(const PlanOptions& o) {
     j["offload"][setting.name()] = {{"device_bytes", t.device}, {"host_bytes", t.host}, {"disk_bytes", t.disk}};
   }
   j["offload_window_bytes"] = offload_in.window_bytes;
+  j["largest_shard_numel"] = plan.largest_shard_numel();
   std::printf("  (on CPU the device is the host: device + host share its RAM)\n");
   std::printf("  (no allocator reserve, comm library buffers, kernel workspaces or runtime context: "
               "docs/tools.md)\n");

@@ -46,6 +46,10 @@ TierBytes offload_tier_bytes(const OffloadPlanInputs& in, const OffloadSetting& 
   if (s.cpu_offload) {
     t.device -= p.sharded_state_bytes();
     t.host += p.sharded_state_bytes();
+    // The reduced grads wait on the device for their copy to the host: one shard-sized buffer
+    // per reduction in flight and the one being issued (without offload they reduce in place).
+    t.device += (kFsdpReductionsInFlight + 1) * p.largest_shard_numel() *
+                static_cast<int64_t>(c10::elementSize(p.config.reduce_dtype));
   }
   // The moments leave the side where the step runs (the host under cpu_offload); three windows
   // take their place there, or in host RAM when the disk holds them.

@@ -3,7 +3,8 @@
 // `mmtrain plan` prints the table; the rules mirror what the features do:
 //   activation offload: of the n recomputed layers' inputs, n - 1 go to the host, and the device
 //     keeps two at a time (the one in use and the one in flight: sent, or prefetched);
-//   cpu_offload: the fp32 shards, their grads and the moments go to the host;
+//   cpu_offload: the fp32 shards, their grads and the moments go to the host; the device keeps
+//     a reduce buffer per reduction in flight for the grads on their way there;
 //   adamw_swap: the moments go to the host tier, three chunk windows stay where the step runs;
 //   adamw_swap + offload_dir: the moments go to disk, the windows are host RAM.
 // On CPU the device is the host: there the device and host columns share one RAM.

@@ -21,6 +21,22 @@ import test_mistral3_training as mistral3
 fixture_dirs = magihuman.fixture_dirs  # tiny MagiHuman data and weights (module fixture)
 data = mistral3.data                    # tiny Magistral conversations with images
 
+
+@pytest.fixture(scope="module")
+def mixed_lengths(tmp_path_factory, fixture_dirs):
+    """Tiny MagiHuman samples of two odd lengths (21 and 23 tokens: 12 video + 5 or 7 audio + 4
+    text), so that a micro-batch of two packs unequal samples; the weights of fixture_dirs."""
+    root = tmp_path_factory.mktemp("offload_mixed")
+    data_dir, weights = fixture_dirs
+    shutil.copytree(data_dir, root / "data")
+    run_mmtrain(["fixture", "magihuman", "--out", str(root / "longer"), "--samples", "16", "--seed", "4",
+                 "--video-grid", "2,2,3", "--audio-tokens", "7", "--text-tokens", "4", "--video-channels", "16",
+                 "--audio-channels", "8", "--text-channels", "24"])
+    for sub in ("latents", "audio_latents", "conditions"):
+        for f in (root / "longer" / sub).iterdir():
+            shutil.copy(f, root / "data" / sub / f.name.replace("sample_", "sample_longer_"))
+    return root / "data", weights
+
 ITERS = 20
 
 
@@ -44,10 +60,11 @@ def offload_sets(feature: str, model: str, tmp: Path) -> list:
             "all_three": activations + cpu_offload + on_disk(tmp)}[feature]
 
 
-def magihuman_config(tmp: Path, fixture_dirs, iters=ITERS) -> Path:
+def magihuman_config(tmp: Path, fixture_dirs, iters=ITERS, micro_batch=1) -> Path:
     tmp.mkdir(parents=True, exist_ok=True)
     data_dir, weights = fixture_dirs
-    return write_config(tmp / "c.yaml", magihuman.config(tmp, data_dir, weights, accum=1, iters=iters))
+    text = magihuman.config(tmp, data_dir, weights, accum=1, iters=iters)
+    return write_config(tmp / "c.yaml", text.replace("micro_batch_size: 1,", f"micro_batch_size: {micro_batch},"))
 
 
 def mistral3_config(tmp: Path, data, iters=ITERS) -> Path:
@@ -69,8 +86,8 @@ def checkpoint_tensors(iter_dir: Path) -> dict:
 
 
 def make_config(request, model: str, tmp: Path) -> Path:
-    if model == "magihuman":
-        return magihuman_config(tmp, request.getfixturevalue("fixture_dirs"))
+    if model == "magihuman":  # two packed samples of unequal odd lengths per micro-batch
+        return magihuman_config(tmp, request.getfixturevalue("mixed_lengths"), micro_batch=2)
     return mistral3_config(tmp, request.getfixturevalue("data"))
 
 
@@ -89,6 +106,8 @@ def assert_bitwise_equal_runs(a_dir: Path, a_metrics, b_dir: Path, b_metrics):
 @pytest.mark.parametrize("model", ["magihuman", "mistral3"])
 def test_each_offload_feature_and_all_three_train_bitwise_like_none(tmp_path, request, model):
     none_metrics, _ = train(make_config(request, model, tmp_path / "none"))
+    if model == "magihuman":  # micro-batches pack samples of 21 and 23 tokens in varying mixes
+        assert len({m["tokens"] for m in none_metrics}) > 1
     moved = {}
     for feature in ("activations", "cpu_offload", "swap_host", "all_three"):
         run = tmp_path / feature
