@@ -21,8 +21,11 @@ if ! .venv-cuda/bin/python -c "import torch, nvidia.nccl; assert torch.version.c
   .venv-cuda/bin/pip install -q --disable-pip-version-check "$TORCH_CUDA"
 fi
 echo "build_cuda: $(.venv-cuda/bin/python -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)')"
+# TorchConfig looks for the toolkit with FindCUDA (CUDA_TOOLKIT_ROOT_DIR) and links NVRTC, which
+# the wheel ships in its nvidia package rather than the toolkit here.
+NVRTC=$(.venv-cuda/bin/python -c "import glob, os, nvidia; print(sorted(glob.glob(os.path.join(list(nvidia.__path__)[0], '*', 'lib', 'libnvrtc.so.*')))[0])")
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMMTRAIN_CUDA=ON \
-  -DMMTRAIN_PYTHON="$PWD/.venv-cuda/bin/python" -DCMAKE_CUDA_COMPILER="$CUDA_HOME/bin/nvcc" >/dev/null
+  -DMMTRAIN_PYTHON="$PWD/.venv-cuda/bin/python" -DCUDA_TOOLKIT_ROOT_DIR="$CUDA_HOME" -DCUDA_nvrtc_LIBRARY="$NVRTC" >/dev/null
 cmake --build "$BUILD_DIR" -j "$JOBS" --target mmtrain
 echo "build_cuda: built $BUILD_DIR/bin/mmtrain"
 "$BUILD_DIR/bin/mmtrain" --help >/dev/null
