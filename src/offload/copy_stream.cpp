@@ -85,8 +85,8 @@ CopyEvent CopyStream::copy(at::Tensor& dst, const at::Tensor& src) {
     c10::cuda::CUDAStreamGuard on_side(side_->stream);
     dst.copy_(src, /*non_blocking=*/true);
   }
-  for (const at::Tensor* t : {&dst, &src})
-    if (t->is_cuda()) c10::cuda::CUDACachingAllocator::recordStream(t->storage().data_ptr(), side_->stream);
+  for (const at::Tensor& t : {static_cast<const at::Tensor&>(dst), src})
+    if (t.is_cuda()) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), side_->stream);
   auto impl = std::make_shared<CopyEvent::Impl>();
   impl->stats = stats_;
   impl->event.record(side_->stream);

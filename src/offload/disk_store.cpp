@@ -66,7 +66,7 @@ int64_t DiskStore::reserve(int64_t bytes) {
 
 std::shared_future<void> DiskStore::read(int64_t offset, void* buffer, int64_t bytes) {
   const int64_t length = round_up(bytes);
-  return enqueue([=] {
+  return enqueue([this, buffer, offset, length] {
     for (int64_t done = 0; done < length;) {
       const ssize_t n = ::pread(fd_, static_cast<char*>(buffer) + done, length - done, offset + done);
       if (n < 0 && errno == EINTR) continue;
@@ -81,7 +81,7 @@ std::shared_future<void> DiskStore::read(int64_t offset, void* buffer, int64_t b
 
 std::shared_future<void> DiskStore::write(int64_t offset, const void* buffer, int64_t bytes) {
   const int64_t length = round_up(bytes);
-  return enqueue([=] {
+  return enqueue([this, buffer, offset, length] {
     for (int64_t done = 0; done < length;) {
       const ssize_t n = ::pwrite(fd_, static_cast<const char*>(buffer) + done, length - done, offset + done);
       if (n < 0 && errno == EINTR) continue;

@@ -8,9 +8,10 @@
 //   2. FSDP (parallel.fsdp_plan): a block hook that gathers the unit's parameters around every
 //      run of its block, the recompute run in backward included; shards over the mesh's fsdp
 //      group (dp_shard x cp) and all-reduces grads across its replicas (fsdp/fully_shard.h).
-//   1b. activation offload (features.enable_activation_offload): the recomputed blocks it selects
-//      hold their input activation in the host tier between forward and backward, through
-//      recompute's saved-input packer (parallel/activation_offload.h);
+//   1b. activation offload (features.enable_activation_offload): what the selected blocks keep for
+//      backward waits in the host tier: a recomputed block's input (through recompute's
+//      saved-input packer), or everything autograd saves in a block that is not recomputed
+//      (saved-tensor hooks) (parallel/activation_offload.h);
 // A block's hooks run outermost first: FSDP sits inside recompute so that the recomputed forward
 // finds its unit gathered. No step knows the internals of another. The offload features share
 // one OffloadTiers (host pool, copy stream, counters); FSDP's cpu_offload keeps its shards there.
@@ -32,8 +33,7 @@ struct ParallelizePlan {
   FsdpConfig fsdp;
 };
 
-// The plan the YAML's parallel and features sections ask for. Activation offload without
-// recompute is refused by name (parallel/activation_offload.h says why).
+// The plan the YAML's parallel and features sections ask for.
 ParallelizePlan parallelize_plan(const ParallelConfig& parallel, const FeaturesConfig& features);
 
 // Applies the chain to model in the fixed order; the returned engine owns the shards (zeroed:

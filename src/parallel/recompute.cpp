@@ -3,9 +3,6 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "core/error.h"
-
-#include <set>
 
 namespace mmtrain {
 namespace {
@@ -92,23 +89,10 @@ struct RecomputeHook : BlockHook {
 
 }  // namespace
 
-void apply_recompute(Module& model, const std::vector<std::string>& patterns,
-                     const std::vector<std::string>& packed_patterns, std::shared_ptr<SavedInputPacker> packer,
-                     const std::string& packed_key) {
-  std::set<Module*> packed;
-  if (packer) {
-    const auto recomputed = select_blocks(model, patterns, "recompute_plan.apply_modules");
-    for (auto& [name, block] : select_blocks(model, packed_patterns, packed_key)) {
-      bool found = false;
-      for (const auto& entry : recomputed) found = found || entry.second == block;
-      if (!found)
-        fail(packed_key, ": '", name, "' is not recomputed (features.recompute_plan.apply_modules): only a "
-             "recomputed block keeps nothing but its inputs, which is what is offloaded");
-      packed.insert(block);
-    }
-  }
+void apply_recompute(Module& model, const std::vector<std::string>& patterns, std::shared_ptr<SavedInputPacker> packer,
+                     const std::set<const Module*>& packed) {
   auto plain = std::make_shared<RecomputeHook>(nullptr);
-  auto packing = std::make_shared<RecomputeHook>(packer);
+  auto packing = std::make_shared<RecomputeHook>(std::move(packer));
   for (auto& [name, block] : select_blocks(model, patterns, "recompute_plan.apply_modules"))
     block->add_hook(packed.count(block) ? packing : plain);
 }

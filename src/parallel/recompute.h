@@ -15,6 +15,7 @@
 #include <ATen/core/custom_class.h>
 
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,11 +32,9 @@ struct SavedInputPacker {
 };
 
 // Installs the recompute hook on every block matching patterns (module patterns such as
-// "layers.{*}"). The blocks matching packed_patterns hold their activation inputs through packer
-// (each must also be recomputed). Fails naming the pattern when one matches no module, or the
-// module when a match is not a block or a packed block is not recomputed.
+// "layers.{*}"); the blocks in `packed` hold their activation inputs through packer. Fails naming
+// the pattern when one matches no module, or the module when a match is not a block.
 void apply_recompute(Module& model, const std::vector<std::string>& patterns,
-                     const std::vector<std::string>& packed_patterns = {},
-                     std::shared_ptr<SavedInputPacker> packer = nullptr, const std::string& packed_key = "");
+                     std::shared_ptr<SavedInputPacker> packer = nullptr, const std::set<const Module*>& packed = {});
 
 }  // namespace mmtrain

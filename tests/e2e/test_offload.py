@@ -55,6 +55,7 @@ def offload_sets(feature: str, model: str, tmp: Path) -> list:
                    "--set", f"features.activation_offload_plan.apply_modules={RECOMPUTED[model]}"]
     cpu_offload = ["--set", "parallel.fsdp_plan.cpu_offload=true"]
     return {"activations": activations,
+            "activations_no_recompute": activations + ["--set", "features.recompute=false"],
             "cpu_offload": cpu_offload,
             "swap_host": ["--set", "training.optimizer=adamw_swap"],
             "all_three": activations + cpu_offload + on_disk(tmp)}[feature]
@@ -109,7 +110,7 @@ def test_each_offload_feature_and_all_three_train_bitwise_like_none(tmp_path, re
     if model == "magihuman":  # micro-batches pack samples of 21 and 23 tokens in varying mixes
         assert len({m["tokens"] for m in none_metrics}) > 1
     moved = {}
-    for feature in ("activations", "cpu_offload", "swap_host", "all_three"):
+    for feature in ("activations", "activations_no_recompute", "cpu_offload", "swap_host", "all_three"):
         run = tmp_path / feature
         metrics, proc = train(make_config(request, model, run), *offload_sets(feature, model, run))
         assert_bitwise_equal_runs(tmp_path / "none", none_metrics, run, metrics)
@@ -120,6 +121,9 @@ def test_each_offload_feature_and_all_three_train_bitwise_like_none(tmp_path, re
     # device (forward and backward gathers) and the grads back, or the moments through the windows.
     act = moved["activations"]
     assert act["to_host_mib"] == act["to_device_mib"] and act["held_mib"] == 0
+    # Without recompute a block keeps every tensor autograd saves in it, not only its input.
+    saved = moved["activations_no_recompute"]
+    assert saved["to_host_mib"] == saved["to_device_mib"] > act["to_host_mib"] and saved["held_mib"] == 0
     cpu = moved["cpu_offload"]
     assert cpu["to_device_mib"] > cpu["to_host_mib"] > 0 and cpu["held_mib"] > 0
     swap = moved["swap_host"]
@@ -154,8 +158,9 @@ def test_bad_offload_settings_are_refused_before_training(tmp_path, fixture_dirs
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
     cases = [
-        (["--set", "features.recompute=false", *offload_sets("activations", "magihuman", tmp_path)],
-         "features.enable_activation_offload: needs features.recompute on the same blocks"),
+        (["--set", "features.enable_activation_offload=true",
+          "--set", "features.activation_offload_plan.apply_modules=[dit.block.nothing.{*}]"],
+         "features.activation_offload_plan.apply_modules"),
         (["--set", f"training.offload_dir={tmp_path}"], "training.offload_dir: expected empty unless "
                                                         "training.optimizer is adamw_swap"),
         ([*on_disk(tmp_path), "--set", "training.mem_fraction_static=1.5"], "training.mem_fraction_static: "

@@ -16,7 +16,8 @@ namespace {
 
 TEST(ActivationOffload, SendsEachInputWhenTheNextBlockStartsAndPrefetchesOneAhead) {
   auto tiers = OffloadTiers::make(at::kCPU);
-  ActivationOffload offload(tiers);
+  auto offload_owner = std::make_shared<ActivationOffload>(tiers);
+  ActivationOffload& offload = *offload_owner;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
   constexpr int kBlocks = 4;
   constexpr int64_t kBytes = 8 * 512 * 4;  // [8, 512] fp32: two pages each
