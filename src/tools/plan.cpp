@@ -173,7 +173,7 @@ void plan_memory(const PlanOptions& o) {
   offload_in.other_device_bytes = cp_buffer_bytes;
   if (no_activations.empty()) {
     offload_in.activation_bytes = recompute ? act.with_recompute_bytes() : act.without_recompute_bytes();
-    offload_in.layer_inputs_bytes = act.layer_inputs_bytes;
+    offload_in.layers_kept_bytes = recompute ? act.layer_inputs_bytes : act.layers_full_bytes;
     offload_in.num_layers = act.num_layers;
   }
   offload_in.window_bytes =
@@ -182,7 +182,7 @@ void plan_memory(const PlanOptions& o) {
   std::printf("\n  offload features, per rank: device / host tier / disk%s\n",
               no_activations.empty() ? "" : " (activations not counted)");
   j["offload"] = nlohmann::ordered_json::object();
-  for (const auto& setting : OffloadSetting::all(recompute)) {
+  for (const auto& setting : OffloadSetting::all()) {
     const TierBytes t = offload_tier_bytes(offload_in, setting);
     std::printf("    %-44s %9.3f / %9.3f / %9.3f GiB%s\n", setting.name().c_str(), gib(t.device), gib(t.host),
                 gib(t.disk), setting == chosen ? "  (this config)" : "");

@@ -24,14 +24,14 @@ OffloadSetting OffloadSetting::of(const Config& config) {
   return s;
 }
 
-std::vector<OffloadSetting> OffloadSetting::all(bool recompute) {
-  std::vector<OffloadSetting> out = {{}, {false, true, false, false}, {false, false, true, false},
-                                     {false, false, true, true}, {false, true, true, true}};
-  if (recompute) {
-    out.insert(out.begin() + 1, OffloadSetting{true, false, false, false});
-    out.push_back({true, true, true, true});
-  }
-  return out;
+std::vector<OffloadSetting> OffloadSetting::all() {
+  return {{},
+          {true, false, false, false},
+          {false, true, false, false},
+          {false, false, true, false},
+          {false, false, true, true},
+          {false, true, true, true},
+          {true, true, true, true}};
 }
 
 TierBytes offload_tier_bytes(const OffloadPlanInputs& in, const OffloadSetting& s) {
@@ -39,7 +39,7 @@ TierBytes offload_tier_bytes(const OffloadPlanInputs& in, const OffloadSetting& 
   TierBytes t;
   t.device = p.sharded_state_bytes() + p.transient_bytes() + in.other_device_bytes + in.activation_bytes;
   if (s.activations && in.num_layers > 0) {
-    const int64_t per_layer = in.layer_inputs_bytes / in.num_layers;
+    const int64_t per_layer = in.layers_kept_bytes / in.num_layers;
     t.device -= per_layer * std::max<int64_t>(0, in.num_layers - 2);
     t.host += per_layer * std::max<int64_t>(0, in.num_layers - 1);
   }

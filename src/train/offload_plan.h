@@ -1,8 +1,9 @@
 // Where a rank's bytes sit under each combination of the offload features: the device, the host
 // tier (pinned RAM) and the disk tier, from the FSDP memory plan and the activation estimate.
 // `mmtrain plan` prints the table; the rules mirror what the features do:
-//   activation offload: of the n recomputed layers' inputs, n - 1 go to the host, and the device
-//     keeps two at a time (the one in use and the one in flight: sent, or prefetched);
+//   activation offload: of what the n layers keep for backward (their inputs under recompute,
+//     every saved tensor without), n - 1 layers' worth go to the host, and the device keeps two
+//     layers' worth at a time (the one in use and the one in flight: sent, or prefetched);
 //   cpu_offload: the fp32 shards, their grads and the moments go to the host; the device keeps
 //     a reduce buffer per reduction in flight for the grads on their way there;
 //   adamw_swap: the moments go to the host tier, three chunk windows stay where the step runs;
@@ -20,7 +21,7 @@ namespace mmtrain {
 struct Config;
 
 struct OffloadSetting {
-  bool activations = false;  // features.enable_activation_offload (needs recompute)
+  bool activations = false;  // features.enable_activation_offload
   bool cpu_offload = false;  // parallel.fsdp_plan.cpu_offload
   bool swap = false;         // training.optimizer adamw_swap
   bool disk = false;         // ... with training.offload_dir
@@ -30,15 +31,15 @@ struct OffloadSetting {
   }
 
   static OffloadSetting of(const Config& config);
-  // Each feature alone and the useful combinations, activation offload only where recompute is on.
-  static std::vector<OffloadSetting> all(bool recompute);
+  // Each feature alone and the useful combinations.
+  static std::vector<OffloadSetting> all();
 };
 
 struct OffloadPlanInputs {
   const FsdpMemoryPlan* fsdp = nullptr;
   int64_t other_device_bytes = 0;    // besides sharded state and gathered units (context-parallel buffers)
-  int64_t activation_bytes = 0;      // with recompute; 0 when not estimated
-  int64_t layer_inputs_bytes = 0;    // of that, the recomputed layers' inputs
+  int64_t activation_bytes = 0;      // as the config runs (with or without recompute); 0 when not estimated
+  int64_t layers_kept_bytes = 0;     // of that, what the layers keep for backward (inputs under recompute)
   int64_t num_layers = 0;
   int64_t window_bytes = 0;          // adamw_swap's three chunk windows
 };
