@@ -3,8 +3,8 @@
 # memory) against the CUDA torch wheel, on a machine with nvcc and no GPU: it shows the CUDA path
 # compiles and links; it runs nothing on a GPU. The CUDA torch lives in its own venv (.venv-cuda,
 # several GB: pip takes torch 2.14.1 and its nvidia-* packages from this machine's wheel store),
-# the build in BUILD_DIR (default build-cuda). After the build, the binary trains a tiny model
-# on CPU ranks (gloo) to show that a CUDA build still runs where there is no GPU.
+# the build in BUILD_DIR (default build-cuda). The CUDA binary also runs on CPU ranks (gloo): its
+# host pool pins memory only when the run's device is a GPU (docs/offload.md has such a run).
 # Usage: scripts/build_cuda.sh [BUILD_DIR]   Knobs: PYTHON (python3.11), TORCH_CUDA (torch==2.14.1),
 #   JOBS (nproc), CUDA_HOME (/usr/local/cuda).
 set -euo pipefail

@@ -16,30 +16,36 @@ constexpr int64_t kPage = 4096;
 
 int64_t whole_pages(int64_t bytes) { return std::max<int64_t>(kPage, (bytes + kPage - 1) / kPage * kPage); }
 
-void* allocate_host(int64_t bytes) {
-#ifdef MMTRAIN_CUDA
+void* allocate_host(int64_t bytes, bool pinned) {
   void* p = nullptr;
-  if (cudaHostAlloc(&p, static_cast<size_t>(bytes), cudaHostAllocDefault) != cudaSuccess)
-    fail("host tier: cudaHostAlloc of ", bytes, " bytes of pinned memory failed");
-  return p;
+  if (pinned) {
+#ifdef MMTRAIN_CUDA
+    if (const cudaError_t e = cudaHostAlloc(&p, static_cast<size_t>(bytes), cudaHostAllocDefault); e != cudaSuccess)
+      fail("host tier: cudaHostAlloc of ", bytes, " bytes of pinned memory failed: ", cudaGetErrorString(e));
+    return p;
 #else
-  void* p = std::aligned_alloc(kPage, static_cast<size_t>(bytes));
+    fail("host tier: pinned memory needs a CUDA build (-DMMTRAIN_CUDA=ON)");
+#endif
+  }
+  p = std::aligned_alloc(kPage, static_cast<size_t>(bytes));
   if (!p) fail("host tier: cannot allocate ", bytes, " bytes of host memory");
   return p;
-#endif
 }
 
-void free_host(void* p) {
+void free_host(void* p, bool pinned) {
 #ifdef MMTRAIN_CUDA
-  cudaFreeHost(p);
-#else
-  std::free(p);
+  if (pinned) {
+    cudaFreeHost(p);
+    return;
+  }
 #endif
+  std::free(p);
 }
 
 }  // namespace
 
 struct HostPool::Shared {
+  bool pinned = false;
   mutable std::mutex mutex;
   std::map<int64_t, std::vector<void*>> free;  // bytes -> buffers
   int64_t held = 0, peak = 0, pooled = 0;
@@ -51,7 +57,7 @@ struct HostPool::Shared {
     void* p = nullptr;
     auto& list = free[bytes];
     if (list.empty()) {
-      p = allocate_host(bytes);
+      p = allocate_host(bytes, pinned);
     } else {
       p = list.back();
       list.pop_back();
@@ -72,13 +78,13 @@ struct HostPool::Shared {
   void trim() {
     std::lock_guard<std::mutex> lock(mutex);
     for (auto& [bytes, list] : free)
-      for (void* p : list) free_host(p);
+      for (void* p : list) free_host(p, pinned);
     free.clear();
     pooled = 0;
   }
 };
 
-HostPool::HostPool() : shared_(std::make_shared<Shared>()) {}
+HostPool::HostPool(bool pinned) : shared_(std::make_shared<Shared>()) { shared_->pinned = pinned; }
 
 HostPool::~HostPool() { shared_->trim(); }
 
@@ -107,12 +113,6 @@ int64_t HostPool::pooled_bytes() const {
   return shared_->pooled;
 }
 
-bool HostPool::pinned() const {
-#ifdef MMTRAIN_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
+bool HostPool::pinned() const { return shared_->pinned; }
 
 }  // namespace mmtrain

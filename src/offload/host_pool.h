@@ -1,6 +1,6 @@
-// The host tier's memory: buffers of page-locked host RAM (cudaHostAlloc under MMTRAIN_CUDA, so
-// that device<->host copies run asynchronously at full bandwidth; page-aligned RAM on CPU) that
-// are reused across steps. A fresh pinned allocation costs milliseconds on CUDA, so a buffer whose
+// The host tier's memory: buffers of page-locked host RAM (cudaHostAlloc when the run computes on
+// a GPU, so that device<->host copies run asynchronously at full bandwidth; page-aligned RAM when
+// it computes on the CPU) that are reused across steps. A fresh pinned allocation costs milliseconds on CUDA, so a buffer whose
 // tensor dies goes back to a free list of its byte size and the next take() of that size gets it.
 //
 // The memory comes from outside ATen's allocators on purpose: on a CPU build the "device" is the
@@ -21,7 +21,8 @@ namespace mmtrain {
 
 class HostPool {
  public:
-  HostPool();
+  // pinned: page-locked memory (needs a CUDA build and a GPU); else page-aligned RAM.
+  explicit HostPool(bool pinned = false);
   ~HostPool();  // frees the pooled buffers; tensors still alive keep theirs until they die
   HostPool(const HostPool&) = delete;
   HostPool& operator=(const HostPool&) = delete;
@@ -36,7 +37,7 @@ class HostPool {
   int64_t held_bytes() const;       // buffers handed out now
   int64_t peak_held_bytes() const;  // the most ever handed out at once
   int64_t pooled_bytes() const;     // free buffers kept for reuse
-  bool pinned() const;              // page-locked (a CUDA build)
+  bool pinned() const;              // page-locked
 
  private:
   struct Shared;  // the free lists; outlives the pool while a tensor holds a buffer

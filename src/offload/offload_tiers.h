@@ -20,7 +20,7 @@ struct OffloadTiers {
   static std::shared_ptr<OffloadTiers> make(at::Device device) {
     auto tiers = std::make_shared<OffloadTiers>();
     tiers->stats = std::make_shared<OffloadStats>();
-    tiers->host_pool = std::make_shared<HostPool>();
+    tiers->host_pool = std::make_shared<HostPool>(/*pinned=*/device.is_cuda());
     tiers->copies = std::make_shared<CopyStream>(device, tiers->stats);
     return tiers;
   }
