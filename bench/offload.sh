@@ -8,12 +8,13 @@
 #   cpu_offload  parallel.fsdp_plan.cpu_offload
 #   swap_host    training.optimizer adamw_swap (moments in the host tier)
 #   disk         adamw_swap with training.offload_dir=OFFLOAD_DIR (moments on disk)
-#   all_three    activations + cpu_offload + disk
+#   shards_disk  cpu_offload with training.offload_dir (shards and moments on disk)
+#   all_three    activations + cpu_offload + disk (shards and moments on disk)
 # The planner's per-rank device / host / disk bytes for each arm come from `mmtrain plan` with the
 # same overrides. The last line of stdout is one JSON object (bench/offload_summary.py).
 # Usage: bench/offload.sh [BUILD_DIR]   (binary BUILD_DIR/bin/mmtrain or $MMTRAIN_BIN)
 # Knobs (environment): bench/fsdp_vs_torch.sh's size knobs (LAYERS, HIDDEN, ..., STEPS, PARAM_DTYPE);
-#   ROUNDS (2); ARMS (all six, space-separated); RECOMPUTE (true; the activations arms need it);
+#   ROUNDS (2); ARMS (space-separated; default all but shards_disk); RECOMPUTE (true; the activations arms need it);
 #   OFFLOAD_DIR (default BENCH_DIR/offload: put it on
 #   the disk you mean to measure); BENCH_DIR (default BUILD_DIR/bench_offload).
 set -euo pipefail
@@ -37,8 +38,9 @@ arm_sets() {  # arm_sets ARM: the overrides of one arm
     cpu_offload) printf '%s\n' --set parallel.fsdp_plan.cpu_offload=true ;;
     swap_host) printf '%s\n' --set training.optimizer=adamw_swap ;;
     disk) printf '%s\n' "${disk[@]}" ;;
+    shards_disk) printf '%s\n' --set parallel.fsdp_plan.cpu_offload=true --set "training.offload_dir=$OFFLOAD_DIR" ;;
     all_three) printf '%s\n' "${activations[@]}" --set parallel.fsdp_plan.cpu_offload=true "${disk[@]}" ;;
-    *) echo "bench: unknown arm '$1' (ARMS takes: none activations cpu_offload swap_host disk all_three)" >&2; exit 1 ;;
+    *) echo "bench: unknown arm '$1' (ARMS takes: none activations cpu_offload swap_host disk shards_disk all_three)" >&2; exit 1 ;;
   esac
 }
 arm_command() {  # arm_command ARM OUT

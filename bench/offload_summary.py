@@ -55,7 +55,8 @@ def _arm(d: str, arm: str, warmup: int) -> dict:
 def _plan_name(arm: str) -> str:
     return {"none": "none", "activations": "activations", "cpu_offload": "cpu_offload",
             "swap_host": "adamw_swap(host)", "disk": "adamw_swap(disk)",
-            "all_three": "activations+cpu_offload+adamw_swap(disk)"}[arm]
+            "shards_disk": "cpu_offload(disk)+adamw_swap(disk)",
+            "all_three": "activations+cpu_offload(disk)+adamw_swap(disk)"}[arm]
 
 
 def _params_per_rank(d: str) -> int | None:
@@ -88,10 +89,12 @@ def main() -> None:
             print(f"{arm:12s} {row['step_ms']:8.0f} {row['step_over_none']:7.3f} {row['allocated_peak_mb'] or 0:10.1f} "
                   f"{plan.get('device', 0):16.1f} {plan.get('host', 0):14.1f} {row['peak_rss_mb']:8.0f}")
         params = result["params_per_rank"]
-        if "disk" in arms and params:
-            saved = (none["peak_rss_mb"] - arms["disk"]["peak_rss_mb"]) * 2**20 / params
-            result["rss_saved_bytes_per_param_per_rank"] = round(saved, 2)
-            result["disk_over_none_step"] = arms["disk"]["step_over_none"]
+        for arm, key in (("disk", "rss_saved_bytes_per_param_per_rank"),
+                         ("shards_disk", "shards_disk_rss_saved_bytes_per_param_per_rank")):
+            if arm in arms and params:
+                saved = (none["peak_rss_mb"] - arms[arm]["peak_rss_mb"]) * 2**20 / params
+                result[key] = round(saved, 2)
+                result[f"{arm}_over_none_step"] = arms[arm]["step_over_none"]
     print(json.dumps(result))
 
 

@@ -16,7 +16,8 @@ bool finished(const std::future<void>& job) {
   return job.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
 }
 
-enum Outcome { kRunning = 0, kDone = 1, kFailed = 2 };
+// A rank's outcome of a background job, as the double it travels in (an all-reduce of doubles).
+constexpr double kRunning = 0, kDone = 1, kFailed = 2;
 
 // The calling (background) thread gets the lowest CPU priority (nice 19): where every core
 // trains, the save takes only what training leaves.

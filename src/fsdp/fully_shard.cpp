@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/module_pattern.h"
 #include "fsdp/plan.h"
+#include "fsdp/shard_pager.h"
 
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -158,7 +159,10 @@ Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Dev
       p.offset = total;
       total += p.layout.shard_numel();
     }
-    if (tiers_) {
+    if (tiers_ && tiers_->disk) {  // the pager gives them their zeros (the file's) below
+      unit.shard_flat = tiers_->host_pool->take({total}, at::kFloat);
+      unit.grad_flat = tiers_->host_pool->take_zeros({total}, at::kFloat);
+    } else if (tiers_) {
       unit.shard_flat = tiers_->host_pool->take_zeros({total}, at::kFloat);
       unit.grad_flat = tiers_->host_pool->take_zeros({total}, at::kFloat);
     } else {
@@ -180,7 +184,15 @@ Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Dev
 
   for (auto& unit : units_)
     if (!unit->is_root) unit->module->add_hook(std::make_shared<UnitHook>(this, unit.get()));
+  if (tiers_ && tiers_->disk) {
+    pager_ = std::make_unique<ShardPager>(tiers_, units());
+    pager_->page_out_all(/*changed=*/false);  // the file's regions read as zeros
+  }
 }
+
+Fsdp::~Fsdp() = default;
+
+bool Fsdp::shard_resident(const FsdpUnit& unit) const { return !pager_ || pager_->resident(unit); }
 
 at::Tensor fsdp_trainable_mask(const FsdpUnit& unit) {
   bool any_frozen = false;
@@ -199,8 +211,11 @@ std::vector<FsdpUnit*> Fsdp::units() {
 }
 
 void Fsdp::load_params(const std::function<at::Tensor(const std::string&, int64_t, int64_t)>& read_rows) {
-  for (auto& unit : units_)
+  for (auto& unit : units_) {
+    if (pager_) pager_->page_in(*unit);
     for (auto& p : unit->params) fill_shard(p, read_rows);
+    if (pager_) pager_->page_out(*unit, /*changed=*/true);
+  }
 }
 
 void Fsdp::init_params(uint64_t seed) {
@@ -217,11 +232,14 @@ void Fsdp::init_params(uint64_t seed) {
     }
     return full.narrow(0, begin, end - begin);
   };
-  for (auto& unit : units_)
+  for (auto& unit : units_) {
+    if (pager_) pager_->page_in(*unit);
     for (auto& p : unit->params)
       fill_shard(p, [&](const std::string& name, int64_t begin, int64_t end) {
         return generate_rows(*p.param, name, begin, end);
       });
+    if (pager_) pager_->page_out(*unit, /*changed=*/true);
+  }
 }
 
 void Fsdp::fill_shard(FsdpParam& p, const RowReader& read_rows) {
@@ -271,17 +289,24 @@ void Fsdp::unshard_async(FsdpUnit& unit) {
   // in-place all-gather fills the other blocks: the gathered buffer [W * padded_rows, ...] is the
   // ranks' padded shards one after another, so nothing is copied out afterwards.
   const int rank = comm_->rank();
+  if (pager_) pager_->page_in(unit);  // its shard comes from disk for the copy below
   std::vector<at::Tensor> outs;
+  std::vector<CopyEvent> copies;
   for (auto& p : unit.params) {
     acquire_gather_storage(p.gathered);
     auto flat = p.gathered.view(-1);
     const int64_t n = p.layout.shard_numel();
     if (tiers_)  // cpu_offload: the host shard comes to the device, cast on the way
-      tiers_->copies->to_device(flat.narrow(0, rank * n, n), p.shard.view(-1)).wait_on_device();
+      copies.push_back(tiers_->copies->to_device(flat.narrow(0, rank * n, n), p.shard.view(-1)));
     else
       flat.narrow(0, rank * n, n).copy_(p.shard.view(-1));
     outs.push_back(flat);
   }
+  for (auto& copy : copies) {
+    copy.wait_on_device();
+    if (pager_) copy.wait();  // the host buffer goes back to the pool next
+  }
+  if (pager_) pager_->page_out(unit, /*changed=*/false);
   unit.gather_work = comm_->all_gather_in_place(std::move(outs));
   unit.state = FsdpUnit::State::gathering;
 }

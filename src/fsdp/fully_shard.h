@@ -19,6 +19,8 @@
 // unit's shards go to the device as part of its all-gather (in prefetch order, like the gather),
 // and each reduce-scattered grad comes back to the host as its reduction is drained; every value
 // takes the same ops in the same order as without offload, so training is bitwise the same.
+// With a disk tier in the tiers (training.offload_dir) the shards live on disk and are paged into
+// host RAM only around their use (fsdp/shard_pager.h); grads stay in the host tier.
 // Non-goals: tensor parallelism, per-parameter placements.
 #pragma once
 #include "core/tensor_pool.h"
@@ -52,6 +54,7 @@ struct FsdpParam {
 };
 
 class Fsdp;
+class ShardPager;
 
 struct FsdpUnit {
   enum class State { sharded, gathering, unsharded };
@@ -102,6 +105,7 @@ class Fsdp {
   // shards and grads live in, and the copy stream that moves them).
   Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Device device = at::kCPU,
        FsdpReduction reduction = {}, std::shared_ptr<OffloadTiers> tiers = nullptr);
+  ~Fsdp();
   Fsdp(const Fsdp&) = delete;
   Fsdp& operator=(const Fsdp&) = delete;
 
@@ -134,6 +138,10 @@ class Fsdp {
   // Where shard_flat and grad_flat live, and so where the optimizer steps: the host with
   // cpu_offload, else the device.
   at::Device shard_device() const { return config_.cpu_offload ? at::Device(at::kCPU) : device_; }
+  // cpu_offload with a disk tier: the pager that holds the shards on disk; else null.
+  ShardPager* shard_pager() const { return pager_.get(); }
+  // Whether unit.shard_flat holds its values in memory now (always, without a pager).
+  bool shard_resident(const FsdpUnit& unit) const;
   FsdpMemoryStats memory_stats() const;
 
   // Hooks, called by the unit block hook / the autograd Functions.
@@ -170,6 +178,7 @@ class Fsdp {
   at::Device device_;
   FsdpReduction reduction_;
   std::shared_ptr<OffloadTiers> tiers_;  // cpu_offload: the host tier; else null
+  std::unique_ptr<ShardPager> pager_;    // cpu_offload with a disk tier
   std::vector<std::unique_ptr<FsdpUnit>> units_;  // forward order; the root first
   std::deque<PendingReduction> pending_;
   // Every unit of a transformer reduces the same sizes, so its buffers are reused instead of

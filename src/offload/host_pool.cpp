@@ -88,6 +88,8 @@ HostPool::HostPool(bool pinned) : shared_(std::make_shared<Shared>()) { shared_-
 
 HostPool::~HostPool() { shared_->trim(); }
 
+void HostPool::trim() { shared_->trim(); }
+
 at::Tensor HostPool::take(at::IntArrayRef shape, at::ScalarType dtype) {
   const int64_t bytes = whole_pages(c10::multiply_integers(shape) * static_cast<int64_t>(at::elementSize(dtype)));
   void* p = shared_->take(bytes);

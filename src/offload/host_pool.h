@@ -34,6 +34,9 @@ class HostPool {
   // The same, zero-filled.
   at::Tensor take_zeros(at::IntArrayRef shape, at::ScalarType dtype);
 
+  // Hands the free buffers back to the system (after a phase that held many at once).
+  void trim();
+
   int64_t held_bytes() const;       // buffers handed out now
   int64_t peak_held_bytes() const;  // the most ever handed out at once
   int64_t pooled_bytes() const;     // free buffers kept for reuse

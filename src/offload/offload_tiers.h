@@ -4,6 +4,7 @@
 // set of counters answers "what moved, and how long did the step wait" for metrics.jsonl.
 #pragma once
 #include "offload/copy_stream.h"
+#include "offload/disk_store.h"
 #include "offload/host_pool.h"
 #include "offload/offload_stats.h"
 
@@ -15,6 +16,7 @@ struct OffloadTiers {
   std::shared_ptr<OffloadStats> stats;
   std::shared_ptr<HostPool> host_pool;
   std::shared_ptr<CopyStream> copies;  // between the compute device and the host pool
+  std::shared_ptr<DiskStore> disk;     // training.offload_dir: the rank's file; else null
 
   // device: where the model computes (kCPU: the copies run inline).
   static std::shared_ptr<OffloadTiers> make(at::Device device) {

@@ -74,6 +74,8 @@ void AdamW::step(double lr) {
       if (masks[k].defined()) params[k].copy_(at::where(masks[k], params[k], before[k]));
   };
   if (!swapped_) {  // one kernel call over every param that updates
+    if (before_update_)
+      for (size_t i : updating) before_update_(i);
     std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps, masks;
     for (size_t i : updating) {
       params.push_back(params_[i]);
@@ -84,10 +86,18 @@ void AdamW::step(double lr) {
       masks.push_back(masks_[i]);
     }
     run_kernel(params, grads, exp_avgs, exp_avg_sqs, steps, masks);
+    if (after_update_)
+      for (size_t i : updating) after_update_(i);
     return;
   }
   swapped_non_finite_.reset();
+  std::optional<size_t> current;  // the param being updated (resident)
   swapped_->stream(updating, [&](size_t i, int64_t begin, at::Tensor& exp_avg, at::Tensor& exp_avg_sq) {
+    if (current != i) {
+      if (current && after_update_) after_update_(*current);
+      if (before_update_) before_update_(i);
+      current = i;
+    }
     const int64_t n = exp_avg.numel();
     const at::Tensor mask = masks_[i].defined() ? masks_[i].reshape(-1).narrow(0, begin, n) : at::Tensor();
     // A window away from the params (the disk tier's RAM windows, params on a GPU) visits them.
@@ -100,7 +110,11 @@ void AdamW::step(double lr) {
       exp_avg_sq.copy_(avg_sq);
     }
     if (!swapped_non_finite_) swapped_non_finite_ = non_finite_in(i, begin, exp_avg, exp_avg_sq);
+    if (!swapped_non_finite_)
+      if (const int64_t at = first_non_finite(params_[i].reshape(-1).narrow(0, begin, n)); at >= 0)
+        swapped_non_finite_ = NonFiniteMoment{i, "weights", begin + at};
   });
+  if (current && after_update_) after_update_(*current);
 }
 
 AdamWState AdamW::moments(size_t i) const {

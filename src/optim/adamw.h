@@ -49,6 +49,14 @@ class AdamW {
   void offload_moments(std::shared_ptr<TierStore> store, int64_t chunk_numel);
   const SwappedMoments* swapped_moments() const { return swapped_.get(); }
 
+  // Called around each param's update (in order, once each) when the params are not always in
+  // memory (fsdp cpu_offload with shards on disk): before(i) makes param i resident, after(i)
+  // may write it back and let it go. Unset: nothing.
+  void set_residency(std::function<void(size_t)> before, std::function<void(size_t)> after) {
+    before_update_ = std::move(before);
+    after_update_ = std::move(after);
+  }
+
   void step(double lr);
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t step) { step_count_ = step; }
@@ -60,10 +68,11 @@ class AdamW {
   void set_moments(size_t i, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq);
 
   // The first NaN/Inf in the moments after the last step: in memory every param's are read;
-  // swapped out, the step looked at each chunk while it was in its window.
+  // swapped out, the step looked at each chunk while it was in its window, and at the params'
+  // updated chunks too ("weights": the params may not stay in memory to be read afterwards).
   struct NonFiniteMoment {
     size_t param;
-    std::string moment;  // "exp_avg" or "exp_avg_sq"
+    std::string moment;  // "exp_avg", "exp_avg_sq", or (swapped) "weights"
     int64_t element;     // in the param's flat shard
   };
   std::optional<NonFiniteMoment> first_non_finite_moment() const;
@@ -76,6 +85,7 @@ class AdamW {
   std::unique_ptr<SwappedMoments> swapped_;
   std::optional<NonFiniteMoment> swapped_non_finite_;  // seen by the last swapped step
   std::vector<at::Tensor> masks_;  // per param, undefined = update everything
+  std::function<void(size_t)> before_update_, after_update_;  // set_residency
   std::vector<at::Tensor> steps_;  // per param, fp32 scalar = step_count_ (the kernel's state_steps)
   AdamWOptions options_;
   int64_t step_count_ = 0;

@@ -139,6 +139,10 @@ ParallelDims config_check_supported(const Config& c, int world_size) {
       fail(where, key.path, ": ", value.dump(), " needs ", key.needs, ", which mmtrain does not implement yet; ",
            "use the default (", fallback.dump(), ")");
   }
+  if (!c.training.offload_dir.empty() && c.training.optimizer != "adamw_swap" && !c.parallel.fsdp_plan.cpu_offload)
+    fail(where, "training.offload_dir: expected empty unless training.optimizer is adamw_swap or "
+         "parallel.fsdp_plan.cpu_offload is true (it holds their state on disk), found '", c.training.offload_dir,
+         "' with neither");
   check_plugins(c);
   return dims;
 }

@@ -10,7 +10,7 @@ std::string OffloadSetting::name() const {
   std::string out;
   auto add = [&out](const char* part) { out += (out.empty() ? "" : "+") + std::string(part); };
   if (activations) add("activations");
-  if (cpu_offload) add("cpu_offload");
+  if (cpu_offload) add(disk ? "cpu_offload(disk)" : "cpu_offload");
   if (swap) add(disk ? "adamw_swap(disk)" : "adamw_swap(host)");
   return out.empty() ? "none" : out;
 }
@@ -19,8 +19,8 @@ OffloadSetting OffloadSetting::of(const Config& config) {
   OffloadSetting s;
   s.activations = config.features.enable_activation_offload;
   s.cpu_offload = config.parallel.fsdp_plan.cpu_offload;
-  s.swap = config.training.optimizer == "adamw_swap";
   s.disk = !config.training.offload_dir.empty();
+  s.swap = config.training.optimizer == "adamw_swap" || (s.cpu_offload && s.disk);
   return s;
 }
 
@@ -58,6 +58,11 @@ TierBytes offload_tier_bytes(const OffloadPlanInputs& in, const OffloadSetting& 
   if (s.swap && s.disk) {
     t.disk += p.optimizer_bytes;
     t.host += in.window_bytes;
+    if (s.cpu_offload) {  // the shards too, but for the one unit in use
+      t.host -= p.param_bytes;
+      t.disk += p.param_bytes;
+      t.host += p.largest_shard_numel() * static_cast<int64_t>(sizeof(float));
+    }
   } else if (s.swap) {
     t.host += p.optimizer_bytes;
     step_side += in.window_bytes;

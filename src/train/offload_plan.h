@@ -7,7 +7,9 @@
 //   cpu_offload: the fp32 shards, their grads and the moments go to the host; the device keeps
 //     a reduce buffer per reduction in flight for the grads on their way there;
 //   adamw_swap: the moments go to the host tier, three chunk windows stay where the step runs;
-//   adamw_swap + offload_dir: the moments go to disk, the windows are host RAM.
+//   adamw_swap + offload_dir: the moments go to disk, the windows are host RAM;
+//   cpu_offload + offload_dir: the moments (as above) and the fp32 shards go to disk; host RAM
+//     keeps one unit's shard at a time (the one being gathered or updated).
 // On CPU the device is the host: there the device and host columns share one RAM.
 #pragma once
 #include "fsdp/plan.h"
@@ -23,8 +25,8 @@ struct Config;
 struct OffloadSetting {
   bool activations = false;  // features.enable_activation_offload
   bool cpu_offload = false;  // parallel.fsdp_plan.cpu_offload
-  bool swap = false;         // training.optimizer adamw_swap
-  bool disk = false;         // ... with training.offload_dir
+  bool swap = false;         // the moments swapped (training.optimizer adamw_swap, or cpu_offload with a disk)
+  bool disk = false;         // training.offload_dir
   std::string name() const;  // "none", "activations+cpu_offload+adamw_swap(disk)", ...
   bool operator==(const OffloadSetting& o) const {
     return activations == o.activations && cpu_offload == o.cpu_offload && swap == o.swap && disk == o.disk;

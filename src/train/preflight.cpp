@@ -148,10 +148,12 @@ std::optional<int64_t> cuda_free_memory_bytes() {
 
 void preflight_memory(const Config& config, Module& model, const LaunchEnv& env, Device device, int fsdp_size) {
   const auto plan = fsdp_memory_plan(model, config.parallel.fsdp_plan, fsdp_size);
-  // The moments on the disk tier: the disk needs room for them all (every rank of this node
-  // writes its file there), whether or not the memory below can be read.
-  const bool moments_on_disk = !config.training.offload_dir.empty();
-  if (moments_on_disk) require_offload_room(config, plan.optimizer_bytes, env.local_world_size);
+  // The disk tier (the moments, and under cpu_offload the fp32 shards): the disk needs room for
+  // every rank of this node's file, whether or not the memory below can be read.
+  if (!config.training.offload_dir.empty())
+    require_offload_room(config,
+                         plan.optimizer_bytes + (config.parallel.fsdp_plan.cpu_offload ? plan.param_bytes : 0),
+                         env.local_world_size);
   // On CPU the ranks of a node share its memory; on CUDA each rank has a device of its own.
   const bool cuda = device == Device::cuda;
   const auto available = cuda ? cuda_free_memory_bytes() : available_memory_bytes();

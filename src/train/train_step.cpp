@@ -84,11 +84,13 @@ std::string describe_shard_element(const FsdpUnit& unit, const std::string& what
 
 std::string non_finite_state(Fsdp& fsdp, const AdamW& adamw) {
   const auto units = fsdp.units();
-  for (const auto* unit : units)
-    if (const int64_t at = first_non_finite(unit->shard_flat); at >= 0)
-      return describe_shard_element(*unit, "the weights", at);
+  for (const auto* unit : units)  // shards paged out to disk were checked by the step, chunk by chunk
+    if (fsdp.shard_resident(*unit))
+      if (const int64_t at = first_non_finite(unit->shard_flat); at >= 0)
+        return describe_shard_element(*unit, "the weights", at);
   if (const auto bad = adamw.first_non_finite_moment(); bad && bad->param < units.size())
-    return describe_shard_element(*units[bad->param], "the AdamW " + bad->moment, bad->element);
+    return describe_shard_element(*units[bad->param], bad->moment == "weights" ? "the weights" : "the AdamW " + bad->moment,
+                                  bad->element);
   return {};
 }
 

@@ -5,6 +5,7 @@
 #include "core/text.h"
 #include "dist/node_names.h"
 #include "models/flops_report.h"
+#include "fsdp/shard_pager.h"
 #include "offload/host_store.h"
 #include "optim/lr_schedule.h"
 #include "train/build.h"
@@ -74,9 +75,11 @@ struct Trainer::State {
     model = build_model(c);
     preflight_memory(c, *model, runtime.env, runtime.device, dims.fsdp());
     tiers = OffloadTiers::make(comm().device());
+    if (!c.training.offload_dir.empty())  // the disk tier: moments, and with cpu_offload the shards
+      tiers->disk = std::make_shared<DiskStore>(c.training.offload_dir, comm().rank(), tiers->host_pool);
     fsdp = parallelize_model(c, *model, *mesh, tiers);
     adamw = make_fsdp_adamw(*fsdp, adamw_options(c.training), tiers);
-    if (c.training.optimizer == "adamw_swap") offload_moments();
+    if (c.training.optimizer == "adamw_swap" || tiers->disk) offload_moments();
     schedule = LrSchedule::make(c.training.lr, c.training.lr_min, c.training.lr_warmup_ratio, c.training.train_iters,
                                 c.training.lr_decay_style);
     const std::string trace_dir =
@@ -103,7 +106,7 @@ struct Trainer::State {
     if (const auto* disk = swapped ? dynamic_cast<const DiskStore*>(&swapped->store()) : nullptr) {
       counts.disk_read_bytes = disk->bytes_read();
       counts.disk_written_bytes = disk->bytes_written();
-      counts.disk_wait_us = static_cast<int64_t>(swapped->wait_ms() * 1000.0);
+      counts.disk_wait_us += static_cast<int64_t>(swapped->wait_ms() * 1000.0);  // besides the shards' waits
     }
     return counts;
   }
@@ -130,7 +133,8 @@ struct Trainer::State {
   }
 
   // training.optimizer adamw_swap: the AdamW moments go to the host tier, or to this rank's file
-  // under offload_dir, and pass through windows where the update runs (the shards' device).
+  // under offload_dir (which cpu_offload uses for them too), and pass through windows where the
+  // update runs (the shards' device).
   void offload_moments() {
     const auto& t = config.training;
     std::shared_ptr<TierStore> store;
@@ -138,12 +142,12 @@ struct Trainer::State {
       store = std::make_shared<HostStore>(tiers->host_pool,
                                           std::make_shared<CopyStream>(fsdp->shard_device(), tiers->stats));
     else
-      store = std::make_shared<DiskStore>(t.offload_dir, comm().rank(), tiers->host_pool);
+      store = tiers->disk;
     int64_t largest = 0;
     for (const auto* unit : fsdp->units()) largest = std::max(largest, unit->shard_flat.numel());
     adamw->offload_moments(store, adamw_offload_chunk_numel(t, runtime.device, largest));
     const auto* swapped = adamw->swapped_moments();
-    log(format("training.optimizer adamw_swap: AdamW moments %s (%.1f MiB per rank), through %.1f MiB of windows "
+    log(format("AdamW moments %s (%.1f MiB per rank), through %.1f MiB of windows "
                "(chunks of %lld elements)",
                store->describe().c_str(), store->size() / 1048576.0, swapped->window_bytes() / 1048576.0,
                static_cast<long long>(swapped->chunk_numel())));
@@ -274,7 +278,7 @@ struct Trainer::State {
 
   void load_weights() {
     const std::string& path = config.model.weights_path();
-    const int64_t conversions = load_initial_weights(config, *model, *fsdp);
+    const int64_t conversions = load_initial_weights(config, *model, *fsdp);  // pages shards on disk unit by unit
     if (path.empty()) {
       log("no model weights given: random init with seed " + std::to_string(config.training.seed));
     } else {
@@ -297,6 +301,7 @@ struct Trainer::State {
     info.model_id = config.model.model_id;
     info.config = config_to_json(config);
     info.plan = state_plan_entry(config.parallel.fsdp_plan);
+    ShardPager::Resident shards(fsdp->shard_pager(), /*changed=*/false);  // shards on disk come in for the save
     try {
       if (async_saver) {
         if (async_saver->in_flight()) {
@@ -343,7 +348,11 @@ struct Trainer::State {
     options.load_rng = !config.training.no_load_rng;
     options.model_config = config.model.config;
     options.execution_only_keys = config_model_spec(config).execution_only_keys;
-    const auto loaded = state_load(path, comm(), *model, *fsdp, *adamw, options);
+    StateLoaded loaded;
+    {
+      ShardPager::Resident shards(fsdp->shard_pager(), /*changed=*/true);
+      loaded = state_load(path, comm(), *model, *fsdp, *adamw, options);
+    }
     if (loaded.model_only) {
       log("initialized from model-only checkpoint " + loaded.dir);
       return;

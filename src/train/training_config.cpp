@@ -67,9 +67,6 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
         check.one_of("optimizer", t.optimizer, {"adamw", "adamw_swap"});
         if (!(t.mem_fraction_static > 0.0 && t.mem_fraction_static <= 1.0))
           check.invalid("mem_fraction_static", "in (0, 1]", number(t.mem_fraction_static));
-        if (!t.offload_dir.empty() && t.optimizer != "adamw_swap")
-          check.invalid("offload_dir", "empty unless training.optimizer is adamw_swap (it holds that optimizer's moments on disk)",
-                        "'" + t.offload_dir + "' with optimizer " + t.optimizer);
         if (t.async_save && !t.offload_dir.empty())
           check.invalid("async_save",
                         "false with training.offload_dir (its staging copy would hold every moment in RAM, which the "

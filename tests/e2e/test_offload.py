@@ -40,10 +40,13 @@ def mixed_lengths(tmp_path_factory, fixture_dirs):
 ITERS = 20
 
 
+def offload_dir(tmp: Path) -> Path:
+    (tmp / "offload").mkdir(parents=True, exist_ok=True)
+    return tmp / "offload"
+
+
 def on_disk(tmp: Path) -> list:
-    offload = tmp / "offload"
-    offload.mkdir(parents=True, exist_ok=True)
-    return ["--set", "training.optimizer=adamw_swap", "--set", f"training.offload_dir={offload}"]
+    return ["--set", "training.optimizer=adamw_swap", "--set", f"training.offload_dir={offload_dir(tmp)}"]
 
 
 RECOMPUTED = {"magihuman": '["dit.block.layers.{*}"]', "mistral3": '["model.language_model.layers.{*}"]'}
@@ -57,6 +60,7 @@ def offload_sets(feature: str, model: str, tmp: Path) -> list:
     return {"activations": activations,
             "activations_no_recompute": activations + ["--set", "features.recompute=false"],
             "cpu_offload": cpu_offload,
+            "shards_on_disk": cpu_offload + ["--set", f"training.offload_dir={offload_dir(tmp)}"],
             "swap_host": ["--set", "training.optimizer=adamw_swap"],
             "all_three": activations + cpu_offload + on_disk(tmp)}[feature]
 
@@ -110,11 +114,14 @@ def test_each_offload_feature_and_all_three_train_bitwise_like_none(tmp_path, re
     if model == "magihuman":  # micro-batches pack samples of 21 and 23 tokens in varying mixes
         assert len({m["tokens"] for m in none_metrics}) > 1
     moved = {}
-    for feature in ("activations", "activations_no_recompute", "cpu_offload", "swap_host", "all_three"):
+    for feature in ("activations", "activations_no_recompute", "cpu_offload", "shards_on_disk", "swap_host",
+                    "all_three"):
         run = tmp_path / feature
         metrics, proc = train(make_config(request, model, run), *offload_sets(feature, model, run))
         assert_bitwise_equal_runs(tmp_path / "none", none_metrics, run, metrics)
         moved[feature] = metrics[-1]["offload"]["host"]
+        if feature in ("shards_on_disk", "all_three"):  # the shards (and moments) pass through the disk tier
+            assert all(m["offload"]["disk"]["read_mib"] > m["offload"]["disk"]["written_mib"] > 0 for m in metrics)
         assert all(m["offload"]["host"]["to_host_mib"] > 0 for m in metrics), feature
     assert "offload" not in none_metrics[-1]
     # What moved is each feature's own traffic: the block inputs out and back, the shards to the
@@ -162,7 +169,8 @@ def test_bad_offload_settings_are_refused_before_training(tmp_path, fixture_dirs
           "--set", "features.activation_offload_plan.apply_modules=[dit.block.nothing.{*}]"],
          "features.activation_offload_plan.apply_modules"),
         (["--set", f"training.offload_dir={tmp_path}"], "training.offload_dir: expected empty unless "
-                                                        "training.optimizer is adamw_swap"),
+                                                        "training.optimizer is adamw_swap or "
+                                                        "parallel.fsdp_plan.cpu_offload is true"),
         ([*on_disk(tmp_path), "--set", "training.mem_fraction_static=1.5"], "training.mem_fraction_static: "
                                                                             "expected in (0, 1], found 1.5"),
         ([*on_disk(tmp_path), "--set", "training.async_save=true"], "training.async_save: expected false with "

@@ -1,0 +1,67 @@
+// fsdp_plan.cpu_offload with training.offload_dir: the units' fp32 shards live on the disk tier
+// (ZeRO-Infinity's parameter tier) and come into host RAM only while they are used: a unit's
+// shard is read just before its all-gather copies it to the device and let go right after, and
+// during the optimizer step each unit is read before its update and written back after it.
+//
+// How: unit.shard_flat (and the per-param views into it) keep their TensorImpls; paging out hands
+// the storage's memory back to the host pool (storage size 0, as FSDP's gather buffers do), paging
+// in reads the unit's region of the rank's DiskStore file into a pool buffer and gives it to the
+// storage again, so every view sees the bytes. Nothing outside the pager may touch a paged-out
+// shard: the FSDP engine pages around its gathers, AdamW around each unit's update, and the
+// trainer pages everything in around loads and saves (ShardPager::Resident).
+#pragma once
+#include "fsdp/fully_shard.h"
+#include "offload/offload_tiers.h"
+
+#include <future>
+#include <memory>
+#include <vector>
+
+namespace mmtrain {
+
+class ShardPager {
+ public:
+  // Reserves each unit's region in tiers.disk (buffers from tiers.host_pool, waits counted in
+  // tiers.stats); the shards stay resident until page_out_all().
+  ShardPager(std::shared_ptr<OffloadTiers> tiers, const std::vector<FsdpUnit*>& units);
+
+  void page_in(FsdpUnit& unit);                // reads it (waits); nothing when resident
+  void page_out(FsdpUnit& unit, bool changed);  // writes it when changed, frees its RAM
+  void page_in_all();
+  void page_out_all(bool changed);
+  bool resident(const FsdpUnit& unit) const;
+
+  // Every shard resident for the scope (a checkpoint load or save), paged out after it; `changed`:
+  // whether the scope writes the shards (a load).
+  class Resident {
+   public:
+    Resident(ShardPager* pager, bool changed) : pager_(pager), changed_(changed) {
+      if (pager_) pager_->page_in_all();
+    }
+    ~Resident() {
+      if (pager_) pager_->page_out_all(changed_);
+    }
+    Resident(const Resident&) = delete;
+    Resident& operator=(const Resident&) = delete;
+
+   private:
+    ShardPager* pager_;
+    bool changed_;
+  };
+
+ private:
+  struct Page {
+    FsdpUnit* unit;
+    int64_t offset;     // the unit's region in the file
+    bool resident = true;
+  };
+  Page& page_of(const FsdpUnit& unit);
+  const Page& page_of(const FsdpUnit& unit) const;
+
+  void wait(const std::shared_future<void>& transfer);  // and count the time in the stats
+
+  std::shared_ptr<OffloadTiers> tiers_;
+  std::vector<Page> pages_;  // by unit order
+};
+
+}  // namespace mmtrain
