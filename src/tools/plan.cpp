@@ -184,7 +184,7 @@ void plan_memory(const PlanOptions& o) {
   j["offload"] = nlohmann::ordered_json::object();
   for (const auto& setting : OffloadSetting::all()) {
     const TierBytes t = offload_tier_bytes(offload_in, setting);
-    std::printf("    %-44s %9.3f / %9.3f / %9.3f GiB%s\n", setting.name().c_str(), gib(t.device), gib(t.host),
+    std::printf("    %-48s %9.3f / %9.3f / %9.3f GiB%s\n", setting.name().c_str(), gib(t.device), gib(t.host),
                 gib(t.disk), setting == chosen ? "  (this config)" : "");
     j["offload"][setting.name()] = {{"device_bytes", t.device}, {"host_bytes", t.host}, {"disk_bytes", t.disk}};
   }

@@ -146,6 +146,7 @@ struct Trainer::State {
     int64_t largest = 0;
     for (const auto* unit : fsdp->units()) largest = std::max(largest, unit->shard_flat.numel());
     adamw->offload_moments(store, adamw_offload_chunk_numel(t, runtime.device, largest));
+    tiers->host_pool->trim();  // the in-memory moments it started with (cpu_offload: pool buffers) are gone
     const auto* swapped = adamw->swapped_moments();
     log(format("AdamW moments %s (%.1f MiB per rank), through %.1f MiB of windows "
                "(chunks of %lld elements)",
