@@ -119,10 +119,6 @@ void DiskStore::run() {
   }
 }
 
-}  // namespace mmtrain
-
-namespace mmtrain {
-
 at::Tensor DiskStore::window(int64_t numel) {
   if (!host_pool_) return aligned_buffer(numel);
   // The pool's buffers start on a page and hold whole pages: whole blocks after the start.

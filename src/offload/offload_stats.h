@@ -1,7 +1,8 @@
 // What the offload tiers moved and how long training waited for them, per process, for
 // metrics.jsonl ("offload": {"host": {...}, "disk": {...}}) and tests. Counters only grow; a step's
 // figures are the difference of two snapshots. Updated from the I/O thread and the training
-// thread, hence atomics (wait times in microseconds).
+// thread, hence atomics (wait times in microseconds). The disk tier's bytes are counted by its
+// DiskStore (bytes_read / bytes_written), which fills them into a snapshot.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -24,12 +25,15 @@ struct OffloadCounts {
 };
 
 struct OffloadStats {
-  std::atomic<int64_t> to_host_bytes{0}, to_device_bytes{0}, host_wait_us{0};
-  std::atomic<int64_t> disk_read_bytes{0}, disk_written_bytes{0}, disk_wait_us{0};
+  std::atomic<int64_t> to_host_bytes{0}, to_device_bytes{0}, host_wait_us{0}, disk_wait_us{0};
 
   OffloadCounts snapshot() const {
-    return {to_host_bytes.load(), to_device_bytes.load(), host_wait_us.load(),
-            disk_read_bytes.load(), disk_written_bytes.load(), disk_wait_us.load()};
+    OffloadCounts counts;
+    counts.to_host_bytes = to_host_bytes.load();
+    counts.to_device_bytes = to_device_bytes.load();
+    counts.host_wait_us = host_wait_us.load();
+    counts.disk_wait_us = disk_wait_us.load();
+    return counts;
   }
 };
 

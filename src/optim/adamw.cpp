@@ -110,7 +110,9 @@ void AdamW::step(double lr) {
       exp_avg_sq.copy_(avg_sq);
     }
     if (!swapped_non_finite_) swapped_non_finite_ = non_finite_in(i, begin, exp_avg, exp_avg_sq);
-    if (!swapped_non_finite_)
+    // Params that leave memory after their update (set_residency) are checked here, in the chunk;
+    // resident ones are read whole after the step by whoever asks (train_step).
+    if (!swapped_non_finite_ && after_update_)
       if (const int64_t at = first_non_finite(params_[i].reshape(-1).narrow(0, begin, n)); at >= 0)
         swapped_non_finite_ = NonFiniteMoment{i, "weights", begin + at};
   });

@@ -68,11 +68,11 @@ class AdamW {
   void set_moments(size_t i, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq);
 
   // The first NaN/Inf in the moments after the last step: in memory every param's are read;
-  // swapped out, the step looked at each chunk while it was in its window, and at the params'
-  // updated chunks too ("weights": the params may not stay in memory to be read afterwards).
+  // swapped out, the step looked at each chunk while it was in its window, and, when the params
+  // leave memory after their update (set_residency), at their updated chunks too ("weights").
   struct NonFiniteMoment {
     size_t param;
-    std::string moment;  // "exp_avg", "exp_avg_sq", or (swapped) "weights"
+    std::string moment;  // "exp_avg", "exp_avg_sq", or (swapped, params not resident) "weights"
     int64_t element;     // in the param's flat shard
   };
   std::optional<NonFiniteMoment> first_non_finite_moment() const;

@@ -3,7 +3,6 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-
 namespace mmtrain {
 namespace {
 

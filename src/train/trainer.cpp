@@ -4,12 +4,13 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "dist/node_names.h"
-#include "models/flops_report.h"
 #include "fsdp/shard_pager.h"
+#include "models/flops_report.h"
 #include "offload/host_store.h"
 #include "optim/lr_schedule.h"
 #include "train/build.h"
 #include "train/memory_profile.h"
+#include "train/offload_plan.h"
 #include "train/preflight.h"
 #include "train/profiler.h"
 #include "train/save_root_lock.h"
@@ -79,7 +80,7 @@ struct Trainer::State {
       tiers->disk = std::make_shared<DiskStore>(c.training.offload_dir, comm().rank(), tiers->host_pool);
     fsdp = parallelize_model(c, *model, *mesh, tiers);
     adamw = make_fsdp_adamw(*fsdp, adamw_options(c.training), tiers);
-    if (c.training.optimizer == "adamw_swap" || tiers->disk) offload_moments();
+    if (OffloadSetting::of(c).swap) offload_moments();
     schedule = LrSchedule::make(c.training.lr, c.training.lr_min, c.training.lr_warmup_ratio, c.training.train_iters,
                                 c.training.lr_decay_style);
     const std::string trace_dir =
@@ -98,24 +99,24 @@ struct Trainer::State {
     log(line);
   }
 
-  // What the offload tiers have moved so far, and the time waited on them: the copies count
-  // themselves (OffloadStats); the disk tier's bytes are its store's, its waits the moments'.
+  // What the offload tiers have moved so far, and the time waited on them: the copies and the
+  // shard pager count themselves (OffloadStats); the disk tier's bytes are its store's, and the
+  // moments' waits for it are theirs.
   OffloadCounts offload_counts() const {
     OffloadCounts counts = tiers->stats->snapshot();
-    const auto* swapped = adamw->swapped_moments();
-    if (const auto* disk = swapped ? dynamic_cast<const DiskStore*>(&swapped->store()) : nullptr) {
-      counts.disk_read_bytes = disk->bytes_read();
-      counts.disk_written_bytes = disk->bytes_written();
-      counts.disk_wait_us += static_cast<int64_t>(swapped->wait_ms() * 1000.0);  // besides the shards' waits
+    if (tiers->disk) {
+      counts.disk_read_bytes = tiers->disk->bytes_read();
+      counts.disk_written_bytes = tiers->disk->bytes_written();
+      if (const auto* swapped = adamw->swapped_moments())
+        counts.disk_wait_us += static_cast<int64_t>(swapped->wait_ms() * 1000.0);
     }
     return counts;
   }
   // metrics.jsonl's "offload": per tier in use, what this step moved and waited (rank 0's).
   nlohmann::json offload_record(const OffloadCounts& before) const {
-    const auto& c = config;
-    const bool host = c.features.enable_activation_offload || c.parallel.fsdp_plan.cpu_offload ||
-                      c.training.optimizer == "adamw_swap";  // the disk tier's windows are host-tier bytes
-    const bool disk = !c.training.offload_dir.empty();
+    const OffloadSetting s = OffloadSetting::of(config);
+    const bool host = s.activations || s.cpu_offload || s.swap;  // the disk tier's windows are host-tier bytes
+    const bool disk = s.disk;
     if (!host && !disk) return nullptr;
     const OffloadCounts step = offload_counts() - before;
     auto mib = [](int64_t bytes) { return bytes / 1048576.0; };
@@ -137,12 +138,10 @@ struct Trainer::State {
   // update runs (the shards' device).
   void offload_moments() {
     const auto& t = config.training;
-    std::shared_ptr<TierStore> store;
-    if (t.offload_dir.empty())
+    std::shared_ptr<TierStore> store = tiers->disk;
+    if (!store)
       store = std::make_shared<HostStore>(tiers->host_pool,
                                           std::make_shared<CopyStream>(fsdp->shard_device(), tiers->stats));
-    else
-      store = tiers->disk;
     int64_t largest = 0;
     for (const auto* unit : fsdp->units()) largest = std::max(largest, unit->shard_flat.numel());
     adamw->offload_moments(store, adamw_offload_chunk_numel(t, runtime.device, largest));
