@@ -134,8 +134,9 @@ std::optional<AsyncCheckpointSaver::Completed> AsyncCheckpointSaver::advance(boo
       commit_ = std::async(std::launch::async, [this, world = comm_.world_size()] {
         yield_to_training();
         checkpoint_save_commit(save_root_, iteration_, world, global_state_, plan_);
-        pruned_.clear();
-        if (keep_latest_k_ > 0) pruned_ = checkpoint_prune(save_root_, keep_latest_k_);
+        // Never throws: the commit stands whatever pruning meets.
+        pruned_ = keep_latest_k_ > 0 ? checkpoint_prune(save_root_, keep_latest_k_, global_state_.value("lineage", ""))
+                                     : CheckpointPruned{};
       });
     }
     phase_ = Phase::committing;

@@ -52,7 +52,7 @@ class AsyncCheckpointSaver {
 
   struct Completed {
     std::string dir;                  // the committed iter_N directory
-    std::vector<std::string> pruned;  // removed by keep_latest_k (rank 0 only; empty elsewhere)
+    CheckpointPruned pruned;  // keep_latest_k's removals and warnings (rank 0 only; empty elsewhere)
   };
   // The save just completed, or nothing (none in flight, or still being written).
   std::optional<Completed> poll() { return advance(false); }
@@ -77,7 +77,7 @@ class AsyncCheckpointSaver {
   std::future<void> write_;          // step 2 on this rank
   std::future<void> commit_;         // step 3 and pruning, rank 0
   std::string job_error_;            // this rank's failed job's message
-  std::vector<std::string> pruned_;  // written by commit_, read after it is done
+  CheckpointPruned pruned_;          // written by commit_, read after it is done
 };
 
 }  // namespace mmtrain

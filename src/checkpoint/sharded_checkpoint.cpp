@@ -3,6 +3,7 @@
 #include "core/crc32c.h"
 #include "core/error.h"
 #include "core/json_read.h"
+#include "core/regular_file.h"
 #include "core/text.h"
 #include "io/atomic_file.h"
 
@@ -16,6 +17,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <optional>
 #include <tuple>
 
 namespace mmtrain {
@@ -270,29 +272,92 @@ std::string checkpoint_dir_name(int64_t iteration) {
   return buf;
 }
 
-std::vector<std::string> checkpoint_prune(const std::string& save_root, int keep) {
-  if (keep < 1) fail("checkpoint_prune: keep must be >= 1, found ", keep);
-  const fs::path root(save_root);
-  std::string latest;
-  if (fs::exists(root / kLatestFile)) latest = trim(file_read_text((root / kLatestFile).string()));
+namespace {
+
+// The complete iter_N directories under root, by iteration.
+std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const fs::path& root) {
   std::vector<std::pair<int64_t, std::string>> complete;
+  if (!fs::is_directory(root)) return complete;
   for (const auto& entry : fs::directory_iterator(root)) {
     const std::string name = entry.path().filename().string();
-    if (!entry.is_directory() || !is_checkpoint_dir_name(name)) continue;
+    if (!entry.is_directory() || !is_checkpoint_dir_name(name) || !fs::exists(entry.path() / kIndexFile)) continue;
     if (const int64_t iteration = iteration_of(name); iteration >= 0) complete.emplace_back(iteration, name);
   }
   std::sort(complete.begin(), complete.end());
-  std::vector<std::string> removed;
-  const size_t doomed = complete.size() > static_cast<size_t>(keep) ? complete.size() - keep : 0;
-  for (size_t i = 0; i < doomed; ++i) {
-    const std::string& name = complete[i].second;
-    if (name == latest) continue;
-    const fs::path pruned = root / (name + kTmpSuffix + ".pruned");
-    fs::rename(root / name, pruned);
-    fs::remove_all(pruned);
-    removed.push_back(name);
+  return complete;
+}
+
+// The lineage a checkpoint directory's trainer_state.json records ("" when it records none);
+// nullopt when the file cannot be read as JSON (not a checkpoint to touch).
+std::optional<std::string> lineage_of(const fs::path& dir) {
+  try {
+    const auto state = nlohmann::json::parse(file_read_text((dir / kTrainerStateFile).string()));
+    const auto it = state.find("lineage");
+    if (it == state.end()) return std::string();
+    return it->is_string() ? std::optional<std::string>(it->get<std::string>()) : std::nullopt;
+  } catch (const std::exception&) {
+    return std::nullopt;
   }
-  return removed;
+}
+
+}  // namespace
+
+std::vector<std::string> checkpoint_newer_than(const std::string& save_root, int64_t iteration) {
+  std::vector<std::string> newer;
+  for (const auto& [it, name] : complete_checkpoints(save_root))
+    if (it > iteration) newer.push_back(name);
+  return newer;
+}
+
+std::string checkpoint_archive(const std::string& save_root, const std::vector<std::string>& names,
+                               const std::string& archive_name) {
+  const fs::path root(save_root), archive = root / archive_name;
+  fs::create_directory(archive);
+  for (const auto& name : names) {
+    if (!is_checkpoint_dir_name(name)) fail("checkpoint_archive: '", name, "' is not an iter_N directory name");
+    fs::rename(root / name, archive / name);
+  }
+  dir_fsync(archive.string());
+  dir_fsync(root.string());
+  return archive.string();
+}
+
+CheckpointPruned checkpoint_prune(const std::string& save_root, int keep, const std::string& lineage) {
+  CheckpointPruned out;
+  if (keep < 1) {
+    out.warnings.push_back("training.keep_latest_k must be >= 1 to prune, found " + std::to_string(keep));
+    return out;
+  }
+  const fs::path root(save_root);
+  try {
+    std::string latest;
+    if (fs::exists(root / kLatestFile)) latest = trim(file_read_text((root / kLatestFile).string()));
+    std::vector<std::string> ours;
+    for (const auto& [iteration, name] : complete_checkpoints(root))
+      if (lineage_of(root / name) == lineage) ours.push_back(name);
+    const size_t doomed = ours.size() > static_cast<size_t>(keep) ? ours.size() - keep : 0;
+    for (size_t i = 0; i < doomed; ++i) {
+      const std::string& name = ours[i];
+      if (name == latest) continue;
+      const fs::path pruned = root / (name + kTmpSuffix + ".pruned");
+      std::error_code error;
+      fs::path failed = root / name;
+      fs::rename(failed, pruned, error);
+      if (!error) {
+        failed = pruned;
+        fs::remove_all(pruned, error);
+      }
+      if (error) {
+        out.warnings.push_back("cannot remove " + failed.string() + ": " + error.message() + " (errno " +
+                               std::to_string(error.value()) + ")");
+        continue;
+      }
+      out.removed.push_back(name);
+    }
+  } catch (const std::exception& e) {
+    out.warnings.push_back("cannot prune " + save_root + ": " + e.what());
+  }
+  return out;
 }
 
 std::string checkpoint_save_prepare(const std::string& save_root, int64_t iteration) {
@@ -325,7 +390,6 @@ std::string checkpoint_save(const std::string& save_root, int64_t iteration, Com
   const int rank = comm.rank(), world = comm.world_size();
   const fs::path root(save_root);
   const std::string name = checkpoint_dir_name(iteration);  // throws on every rank alike
-  const fs::path tmp_dir = root / (name + kTmpSuffix);
   const fs::path final_dir = root / name;
 
   // No rank may throw before the last barrier, or the others would wait there until the backend's
@@ -347,17 +411,10 @@ std::string checkpoint_save(const std::string& save_root, int64_t iteration, Com
   comm.barrier();
   if (before_commit) step(before_commit);
   if (rank == 0) step([&] { checkpoint_save_commit(save_root, iteration, world, global_state, plan); });
-  comm.barrier();
-  // Did rank 0 commit? The tmp dir is gone only after a successful rename.
-  if (rank != 0) step([&] {
-    std::string latest;
-    if (fs::exists(root / kLatestFile)) latest = trim(file_read_text((root / kLatestFile).string()));
-    if (fs::exists(tmp_dir) || !fs::exists(final_dir / kIndexFile) || latest != name)
-      fail("checkpoint_save rank ", rank, ": rank 0 did not commit ", final_dir.string(), " (rank 0's error says why)");
-  });
-  // Until every rank has looked, rank 0 must not start a next save (whose first step recreates
-  // iter_N.tmp when the same iteration is saved again).
-  comm.barrier();
+  // Did rank 0 commit? Its word, not the filesystem's (another node may see a stale `latest`).
+  const bool committed = !comm.any_rank(rank == 0 && error);
+  if (!committed && rank != 0 && !error)
+    step([&] { fail("checkpoint_save rank ", rank, ": rank 0 did not commit ", final_dir.string(), " (rank 0's error says why)"); });
 
   if (error) std::rethrow_exception(error);
   return final_dir.string();
@@ -425,6 +482,9 @@ CheckpointReader::CheckpointReader(const std::string& path) {
     const auto file_names = index.at("files").get<std::vector<std::string>>();
     if (static_cast<int>(file_names.size()) != world_size_)
       fail("checkpoint ", index_path, ": expected ", world_size_, " files (one per rank), found ", file_names.size());
+    for (size_t r = 0; r < file_names.size(); ++r)
+      require_plain_file_name(file_names[r], "checkpoint " + index_path, "rank " + std::to_string(r) + "'s file",
+                              dir_);
     plan_ = index.contains("plan") ? nlohmann::json::parse(index["plan"].dump()) : nlohmann::json();
 
     for (const auto& [name, t] : index.at("tensors").items()) {
@@ -481,7 +541,7 @@ CheckpointReader::CheckpointReader(const std::string& path) {
     for (int r = 0; r < world_size_; ++r) {
       const fs::path file_path = dir / file_names[r];
       try {
-        files_.emplace_back(file_path.string());
+        files_.emplace_back(file_path.string(), SafetensorsFile::Symlinks::refuse);
       } catch (const Error& e) {
         fail("checkpoint ", dir_, ": rank ", r, "'s file is unusable: ", e.what());
       }

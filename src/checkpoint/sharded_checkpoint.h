@@ -38,12 +38,31 @@ struct ShardedTensor {
 std::string checkpoint_dir_name(int64_t iteration);
 // Whether save_root has a `latest` file, i.e. a save there has completed at least once.
 bool checkpoint_saved_under(const std::string& save_root);
-// training.keep_latest_k: removes the complete iter_N directories under save_root beyond the
-// newest `keep` (keep >= 1), never the one `latest` names; unfinished saves (*.tmp) are not
-// touched. A directory is renamed to iter_N.tmp.pruned before it is removed, so a crash midway
-// leaves a stale save that the next save clears, never a half-deleted checkpoint. Rank 0 calls
-// it after a save. Returns the names removed, oldest first.
-std::vector<std::string> checkpoint_prune(const std::string& save_root, int keep);
+// Lineage: the checkpoints one run and its resumes wrote form a line, named by the "lineage" string
+// of their trainer_state.json (absent in checkpoints from before lineages: the lineage ""). A
+// resumed run continues the lineage of the checkpoint it loaded; a fresh run starts a new one.
+
+// The complete iter_N directories under save_root of an iteration above `iteration`, oldest first:
+// what a run resuming from `iteration` would branch away from (train/trainer.cpp refuses them, or
+// archives them when asked).
+std::vector<std::string> checkpoint_newer_than(const std::string& save_root, int64_t iteration);
+// Moves the named iter_N directories of save_root into save_root/<archive_name>/ (created; never
+// deleted). Returns that directory.
+std::string checkpoint_archive(const std::string& save_root, const std::vector<std::string>& names,
+                               const std::string& archive_name);
+
+// training.keep_latest_k: removes the complete iter_N directories under save_root of `lineage`
+// beyond its newest `keep` (keep >= 1), never the one `latest` names; another lineage's
+// checkpoints and unfinished saves (*.tmp) are not touched. A directory is renamed to
+// iter_N.tmp.pruned before it is removed, so a crash midway leaves a stale save that the next save
+// clears, never a half-deleted checkpoint. Rank 0 calls it after a save commits. It never throws:
+// the checkpoint is committed whatever pruning meets; what it could not do comes back as warnings
+// naming the directory and the error.
+struct CheckpointPruned {
+  std::vector<std::string> removed;   // oldest first
+  std::vector<std::string> warnings;
+};
+CheckpointPruned checkpoint_prune(const std::string& save_root, int keep, const std::string& lineage);
 
 // The save's three steps. checkpoint_save runs them with barriers in between; the asynchronous
 // saver (checkpoint/async_checkpoint.h) runs 2 and 3 on background threads.
@@ -63,8 +82,9 @@ std::string checkpoint_save_commit(const std::string& save_root, int64_t iterati
 
 // Collective: every rank calls it with its own shards (any subset of tensors, as long as the ranks'
 // row ranges of each tensor tile [0, global_shape[0]) exactly; rank 0 checks that before committing).
-// Protocol (docs/checkpoint_format.md): step 1; barrier; step 2; barrier; step 3; barrier; ranks
-// != 0 check the commit happened; barrier (so a next save cannot race that check).
+// Protocol (docs/checkpoint_format.md): step 1; barrier; step 2; barrier; step 3; rank 0's outcome
+// of step 3 reaches every rank through a collective (never re-read from the shared filesystem, where
+// another node may see a stale `latest`).
 // A failure on any rank makes every rank throw after the last barrier (no rank is left waiting).
 // before_commit, when given, runs on every rank once every rank file is written and before step 3:
 // what must be on disk before the checkpoint can become `latest` (the trainer's metrics record of

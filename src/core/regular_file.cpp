@@ -18,4 +18,13 @@ void require_regular_file(const std::string& path, const std::string& label, con
        "), expected ", expected);
 }
 
+void require_plain_file_name(const std::string& name, const std::string& where, const std::string& what,
+                             const std::string& dir) {
+  const bool plain = !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+                     name.find('\0') == std::string::npos;
+  if (!plain)
+    fail(where, ": refused: ", what, " is '", name.substr(0, name.find('\0')), "', which is not a plain file name inside ",
+         dir, " (a checkpoint's files must stay in its directory)");
+}
+
 }  // namespace mmtrain

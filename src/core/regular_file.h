@@ -14,4 +14,10 @@ namespace mmtrain {
 // where label is what the caller calls the file ("image /a/b.png", "config x.yaml", a path).
 void require_regular_file(const std::string& path, const std::string& label, const std::string& expected);
 
+// A file name read from a file mmtrain did not necessarily write (a checkpoint's index.json, a DCP's
+// metadata) must name a file inside that directory: non-empty, no '/', not "." or "..", no NUL.
+// Fails with "<where>: refused: <what> is '<name>', which is not a plain file name inside <dir>".
+void require_plain_file_name(const std::string& name, const std::string& where, const std::string& what,
+                             const std::string& dir);
+
 }  // namespace mmtrain

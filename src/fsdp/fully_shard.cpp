@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <utility>
 
@@ -469,7 +470,7 @@ void Fsdp::zero_grad() {
   }
 }
 
-double Fsdp::clip_grad_norm(double max_norm) {
+double Fsdp::clip_grad_norm(double max_norm, bool local_non_finite) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
   for (auto& unit : units_)
@@ -478,6 +479,7 @@ double Fsdp::clip_grad_norm(double max_norm) {
   // and the ranks' sums add in double.
   double sum_squares = 0.0;
   if (!grads.empty()) sum_squares = at::stack(at::_foreach_norm(grads)).to(at::kDouble).pow(2).sum().item<double>();
+  if (local_non_finite) sum_squares = std::numeric_limits<double>::quiet_NaN();
   const double norm = std::sqrt(comm_->all_reduce_sum(sum_squares));
   if (max_norm > 0) {
     const double coef = max_norm / (norm + 1e-6);

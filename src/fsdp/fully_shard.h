@@ -123,7 +123,9 @@ class Fsdp {
   void zero_grad();
   // Global L2 norm of the grads across all shards; scales them by max_norm / (norm + 1e-6)
   // when that is below 1 (torch.nn.utils.clip_grad_norm_). max_norm <= 0: only measures.
-  double clip_grad_norm(double max_norm);
+  // local_non_finite: this rank's state is known to be non-finite (train/state_finite.h): its
+  // share of the norm is NaN, so every rank sees a NaN norm from the reduction that runs anyway.
+  double clip_grad_norm(double max_norm, bool local_non_finite = false);
   // Milliseconds this rank spent blocked in waits for collectives (all-gathers, reduce-scatters,
   // the replica all-reduce) since the last call; resets the count.
   double take_comm_wait_ms();

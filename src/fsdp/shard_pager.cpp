@@ -5,6 +5,7 @@
 #include <ATen/record_function.h>
 
 #include <chrono>
+#include <utility>
 
 namespace mmtrain {
 namespace {
@@ -36,7 +37,28 @@ const ShardPager::Page& ShardPager::page_of(const FsdpUnit& unit) const { return
 
 bool ShardPager::resident(const FsdpUnit& unit) const { return page_of(unit).resident; }
 
+void ShardPager::report_deferred_error() {
+  if (deferred_error_.empty()) return;
+  const std::string error = std::exchange(deferred_error_, std::string());
+  fail("ShardPager: an earlier write-back of the shards to the disk tier failed (the shards are still in RAM): ", error);
+}
+
+ShardPager::Resident::~Resident() {
+  if (!pager_) return;
+  try {
+    pager_->page_out_all(changed_);
+  } catch (const std::exception& e) {
+    pager_->deferred_error_ = e.what();
+  }
+}
+
+void ShardPager::Resident::release() {
+  ShardPager* pager = std::exchange(pager_, nullptr);
+  if (pager) pager->page_out_all(changed_);
+}
+
 void ShardPager::page_in(FsdpUnit& unit) {
+  report_deferred_error();
   Page& page = page_of(unit);
   if (page.resident) return;
   RECORD_USER_SCOPE("offload::shard_from_disk");
@@ -51,6 +73,7 @@ void ShardPager::page_in(FsdpUnit& unit) {
 }
 
 void ShardPager::page_out(FsdpUnit& unit, bool changed) {
+  report_deferred_error();
   Page& page = page_of(unit);
   if (!page.resident) return;
   RECORD_USER_SCOPE("offload::shard_to_disk");

@@ -15,6 +15,7 @@
 
 #include <future>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace mmtrain {
@@ -32,15 +33,16 @@ class ShardPager {
   bool resident(const FsdpUnit& unit) const;
 
   // Every shard resident for the scope (a checkpoint load or save), paged out after it; `changed`:
-  // whether the scope writes the shards (a load).
+  // whether the scope writes the shards (a load). release() pages out and reports a failed write
+  // (file, offset, errno); a scope left without it (an exception on its way) pages out in the
+  // destructor, which never throws: a failure there is kept and reported by the pager's next call.
   class Resident {
    public:
     Resident(ShardPager* pager, bool changed) : pager_(pager), changed_(changed) {
       if (pager_) pager_->page_in_all();
     }
-    ~Resident() {
-      if (pager_) pager_->page_out_all(changed_);
-    }
+    ~Resident();
+    void release();
     Resident(const Resident&) = delete;
     Resident& operator=(const Resident&) = delete;
 
@@ -59,6 +61,9 @@ class ShardPager {
   const Page& page_of(const FsdpUnit& unit) const;
 
   void wait(const std::shared_future<void>& transfer);  // and count the time in the stats
+  void report_deferred_error();  // fails with what a destructor could not throw, once
+
+  std::string deferred_error_;  // a Resident destructor's failed write-back, not yet reported
 
   std::shared_ptr<OffloadTiers> tiers_;
   std::vector<Page> pages_;  // by unit order

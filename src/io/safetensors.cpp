@@ -129,10 +129,12 @@ void safetensors_write_streamed(const std::string& path, const std::vector<Safet
 // ---------------------------------------------------------------------------------------------
 // Reading
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+SafetensorsFile::SafetensorsFile(const std::string& path, Symlinks symlinks) : path_(path) {
   // Before open(): opening a FIFO would block until something writes to it.
   require_regular_file(path, "safetensors file " + path, "a .safetensors file");
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (symlinks == Symlinks::refuse ? O_NOFOLLOW : 0));
+  if (fd_ < 0 && errno == ELOOP)
+    fail("safetensors file ", path, ": refused: a symlink (a checkpoint's files must be plain files in its directory)");
   if (fd_ < 0) fail("safetensors file ", path, ": cannot open: ", std::strerror(errno));
   // From here on a failure must close fd_: the destructor does not run for a throwing constructor.
   try {

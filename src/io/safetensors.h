@@ -59,7 +59,10 @@ void safetensors_write_streamed(const std::string& path, const std::vector<Safet
 // load more than they return. Reads are const and use pread: safe from several threads at once.
 class SafetensorsFile {
  public:
-  explicit SafetensorsFile(const std::string& path);
+  // Symlinks::refuse opens with O_NOFOLLOW (a checkpoint's own files: a link out of its directory is
+  // refused naming the file); follow is for model directories, which HF caches build from links.
+  enum class Symlinks { follow, refuse };
+  explicit SafetensorsFile(const std::string& path, Symlinks symlinks = Symlinks::follow);
   ~SafetensorsFile();
   SafetensorsFile(SafetensorsFile&& other) noexcept;
   SafetensorsFile& operator=(SafetensorsFile&& other) noexcept;

@@ -1,8 +1,11 @@
 #include "nn/attention_amx.h"
 
 #include "core/error.h"
+#ifdef MMTRAIN_NATIVE_KERNELS
 #include "nn/attention_rows_avx512.h"
+#endif
 
+#include <ATen/Parallel.h>
 #include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
@@ -14,6 +17,7 @@
 namespace mmtrain {
 namespace {
 
+#ifdef MMTRAIN_NATIVE_KERNELS
 namespace cpublas = at::native::cpublas;
 using Bf16 = at::BFloat16;
 
@@ -55,6 +59,8 @@ void gemm_packed(int64_t M, int64_t N, int64_t K, const Bf16* a, int64_t lda, co
 // Rows with unit stride along d (the GEMMs read rows through a row stride).
 at::Tensor unit_stride(const at::Tensor& t) { return t.stride(2) == 1 ? t : t.contiguous(); }
 
+#endif  // MMTRAIN_NATIVE_KERNELS
+
 bool choice_from_environment() {
   const char* choice = std::getenv("MMTRAIN_CPU_ATTENTION");
   if (choice == nullptr || std::strcmp(choice, "") == 0 || std::strcmp(choice, "auto") == 0) return true;
@@ -68,6 +74,8 @@ bool amx_attention_enabled() {
   static const bool enabled = choice_from_environment();
   return enabled;
 }
+
+#ifdef MMTRAIN_NATIVE_KERNELS
 
 bool amx_attention_backward_usable(const at::Tensor& q, bool causal) {
   static const bool machine = amx_attention_enabled() && cpublas::could_pack(at::kBFloat16) &&
@@ -120,58 +128,78 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> amx_attention_backward(const at::
   const int64_t group_cols = group * kQueryBlock;
   auto dq_t = at::zeros({hq, blocks, d, kQueryBlock}, f32);  // dqᵀ per head and query block
   auto dk = at::empty({kl, hkv, d}, q.options()), dv = at::empty({kl, hkv, d}, q.options());
-  auto s_t = at::empty({kKeyChunk, kQueryBlock}, f32), dp_t = at::empty({kKeyChunk, kQueryBlock}, f32);
-  // pᵀ and dsᵀ of the group's heads side by side [keys, G * 64]; one head's dsᵀ alone for its dq.
-  auto p_t = at::empty({kKeyChunk, group_cols}, q.options()), ds_t = at::empty({kKeyChunk, group_cols}, q.options());
-  auto ds_head = at::empty({kKeyChunk, kQueryBlock}, q.options()), ds_packed = at::empty_like(ds_head);
-  auto dk_acc = at::empty({kKeyChunk, d}, f32), dv_acc = at::empty({kKeyChunk, d}, f32);
-  for (int64_t h = 0; h < hkv; ++h) {
-    const Bf16* k_rows = k.const_data_ptr<Bf16>() + h * k.stride(1);
-    const Bf16* v_rows = v.const_data_ptr<Bf16>() + h * v.stride(1);
-    // kᵀ for dqᵀ = kᵀ·dsᵀ, zero past kl (an odd last chunk reads one zero column); rows of a multiple
-    // of 64 keys (measured: dq's GEMMs ~15 % faster than with rows of kl rounded to even).
-    const int64_t keys_padded = round_up(kl, kPackCols);
-    auto kt = at::zeros({d, keys_padded}, q.options());
-    kt.narrow(1, 0, kl).copy_(k.select(1, h).t());
-    for (int64_t c0 = 0; c0 < kl; c0 += kKeyChunk) {
-      const int64_t rows = std::min(kKeyChunk, kl - c0), rows_even = round_up(rows, 2);
-      dk_acc.zero_();
-      dv_acc.zero_();
-      for (int64_t b = 0; b < blocks; ++b) {
-        for (int64_t g = 0; g < group; ++g) {
-          const int64_t head = h * group + g, slot = head * blocks + b;
-          gemm_packed(rows, kQueryBlock, d, k_rows + c0 * k.stride(0), k.stride(0), q_t_packed[slot],
-                      s_t.data_ptr<float>(), kQueryBlock, false);
-          gemm_packed(rows, kQueryBlock, d, v_rows + c0 * v.stride(0), v.stride(0), do_t_packed[slot],
-                      dp_t.data_ptr<float>(), kQueryBlock, false);
-          const int64_t column = head * queries_padded + b * kQueryBlock;
-          attention_rows::probs_and_grads_t(s_t.data_ptr<float>(), dp_t.data_ptr<float>(), rows, kQueryBlock, scale,
-                                            lse.data_ptr<float>() + column, delta.data_ptr<float>() + column,
-                                            bits(p_t) + g * kQueryBlock, bits(ds_t) + g * kQueryBlock, group_cols);
-          // dqᵀ of this head += kᵀ·dsᵀ (oneDNN packs from a contiguous [keys, 64] block only).
-          for (int64_t r = 0; r < rows; ++r)
-            std::memcpy(bits(ds_head) + r * kQueryBlock, bits(ds_t) + r * group_cols + g * kQueryBlock,
-                        kQueryBlock * sizeof(uint16_t));
-          if (rows_even != rows) std::memset(bits(ds_head) + rows * kQueryBlock, 0, kQueryBlock * sizeof(uint16_t));
-          cpublas::pack(rows_even, kQueryBlock, kQueryBlock, kQueryBlock, at::kBFloat16, at::kBFloat16,
-                        ds_head.const_data_ptr(), ds_packed.data_ptr());
-          gemm_packed(d, kQueryBlock, rows_even, kt.const_data_ptr<Bf16>() + c0, keys_padded,
-                      ds_packed.const_data_ptr<Bf16>(), dq_t.data_ptr<float>() + slot * d * kQueryBlock,
-                      kQueryBlock, true);
+  // One task per key/value head, on ATen's intra-op threads: a head writes only its own dk, dv
+  // columns and its group's dqᵀ slots, and every sum runs in the same order whatever the threads.
+  at::parallel_for(0, hkv, 1, [&](int64_t h_begin, int64_t h_end) {
+    auto s_t = at::empty({kKeyChunk, kQueryBlock}, f32), dp_t = at::empty({kKeyChunk, kQueryBlock}, f32);
+    // pᵀ and dsᵀ of the group's heads side by side [keys, G * 64]; one head's dsᵀ alone for its dq.
+    auto p_t = at::empty({kKeyChunk, group_cols}, q.options()), ds_t = at::empty({kKeyChunk, group_cols}, q.options());
+    auto ds_head = at::empty({kKeyChunk, kQueryBlock}, q.options()), ds_packed = at::empty_like(ds_head);
+    auto dk_acc = at::empty({kKeyChunk, d}, f32), dv_acc = at::empty({kKeyChunk, d}, f32);
+    for (int64_t h = h_begin; h < h_end; ++h) {
+      const Bf16* k_rows = k.const_data_ptr<Bf16>() + h * k.stride(1);
+      const Bf16* v_rows = v.const_data_ptr<Bf16>() + h * v.stride(1);
+      // kᵀ for dqᵀ = kᵀ·dsᵀ, zero past kl (an odd last chunk reads one zero column); rows of a multiple
+      // of 64 keys (measured: dq's GEMMs ~15 % faster than with rows of kl rounded to even).
+      const int64_t keys_padded = round_up(kl, kPackCols);
+      auto kt = at::zeros({d, keys_padded}, q.options());
+      kt.narrow(1, 0, kl).copy_(k.select(1, h).t());
+      for (int64_t c0 = 0; c0 < kl; c0 += kKeyChunk) {
+        const int64_t rows = std::min(kKeyChunk, kl - c0), rows_even = round_up(rows, 2);
+        dk_acc.zero_();
+        dv_acc.zero_();
+        for (int64_t b = 0; b < blocks; ++b) {
+          for (int64_t g = 0; g < group; ++g) {
+            const int64_t head = h * group + g, slot = head * blocks + b;
+            gemm_packed(rows, kQueryBlock, d, k_rows + c0 * k.stride(0), k.stride(0), q_t_packed[slot],
+                        s_t.data_ptr<float>(), kQueryBlock, false);
+            gemm_packed(rows, kQueryBlock, d, v_rows + c0 * v.stride(0), v.stride(0), do_t_packed[slot],
+                        dp_t.data_ptr<float>(), kQueryBlock, false);
+            const int64_t column = head * queries_padded + b * kQueryBlock;
+            attention_rows::probs_and_grads_t(s_t.data_ptr<float>(), dp_t.data_ptr<float>(), rows, kQueryBlock, scale,
+                                              lse.data_ptr<float>() + column, delta.data_ptr<float>() + column,
+                                              bits(p_t) + g * kQueryBlock, bits(ds_t) + g * kQueryBlock, group_cols);
+            // dqᵀ of this head += kᵀ·dsᵀ (oneDNN packs from a contiguous [keys, 64] block only).
+            for (int64_t r = 0; r < rows; ++r)
+              std::memcpy(bits(ds_head) + r * kQueryBlock, bits(ds_t) + r * group_cols + g * kQueryBlock,
+                          kQueryBlock * sizeof(uint16_t));
+            if (rows_even != rows) std::memset(bits(ds_head) + rows * kQueryBlock, 0, kQueryBlock * sizeof(uint16_t));
+            cpublas::pack(rows_even, kQueryBlock, kQueryBlock, kQueryBlock, at::kBFloat16, at::kBFloat16,
+                          ds_head.const_data_ptr(), ds_packed.data_ptr());
+            gemm_packed(d, kQueryBlock, rows_even, kt.const_data_ptr<Bf16>() + c0, keys_padded,
+                        ds_packed.const_data_ptr<Bf16>(), dq_t.data_ptr<float>() + slot * d * kQueryBlock,
+                        kQueryBlock, true);
+          }
+          gemm_packed(rows, d, group_cols, p_t.const_data_ptr<Bf16>(), group_cols, do_group_packed[h * blocks + b],
+                      dv_acc.data_ptr<float>(), d, true);
+          gemm_packed(rows, d, group_cols, ds_t.const_data_ptr<Bf16>(), group_cols, q_group_packed[h * blocks + b],
+                      dk_acc.data_ptr<float>(), d, true);
         }
-        gemm_packed(rows, d, group_cols, p_t.const_data_ptr<Bf16>(), group_cols, do_group_packed[h * blocks + b],
-                    dv_acc.data_ptr<float>(), d, true);
-        gemm_packed(rows, d, group_cols, ds_t.const_data_ptr<Bf16>(), group_cols, q_group_packed[h * blocks + b],
-                    dk_acc.data_ptr<float>(), d, true);
+        dk.narrow(0, c0, rows).select(1, h).copy_(dk_acc.narrow(0, 0, rows) * scale);
+        dv.narrow(0, c0, rows).select(1, h).copy_(dv_acc.narrow(0, 0, rows));
       }
-      dk.narrow(0, c0, rows).select(1, h).copy_(dk_acc.narrow(0, 0, rows) * scale);
-      dv.narrow(0, c0, rows).select(1, h).copy_(dv_acc.narrow(0, 0, rows));
     }
-  }
-  cpublas::brgemm_release();
+    cpublas::brgemm_release();  // this thread's oneDNN state
+  });
   // [hq, blocks, d, 64] -> [blocks, 64, hq, d] -> [ql, hq, d]
   auto dq = (dq_t * scale).permute({1, 3, 0, 2}).reshape({queries_padded, hq, d}).narrow(0, 0, ql).to(at::kBFloat16);
   return {dq, dk, dv};
 }
+
+#else  // a build without the native kernels (not x86-64, or MMTRAIN_NATIVE_KERNELS=OFF): ATen's backward always
+
+bool amx_attention_backward_usable(const at::Tensor&, bool) {
+  amx_attention_enabled();  // a misspelt MMTRAIN_CPU_ATTENTION is still an error
+  return false;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> amx_attention_backward(const at::Tensor&, const at::Tensor&,
+                                                                      const at::Tensor&, const at::Tensor&,
+                                                                      const at::Tensor&, const at::Tensor&, double) {
+  fail("amx_attention_backward: this build has no native CPU kernels (MMTRAIN_NATIVE_KERNELS off or not x86-64); "
+       "amx_attention_backward_usable() says so");
+}
+
+#endif  // MMTRAIN_NATIVE_KERNELS
 
 }  // namespace mmtrain

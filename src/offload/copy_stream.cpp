@@ -11,38 +11,34 @@
 
 namespace mmtrain {
 
-struct CopyEvent::Impl {
-  std::shared_ptr<OffloadStats> stats;
-#ifdef MMTRAIN_CUDA
-  at::cuda::CUDAEvent event;
-#endif
-};
-
 void CopyEvent::wait() {
   if (!impl_) return;
-#ifdef MMTRAIN_CUDA
   const auto began = std::chrono::steady_clock::now();
-  impl_->event.synchronize();
-  impl_->stats->host_wait_us += std::chrono::duration_cast<std::chrono::microseconds>(
-                                    std::chrono::steady_clock::now() - began).count();
-#endif
+  impl_->synchronize();
+  if (impl_->stats)
+    impl_->stats->host_wait_us +=
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - began).count();
   impl_.reset();
 }
 
 void CopyEvent::wait_on_device() {
-  if (!impl_) return;
-#ifdef MMTRAIN_CUDA
-  impl_->event.block(c10::cuda::getCurrentCUDAStream());
-#endif
+  if (impl_) impl_->block_compute_stream();
 }
 
-bool CopyEvent::done() const {
+bool CopyEvent::done() const { return !impl_ || impl_->query(); }
+
+namespace {
+
 #ifdef MMTRAIN_CUDA
-  return !impl_ || impl_->event.query();
-#else
-  return true;
+struct CudaCopyEvent : CopyEvent::Impl {
+  at::cuda::CUDAEvent event;
+  void synchronize() override { event.synchronize(); }
+  bool query() override { return event.query(); }
+  void block_compute_stream() override { event.block(c10::cuda::getCurrentCUDAStream()); }
+};
 #endif
-}
+
+}  // namespace
 
 struct CopyStream::Side {
 #ifdef MMTRAIN_CUDA
@@ -50,8 +46,8 @@ struct CopyStream::Side {
 #endif
 };
 
-CopyStream::CopyStream(at::Device device, std::shared_ptr<OffloadStats> stats)
-    : device_(device), stats_(std::move(stats)) {
+CopyStream::CopyStream(at::Device device, std::shared_ptr<OffloadStats> stats, std::shared_ptr<HostPool> host_pool)
+    : device_(device), stats_(std::move(stats)), host_pool_(std::move(host_pool)) {
 #ifdef MMTRAIN_CUDA
   if (device_.is_cuda()) side_.reset(new Side{c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index())});
 #endif
@@ -87,10 +83,15 @@ CopyEvent CopyStream::copy(at::Tensor& dst, const at::Tensor& src) {
   }
   for (const at::Tensor& t : {static_cast<const at::Tensor&>(dst), src})
     if (t.is_cuda()) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), side_->stream);
-  auto impl = std::make_shared<CopyEvent::Impl>();
+  auto impl = std::make_shared<CudaCopyEvent>();
   impl->stats = stats_;
   impl->event.record(side_->stream);
-  return CopyEvent(std::move(impl));
+  CopyEvent event(std::move(impl));
+  // The host side's pool buffer may not be handed out again before this copy is done.
+  if (host_pool_)
+    for (const at::Tensor& t : {static_cast<const at::Tensor&>(dst), src})
+      if (!t.is_cuda()) host_pool_->record_use(t, event);
+  return event;
 #else
   return {};
 #endif

@@ -6,6 +6,8 @@
 // inline: the event is complete when copy() returns. One interface, so the features above it
 // (activation offload, adamw_swap, fsdp cpu_offload) have one code path.
 #pragma once
+#include "offload/copy_event.h"
+#include "offload/host_pool.h"
 #include "offload/offload_stats.h"
 
 #include <ATen/ATen.h>
@@ -14,29 +16,13 @@
 
 namespace mmtrain {
 
-// The end of one copy. Default-constructed: already complete.
-class CopyEvent {
- public:
-  CopyEvent() = default;
-  // Blocks the host until the copy is done (the host is about to read or reuse the bytes), and
-  // counts the time blocked in stats' host_wait_us.
-  void wait();
-  // Makes the device's current stream wait for the copy (the device is about to read the bytes);
-  // the host goes on. On CPU: nothing to wait for.
-  void wait_on_device();
-  bool done() const;
-
-  struct Impl;
-  explicit CopyEvent(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
-
- private:
-  std::shared_ptr<Impl> impl_;
-};
-
 class CopyStream {
  public:
-  // device: where the compute runs (kCPU: copies run inline). stats: where bytes and waits are counted.
-  CopyStream(at::Device device, std::shared_ptr<OffloadStats> stats);
+  // device: where the compute runs (kCPU: copies run inline). stats: where bytes and waits are
+  // counted. host_pool (optional): the pool whose buffers the host side of copies come from; each
+  // copy's event is recorded on its buffer, so that the buffer is not handed out again before the
+  // copy is done (HostPool::record_use).
+  CopyStream(at::Device device, std::shared_ptr<OffloadStats> stats, std::shared_ptr<HostPool> host_pool = nullptr);
   ~CopyStream();
 
   // dst.copy_(src) (same shape, any dtypes), one side on the device and the other on the host
@@ -53,6 +39,7 @@ class CopyStream {
 
   at::Device device_;
   std::shared_ptr<OffloadStats> stats_;
+  std::shared_ptr<HostPool> host_pool_;
   struct Side;  // the CUDA side stream (CUDA builds)
   std::unique_ptr<Side> side_;
 };

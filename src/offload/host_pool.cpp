@@ -45,40 +45,60 @@ void free_host(void* p, bool pinned) {
 }  // namespace
 
 struct HostPool::Shared {
+  struct Buffer {
+    void* p = nullptr;
+    CopyEvent last_copy;  // the last copy recorded on it (complete when none)
+  };
   bool pinned = false;
   mutable std::mutex mutex;
-  std::map<int64_t, std::vector<void*>> free;  // bytes -> buffers
+  std::map<int64_t, std::vector<Buffer>> free;  // bytes -> buffers
+  std::map<void*, CopyEvent> in_use;            // handed-out buffers -> their last recorded copy
   int64_t held = 0, peak = 0, pooled = 0;
 
   ~Shared() { trim(); }
 
   void* take(int64_t bytes) {
-    std::lock_guard<std::mutex> lock(mutex);
-    void* p = nullptr;
-    auto& list = free[bytes];
-    if (list.empty()) {
-      p = allocate_host(bytes, pinned);
-    } else {
-      p = list.back();
-      list.pop_back();
-      pooled -= bytes;
+    Buffer buffer;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      auto& list = free[bytes];
+      if (!list.empty()) {
+        buffer = std::move(list.back());
+        list.pop_back();
+        pooled -= bytes;
+      }
     }
+    if (!buffer.p) buffer.p = allocate_host(bytes, pinned);
+    buffer.last_copy.wait();  // a copy still reading or writing it finishes before anyone reuses it
+    std::lock_guard<std::mutex> lock(mutex);
     held += bytes;
     peak = std::max(peak, held);
-    return p;
+    in_use[buffer.p] = CopyEvent();
+    return buffer.p;
   }
 
   void give(void* p, int64_t bytes) {
     std::lock_guard<std::mutex> lock(mutex);
-    free[bytes].push_back(p);
+    auto it = in_use.find(p);
+    free[bytes].push_back({p, std::move(it->second)});
+    in_use.erase(it);
     held -= bytes;
     pooled += bytes;
+  }
+
+  void record_use(void* p, CopyEvent copy) {
+    std::lock_guard<std::mutex> lock(mutex);
+    // Copies on the side stream finish in order: the newest one's event covers the earlier ones.
+    if (auto it = in_use.find(p); it != in_use.end()) it->second = std::move(copy);
   }
 
   void trim() {
     std::lock_guard<std::mutex> lock(mutex);
     for (auto& [bytes, list] : free)
-      for (void* p : list) free_host(p, pinned);
+      for (auto& buffer : list) {
+        buffer.last_copy.wait();
+        free_host(buffer.p, pinned);
+      }
     free.clear();
     pooled = 0;
   }
@@ -99,6 +119,11 @@ at::Tensor HostPool::take(at::IntArrayRef shape, at::ScalarType dtype) {
 }
 
 at::Tensor HostPool::take_zeros(at::IntArrayRef shape, at::ScalarType dtype) { return take(shape, dtype).zero_(); }
+
+void HostPool::record_use(const at::Tensor& t, CopyEvent copy) {
+  if (!t.defined() || !t.has_storage()) return;
+  shared_->record_use(t.storage().data_ptr().get(), std::move(copy));
+}
 
 int64_t HostPool::held_bytes() const {
   std::lock_guard<std::mutex> lock(shared_->mutex);

@@ -7,8 +7,15 @@
 // host too, and tools.memory_profile counts ATen's CPU allocator as the device, so what lives in
 // the pool shows as host-tier bytes (held_bytes()), not as device memory, as it would on a GPU.
 //
+// A buffer that an asynchronous copy still reads or writes when its tensor dies must not be handed
+// out again before that copy is done: the copy stream records each copy's event on its buffer
+// (record_use), and take() waits on a reused buffer's last event first. On CPU copies run inline
+// and nothing is recorded.
+//
 // Thread-safe: tensors may die on any thread (autograd's, a copy stream's callback).
 #pragma once
+#include "offload/copy_event.h"
+
 #include <ATen/ATen.h>
 
 #include <cstdint>
@@ -33,6 +40,10 @@ class HostPool {
   at::Tensor take(at::IntArrayRef shape, at::ScalarType dtype);
   // The same, zero-filled.
   at::Tensor take_zeros(at::IntArrayRef shape, at::ScalarType dtype);
+
+  // `copy` reads or writes t's buffer: the buffer goes to no other take() before it is done.
+  // Nothing when t's memory is not one of this pool's buffers.
+  void record_use(const at::Tensor& t, CopyEvent copy);
 
   // Hands the free buffers back to the system (after a phase that held many at once).
   void trim();

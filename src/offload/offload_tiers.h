@@ -23,7 +23,7 @@ struct OffloadTiers {
     auto tiers = std::make_shared<OffloadTiers>();
     tiers->stats = std::make_shared<OffloadStats>();
     tiers->host_pool = std::make_shared<HostPool>(/*pinned=*/device.is_cuda());
-    tiers->copies = std::make_shared<CopyStream>(device, tiers->stats);
+    tiers->copies = std::make_shared<CopyStream>(device, tiers->stats, tiers->host_pool);
     return tiers;
   }
 };

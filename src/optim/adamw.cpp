@@ -5,19 +5,6 @@
 
 
 namespace mmtrain {
-namespace {
-
-// The first NaN/Inf in param i's moments (elements counted from `begin`, where they start in the
-// param's flat shard).
-std::optional<AdamW::NonFiniteMoment> non_finite_in(size_t i, int64_t begin, const at::Tensor& exp_avg,
-                                                    const at::Tensor& exp_avg_sq) {
-  for (const auto& [name, moment] : {std::pair<const char*, const at::Tensor&>{"exp_avg", exp_avg},
-                                     std::pair<const char*, const at::Tensor&>{"exp_avg_sq", exp_avg_sq}})
-    if (const int64_t at = first_non_finite(moment); at >= 0) return AdamW::NonFiniteMoment{i, name, begin + at};
-  return std::nullopt;
-}
-
-}  // namespace
 
 AdamW::AdamW(std::vector<at::Tensor> params, std::vector<at::Tensor> grads, AdamWOptions options,
              const MomentAllocator& allocate_moment)
@@ -53,6 +40,7 @@ void AdamW::offload_moments(std::shared_ptr<TierStore> store, int64_t chunk_nume
 void AdamW::step(double lr) {
   at::NoGradGuard no_grad;
   ++step_count_;
+  paged_non_finite_.reset();
   std::vector<size_t> updating;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (masks_[i].defined() && !masks_[i].any().item<bool>()) continue;  // wholly frozen: moments stay zero
@@ -87,10 +75,13 @@ void AdamW::step(double lr) {
     }
     run_kernel(params, grads, exp_avgs, exp_avg_sqs, steps, masks);
     if (after_update_)
-      for (size_t i : updating) after_update_(i);
+      for (size_t i : updating) {
+        if (!paged_non_finite_)
+          if (const int64_t at = first_non_finite(params_[i]); at >= 0) paged_non_finite_ = NonFiniteWeight{i, at};
+        after_update_(i);
+      }
     return;
   }
-  swapped_non_finite_.reset();
   std::optional<size_t> current;  // the param being updated (resident)
   swapped_->stream(updating, [&](size_t i, int64_t begin, at::Tensor& exp_avg, at::Tensor& exp_avg_sq) {
     if (current != i) {
@@ -109,12 +100,11 @@ void AdamW::step(double lr) {
       exp_avg.copy_(avg);
       exp_avg_sq.copy_(avg_sq);
     }
-    if (!swapped_non_finite_) swapped_non_finite_ = non_finite_in(i, begin, exp_avg, exp_avg_sq);
     // Params that leave memory after their update (set_residency) are checked here, in the chunk;
-    // resident ones are read whole after the step by whoever asks (train_step).
-    if (!swapped_non_finite_ && after_update_)
+    // resident ones are read whole after the step (train/state_finite.h).
+    if (!paged_non_finite_ && after_update_)
       if (const int64_t at = first_non_finite(params_[i].reshape(-1).narrow(0, begin, n)); at >= 0)
-        swapped_non_finite_ = NonFiniteMoment{i, "weights", begin + at};
+        paged_non_finite_ = NonFiniteWeight{i, begin + at};
   });
   if (current && after_update_) after_update_(*current);
 }
@@ -134,13 +124,6 @@ void AdamW::set_moments(size_t i, const at::Tensor& exp_avg, const at::Tensor& e
   if (swapped_) return swapped_->write(i, exp_avg, exp_avg_sq);
   states_[i].exp_avg.copy_(exp_avg);
   states_[i].exp_avg_sq.copy_(exp_avg_sq);
-}
-
-std::optional<AdamW::NonFiniteMoment> AdamW::first_non_finite_moment() const {
-  if (swapped_) return swapped_non_finite_;
-  for (size_t i = 0; i < states_.size(); ++i)
-    if (auto bad = non_finite_in(i, 0, states_[i].exp_avg, states_[i].exp_avg_sq)) return bad;
-  return std::nullopt;
 }
 
 int64_t AdamW::state_bytes() const {

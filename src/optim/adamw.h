@@ -67,15 +67,14 @@ class AdamW {
   // Overwrites param i's moments with copies of these (shaped like the param).
   void set_moments(size_t i, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq);
 
-  // The first NaN/Inf in the moments after the last step: in memory every param's are read;
-  // swapped out, the step looked at each chunk while it was in its window, and, when the params
-  // leave memory after their update (set_residency), at their updated chunks too ("weights").
-  struct NonFiniteMoment {
+  // With the params leaving memory after their update (set_residency), the first NaN/Inf the last
+  // step left in a param, read in its updated chunk while it was in RAM; nothing otherwise (the
+  // resident params are read after the step by train/state_finite.h, which owns the question).
+  struct NonFiniteWeight {
     size_t param;
-    std::string moment;  // "exp_avg", "exp_avg_sq", or (swapped, params not resident) "weights"
-    int64_t element;     // in the param's flat shard
+    int64_t element;  // in the param's flat shard
   };
-  std::optional<NonFiniteMoment> first_non_finite_moment() const;
+  std::optional<NonFiniteWeight> first_non_finite_paged_weight() const { return paged_non_finite_; }
   int64_t state_bytes() const;  // memory the moments hold where the update runs
 
  private:
@@ -83,7 +82,7 @@ class AdamW {
   std::vector<at::Tensor> grads_;
   std::vector<AdamWState> states_;  // undefined tensors once offloaded
   std::unique_ptr<SwappedMoments> swapped_;
-  std::optional<NonFiniteMoment> swapped_non_finite_;  // seen by the last swapped step
+  std::optional<NonFiniteWeight> paged_non_finite_;  // seen by the last step in a paged param
   std::vector<at::Tensor> masks_;  // per param, undefined = update everything
   std::function<void(size_t)> before_update_, after_update_;  // set_residency
   std::vector<at::Tensor> steps_;  // per param, fp32 scalar = step_count_ (the kernel's state_steps)

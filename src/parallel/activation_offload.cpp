@@ -6,6 +6,8 @@
 #include <ATen/record_function.h>
 
 #include <mutex>
+#include <optional>
+#include <string>
 #include <utility>
 
 namespace mmtrain {
@@ -24,14 +26,44 @@ namespace {
 // The offload whose selected block is running forward on this thread (saved-tensor mode).
 thread_local ActivationOffload* t_offloading = nullptr;
 
+// Autograd's saved-tensor version check, which LibTorch skips for every tensor that passes through
+// saved-tensor hooks (PyTorch's save_on_cpu included): the tensor's version when it was saved,
+// compared when backward asks for it. The counter is shared with the tensor (and its views) but
+// does not keep its memory alive, so an offloaded tensor is still checked after it left the device.
+class SavedVersion {
+ public:
+  explicit SavedVersion(const at::Tensor& t)
+      : counter_(t.unsafeGetTensorImpl()->version_counter()),
+        saved_(counter_.enabled() ? counter_.current_version() : 0),
+        description_(t.toString() + " " + c10::str(t.sizes())) {}
+
+  // Raises autograd's own error when the tensor changed in place since it was saved.
+  void check() const {
+    if (!counter_.enabled() || counter_.current_version() == saved_) return;
+    TORCH_CHECK(false, "one of the variables needed for gradient computation has been modified by an inplace "
+                "operation: [", description_, "] is at version ", counter_.current_version(), "; expected version ",
+                saved_, " instead. (Activation offload held it for backward; mmtrain checks what stock saved-tensor "
+                "hooks do not.) Hint: the in-place change must go, or clone the tensor before changing it.");
+  }
+
+ private:
+  c10::VariableVersion counter_;
+  uint32_t saved_;
+  std::string description_;
+};
+
 // Recompute's handle of an offloaded block input.
 struct OffloadedInput : PackedInput {
   std::shared_ptr<ActivationOffload> offload;
   std::shared_ptr<ActivationOffload::Entry> entry;
+  SavedVersion version;
 
-  OffloadedInput(std::shared_ptr<ActivationOffload> o, std::shared_ptr<ActivationOffload::Entry> e)
-      : offload(std::move(o)), entry(std::move(e)) {}
-  at::Tensor unpack() override { return offload->unpack(*entry); }
+  OffloadedInput(std::shared_ptr<ActivationOffload> o, std::shared_ptr<ActivationOffload::Entry> e, const at::Tensor& t)
+      : offload(std::move(o)), entry(std::move(e)), version(t) {}
+  at::Tensor unpack() override {
+    version.check();
+    return offload->unpack(*entry);
+  }
 };
 
 // One saved tensor's hooks: kept in place, or an offloaded entry; released with the node.
@@ -39,15 +71,18 @@ struct OffloadHooks : torch::autograd::SavedVariableHooks {
   std::shared_ptr<ActivationOffload> offload;
   std::shared_ptr<ActivationOffload::Entry> entry;
   at::Tensor kept;
+  std::optional<SavedVersion> version;
 
   explicit OffloadHooks(std::shared_ptr<ActivationOffload> o) : offload(std::move(o)) {}
   void call_pack_hook(const at::Tensor& tensor) override {
+    version.emplace(tensor);
     if (offload->keep_in_place(tensor))
       kept = tensor;
     else
       entry = offload->add(tensor);
   }
   at::Tensor call_unpack_hook() override {
+    version->check();
     return kept.defined() ? kept : offload->unpack(*entry);
   }
 };
@@ -88,7 +123,7 @@ ActivationOffload::ActivationOffload(std::shared_ptr<OffloadTiers> tiers) : tier
 
 c10::intrusive_ptr<PackedInput> ActivationOffload::pack(const at::Tensor& input) {
   begin_block();
-  return c10::make_intrusive<OffloadedInput>(shared_from_this(), add(input));
+  return c10::make_intrusive<OffloadedInput>(shared_from_this(), add(input), input);
 }
 
 std::shared_ptr<BlockHook> ActivationOffload::saved_tensor_hook() {

@@ -5,6 +5,7 @@
 #include "io/safetensors.h"
 #include "models/model_spec.h"
 #include "tools/command.h"
+#include "tools/conversion_output.h"
 #include "train/config.h"
 #include "train/hf_weights.h"
 #include "train/state.h"
@@ -38,7 +39,8 @@ nlohmann::json model_config_for(const ModelSpec& spec, const std::string& config
 }  // namespace
 
 void convert_hf_to_ckpt(const std::string& model_id, const std::string& config_path, const std::string& hf_dir,
-                        const std::string& save_dir) {
+                        const std::string& save_dir, bool overwrite) {
+  ConversionOutput output(save_dir, overwrite, "hf-to-ckpt");
   const auto& spec = model_spec(model_id, "convert");
   WeightSource source(hf_dir);
   const auto model_config = model_config_for(spec, config_path, hf_dir);
@@ -53,32 +55,17 @@ void convert_hf_to_ckpt(const std::string& model_id, const std::string& config_p
   info.extra = {{"source", hf_dir}};
   info.plan = state_plan_entry(plan);
   info.plan["converted_from"] = "hf";
-  const auto dir = state_save(save_dir, *comm, *model, fsdp, nullptr, info);
-  std::printf("hf-to-ckpt: %s -> %s (%lld tensors with a converted layout)\n", hf_dir.c_str(), dir.c_str(),
-              static_cast<long long>(conversions));
+  const auto dir = state_save(output.staging(), *comm, *model, fsdp, nullptr, info);
+  output.commit();
+  std::printf("hf-to-ckpt: %s -> %s (%lld tensors with a converted layout)\n", hf_dir.c_str(),
+              (fs::path(save_dir) / fs::path(dir).filename()).c_str(), static_cast<long long>(conversions));
 }
 
-void convert_ckpt_to_hf(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
-                        const std::string& model_assets_dir) {
-  const auto& spec = model_spec(model_id, "convert");
-  if (is_dcp_dir(load_dir)) {
-    // A PyTorch DCP (MindSpeed-MM's training checkpoints): its weights through a model-only
-    // checkpoint beside the output, the model's config read off the reference directory.
-    if (!spec.config_from_checkpoint)
-      fail("ckpt-to-hf: ", load_dir, " is a DCP checkpoint, and model '", model_id,
-           "' cannot read its config off ", model_assets_dir, "; convert it with dcp-to-ckpt --config first");
-    const std::string staged = fs::path(save_dir).lexically_normal().string() + ".from_dcp";
-    fs::remove_all(staged);
-    const auto dir = convert_dcp_weights_to_ckpt(model_id, spec.config_from_checkpoint(model_assets_dir), load_dir, staged);
-    try {
-      convert_ckpt_to_hf(model_id, dir, save_dir, model_assets_dir);
-    } catch (...) {
-      fs::remove_all(staged);
-      throw;
-    }
-    fs::remove_all(staged);
-    return;
-  }
+namespace {
+
+// ckpt-to-hf from an mmtrain checkpoint into out_dir (which exists and is empty).
+void write_hf_directory(const std::string& model_id, const std::string& load_dir, const std::string& out_dir,
+                        const std::string& save_dir, const std::string& model_assets_dir) {
   const auto opened = open_checkpoint_of(model_id, load_dir, "ckpt-to-hf");
   const CheckpointReader& reader = *opened.reader;
   const auto& model = opened.model;
@@ -102,7 +89,6 @@ void convert_ckpt_to_hf(const std::string& model_id, const std::string& load_dir
   if (written.size() != params.size())
     fail("ckpt-to-hf: reference ", model_assets_dir, " has ", reference.names().size(), " tensors, the model ", params.size());
 
-  fs::create_directories(save_dir);
   int64_t conversions = 0;
   for (const auto& file_name : reference.file_names()) {
     SafetensorsFile ref_file((fs::path(model_assets_dir) / file_name).string());
@@ -113,7 +99,7 @@ void convert_ckpt_to_hf(const std::string& model_id, const std::string& load_dir
       if (adapter->layout_differs(name)) ++conversions;
       tensors.emplace_back(key, adapter->to_hf_layout(name, full).to(ref_file.info(key).dtype).contiguous());
     }
-    safetensors_write((fs::path(save_dir) / file_name).string(), tensors, ref_file.metadata());
+    safetensors_write((fs::path(out_dir) / file_name).string(), tensors, ref_file.metadata());
     std::printf("ckpt-to-hf: wrote %s (%zu tensors)\n", file_name.c_str(), tensors.size());
   }
   if (conversions != adapter->expected_layout_conversions())
@@ -123,10 +109,37 @@ void convert_ckpt_to_hf(const std::string& model_id, const std::string& load_dir
   // maps the same keys to the same file names.
   for (const auto& entry : fs::directory_iterator(model_assets_dir)) {
     if (!entry.is_regular_file() || entry.path().extension() == ".safetensors") continue;
-    fs::copy_file(entry.path(), fs::path(save_dir) / entry.path().filename(), fs::copy_options::overwrite_existing);
+    fs::copy_file(entry.path(), fs::path(out_dir) / entry.path().filename());
   }
   std::printf("ckpt-to-hf: %s -> %s (%lld tensors with a restored layout)\n", reader.dir().c_str(), save_dir.c_str(),
               static_cast<long long>(conversions));
+}
+
+}  // namespace
+
+void convert_ckpt_to_hf(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
+                        const std::string& model_assets_dir, bool overwrite) {
+  const auto& spec = model_spec(model_id, "convert");
+  ConversionOutput output(save_dir, overwrite, "ckpt-to-hf");
+  const fs::path out_dir = fs::path(output.staging()) / "hf";
+  fs::create_directory(out_dir);
+  if (is_dcp_dir(load_dir)) {
+    // A PyTorch DCP (MindSpeed-MM's training checkpoints): its weights through a model-only
+    // checkpoint in the staging directory, the model's config read off the reference directory.
+    if (!spec.config_from_checkpoint)
+      fail("ckpt-to-hf: ", load_dir, " is a DCP checkpoint, and model '", model_id,
+           "' cannot read its config off ", model_assets_dir, "; convert it with dcp-to-ckpt --config first");
+    const std::string staged = (fs::path(output.staging()) / "from_dcp").string();
+    const auto dir = convert_dcp_weights_to_ckpt(model_id, spec.config_from_checkpoint(model_assets_dir), load_dir, staged);
+    write_hf_directory(model_id, dir, out_dir, save_dir, model_assets_dir);
+    fs::remove_all(staged);
+  } else {
+    write_hf_directory(model_id, load_dir, out_dir, save_dir, model_assets_dir);
+  }
+  // The HF files are what the staging directory commits.
+  for (const auto& entry : fs::directory_iterator(out_dir)) fs::rename(entry.path(), fs::path(output.staging()) / entry.path().filename());
+  fs::remove(out_dir);
+  output.commit();
 }
 
 CheckpointOfModel open_checkpoint_of(const std::string& model_id, const std::string& load_dir, const std::string& command) {
@@ -153,6 +166,7 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
       std::vector<std::string> drop;
       int world_size = 0;
       std::string layout = "training";
+      bool overwrite = false;
     };
     auto o = std::make_shared<Options>();
     auto* model_cmd = convert->add_subcommand(
@@ -190,15 +204,18 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
     to_dcp->add_option("--layout", o->layout, layout_help)->check(CLI::IsMember({"training", "hf"}))->capture_default_str();
     to_dcp->add_option("--load_dir", o->load_dir, "checkpoint iter_N directory or save root")->required();
     to_dcp->add_option("--save_dir", o->save_dir, "DCP directory to write")->required();
-    commands.add(to_ckpt, [o, name] { convert_hf_to_ckpt(name, o->config_path, o->hf_dir, o->save_dir); });
+    const std::string overwrite_help = "replace what --save_dir holds (without it, a non-empty --save_dir is refused)";
+    for (auto* sub : {to_ckpt, to_hf, from_dcp, to_dcp}) sub->add_flag("--overwrite", o->overwrite, overwrite_help);
+    commands.add(to_ckpt, [o, name] { convert_hf_to_ckpt(name, o->config_path, o->hf_dir, o->save_dir, o->overwrite); });
     commands.add(from_dcp, [o, name] {
       convert_dcp_to_ckpt(name, o->config_path, o->load_dir, o->save_dir, o->drop, o->world_size,
-                          o->layout == "hf" ? DcpLayout::hf : DcpLayout::training);
+                          o->layout == "hf" ? DcpLayout::hf : DcpLayout::training, o->overwrite);
     });
     commands.add(to_dcp, [o, name] {
-      convert_ckpt_to_dcp(name, o->load_dir, o->save_dir, o->layout == "hf" ? DcpLayout::hf : DcpLayout::training);
+      convert_ckpt_to_dcp(name, o->load_dir, o->save_dir, o->layout == "hf" ? DcpLayout::hf : DcpLayout::training,
+                          o->overwrite);
     });
-    commands.add(to_hf, [o, name] { convert_ckpt_to_hf(name, o->load_dir, o->save_dir, o->assets_dir); });
+    commands.add(to_hf, [o, name] { convert_ckpt_to_hf(name, o->load_dir, o->save_dir, o->assets_dir, o->overwrite); });
   }
 }
 

@@ -16,11 +16,13 @@
 
 namespace mmtrain {
 
-// config_path may be empty: the spec reads the config off the checkpoint directory.
+// config_path may be empty: the spec reads the config off the checkpoint directory. Every
+// conversion writes save_dir through a ConversionOutput (tools/conversion_output.h): locked, a
+// non-empty save_dir refused unless overwrite, staged and moved into place only when complete.
 void convert_hf_to_ckpt(const std::string& model_id, const std::string& config_path, const std::string& hf_dir,
-                        const std::string& save_dir);
+                        const std::string& save_dir, bool overwrite);
 void convert_ckpt_to_hf(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
-                        const std::string& model_assets_dir);
+                        const std::string& model_assets_dir, bool overwrite);
 
 // A checkpoint of model_id opened for export (`command` names the caller in errors): its reader,
 // the model built from the config it records, and the model's HF adapter. A checkpoint of another
@@ -48,11 +50,12 @@ CheckpointOfModel open_checkpoint_of(const std::string& model_id, const std::str
 enum class DcpLayout { training, hf };
 void convert_dcp_to_ckpt(const std::string& model_id, const std::string& config_path, const std::string& load_dir,
                          const std::string& save_dir, const std::vector<std::string>& drop_patterns, int world_size,
-                         DcpLayout layout);
+                         DcpLayout layout, bool overwrite);
 void convert_ckpt_to_dcp(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
-                         DcpLayout layout);
+                         DcpLayout layout, bool overwrite);
 // A DCP directory (it holds .metadata): ckpt-to-hf (and its seed spelling dcp_to_hf) accepts one,
-// taking only its weights, through a model-only checkpoint written by this (returns its iter dir).
+// taking only its weights, through a model-only checkpoint written by this into save_dir (a
+// staging directory of the caller's; returns its iter dir).
 bool is_dcp_dir(const std::string& dir);
 std::string convert_dcp_weights_to_ckpt(const std::string& model_id, const nlohmann::json& model_config,
                                         const std::string& load_dir, const std::string& save_dir);

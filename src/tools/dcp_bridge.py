@@ -13,19 +13,31 @@ DCP's writer a planner that fetches each tensor from the flat file only when it 
 
 Errors (a missing or truncated .distcp file, a key DCP cannot load) exit 1 with one line on stderr
 that names the file and the key.
+
+A DCP directory is foreign data, never code. Its `.metadata` is a pickle: it is read by an unpickler
+that builds only the classes DCP's metadata is made of (SAFE_METADATA_GLOBALS) and refuses any other
+global by name, so a crafted pickle cannot call anything. Bytes entries (optimizer hyperparameters,
+train_state.step) are read with torch.load(weights_only=True). The data file names the metadata
+lists must be plain names inside the directory (no separator, no "..", not a symlink), and every
+file is opened with O_NOFOLLOW.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
+import pickle
+import stat
 import struct
 import sys
 import warnings
+from contextlib import contextmanager
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
-from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
+from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta, TensorStorageMetadata
 
 # DCP in one process warns that it assumes one process: that is the intent here.
 warnings.filterwarnings("ignore", message=".*assuming the intent is to save in a single process.*")
@@ -52,25 +64,139 @@ def _jsonable(value):
     raise BridgeError(f"a value of type {type(value).__name__} cannot be carried as JSON")
 
 
+# The globals a DCP .metadata pickle may name: DCP's own dataclasses, torch.Size, dtypes, the
+# layout helper torch pickles torch.strided with, and the path type of checkpoint_id. Anything else
+# (os.system, builtins.eval, a class with a __setstate__ of its own) is refused before it is built.
+SAFE_METADATA_GLOBALS = {
+    ("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata", "BytesStorageMetadata",
+        "ChunkStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING")
+} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def __init__(self, stream, path: str):
+        super().__init__(stream)
+        self.path = path
+
+    def find_class(self, module: str, name: str):
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)  # torch.float32 and the other dtypes are values, not code
+        if (module, name) not in SAFE_METADATA_GLOBALS:
+            raise BridgeError(f"{self.path}: refused: the pickle names {module}.{name}, which is not one of the "
+                              f"classes DCP metadata is made of (a DCP directory is data; this one would run code)")
+        return super().find_class(module, name)
+
+
+def _open_no_follow(path: str):
+    """A regular file opened for reading without following a symlink at its last component."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == 40:  # ELOOP: the name is a symlink
+            raise BridgeError(f"{path}: refused: a symlink (a DCP's files must be plain files in its directory)") from None
+        raise BridgeError(f"{path}: cannot open: {e.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BridgeError(f"{path}: not a regular file")
+    return os.fdopen(fd, "rb")
+
+
+class _NoFollowFileSystem(FileSystem):
+    @contextmanager
+    def create_stream(self, path, mode: str):
+        if mode != "rb":
+            raise BridgeError(f"{path}: the DCP reader opens files for reading only, asked for mode {mode!r}")
+        with _open_no_follow(str(path)) as stream:
+            yield stream
+
+
+class _SafeReader(dcp.FileSystemReader):
+    """FileSystemReader whose metadata comes through _MetadataUnpickler and whose files open O_NOFOLLOW."""
+
+    def __init__(self, dcp_dir: str):
+        super().__init__(dcp_dir)
+        self.fs = _NoFollowFileSystem()
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        path = os.path.join(str(self.path), ".metadata")
+        with _open_no_follow(path) as f:
+            try:
+                metadata = _MetadataUnpickler(f, path).load()
+            except BridgeError:
+                raise
+            except Exception as e:  # a truncated or malformed pickle
+                raise BridgeError(f"{path}: not a DCP metadata pickle ({type(e).__name__}: {e})") from None
+        if not isinstance(metadata, Metadata):
+            raise BridgeError(f"{path}: holds a {type(metadata).__name__}, not DCP Metadata")
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class _WeightsOnlyLoadPlanner(DefaultLoadPlanner):
+    """DefaultLoadPlanner, but a bytes entry is unpickled with weights_only=True (plain values only).
+    The state dicts given to it are flat already (DCP's flattened keys), so nothing is re-nested."""
+
+    def __init__(self):
+        super().__init__(flatten_state_dict=False)
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        try:
+            self.original_state_dict[read_item.dest_index.fqn] = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise BridgeError(f"bytes entry '{read_item.dest_index.fqn}' refused: it is not plain data "
+                              f"(torch.load weights_only: {str(e).splitlines()[0][:200]})") from None
+
+
+def _plain_file_name(dcp_dir: str, name, fqn: str) -> str:
+    """The path of a data file the metadata names: a plain name inside dcp_dir, nothing else."""
+    name = str(name)
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise BridgeError(f"{dcp_dir}/.metadata: refused: '{fqn}' is stored in {name!r}, which is not a plain file "
+                          f"name inside the checkpoint directory")
+    return os.path.join(dcp_dir, name)
+
+
 def _check_files(dcp_dir: str, metadata) -> None:
-    """Every storage entry's file exists and is long enough (a truncated file named up front)."""
+    """Every storage entry's file is a plain file of dcp_dir, exists and is long enough (a truncated
+    file named up front)."""
     sizes = {}
     for index, info in metadata.storage_data.items():
-        path = os.path.join(dcp_dir, info.relative_path)
+        path = _plain_file_name(dcp_dir, info.relative_path, index.fqn)
+        if getattr(info, "transform_descriptors", None):
+            raise BridgeError(f"{path}: '{index.fqn}' is stored through transforms {list(info.transform_descriptors)}, "
+                              f"which this bridge does not read")
         if path not in sizes:
-            if not os.path.isfile(path):
+            if not os.path.lexists(path):
                 raise BridgeError(f"{path}: missing (the DCP's .metadata names it for '{index.fqn}')")
-            sizes[path] = os.path.getsize(path)
+            with _open_no_follow(path) as f:
+                sizes[path] = os.fstat(f.fileno()).st_size
         if info.offset + info.length > sizes[path]:
             raise BridgeError(f"{path}: truncated: {sizes[path]} bytes, but '{index.fqn}' is stored at bytes "
                               f"[{info.offset}, {info.offset + info.length})")
 
 
+def _load(dcp_dir: str, state: dict, key: str) -> None:
+    """dcp.load of one key through the safe reader and planner; errors name the directory and key."""
+    try:
+        dcp.load(state, storage_reader=_SafeReader(dcp_dir), planner=_WeightsOnlyLoadPlanner())
+    except Exception as e:  # DCP raises CheckpointException wrapping the rank's error (a BridgeError too)
+        raise BridgeError(f"{dcp_dir}: cannot load '{key}': {str(e).strip().splitlines()[-1][:300]}") from None
+
+
 def read(dcp_dir: str, out_path: str) -> None:
     if not os.path.isfile(os.path.join(dcp_dir, ".metadata")):
         raise BridgeError(f"{dcp_dir}: not a DCP checkpoint (no .metadata file)")
-    reader = dcp.FileSystemReader(dcp_dir)
-    metadata = reader.read_metadata()
+    metadata = _SafeReader(dcp_dir).read_metadata()
     _check_files(dcp_dir, metadata)
     tensors, objects = [], {}
     for key, entry in metadata.state_dict_metadata.items():
@@ -80,7 +206,7 @@ def read(dcp_dir: str, out_path: str) -> None:
             tensors.append((key, entry.properties.dtype, list(entry.size)))
         elif isinstance(entry, BytesStorageMetadata):
             state = {key: None}
-            dcp.load(state, storage_reader=dcp.FileSystemReader(dcp_dir), planner=DefaultLoadPlanner())
+            _load(dcp_dir, state, key)
             try:
                 objects[key] = _jsonable(state[key])
             except BridgeError as e:
@@ -99,10 +225,7 @@ def read(dcp_dir: str, out_path: str) -> None:
         f.write(blob)
         for key, dtype, shape in tensors:
             t = torch.empty(shape, dtype=dtype)
-            try:
-                dcp.load({key: t}, storage_reader=dcp.FileSystemReader(dcp_dir), planner=DefaultLoadPlanner())
-            except Exception as e:  # DCP raises CheckpointException wrapping the rank's error
-                raise BridgeError(f"{dcp_dir}: cannot load '{key}': {str(e).splitlines()[-1][:300]}") from None
+            _load(dcp_dir, {key: t}, key)
             f.write(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
             del t
     os.replace(tmp, out_path)

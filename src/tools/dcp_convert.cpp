@@ -3,6 +3,7 @@
 // tools' Python), through one flat safetensors file beside the output; this file maps its keys to
 // the model's parameters, AdamW moments and run state, and writes (or reads) the mmtrain checkpoint.
 #include "tools/convert.h"
+#include "tools/conversion_output.h"
 
 #include "checkpoint/sharded_checkpoint.h"
 #include "core/error.h"
@@ -148,7 +149,7 @@ int dcp_writer_ranks(const std::string& dcp_dir) {
 // optimizer, train_state and lr_scheduler entries are left out and a model-only checkpoint written.
 std::string dcp_to_checkpoint(const Config& config, const std::string& load_dir, const std::string& save_dir,
                               std::vector<std::string> drop_patterns, int world_size, bool weights_only,
-                              DcpLayout layout) {
+                              DcpLayout layout, const std::string& shown_root) {
   const std::string& model_id = config.model.model_id;
   const std::string& config_path = config.source_path;
   const auto& spec = model_spec(model_id, "convert");
@@ -295,7 +296,7 @@ std::string dcp_to_checkpoint(const Config& config, const std::string& load_dir,
                                    state_global_state(info, with_optimizer ? std::optional<int64_t>(step) : std::nullopt),
                                    state_rank_state(), info.plan);
   std::printf("dcp-to-ckpt: %s -> %s (%zu weights, %lld in the converted layout%s, iteration %lld%s)\n",
-              load_dir.c_str(), dir.c_str(), weight_key.size(), static_cast<long long>(converted_layout),
+              load_dir.c_str(), (fs::path(shown_root) / fs::path(dir).filename()).c_str(), weight_key.size(), static_cast<long long>(converted_layout),
               with_optimizer ? ", AdamW moments and step" : ", model only", static_cast<long long>(info.iteration),
               dropped_keys.empty() ? "" : (", dropped " + std::to_string(dropped_keys.size()) + " key(s)").c_str());
   for (const auto& key : dropped_keys) std::printf("dcp-to-ckpt: dropped '%s' (--drop)\n", key.c_str());
@@ -308,11 +309,13 @@ bool is_dcp_dir(const std::string& dir) { return fs::is_regular_file(fs::path(di
 
 void convert_dcp_to_ckpt(const std::string& model_id, const std::string& config_path, const std::string& load_dir,
                          const std::string& save_dir, const std::vector<std::string>& drop_patterns, int world_size,
-                         DcpLayout layout) {
+                         DcpLayout layout, bool overwrite) {
   auto config = config_load(config_path);
   if (config.model.model_id != model_id)
     fail("convert ", model_id, " dcp-to-ckpt: ", config_path, " configures model '", config.model.model_id, "'");
-  dcp_to_checkpoint(config, load_dir, save_dir, drop_patterns, world_size, false, layout);
+  ConversionOutput output(save_dir, overwrite, "dcp-to-ckpt");
+  dcp_to_checkpoint(config, load_dir, output.staging(), drop_patterns, world_size, false, layout, save_dir);
+  output.commit();
 }
 
 std::string convert_dcp_weights_to_ckpt(const std::string& model_id, const nlohmann::json& model_config,
@@ -321,11 +324,12 @@ std::string convert_dcp_weights_to_ckpt(const std::string& model_id, const nlohm
   config.source_path = "(the model's config)";
   config.model.model_id = model_id;
   config.model.config = model_config;
-  return dcp_to_checkpoint(config, load_dir, save_dir, {}, 1, true, DcpLayout::training);
+  return dcp_to_checkpoint(config, load_dir, save_dir, {}, 1, true, DcpLayout::training, save_dir);
 }
 
 void convert_ckpt_to_dcp(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
-                         DcpLayout layout) {
+                         DcpLayout layout, bool overwrite) {
+  ConversionOutput output(save_dir, overwrite, "ckpt-to-dcp");
   const auto opened = open_checkpoint_of(model_id, load_dir, "ckpt-to-dcp");
   const CheckpointReader& reader = *opened.reader;
   const auto& model = opened.model;
@@ -367,9 +371,17 @@ void convert_ckpt_to_dcp(const std::string& model_id, const std::string& load_di
     objects["optim.param_groups.0.fused"] = true;
     objects["optim.param_groups.0.params"] = param_names;
   }
-  FlatFile flat_file(save_dir);
-  safetensors_write_streamed(flat_file.path, tensors, {{"format", "pt"}, {"dcp_objects", objects.dump()}});
-  run_bridge("write", flat_file.path, save_dir, "ckpt-to-dcp: writing " + save_dir);
+  const std::string dcp_dir = (fs::path(output.staging()) / "dcp").string();
+  {
+    FlatFile flat_file(dcp_dir);
+    safetensors_write_streamed(flat_file.path, tensors, {{"format", "pt"}, {"dcp_objects", objects.dump()}});
+    run_bridge("write", flat_file.path, dcp_dir, "ckpt-to-dcp: writing " + save_dir);
+  }
+  // The DCP's files are what the staging directory commits (.metadata last).
+  for (const auto& entry : fs::directory_iterator(dcp_dir))
+    fs::rename(entry.path(), fs::path(output.staging()) / entry.path().filename());
+  fs::remove(dcp_dir);
+  output.commit();
   std::printf("ckpt-to-dcp: %s -> %s (%zu parameters%s, iteration %lld)\n", reader.dir().c_str(), save_dir.c_str(),
               model->named_parameters().size(), with_optimizer ? ", AdamW moments and step" : ", model only",
               static_cast<long long>(iteration));

@@ -34,25 +34,27 @@ std::string this_holder() {
 
 }  // namespace
 
-SaveRootLock::SaveRootLock(const std::string& save_root) {
+SaveRootLock::SaveRootLock(const std::string& save_root, const std::string& label) {
   const std::string path = save_root + "/.mmtrain.lock";
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) fail("training.save '", save_root, "': cannot open ", path, ": ", std::strerror(errno));
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd_ < 0 && errno == ELOOP)
+    fail(label, " '", save_root, "': refused: ", path, " is a symlink (the lock file must be the directory's own)");
+  if (fd_ < 0) fail(label, " '", save_root, "': cannot open ", path, ": ", std::strerror(errno));
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
     const std::string holder = read_all(fd_);
     ::close(fd_);
     fd_ = -1;
     if (error == EWOULDBLOCK)
-      fail("training.save '", save_root, "' is in use by another run (", holder.empty() ? "holder unknown" : holder,
-           "; ", path, " is locked): two runs saving into one directory would overwrite each other's checkpoints; "
-           "stop that run or choose another training.save");
-    fail("training.save '", save_root, "': cannot lock ", path, ": ", std::strerror(error));
+      fail(label, " '", save_root, "' is in use by another run (", holder.empty() ? "holder unknown" : holder, "; ",
+           path, " is locked): two runs saving into one directory would overwrite each other's checkpoints; "
+           "stop that run or choose another ", label);
+    fail(label, " '", save_root, "': cannot lock ", path, ": ", std::strerror(error));
   }
   previous_holder_ = read_all(fd_);
   const std::string mine = this_holder() + "\n";
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, mine.data(), mine.size(), 0) != static_cast<ssize_t>(mine.size()))
-    fail("training.save '", save_root, "': cannot write ", path, ": ", std::strerror(errno));
+    fail(label, " '", save_root, "': cannot write ", path, ": ", std::strerror(errno));
 }
 
 SaveRootLock::~SaveRootLock() {

@@ -11,8 +11,9 @@ namespace mmtrain {
 class SaveRootLock {
  public:
   // Creates save_root's lock file if needed and locks it; fails naming the holder's host and pid
-  // when another process holds it.
-  explicit SaveRootLock(const std::string& save_root);
+  // when another process holds it. `label` is what messages call the directory ("training.save",
+  // "convert --save_dir"). The lock file is opened O_NOFOLLOW: a symlink there is refused.
+  explicit SaveRootLock(const std::string& save_root, const std::string& label = "training.save");
   ~SaveRootLock();
   SaveRootLock(const SaveRootLock&) = delete;
   SaveRootLock& operator=(const SaveRootLock&) = delete;

@@ -1,10 +1,11 @@
 #include "train/state.h"
 
+#include "train/state_finite.h"
+
 #include "dist/node_names.h"
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "core/finite.h"
 #include "core/text.h"
 #include "dist/node_names.h"
 
@@ -95,19 +96,8 @@ void append_buffers(Model& model, int world_rank, std::vector<ShardedTensor>& ou
     if (!param->trainable) out.push_back({state_model_key(name), param->shape, 0, param->value});
 }
 
-// A checkpoint is never written from a diverged state: it would pass its checksums, and `latest`
-// would name it. This rank's first NaN/Inf among the trained tensors (weights and moments; buffers
-// may hold -inf by design), described; "" when there is none.
-std::string describe_non_finite(const std::vector<ShardedTensor>& tensors, size_t trained_count, int rank) {
-  for (size_t i = 0; i < trained_count; ++i) {
-    const auto& t = tensors[i];
-    if (const int64_t at = first_non_finite(t.local); at >= 0)
-      return "tensor '" + t.name + "' holds " + std::to_string(t.local.reshape(-1)[at].item<double>()) +
-             " (element " + std::to_string(at) + " of rank " + std::to_string(rank) + "'s rows)";
-  }
-  return "";
-}
-
+// A checkpoint is never written from a diverged state (train/state_finite.h asks for every
+// trained tensor: weights and moments; buffers may hold -inf by design).
 constexpr const char* kRefusal = "; refusing to save non-finite state (`latest` keeps naming the previous checkpoint)";
 
 // Everything a checkpoint of iteration info.iteration holds, not yet written: this rank's shards
@@ -291,6 +281,7 @@ StateLoaded state_load(const std::string& path, Comm& comm, Model& model, Fsdp& 
   StateLoaded loaded;
   loaded.dir = reader.dir();
   loaded.saved_world_size = reader.saved_world_size();
+  loaded.lineage = reader.global_state().value("lineage", "");
   for (int r = 0; r < reader.saved_world_size(); ++r) {
     const auto state = reader.rank_state(r);
     if (!state.contains("node") || !state["node"].is_string()) {

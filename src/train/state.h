@@ -84,6 +84,7 @@ struct StateLoaded {
   bool model_only = false;
   int saved_world_size = 0;
   std::vector<std::string> saved_nodes;  // the node of each saving rank; empty when not recorded
+  std::string lineage;                   // its trainer_state.json "lineage" ("" when it records none)
 };
 
 // Loads a checkpoint (an iter_N directory or a save root with `latest`) on any world size: the

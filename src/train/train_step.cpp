@@ -1,7 +1,6 @@
 #include "train/train_step.h"
 
 #include "core/error.h"
-#include "core/finite.h"
 
 #include <ATen/record_function.h>
 
@@ -41,6 +40,7 @@ const char* step_phase_name(StepPhase phase) {
     case StepPhase::backward: return "backward";
     case StepPhase::clip: return "clip";
     case StepPhase::optimizer: return "optimizer";
+    case StepPhase::finite_check: return "finite_check";
   }
   return "?";
 }
@@ -72,28 +72,6 @@ ModelOutput forward_backward(Model& model, Fsdp& fsdp, const Batch& batch, doubl
 
 namespace {
 
-// Which weight or AdamW moment of this rank's shards holds NaN/Inf, as "the weights of 'name'
-// (element i of this rank's shard)"; empty when all are finite. adamw's params are the units'
-// shard_flat, in unit order (make_fsdp_adamw).
-std::string describe_shard_element(const FsdpUnit& unit, const std::string& what, int64_t at) {
-  for (const auto& p : unit.params)
-    if (at >= p.offset && at < p.offset + p.layout.shard_numel())
-      return what + " of '" + p.name + "' (element " + std::to_string(at - p.offset) + " of this rank's shard)";
-  return what + " of FSDP unit '" + unit.name + "' (padding element " + std::to_string(at) + ")";
-}
-
-std::string non_finite_state(Fsdp& fsdp, const AdamW& adamw) {
-  const auto units = fsdp.units();
-  for (const auto* unit : units)  // shards paged out to disk were checked by the step, chunk by chunk
-    if (fsdp.shard_resident(*unit))
-      if (const int64_t at = first_non_finite(unit->shard_flat); at >= 0)
-        return describe_shard_element(*unit, "the weights", at);
-  if (const auto bad = adamw.first_non_finite_moment(); bad && bad->param < units.size())
-    return describe_shard_element(*units[bad->param], bad->moment == "weights" ? "the weights" : "the AdamW " + bad->moment,
-                                  bad->element);
-  return {};
-}
-
 }  // namespace
 
 StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, const StepSettings& settings,
@@ -111,26 +89,27 @@ StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, const StepSettings&
     stats.flops += model.train_flops(batch);
     stats.tokens += static_cast<double>(out.tokens);
   }
+  StateFiniteness own_finiteness;
+  StateFiniteness& finiteness = settings.finiteness ? *settings.finiteness : own_finiteness;
   {
     PhaseScope scope(settings.listeners, StepPhase::clip);
-    stats.grad_norm = fsdp.clip_grad_norm(settings.clip_grad);
+    stats.grad_norm = fsdp.clip_grad_norm(settings.clip_grad, finiteness.non_finite());
   }
   const auto reading = [&] { return settings.samples ? ", reading " + settings.samples() : std::string(); };
+  if (finiteness.non_finite())
+    fail(finiteness.found(), ": stopping before anything is saved (found by the grad-norm reduction of iteration ",
+         settings.iteration, "; the last checkpoint holds the last good state; lower training.lr or ",
+         "training.weight_decay, or check those samples)");
   if (!std::isfinite(stats.grad_norm))
     fail("iteration ", settings.iteration, ": grad norm is ", stats.grad_norm, " (NaN/Inf)", reading(),
-         ": stopping before the step (a sample whose values overflow fp32, or a learning rate too large)");
-  PhaseScope scope(settings.listeners, StepPhase::optimizer);
-  adamw.step(settings.lr);
-  const std::string bad = non_finite_state(fsdp, adamw);
-  const bool any_bad = settings.world ? settings.world->any_rank(!bad.empty()) : !bad.empty();
-  if (any_bad) {
-    const std::string what = bad.empty() ? "a weight or moment on another rank (see its error)"
-                                         : bad + (settings.world ? " on rank " + std::to_string(settings.world->rank()) : "");
-    fail("iteration ", settings.iteration, ": the AdamW step at lr ", settings.lr, " (grad norm ", stats.grad_norm,
-         ") made ", what, " NaN/Inf", reading(),
-         ": stopping before anything is saved (the last checkpoint holds the last good state; lower training.lr or ",
-         "training.weight_decay, or check those samples)");
+         ": stopping before the step (a sample whose values overflow fp32, a learning rate too large, or a weight "
+         "the previous step made NaN/Inf on another rank: see its error)");
+  {
+    PhaseScope scope(settings.listeners, StepPhase::optimizer);
+    adamw.step(settings.lr);
   }
+  PhaseScope scope(settings.listeners, StepPhase::finite_check);
+  finiteness.after_step(fsdp, adamw, settings.iteration, settings.lr, stats.grad_norm, settings.samples);
   return stats;
 }
 

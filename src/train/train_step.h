@@ -6,6 +6,7 @@
 #include "fsdp/fully_shard.h"
 #include "models/model.h"
 #include "optim/adamw.h"
+#include "train/state_finite.h"
 
 #include <array>
 #include <chrono>
@@ -19,9 +20,11 @@ namespace mmtrain {
 // and is reported to the listeners (the phase timer behind metrics.jsonl's phases_ms; the memory
 // profile keeps a peak per phase). data, forward and backward run once per micro-batch; clip is
 // the global grad norm and clipping, optimizer the AdamW step.
-enum class StepPhase { data, forward, backward, clip, optimizer };
-const char* step_phase_name(StepPhase phase);  // "data", "forward", "backward", "clip", "optimizer"
-constexpr int kStepPhases = 5;
+enum class StepPhase { data, forward, backward, clip, optimizer, finite_check };
+// "data", "forward", "backward", "clip", "optimizer", "finite_check" (the one pass over the updated
+// weights, train/state_finite.h)
+const char* step_phase_name(StepPhase phase);
+constexpr int kStepPhases = 6;
 
 class StepPhaseListener {
  public:
@@ -62,18 +65,19 @@ struct StepSettings {
   double lr = 0;
   double clip_grad = 0;   // max global grad norm; <= 0 measures the norm without clipping
   StepPhaseListeners listeners;
-  // The ranks that stop together when a step makes a weight or moment non-finite (the run's
-  // world); null: this rank decides alone.
-  Comm* world = nullptr;
   // Which samples the step read ("stream positions 96-127 (epoch 0): a.pt, ..."), called only
   // for a failure's message; null: not known.
   std::function<std::string()> samples;
+  // The run's record of whether its weights are finite (train/state_finite.h), carried from step
+  // to step; null: the step keeps its own.
+  StateFiniteness* finiteness = nullptr;
 };
 
 // One optimizer step over micro_batch(0 .. accumulation-1). Fails, naming the iteration and the
-// samples, on a NaN/Inf grad norm, before the optimizer can spread it into the weights; and after the step,
-// when it made a weight or an AdamW moment NaN/Inf on any rank (a learning rate or decay too
-// large for fp32), naming the tensor, lr, grad norm and samples, before a save can write it.
+// samples, on a NaN/Inf grad norm, before the optimizer can spread it into the weights. After the
+// step, one pass over the weights (StateFiniteness::after_step); a weight it made NaN/Inf (a
+// learning rate or decay too large for fp32) makes the next step's grad norm NaN on every rank,
+// and that step fails, the rank holding it naming the tensor, the step, lr, grad norm and samples.
 StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, const StepSettings& settings,
                      const std::function<Batch(int micro)>& micro_batch);
 

@@ -23,7 +23,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <functional>
+#include <random>
 
 namespace mmtrain {
 
@@ -43,6 +45,8 @@ struct Trainer::State {
   std::unique_ptr<SaveRootLock> save_lock;  // rank 0, while training.save is set
   std::unique_ptr<AsyncCheckpointSaver> async_saver;  // training.async_save
   int64_t start_step = 0;  // optimizer steps already taken
+  std::string lineage;     // this run's line of checkpoints (sharded_checkpoint.h): continued on resume
+  StateFiniteness finiteness;  // whether a step made a weight NaN/Inf (train/state_finite.h)
 
   Comm& comm() { return *runtime.comm; }
   bool is_rank0() const { return runtime.env.rank == 0; }
@@ -64,6 +68,11 @@ struct Trainer::State {
     // Deterministic kernels only (an op without one raises); the CPU kernels and the Gloo sums
     // used here are deterministic anyway, this matters on CUDA.
     if (c.training.use_deter_comp) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+    // The process's default generators (CPU, and CUDA's): mmtrain's own randomness takes explicit
+    // generators, but a plugin or an op called without one draws from these, and a checkpoint saves
+    // their state (cpu_rng_state): a function of training.seed and the rank, never of the process.
+    // A resume restores the saved state over it.
+    at::manual_seed(c.training.seed * 1000003ULL + static_cast<uint64_t>(comm().rank()));
     preflight_paths(c, comm().rank());
     lock_save_root();
     if (c.training.async_save) async_saver = std::make_unique<AsyncCheckpointSaver>(comm());
@@ -141,7 +150,7 @@ struct Trainer::State {
     std::shared_ptr<TierStore> store = tiers->disk;
     if (!store)
       store = std::make_shared<HostStore>(tiers->host_pool,
-                                          std::make_shared<CopyStream>(fsdp->shard_device(), tiers->stats));
+                                          std::make_shared<CopyStream>(fsdp->shard_device(), tiers->stats, tiers->host_pool));
     int64_t largest = 0;
     for (const auto* unit : fsdp->units()) largest = std::max(largest, unit->shard_flat.numel());
     adamw->offload_moments(store, adamw_offload_chunk_numel(t, runtime.device, largest));
@@ -287,6 +296,52 @@ struct Trainer::State {
     }
   }
 
+  // A new lineage's name: 64 random bits from rank 0, the same on every rank.
+  std::string new_lineage() {
+    std::random_device random;
+    const double high = is_rank0() ? random() : 0, low = is_rank0() ? random() : 0;
+    const auto shared = comm().all_reduce_sum(std::vector<double>{high, low});
+    char text[32];
+    std::snprintf(text, sizeof text, "%08x%08x", static_cast<unsigned>(shared[0]), static_cast<unsigned>(shared[1]));
+    return text;
+  }
+
+  // A run starting at start_step saves its own line of checkpoints into training.save: complete
+  // checkpoints there of a later iteration belong to another branch (a rollback, another run), and
+  // this run's saves would interleave with them, be pruned for them or replace one of them. Refused
+  // naming them, or, with training.archive_newer_checkpoints, moved aside (never deleted).
+  void claim_save_root() {
+    const auto& t = config.training;
+    if (t.save.empty()) return;
+    std::string refused;
+    if (is_rank0()) {
+      const auto newer = checkpoint_newer_than(t.save, start_step);
+      if (!newer.empty() && t.archive_newer_checkpoints) {
+        const std::string archive = "archived_" + utc_stamp() + "_branch_at_" + checkpoint_dir_name(start_step);
+        const std::string dir = checkpoint_archive(t.save, newer, archive);
+        log("training.archive_newer_checkpoints: moved " + join(newer, ", ") + " (newer than iteration " +
+            std::to_string(start_step) + ", another branch) to " + dir);
+      } else if (!newer.empty()) {
+        refused = "config " + config.source_path + ": training.save '" + t.save + "' holds checkpoints newer than " +
+                  "this run's start at iteration " + std::to_string(start_step) + ": " + join(newer, ", ") +
+                  "; they are another branch, which this run's saves would mix with, prune for, or replace. Resume "
+                  "the newest (training.load: auto), choose another training.save, or set "
+                  "training.archive_newer_checkpoints: true to move them aside (never deleted)";
+      }
+    }
+    if (comm().any_rank(!refused.empty())) {
+      if (!is_rank0()) fail("rank 0 refused training.save '", t.save, "': see its error");
+      fail(refused);
+    }
+  }
+
+  static std::string utc_stamp() {
+    char text[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(text, sizeof text, "%Y%m%dT%H%M%SZ", std::gmtime(&now));
+    return text;
+  }
+
   // Saves the checkpoint of `step` (steps taken). record_step(ms the save held training up) runs
   // once, before the checkpoint can become `latest`: a resume from it starts after that step and
   // never records it again. (An async save commits at a later step boundary.)
@@ -301,6 +356,7 @@ struct Trainer::State {
     info.model_id = config.model.model_id;
     info.config = config_to_json(config);
     info.plan = state_plan_entry(config.parallel.fsdp_plan);
+    info.extra["lineage"] = lineage;
     ShardPager::Resident shards(fsdp->shard_pager(), /*changed=*/false);  // shards on disk come in for the save
     try {
       if (async_saver) {
@@ -320,21 +376,24 @@ struct Trainer::State {
       } else {
         const std::string dir =
             state_save(config.training.save, comm(), *model, *fsdp, adamw.get(), info, stalled_so_far);
-        std::vector<std::string> pruned;
+        CheckpointPruned pruned;
         const int keep = config.training.keep_latest_k;
-        if (is_rank0() && keep > 0) pruned = checkpoint_prune(config.training.save, keep);
+        if (is_rank0() && keep > 0) pruned = checkpoint_prune(config.training.save, keep, lineage);
         finish_save(dir, pruned);
       }
+      shards.release();
     } catch (const Error& e) {
       fail(e.what(), " (training.lr of that step: ", schedule.at(step - 1), ")");
     }
   }
 
-  // What a completed save prints: its directory, then the ones keep_latest_k removed.
-  void finish_save(const std::string& dir, const std::vector<std::string>& pruned) {
+  // What a completed save prints: its directory, then the ones keep_latest_k removed, and as
+  // warnings what it could not remove (the checkpoint is committed all the same).
+  void finish_save(const std::string& dir, const CheckpointPruned& pruned) {
     if (!dir.empty()) log("saved checkpoint " + dir);
-    for (const auto& name : pruned)
-      log("training.keep_latest_k " + std::to_string(config.training.keep_latest_k) + ": removed " + name);
+    const std::string what = "training.keep_latest_k " + std::to_string(config.training.keep_latest_k);
+    for (const auto& name : pruned.removed) log(what + ": removed " + name);
+    for (const auto& warning : pruned.warnings) log("warning: " + what + ": " + warning + " (the checkpoint is saved)");
   }
   void finish_async_save(const std::optional<AsyncCheckpointSaver::Completed>& done) {
     if (done) finish_save(done->dir, done->pruned);
@@ -352,12 +411,14 @@ struct Trainer::State {
     {
       ShardPager::Resident shards(fsdp->shard_pager(), /*changed=*/true);
       loaded = state_load(path, comm(), *model, *fsdp, *adamw, options);
+      shards.release();
     }
     if (loaded.model_only) {
       log("initialized from model-only checkpoint " + loaded.dir);
       return;
     }
     start_step = loaded.iteration;
+    lineage = loaded.lineage;
     log("resumed from " + loaded.dir + " at iteration " + std::to_string(start_step) + " (saved on " +
         std::to_string(loaded.saved_world_size) + " ranks, now " + std::to_string(comm().world_size()) + ")");
     report_node_changes(loaded.saved_nodes);
@@ -398,7 +459,7 @@ struct Trainer::State {
       settings.lr = schedule.at(step);
       settings.clip_grad = t.clip_grad;
       settings.listeners = {&phase_timer};
-      settings.world = &comm();
+      settings.finiteness = &finiteness;
       settings.samples = [this, step] { return describe_step_samples(step); };
       const bool memory_step = memory_profile->covers(step + 1);
       if (memory_step) {
@@ -468,6 +529,11 @@ struct Trainer::State {
     }
     // A normal exit leaves no save behind.
     if (async_saver) finish_async_save(async_saver->wait());
+    // The last step's weights had no next grad norm to carry their check.
+    if (comm().any_rank(finiteness.non_finite())) {
+      if (!finiteness.non_finite()) fail("a weight another rank holds is NaN/Inf after the last step (see its error)");
+      fail(finiteness.found(), ": the run ends with non-finite weights (no later step or save wrote them)");
+    }
   }
 };
 
@@ -478,10 +544,14 @@ Trainer::Trainer(Config config, Runtime runtime) : state_(std::make_unique<State
   const std::string load = s.resolve_load();
   if (load.empty()) s.refuse_an_earlier_run();  // before anything big is allocated
   s.build();
+  s.lineage = s.new_lineage();  // a resume continues the loaded checkpoint's instead
   if (!load.empty()) {
     s.resume(load);
     if (s.start_step == 0) s.refuse_an_earlier_run();  // a model-only checkpoint starts a fresh run
     s.refuse_a_finished_run(load);
+  }
+  s.claim_save_root();
+  if (!load.empty()) {
     s.continue_metrics();
   } else {
     s.load_weights();

@@ -31,6 +31,7 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
       .field("save", &T::save)
       .field("save_interval", &T::save_interval)
       .field("keep_latest_k", &T::keep_latest_k)
+      .field("archive_newer_checkpoints", &T::archive_newer_checkpoints)
       .field("async_save", &T::async_save)
       .field("log_interval", &T::log_interval)
       .field("exit_interval", &T::exit_interval)

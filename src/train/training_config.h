@@ -39,7 +39,9 @@ struct TrainingConfig {
   bool no_load_rng = false;                    // resume without restoring RNG state
   std::string save;                            // save root; empty = never save
   int64_t save_interval = 0;                   // 0 = only at the end (when save is set)
-  int keep_latest_k = 0;                       // complete checkpoints kept under save (the newest k); 0 = all
+  int keep_latest_k = 0;                       // complete checkpoints of this run's lineage kept under save (the newest k); 0 = all
+  bool archive_newer_checkpoints = false;      // a run starting at iteration i in a save holding newer checkpoints
+                                               // moves them to save/archived_<time>_branch_at_iter_<i>/ (else it is refused)
   bool async_save = false;                     // write checkpoints in the background (checkpoint/async_checkpoint.h)
   int64_t log_interval = 1;                    // iterations between metric lines
   int64_t exit_interval = 0;                   // stop (after saving) once iteration % this == 0; 0 = never

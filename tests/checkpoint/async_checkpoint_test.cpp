@@ -95,8 +95,8 @@ TEST(AsyncCheckpoint, KeepLatestKPrunesAfterTheCommit) {
                   rank_state_of(comm.rank(), iteration), kPlan, 2);
       const auto done = saver.wait();
       ASSERT_TRUE(done.has_value());
-      if (comm.rank() == 0) pruned.insert(pruned.end(), done->pruned.begin(), done->pruned.end());
-      if (comm.rank() == 1) EXPECT_TRUE(done->pruned.empty());
+      if (comm.rank() == 0) pruned.insert(pruned.end(), done->pruned.removed.begin(), done->pruned.removed.end());
+      if (comm.rank() == 1) EXPECT_TRUE(done->pruned.removed.empty());
     }
   });
   EXPECT_EQ(pruned, std::vector<std::string>{"iter_0000010"});

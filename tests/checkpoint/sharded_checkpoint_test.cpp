@@ -114,18 +114,65 @@ TEST(ShardedCheckpoint, PruneKeepsTheNewestAndTheLatest) {
     for (int64_t it : {10, 20, 30, 40}) save_model(root.str(), it, comm, 100 + it);
   });
   fs::create_directory(root / "iter_0000050.tmp");  // a save being written
-  EXPECT_EQ(checkpoint_prune(root.str(), 2), (std::vector<std::string>{"iter_0000010", "iter_0000020"}));
+  EXPECT_EQ(checkpoint_prune(root.str(), 2, "").removed, (std::vector<std::string>{"iter_0000010", "iter_0000020"}));
   EXPECT_FALSE(fs::exists(root / "iter_0000010"));
   EXPECT_TRUE(fs::exists(root / "iter_0000030"));
   EXPECT_TRUE(fs::exists(root / "iter_0000050.tmp"));
   expect_reads_back(root.str(), 140, 2);
   // `latest` pointing at an older checkpoint (a resume that saved again) keeps it.
   write_bytes(root / "latest", "iter_0000030\n");
-  EXPECT_EQ(checkpoint_prune(root.str(), 1), (std::vector<std::string>{}));  // 30 is latest, 40 the newest
+  EXPECT_EQ(checkpoint_prune(root.str(), 1, "").removed, (std::vector<std::string>{}));  // 30 is latest, 40 the newest
   EXPECT_TRUE(fs::exists(root / "iter_0000030") && fs::exists(root / "iter_0000040"));
   for (const auto& entry : fs::directory_iterator(root.str()))
     EXPECT_EQ(entry.path().filename().string().find(".pruned"), std::string::npos) << entry.path();
-  EXPECT_THROW(checkpoint_prune(root.str(), 0), Error);
+  EXPECT_FALSE(checkpoint_prune(root.str(), 0, "").warnings.empty());  // never throws: a warning
+}
+
+// Pruning touches only its own lineage: another run's (or branch's) checkpoints in the same root
+// stay, however old.
+TEST(ShardedCheckpoint, PruneTouchesOnlyItsLineage) {
+  TempDir root;
+  testing::run_ranks(2, [&](Comm& comm) {
+    save_model(root.str(), 10, comm, 110, "other");
+    for (int64_t it : {20, 30, 40}) save_model(root.str(), it, comm, 100 + it, "mine");
+  });
+  const auto pruned = checkpoint_prune(root.str(), 1, "mine");
+  EXPECT_EQ(pruned.removed, (std::vector<std::string>{"iter_0000020", "iter_0000030"}));
+  EXPECT_TRUE(pruned.warnings.empty());
+  EXPECT_TRUE(fs::exists(root / "iter_0000010"));  // the other lineage's, older than every one of mine
+  EXPECT_TRUE(checkpoint_prune(root.str(), 1, "").removed.empty());  // no checkpoint of lineage "" here
+}
+
+// A directory that cannot be removed is a warning naming it and the error; the others go on.
+TEST(ShardedCheckpoint, APruneThatFailsIsAWarningNotAnError) {
+  TempDir root;
+  testing::run_ranks(1, [&](Comm& comm) {
+    for (int64_t it : {10, 20, 30}) save_model(root.str(), it, comm, 100 + it);
+  });
+  // iter_0000010 cannot be renamed to its .pruned name: a non-empty directory is in the way (ENOTEMPTY).
+  fs::create_directories(root / "iter_0000010.tmp.pruned/in_the_way");
+  const auto pruned = checkpoint_prune(root.str(), 1, "");
+  EXPECT_EQ(pruned.removed, (std::vector<std::string>{"iter_0000020"}));
+  ASSERT_EQ(pruned.warnings.size(), 1u);
+  EXPECT_NE(pruned.warnings[0].find("cannot remove " + (root / "iter_0000010")), std::string::npos)
+      << pruned.warnings[0];
+  EXPECT_NE(pruned.warnings[0].find("errno 39"), std::string::npos) << pruned.warnings[0];
+  EXPECT_TRUE(fs::exists(root / "iter_0000010/index.json"));
+}
+
+// A branch: checkpoints newer than a resume point are found, and archived (moved, never deleted).
+TEST(ShardedCheckpoint, NewerCheckpointsAreFoundAndArchived) {
+  TempDir root;
+  testing::run_ranks(1, [&](Comm& comm) {
+    for (int64_t it : {8, 12, 16}) save_model(root.str(), it, comm, 100 + it);
+  });
+  fs::create_directory(root / "iter_0000020.tmp");  // unfinished: not a checkpoint
+  EXPECT_EQ(checkpoint_newer_than(root.str(), 8), (std::vector<std::string>{"iter_0000012", "iter_0000016"}));
+  EXPECT_TRUE(checkpoint_newer_than(root.str(), 16).empty());
+  const auto archive = checkpoint_archive(root.str(), {"iter_0000012", "iter_0000016"}, "archived_test");
+  EXPECT_TRUE(checkpoint_newer_than(root.str(), 8).empty());
+  expect_reads_back(archive + "/iter_0000016", 116, 1);
+  EXPECT_THROW(checkpoint_archive(root.str(), {"../x"}, "archived_bad"), Error);
 }
 
 TEST(ShardedCheckpoint, CrashMidSaveLeavesThePreviousCheckpointLoadable) {
@@ -228,6 +275,38 @@ TEST(ShardedCheckpoint, ReaderErrorsNameThePath) {
   EXPECT_THROW_WITH(reader.read_rows("embed", 3, 8), iter_dir, "'embed'", "[3, 8)", "7 rows");
   EXPECT_THROW_WITH(reader.read_rows("step", 0, 1), iter_dir, "'step'", "0-dim");
   EXPECT_THROW_WITH(reader.rank_state(2), iter_dir, "rank 2", "2 ranks");
+}
+
+// A checkpoint is read only from its own directory: index.json naming a rank file outside it (a
+// parent path, an absolute path) or a rank file that is a symlink is refused naming the entry,
+// and nothing outside is opened.
+TEST(ShardedCheckpoint, FileNamesStayInsideTheCheckpointDirectory) {
+  TempDir root, outside;
+  testing::run_ranks(2, [&](Comm& comm) { save_model(root.str(), 10, comm, 100); });
+  const std::string iter_dir = root / "iter_0000010";
+  fs::copy(iter_dir + "/rank_00000.safetensors", outside / "rank_00000.safetensors");
+  auto with_file_name = [&](const std::string& copy, const std::string& name) {
+    fs::copy(iter_dir, copy);
+    auto json = nlohmann::ordered_json::parse(read_bytes(copy + "/index.json"));
+    json["files"][0] = name;
+    write_bytes(copy + "/index.json", json.dump(2));
+    return copy;
+  };
+  const std::string up = with_file_name(root / "up", "../../" + fs::path(outside.str()).filename().string() +
+                                                        "/rank_00000.safetensors");
+  EXPECT_THROW_WITH(CheckpointReader{up}, up + "/index.json", "refused: rank 0's file is '../../",
+                    "which is not a plain file name inside");
+  const std::string absolute = with_file_name(root / "absolute", outside / "rank_00000.safetensors");
+  EXPECT_THROW_WITH(CheckpointReader{absolute}, "refused: rank 0's file is '" + (outside / "rank_00000.safetensors"));
+  const std::string dots = with_file_name(root / "dots", "..");
+  EXPECT_THROW_WITH(CheckpointReader{dots}, "refused: rank 0's file is '..'");
+
+  const std::string linked = root / "linked";
+  fs::copy(iter_dir, linked);
+  fs::remove(linked + "/rank_00000.safetensors");
+  fs::create_symlink(outside / "rank_00000.safetensors", linked + "/rank_00000.safetensors");
+  EXPECT_THROW_WITH(CheckpointReader{linked}, linked + "/rank_00000.safetensors", "refused: a symlink");
+  expect_reads_back(root.str(), 100, 2);  // the real one still reads
 }
 
 // One flipped bit anywhere in a shard's bytes is found on the first read of that shard (and by

@@ -46,9 +46,13 @@ inline nlohmann::json rank_state_of(int rank, int64_t iteration) {
 }
 
 // Collective save of model_tensors(seed) chunked over comm's world.
-inline std::string save_model(const std::string& root, int64_t iteration, Comm& comm, uint64_t seed) {
+// lineage: the trainer_state.json "lineage" ("" writes none, like a checkpoint from before lineages).
+inline std::string save_model(const std::string& root, int64_t iteration, Comm& comm, uint64_t seed,
+                              const std::string& lineage = "") {
+  nlohmann::json global_state = {{"iteration", iteration}, {"consumed_samples", iteration * 8}};
+  if (!lineage.empty()) global_state["lineage"] = lineage;
   return checkpoint_save(root, iteration, comm, chunk_shards(model_tensors(seed), comm.rank(), comm.world_size()),
-                         {{"iteration", iteration}, {"consumed_samples", iteration * 8}},
+                         global_state,
                          rank_state_of(comm.rank(), iteration),
                          {{"unit", "layers.{*}"}, {"world_size", comm.world_size()}});
 }

@@ -34,6 +34,30 @@ TEST(HostPool, ReusesABufferOnceItsTensorDies) {
   EXPECT_EQ(bf16.scalar_type(), at::kBFloat16);
 }
 
+// A copy that is still running when its host tensor dies (on CUDA: the side stream has not reached
+// it yet) keeps its buffer from the next take() until it is done. The stand-in copy completes only
+// when waited on, and records whether the bytes were handed out before that.
+TEST(HostPool, ABufferIsNotReusedBeforeItsCopyFinishes) {
+  struct LateCopy : CopyEvent::Impl {
+    bool finished = false;
+    void synchronize() override { finished = true; }
+    bool query() override { return finished; }
+  };
+  HostPool pool;
+  auto late = std::make_shared<LateCopy>();
+  void* first = nullptr;
+  {
+    at::Tensor staged = pool.take({1024}, at::kFloat);
+    first = staged.data_ptr();
+    pool.record_use(staged, CopyEvent(late));  // a device -> host copy into it, still in flight
+    pool.record_use(at::ones({4}), CopyEvent(std::make_shared<LateCopy>()));  // not the pool's: ignored
+  }  // the tensor dies with its copy in flight
+  EXPECT_FALSE(late->finished);
+  at::Tensor reused = pool.take({1024}, at::kFloat);
+  EXPECT_EQ(reused.data_ptr(), first);  // the same buffer ...
+  EXPECT_TRUE(late->finished);          // ... only once its copy was waited for
+}
+
 TEST(HostPool, ABufferOutlivesItsPool) {
   at::Tensor kept;
   {

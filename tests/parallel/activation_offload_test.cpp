@@ -57,5 +57,67 @@ TEST(ActivationOffload, SendsEachInputWhenTheNextBlockStartsAndPrefetchesOneAhea
   EXPECT_TRUE(testing::bitwise_equal(again->unpack(), at::ones({4})));
 }
 
+// The message of the c10::Error (autograd's kind) fn throws; "" if none.
+std::string autograd_error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+// Two blocks under the saved-tensor hook (activation offload without recompute): each saves its
+// input x_k (a non-leaf: offloaded) for sin's backward; block 1 starting sends block 0's to the host.
+struct TwoOffloadedBlocks {
+  std::shared_ptr<ActivationOffload> offload = std::make_shared<ActivationOffload>(OffloadTiers::make(at::kCPU));
+  std::shared_ptr<BlockHook> hook = offload->saved_tensor_hook();
+  at::Tensor w = at::linspace(0.1, 1.6, 16).reshape({4, 4}).requires_grad_(true);
+  std::vector<at::Tensor> inputs;  // x_k = w * (k + 1)
+
+  at::Tensor forward() {
+    at::Tensor out = at::zeros({});
+    for (int k = 0; k < 2; ++k) {
+      inputs.push_back(w * (k + 1.0));
+      const BlockNext block = [](const std::vector<at::Tensor>& in, BlockPass) { return in[0].sin().sum(); };
+      out = out + hook->run({inputs.back()}, BlockPass::forward, block);
+    }
+    return out;
+  }
+};
+
+// Stock autograd refuses a backward through a tensor changed in place after it was saved; its
+// saved-tensor hooks skip that check. Activation offload restores it: the same error, even for a
+// tensor that is on the host tier when it is changed.
+TEST(ActivationOffload, AnInPlaceChangeToASavedTensorIsRefusedLikeAutograd) {
+  {  // unchanged: backward runs, and the gradient is sin's
+    TwoOffloadedBlocks blocks;
+    blocks.forward().backward();
+    const auto expected = blocks.inputs[0].detach().cos() + 2 * blocks.inputs[1].detach().cos();
+    EXPECT_TRUE(at::allclose(blocks.w.grad(), expected, 1e-6, 1e-6));
+  }
+  {  // x_0 (offloaded to the host tier by now) changed in place after it was saved
+    TwoOffloadedBlocks blocks;
+    at::Tensor loss = blocks.forward();
+    {
+      at::NoGradGuard no_grad;  // a plain in-place write, as an optimizer or a buggy hook would make
+      blocks.inputs[0].mul_(3);
+    }
+    const std::string message = autograd_error_of([&] { loss.backward(); });
+    EXPECT_NE(message.find("modified by an inplace operation"), std::string::npos) << message;
+    EXPECT_NE(message.find("is at version 1; expected version 0"), std::string::npos) << message;
+  }
+  {  // the reference: stock autograd, no hooks, says the same
+    at::Tensor w = at::ones({4}).requires_grad_(true);
+    at::Tensor x = w * 2, y = x.sin().sum();
+    {
+      at::NoGradGuard no_grad;
+      x.mul_(3);
+    }
+    const std::string message = autograd_error_of([&] { y.backward(); });
+    EXPECT_NE(message.find("modified by an inplace operation"), std::string::npos) << message;
+  }
+}
+
 }  // namespace
 }  // namespace mmtrain

@@ -157,6 +157,97 @@ def test_a_truncated_distcp_file_is_named(mmtrain_bin, setup, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
+# A DCP directory is data: its pickle runs no code, its file names stay inside it; a conversion
+# never writes over what is there unless told to.
+
+def test_a_metadata_pickle_that_would_run_code_is_refused(mmtrain_bin, setup, tmp_path):
+    _, _, cfg_path, _, _ = setup
+    evil, marker = tmp_path / "evil_dcp", tmp_path / "MARKER"
+    evil.mkdir()
+
+    class RunsCode:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    import pickle
+    (evil / ".metadata").write_bytes(pickle.dumps(RunsCode()))
+    out = tmp_path / "ckpt"
+    proc = convert(mmtrain_bin, "dcp-to-ckpt", "--config", cfg_path, "--load_dir", str(evil), "--save_dir", str(out),
+                   check=False)
+    assert proc.returncode != 0
+    assert "refused: the pickle names posix.system, which is not one of the classes DCP metadata is made of" \
+        in proc.stderr, proc.stderr
+    assert not marker.exists()
+    assert not out.exists()  # a conversion that fails leaves no directory it created
+
+
+def _edited_metadata(dcp_dir, edit):
+    """Rewrites dcp_dir/.metadata after edit(metadata) (the test trusts its own pickle)."""
+    import pickle
+    path = os.path.join(dcp_dir, ".metadata")
+    with open(path, "rb") as f:
+        metadata = pickle.load(f)
+    edit(metadata)
+    with open(path, "wb") as f:
+        pickle.dump(metadata, f)
+
+
+def test_dcp_file_names_stay_inside_the_directory(mmtrain_bin, setup, tmp_path):
+    _, _, cfg_path, torch_dcp, _ = setup
+    import shutil
+    outside = tmp_path / "outside.distcp"
+    escaping = tmp_path / "escaping"
+    shutil.copytree(torch_dcp, escaping)
+    first = sorted(p for p in escaping.iterdir() if p.suffix == ".distcp")[0]
+    shutil.copy(first, outside)
+
+    def point_outside(metadata):
+        for info in metadata.storage_data.values():
+            if info.relative_path == first.name:
+                info.relative_path = "../outside.distcp"
+    _edited_metadata(escaping, point_outside)
+    proc = convert(mmtrain_bin, "dcp-to-ckpt", "--config", cfg_path, "--load_dir", str(escaping), "--save_dir",
+                   str(tmp_path / "ckpt1"), check=False)
+    assert proc.returncode != 0 and "is stored in '../outside.distcp', which is not a plain file name" in proc.stderr, \
+        proc.stderr
+
+    linked = tmp_path / "linked"
+    shutil.copytree(torch_dcp, linked)
+    (linked / first.name).unlink()
+    (linked / first.name).symlink_to(outside)
+    proc = convert(mmtrain_bin, "dcp-to-ckpt", "--config", cfg_path, "--load_dir", str(linked), "--save_dir",
+                   str(tmp_path / "ckpt2"), check=False)
+    assert proc.returncode != 0 and f"{linked / first.name}: refused: a symlink" in proc.stderr, proc.stderr
+
+
+def test_a_conversion_refuses_a_non_empty_target_unless_told(mmtrain_bin, setup, tmp_path):
+    _, _, cfg_path, torch_dcp, _ = setup
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "notes.txt").write_text("someone's notes")
+    for args in (["dcp-to-ckpt", "--config", cfg_path, "--load_dir", torch_dcp],):
+        proc = convert(mmtrain_bin, *args, "--save_dir", str(target), check=False)
+        assert proc.returncode != 0 and f"--save_dir {target} is not empty (it holds notes.txt)" in proc.stderr, \
+            proc.stderr
+        assert sorted(p.name for p in target.iterdir()) == [".mmtrain.lock", "notes.txt"]
+        assert (target / "notes.txt").read_text() == "someone's notes"
+    # --overwrite replaces the contents whole: the notes go, the checkpoint is complete.
+    convert(mmtrain_bin, "dcp-to-ckpt", "--config", cfg_path, "--load_dir", torch_dcp, "--save_dir", str(target),
+            "--overwrite")
+    assert sorted(p.name for p in target.iterdir()) == [".mmtrain.lock", "iter_0000005", "latest"]
+    # ckpt-to-dcp into a non-empty directory: refused; into a new one: a DCP and nothing else.
+    dcp_out = tmp_path / "dcp_out"
+    dcp_out.mkdir()
+    (dcp_out / "keep.me").write_text("x")
+    proc = convert(mmtrain_bin, "ckpt-to-dcp", "--load_dir", str(target), "--save_dir", str(dcp_out), check=False)
+    assert proc.returncode != 0 and "is not empty (it holds keep.me)" in proc.stderr, proc.stderr
+    fresh = tmp_path / "dcp_fresh"
+    convert(mmtrain_bin, "ckpt-to-dcp", "--load_dir", str(target), "--save_dir", str(fresh))
+    names = sorted(p.name for p in fresh.iterdir())
+    assert ".metadata" in names and not [n for n in names if n.startswith(".convert-")], names
+
+
+# ---------------------------------------------------------------------------------------------
 # Tiny MagiHuman against the project's reference DiT under FSDP2 (bench/torch_magihuman_fsdp.py):
 # its DCP names parameters by their HF keys and holds the HF rows (`--layout hf`), while mmtrain
 # trains on the de-interleaved SwiGLU7 rows.
