@@ -49,28 +49,35 @@ ConversionOutput::ConversionOutput(const std::string& save_dir, bool overwrite, 
     : save_dir_(save_dir),
       command_(command),
       created_(create_target(save_dir, command)),
+      lock_existed_(fs::exists(fs::symlink_status(fs::path(save_dir) / kLockFile))),
       lock_(save_dir, command + " --save_dir") {
-  if (const auto there = existing_entries(save_dir); !there.empty() && !overwrite) {
-    std::string listed;
-    for (size_t i = 0; i < there.size() && i < 3; ++i) listed += (i ? ", " : "") + there[i];
-    if (there.size() > 3) listed += ", ... (" + std::to_string(there.size()) + " entries)";
-    fail(command, ": --save_dir ", save_dir, " is not empty (it holds ", listed,
-         "): refusing to write over it; choose an empty or new directory, or pass --overwrite to replace its contents");
+  try {
+    if (const auto there = existing_entries(save_dir); !there.empty() && !overwrite) {
+      std::string listed;
+      for (size_t i = 0; i < there.size() && i < 3; ++i) listed += (i ? ", " : "") + there[i];
+      if (there.size() > 3) listed += ", ... (" + std::to_string(there.size()) + " entries)";
+      fail(command, ": --save_dir ", save_dir, " is not empty (it holds ", listed, "): refusing to write over it; "
+           "choose an empty or new directory, or pass --overwrite to replace its contents");
+    }
+    std::string pattern = (fs::path(save_dir) / (std::string(kStagingPrefix) + "XXXXXX")).string();
+    if (::mkdtemp(pattern.data()) == nullptr)
+      fail(command, ": cannot create a staging directory in ", save_dir, ": ", std::strerror(errno));
+    staging_ = pattern;
+  } catch (...) {
+    clean_up();  // no destructor runs for a constructor that throws
+    throw;
   }
-  std::string pattern = (fs::path(save_dir) / (std::string(kStagingPrefix) + "XXXXXX")).string();
-  if (::mkdtemp(pattern.data()) == nullptr)
-    fail(command, ": cannot create a staging directory in ", save_dir, ": ", std::strerror(errno));
-  staging_ = pattern;
 }
 
-ConversionOutput::~ConversionOutput() {
-  if (committed_) return;
+ConversionOutput::~ConversionOutput() { clean_up(); }
+
+void ConversionOutput::clean_up() noexcept {
   std::error_code ignored;
-  fs::remove_all(staging_, ignored);
-  if (created_) {
-    fs::remove(fs::path(save_dir_) / kLockFile, ignored);
-    fs::remove(save_dir_, ignored);  // only when empty: nothing else was there
-  }
+  // Removed while still held (the descriptor closes after): a waiter would fail, not wait.
+  if (!lock_existed_) fs::remove(fs::path(save_dir_) / kLockFile, ignored);
+  if (committed_) return;
+  if (!staging_.empty()) fs::remove_all(staging_, ignored);
+  if (created_) fs::remove(save_dir_, ignored);  // only when empty: nothing else was there
 }
 
 void ConversionOutput::commit() {

@@ -5,7 +5,9 @@
 // staging directory inside it (<save_dir>/.convert-XXXXXX: same filesystem, so every move is a
 // rename), and commit() renames the staged entries into place, completion markers (`latest`,
 // `.metadata`, `*.index.json`) last, after moving what --overwrite replaces aside. A conversion
-// that fails leaves the target as it found it (a target it created is removed).
+// that fails leaves the target as it found it (a target it created is removed), and the lock file
+// goes when the conversion ends if it was not there before (an HF or DCP directory holds only its
+// own files).
 #pragma once
 #include "train/save_root_lock.h"
 
@@ -27,8 +29,11 @@ class ConversionOutput {
   void commit();
 
  private:
+  void clean_up() noexcept;  // what a conversion that did not commit leaves: nothing of its own
+
   std::string save_dir_, command_, staging_;
-  bool created_ = false;  // save_dir did not exist before
+  bool created_ = false;      // save_dir did not exist before
+  bool lock_existed_ = false;  // nor, when false, its lock file
   bool committed_ = false;
   SaveRootLock lock_;
 };

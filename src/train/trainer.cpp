@@ -309,14 +309,23 @@ struct Trainer::State {
   // A run starting at start_step saves its own line of checkpoints into training.save: complete
   // checkpoints there of a later iteration belong to another branch (a rollback, another run), and
   // this run's saves would interleave with them, be pruned for them or replace one of them. Refused
-  // naming them, or, with training.archive_newer_checkpoints, moved aside (never deleted).
+  // naming them, or, with training.archive_newer_checkpoints, moved aside (never deleted). Under
+  // training.load: auto the run continues from `latest`, its root's last commit: a complete
+  // checkpoint newer than that is a save killed between its rename and `latest` (or a hand-edited
+  // `latest`), moved aside without asking, so that a requeued job restarts by itself.
   void claim_save_root() {
     const auto& t = config.training;
     if (t.save.empty()) return;
     std::string refused;
     if (is_rank0()) {
       const auto newer = checkpoint_newer_than(t.save, start_step);
-      if (!newer.empty() && t.archive_newer_checkpoints) {
+      if (!newer.empty() && t.load == "auto") {
+        const std::string archive = "archived_" + utc_stamp() + "_uncommitted_after_" + checkpoint_dir_name(start_step);
+        const std::string dir = checkpoint_archive(t.save, newer, archive);
+        log("training.load: auto: " + join(newer, ", ") + " newer than `latest` (a save that never named them, "
+            "interrupted before its last step) moved to " + dir + "; continuing from iteration " +
+            std::to_string(start_step));
+      } else if (!newer.empty() && t.archive_newer_checkpoints) {
         const std::string archive = "archived_" + utc_stamp() + "_branch_at_" + checkpoint_dir_name(start_step);
         const std::string dir = checkpoint_archive(t.save, newer, archive);
         log("training.archive_newer_checkpoints: moved " + join(newer, ", ") + " (newer than iteration " +

@@ -148,7 +148,7 @@ def test_plan_matches_what_the_trainer_allocates(tmp_path, token_file):
     # The moments on disk: the trainer's optimizer state is the plan's windows, the disk its moments.
     (tmp_path / "offload").mkdir()
     disk = ["--set", "training.optimizer=adamw_swap", "--set", f"training.offload_dir={tmp_path / 'offload'}",
-            "--set", f"logging.output_dir={tmp_path / 'run_disk'}"]
+            "--set", f"logging.output_dir={tmp_path / 'run_disk'}", "--set", f"training.save={tmp_path / 'ckpt_disk'}"]
     disk_plan = last_json(run_mmtrain(["plan", str(cfg), "--world-size", "2", "--seqlen", "16", *disk]))
     tiers, windows = disk_plan["offload"], disk_plan["offload_window_bytes"]
     assert "(this config)" in next(line for line in run_mmtrain(["plan", str(cfg), "--world-size", "2", *disk])
@@ -171,7 +171,8 @@ def test_plan_matches_what_the_trainer_allocates(tmp_path, token_file):
     # What cpu_offload's run holds in the host tier is the plan's host bytes (each tensor of the
     # pool rounded up to whole pages: shards, grads and two moments per unit).
     run_mmtrain(["train", str(cfg), "--set", "parallel.fsdp_plan.cpu_offload=true",
-                 "--set", f"logging.output_dir={tmp_path / 'run_cpu_offload'}"], world=2)
+                 "--set", f"logging.output_dir={tmp_path / 'run_cpu_offload'}",
+                 "--set", f"training.save={tmp_path / 'ckpt_cpu_offload'}"], world=2)
     held = read_metrics(tmp_path / "run_cpu_offload")[-1]["offload"]["host"]["held_mib"] * MIB
     assert cpu["host_bytes"] <= held < cpu["host_bytes"] + 4 * plan["units"] * 4096
 
