@@ -4,6 +4,7 @@
 #include "io/direct_io.h"
 
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,10 +17,19 @@ namespace {
 
 int64_t round_up(int64_t bytes) { return (bytes + DiskStore::kAlign - 1) / DiskStore::kAlign * DiskStore::kAlign; }
 
+// This process's file for the rank: the pid keeps two jobs on one node (the same YAML, the same
+// offload_dir) apart.
 std::string rank_file(const std::string& dir, int rank) {
   char name[64];
-  std::snprintf(name, sizeof name, "mmtrain_rank_%05d.offload", rank);
+  std::snprintf(name, sizeof name, "mmtrain_rank_%05d.%d.offload", rank, static_cast<int>(::getpid()));
   return (std::filesystem::path(dir) / name).string();
+}
+
+// Free bytes of the filesystem holding dir (for a refusal's message); -1 when unknown.
+int64_t free_bytes(const std::string& path) {
+  struct statvfs fs {};
+  if (::statvfs(std::filesystem::path(path).parent_path().c_str(), &fs) != 0) return -1;
+  return static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
 }
 
 }  // namespace
@@ -39,8 +49,19 @@ at::Tensor aligned_buffer(int64_t numel) {
 
 DiskStore::DiskStore(const std::string& dir, int rank, std::shared_ptr<HostPool> host_pool)
     : path_(rank_file(dir, rank)), host_pool_(std::move(host_pool)) {
-  fd_ = open_direct_when_supported(path_, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600, &direct_);
+  // Created exclusively (never another job's file), then reopened with O_DIRECT where the
+  // filesystem takes it, then unlinked: the file is this process's alone, reachable only through
+  // its descriptor, and the kernel frees it when the process ends, however it ends.
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd_ < 0) fail("training.offload_dir: cannot create ", path_, ": ", std::strerror(errno));
+  const int direct_fd = open_direct_when_supported(path_, O_RDWR | O_CLOEXEC, 0600, &direct_);
+  if (direct_fd >= 0 && direct_) {
+    ::close(fd_);
+    fd_ = direct_fd;
+  } else if (direct_fd >= 0) {
+    ::close(direct_fd);
+  }
+  ::unlink(path_.c_str());
   thread_ = std::thread([this] { run(); });
 }
 
@@ -51,16 +72,21 @@ DiskStore::~DiskStore() {
   }
   wake_.notify_all();
   thread_.join();
-  ::close(fd_);
-  ::unlink(path_.c_str());
+  ::close(fd_);  // the file was unlinked at creation: its blocks go with the descriptor
 }
 
 int64_t DiskStore::reserve(int64_t bytes) {
   const int64_t offset = end_;
   end_ += round_up(bytes);
-  // The new region reads as zeros (a hole) until it is written.
-  if (::ftruncate(fd_, end_) != 0)
-    fail("offload file ", path_, ": cannot grow it to ", end_, " bytes: ", std::strerror(errno));
+  // The region's blocks are allocated now (they read as zeros until written), so that a disk
+  // without room refuses the run here, at start-up, not in the middle of a step.
+  if (const int error = ::posix_fallocate(fd_, offset, end_ - offset); error != 0) {
+    const int64_t free = free_bytes(path_);
+    fail("training.offload_dir: cannot reserve ", end_ - offset, " more bytes in ", path_, " (", end_,
+         " bytes for this rank's file): ", std::strerror(error),
+         free >= 0 ? "; the filesystem has " + std::to_string(free) + " bytes free" : std::string(),
+         " (each rank of each job on the node needs its own file: plan's disk bytes)");
+  }
   return offset;
 }
 
@@ -136,7 +162,8 @@ std::shared_future<void> DiskStore::write(int64_t offset, const at::Tensor& chun
 }
 
 std::string DiskStore::describe() const {
-  return "on disk in " + path_ + (direct_ ? " (direct I/O)" : " (buffered I/O)");
+  return "on disk in " + path_ + (direct_ ? " (direct I/O" : " (buffered I/O") +
+         "; unlinked at creation: this run's alone, gone when it ends)";
 }
 
 }  // namespace mmtrain

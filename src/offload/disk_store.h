@@ -9,9 +9,12 @@
 // regions start on kAlign boundaries and transfers move whole kAlign blocks, so the buffers come
 // from aligned_buffer() (page-aligned, padded to whole blocks).
 //
-// The file is created empty (sparse: it reads as zeros) and removed when the store is destroyed: it
-// is scratch space, not a checkpoint. An I/O error fails the transfer's future with the file, the
-// offset and the errno.
+// The file, `<offload_dir>/mmtrain_rank_<rank>.<pid>.offload`, is created exclusively and unlinked
+// at once: it is this process's alone (two jobs with one YAML on one node each get their own), and
+// the kernel frees it when the process ends, however it ends; it is scratch space, not a
+// checkpoint. Each region's blocks are allocated when it is reserved (posix_fallocate), so a disk
+// without room refuses the run at start-up, naming the bytes. An I/O error fails the transfer's
+// future with the file, the offset and the errno.
 #pragma once
 #include "io/direct_io.h"
 #include "offload/host_pool.h"
@@ -36,11 +39,11 @@ class DiskStore : public TierStore {
   static constexpr int64_t kAlign = kDirectIoAlign;
   static constexpr int64_t kFloatsPerBlock = kAlign / static_cast<int64_t>(sizeof(float));
 
-  // Creates (truncates) the rank's file under dir; fails naming dir when it cannot. The windows
+  // Creates this process's file for `rank` under dir; fails naming it when it cannot. The windows
   // come from host_pool when one is given (pinned, page-aligned: the host tier's bytes), else
   // from aligned_buffer.
   DiskStore(const std::string& dir, int rank, std::shared_ptr<HostPool> host_pool = nullptr);
-  ~DiskStore() override;  // finishes queued transfers, closes and removes the file
+  ~DiskStore() override;  // finishes queued transfers and closes the (already unlinked) file
   DiskStore(const DiskStore&) = delete;
   DiskStore& operator=(const DiskStore&) = delete;
 
@@ -60,7 +63,7 @@ class DiskStore : public TierStore {
   int64_t size() const override { return end_; }
   std::string describe() const override;
 
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return path_; }  // the name it was created under (for messages)
   bool direct() const { return direct_; }  // O_DIRECT took
   int64_t bytes_read() const { return bytes_read_; }
   int64_t bytes_written() const { return bytes_written_; }

@@ -193,17 +193,45 @@ def test_a_disk_that_fails_mid_run_stops_it_naming_the_file(tmp_path, fixture_di
     cfg = magihuman_config(tmp_path / "run_dir", fixture_dirs, iters=6)
     offload = tmp_path / "run_dir" / "offload"
     offload.mkdir()
-    moments = offload / "mmtrain_rank_00000.offload"
-    # The 40th write to the moments' file (a few steps in, after the save of iteration 2) fails.
-    cmd = ["strace", "-f", "-qq", "-o", "/dev/null", "--seccomp-bpf", "-P", str(moments), "-e", "trace=pwrite64",
-           "-e", "inject=pwrite64:error=ENOSPC:when=40", str(mmtrain_bin()), "train", str(cfg),
+    # The 40th write to the moments' file (a few steps in, after the save of iteration 2) fails. The
+    # file is unlinked at creation (no path for strace -P), but the run's only other pwrite64 is the
+    # save-root lock's, once at start: the 41st pwrite64 is the moments' 40th.
+    cmd = ["strace", "-f", "-qq", "-o", "/dev/null", "--seccomp-bpf", "-e", "trace=pwrite64",
+           "-e", "inject=pwrite64:error=ENOSPC:when=41", str(mmtrain_bin()), "train", str(cfg),
            "--set", "training.save_interval=2", *on_disk(tmp_path / "run_dir")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode != 0
-    assert f"offload file {moments}: writing " in proc.stderr and "No space left on device" in proc.stderr, \
-        proc.stderr[-3000:]
+    assert f"offload file {offload}/mmtrain_rank_00000." in proc.stderr and ".offload: writing " in proc.stderr \
+        and "No space left on device" in proc.stderr, proc.stderr[-3000:]
+    assert list(offload.iterdir()) == []  # the file went with the process
     done = read_metrics(tmp_path / "run_dir" / "run")
     assert 2 <= len(done) < 6
     latest = (tmp_path / "run_dir" / "ckpt" / "latest").read_text().strip()
     run_mmtrain(["ckpt", "verify", str(tmp_path / "run_dir" / "ckpt" / latest)])
     shutil.rmtree(offload)
+
+
+def test_two_jobs_on_one_offload_dir_each_train_as_alone(tmp_path, token_file):
+    """Two jobs of one YAML started together on one node share offload_dir: each rank file is its
+    job's alone (created exclusively under its pid, unlinked at creation), so both train bitwise like
+    a job alone (before, the second truncated the first's file and both trained on the mix)."""
+    from conftest import tiny_config
+    offload = tmp_path / "offload"
+    offload.mkdir()
+    disk = ["--set", "parallel.fsdp_plan.cpu_offload=true", "--set", f"training.offload_dir={offload}"]
+    dirs = [tmp_path / name for name in ("alone", "job_a", "job_b")]
+    for d in dirs:
+        d.mkdir()
+        write_config(d / "c.yaml", tiny_config(d, token_file, iters=30))
+    run_mmtrain(["train", str(dirs[0] / "c.yaml"), *disk])
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    jobs = [subprocess.Popen([str(mmtrain_bin()), "train", str(d / "c.yaml"), *disk], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env) for d in dirs[1:]]
+    for job in jobs:
+        out, err = job.communicate(timeout=300)
+        assert job.returncode == 0, err[-2000:]
+    alone = [(m["loss"], m["grad_norm"]) for m in read_metrics(dirs[0] / "run")]
+    assert len(alone) == 30
+    for d in dirs[1:]:
+        assert [(m["loss"], m["grad_norm"]) for m in read_metrics(d / "run")] == alone, d.name
+    assert list(offload.iterdir()) == []  # nothing left behind

@@ -166,7 +166,8 @@ def test_plan_matches_what_the_trainer_allocates(tmp_path, token_file):
     train = run_mmtrain(["train", str(cfg), *disk], world=2)
     m = re.search(r"optimizer state ([\d.]+) MiB", train.stdout)
     assert float(m.group(1)) == round(windows / MIB, 2), train.stdout
-    m = re.search(r"mmtrain_rank_00000.offload \((?:direct|buffered) I/O\) \(([\d.]+) MiB per rank", train.stdout)
+    m = re.search(r"mmtrain_rank_00000\.\d+\.offload \((?:direct|buffered) I/O; [^)]*\) \(([\d.]+) MiB per rank",
+                  train.stdout)
     assert float(m.group(1)) == round(moments["disk_bytes"] / MIB, 1), train.stdout
     # What cpu_offload's run holds in the host tier is the plan's host bytes (each tensor of the
     # pool rounded up to whole pages: shards, grads and two moments per unit).

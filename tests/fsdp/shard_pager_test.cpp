@@ -48,7 +48,7 @@ TEST(ShardPager, AFailedWriteBackInADestructorIsReportedByTheNextCall) {
   EXPECT_TRUE(testing::bitwise_equal(unit.shard_flat, expected));
   const std::string message = testing::error_of([&] { pager.page_out(unit, true); });
   EXPECT_CONTAINS(message, "an earlier write-back of the shards to the disk tier failed");
-  EXPECT_CONTAINS(message, "offload file " + (dir / "mmtrain_rank_00000.offload") + ": writing 4096 bytes at offset 1048576 failed: File too large");
+  EXPECT_CONTAINS(message, "offload file " + tiers->disk->path() + ": writing 4096 bytes at offset 1048576 failed: File too large");
   pager.page_out(unit, true);  // reported once; the limit is gone, so this write goes through
   pager.page_in(unit);
   EXPECT_TRUE(testing::bitwise_equal(unit.shard_flat, expected));

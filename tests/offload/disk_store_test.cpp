@@ -1,6 +1,8 @@
 // The disk tier's store (offload/disk_store.h): regions read back what was written, in any order of
-// queued transfers, and read as zeros before; the file goes with the store; a failed write names
-// the file, the offset and the errno.
+// queued transfers, and read as zeros before; the file is this store's alone (unlinked at
+// creation: two stores of one rank in one directory, as two jobs of one YAML on one node, do not
+// share it); a disk without room refuses the reservation naming the bytes; a failed write names the
+// file, the offset and the errno.
 #include "offload/disk_store.h"
 
 #include "checkpoint/checkpoint_test_util.h"
@@ -9,6 +11,8 @@
 #include <gtest/gtest.h>
 
 #include <sys/resource.h>
+
+#include <unistd.h>
 
 #include <csignal>
 #include <filesystem>
@@ -22,7 +26,9 @@ TEST(DiskStore, RegionsReadBackWhatWasWrittenAndStartAsZeros) {
   {
     DiskStore store(dir.str(), 3);
     path = store.path();
-    EXPECT_EQ(std::filesystem::path(path).filename(), "mmtrain_rank_00003.offload");
+    EXPECT_EQ(std::filesystem::path(path).filename(),
+              "mmtrain_rank_00003." + std::to_string(::getpid()) + ".offload");
+    EXPECT_FALSE(std::filesystem::exists(path));  // unlinked at creation: nothing to leave behind
     // Odd sizes: every region still starts on a block boundary.
     const int64_t a = store.reserve(4 * 1001), b = store.reserve(4 * 5), c = store.reserve(4 * 3000);
     EXPECT_EQ(a % DiskStore::kAlign, 0);
@@ -53,18 +59,61 @@ TEST(DiskStore, AMissingDirectoryIsNamed) {
   testing::TempDir dir;
   const std::string missing = dir / "nope";
   EXPECT_CONTAINS(testing::error_of([&] { DiskStore store(missing, 0); }),
-                  "training.offload_dir: cannot create " + missing + "/mmtrain_rank_00000.offload: No such file");
+                  "training.offload_dir: cannot create " + missing + "/mmtrain_rank_00000." +
+                      std::to_string(::getpid()) + ".offload: No such file");
+}
+
+// Two jobs of one YAML on one node: the same directory, the same rank. Each store keeps what it
+// wrote; before, the second truncated and overwrote the first's file.
+TEST(DiskStore, TwoStoresOfOneRankInOneDirectoryKeepTheirOwnBytes) {
+  testing::TempDir dir;
+  DiskStore first(dir.str(), 0), second(dir.str(), 0);
+  const int64_t a = first.reserve(4 * 1024), b = second.reserve(4 * 1024);
+  at::Tensor ones = aligned_buffer(1024), twos = aligned_buffer(1024), back = aligned_buffer(1024);
+  ones.fill_(1);
+  twos.fill_(2);
+  first.write(a, ones.data_ptr(), 4 * 1024).get();
+  second.write(b, twos.data_ptr(), 4 * 1024).get();
+  first.read(a, back.data_ptr(), 4 * 1024).get();
+  EXPECT_TRUE(at::equal(back, ones));
+  second.read(b, back.data_ptr(), 4 * 1024).get();
+  EXPECT_TRUE(at::equal(back, twos));
+  EXPECT_TRUE(std::filesystem::is_empty(dir.str()));
+}
+
+// The blocks are allocated when a region is reserved: a disk without room says so at start-up,
+// naming the bytes, not in the middle of a step (the file size limit stands in for a full disk).
+TEST(DiskStore, ADiskWithoutRoomRefusesTheReservation) {
+  testing::TempDir dir;
+  struct rlimit saved {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
+  auto saved_handler = std::signal(SIGXFSZ, SIG_IGN);
+  std::string message;
+  {
+    DiskStore store(dir.str(), 0);
+    store.reserve(32 << 10);
+    struct rlimit small = saved;
+    small.rlim_cur = 64 << 10;
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+    message = testing::error_of([&] { store.reserve(1 << 20); });
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &saved), 0);
+  }
+  std::signal(SIGXFSZ, saved_handler);
+  EXPECT_CONTAINS(message, "training.offload_dir: cannot reserve 1048576 more bytes in " + dir.str() + "/mmtrain_rank_00000.");
+  EXPECT_CONTAINS(message, "(1081344 bytes for this rank's file): File too large; the filesystem has ");
 }
 
 TEST(DiskStore, AFailedWriteNamesTheFileOffsetAndErrno) {
   testing::TempDir dir;
+  std::string path;
   struct rlimit saved {};
   ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
   auto saved_handler = std::signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of a kill
   std::string message;
   {
     DiskStore store(dir.str(), 0);
-    const int64_t at = store.reserve(1 << 20);  // the hole is made before the limit
+    path = store.path();
+    const int64_t at = store.reserve(1 << 20);  // allocated before the limit
     struct rlimit small = saved;
     small.rlim_cur = 64 << 10;
     ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
@@ -74,7 +123,7 @@ TEST(DiskStore, AFailedWriteNamesTheFileOffsetAndErrno) {
     ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &saved), 0);
   }
   std::signal(SIGXFSZ, saved_handler);
-  EXPECT_CONTAINS(message, "offload file " + (dir / "mmtrain_rank_00000.offload") +
+  EXPECT_CONTAINS(message, "offload file " + path +
                                ": writing 4096 bytes at offset 131072 failed: File too large");
 }
 

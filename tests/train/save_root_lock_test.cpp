@@ -10,7 +10,10 @@
 
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <string>
 
 namespace mmtrain {
 namespace {
@@ -33,6 +36,19 @@ TEST(SaveRootLock, TheLockFileOfADeadRunIsTakenOver) {
   std::ofstream(root / ".mmtrain.lock") << "host gone, pid 4242, since 2026-01-01 00:00:00 UTC\n";
   SaveRootLock lock(root.str());
   EXPECT_EQ(lock.previous_holder(), "host gone, pid 4242, since 2026-01-01 00:00:00 UTC");
+}
+
+// A lock file planted as a symlink is refused, not followed: opening it would truncate and write
+// whatever file it points at.
+TEST(SaveRootLock, ASymlinkedLockFileIsRefused) {
+  testing::TempDir root, elsewhere;
+  std::ofstream(elsewhere / "precious.txt") << "do not truncate";
+  std::filesystem::create_symlink(elsewhere / "precious.txt", root / ".mmtrain.lock");
+  EXPECT_CONTAINS(testing::error_of([&] { SaveRootLock lock(root.str(), "convert --save_dir"); }),
+                  "convert --save_dir '" + root.str() + "': refused: " + (root / ".mmtrain.lock") + " is a symlink");
+  std::ifstream in(elsewhere / "precious.txt");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "do not truncate");
 }
 
 }  // namespace
