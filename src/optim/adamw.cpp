@@ -7,16 +7,23 @@
 namespace mmtrain {
 
 AdamW::AdamW(std::vector<at::Tensor> params, std::vector<at::Tensor> grads, AdamWOptions options,
-             const MomentAllocator& allocate_moment)
-    : params_(std::move(params)), grads_(std::move(grads)), options_(options) {
-  const MomentAllocator zeros = allocate_moment ? allocate_moment : [](const at::Tensor& p) { return at::zeros_like(p); };
+             MomentAllocator allocate_moment)
+    : params_(std::move(params)),
+      grads_(std::move(grads)),
+      allocate_moment_(allocate_moment ? std::move(allocate_moment)
+                                       : [](const at::Tensor& p) { return at::zeros_like(p); }),
+      options_(options) {
   if (params_.size() != grads_.size()) fail("AdamW: ", params_.size(), " params but ", grads_.size(), " grads");
   for (const auto& p : params_) {
     if (p.scalar_type() != at::kFloat) fail("AdamW: params must be fp32 (the FSDP shards), got ", p.scalar_type());
-    states_.push_back({zeros(p), zeros(p)});
     steps_.push_back(at::zeros({}, p.options()));
   }
   masks_.resize(params_.size());
+}
+
+void AdamW::materialize() {
+  if (swapped_ || !states_.empty()) return;
+  for (const auto& p : params_) states_.push_back({allocate_moment_(p), allocate_moment_(p)});
 }
 
 void AdamW::set_update_mask(size_t i, at::Tensor mask) {
@@ -30,11 +37,12 @@ void AdamW::offload_moments(std::shared_ptr<TierStore> store, int64_t chunk_nume
   std::vector<int64_t> numels;
   for (const auto& p : params_) numels.push_back(p.numel());
   swapped_ = std::make_unique<SwappedMoments>(std::move(store), numels, chunk_numel);
-  for (size_t i = 0; i < states_.size(); ++i) {
+  // Moments that exist already (steps taken, or set) move; never-used ones never existed: the
+  // store starts as zeros.
+  for (size_t i = 0; i < states_.size(); ++i)
     if (states_[i].exp_avg.abs().max().item<float>() != 0 || states_[i].exp_avg_sq.abs().max().item<float>() != 0)
-      swapped_->write(i, states_[i].exp_avg, states_[i].exp_avg_sq);  // the store starts as zeros
-    states_[i] = {};
-  }
+      swapped_->write(i, states_[i].exp_avg, states_[i].exp_avg_sq);
+  states_.clear();
 }
 
 void AdamW::step(double lr) {
@@ -48,6 +56,7 @@ void AdamW::step(double lr) {
     updating.push_back(i);
   }
   if (updating.empty()) return;
+  materialize();
   // The kernel has no mask: a masked param (or chunk of it) keeps a copy of its frozen elements
   // and gets them back afterwards.
   auto run_kernel = [&](const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
@@ -111,7 +120,10 @@ void AdamW::step(double lr) {
 
 AdamWState AdamW::moments(size_t i) const {
   if (i >= params_.size()) fail("AdamW: moments of param ", i, " of ", params_.size());
-  if (!swapped_) return states_[i];
+  if (!swapped_) {
+    if (states_.empty()) return {at::zeros_like(params_[i]), at::zeros_like(params_[i])};  // never used yet
+    return states_[i];
+  }
   auto [exp_avg, exp_avg_sq] = swapped_->read(i);
   return {exp_avg.view(params_[i].sizes()), exp_avg_sq.view(params_[i].sizes())};
 }
@@ -122,15 +134,15 @@ void AdamW::set_moments(size_t i, const at::Tensor& exp_avg, const at::Tensor& e
     if (m->sizes() != params_[i].sizes())
       fail("AdamW: moments of param ", i, " must be shaped ", params_[i].sizes(), ", got ", m->sizes());
   if (swapped_) return swapped_->write(i, exp_avg, exp_avg_sq);
+  materialize();
   states_[i].exp_avg.copy_(exp_avg);
   states_[i].exp_avg_sq.copy_(exp_avg_sq);
 }
 
 int64_t AdamW::state_bytes() const {
   if (swapped_) return swapped_->window_bytes();
-  int64_t bytes = 0;
-  for (const auto& s : states_)
-    bytes += (s.exp_avg.numel() + s.exp_avg_sq.numel()) * s.exp_avg.element_size();
+  int64_t bytes = 0;  // what the in-memory moments hold, or will from the first step
+  for (const auto& p : params_) bytes += 2 * p.numel() * static_cast<int64_t>(sizeof(float));
   return bytes;
 }
 

@@ -35,9 +35,11 @@ class AdamW {
   // Zeroed moments for a param (fsdp cpu_offload: from the host tier); null: at::zeros_like.
   using MomentAllocator = std::function<at::Tensor(const at::Tensor& param)>;
 
-  // params and grads are parallel lists of fp32 tensors that stay the same objects all run.
+  // params and grads are parallel lists of fp32 tensors that stay the same objects all run. The
+  // moments are allocated when first needed (the first step or set_moments), so that moments
+  // offloaded before that (offload_moments) never exist in memory, not even for a moment.
   AdamW(std::vector<at::Tensor> params, std::vector<at::Tensor> grads, AdamWOptions options,
-        const MomentAllocator& allocate_moment = nullptr);
+        MomentAllocator allocate_moment = nullptr);
 
   // Restricts updates of params[i] to where mask (bool, like the param) is true; elsewhere the
   // param stays bitwise unchanged (frozen params: no decay either). Undefined: update all.
@@ -80,7 +82,10 @@ class AdamW {
  private:
   std::vector<at::Tensor> params_;
   std::vector<at::Tensor> grads_;
-  std::vector<AdamWState> states_;  // undefined tensors once offloaded
+  void materialize();  // allocates the in-memory moments (zeros) unless they exist or are offloaded
+
+  MomentAllocator allocate_moment_;
+  std::vector<AdamWState> states_;  // empty until materialize(), and for good once offloaded
   std::unique_ptr<SwappedMoments> swapped_;
   std::optional<NonFiniteWeight> paged_non_finite_;  // seen by the last step in a paged param
   std::vector<at::Tensor> masks_;  // per param, undefined = update everything

@@ -153,8 +153,7 @@ struct Trainer::State {
                                           std::make_shared<CopyStream>(fsdp->shard_device(), tiers->stats, tiers->host_pool));
     int64_t largest = 0;
     for (const auto* unit : fsdp->units()) largest = std::max(largest, unit->shard_flat.numel());
-    adamw->offload_moments(store, adamw_offload_chunk_numel(t, runtime.device, largest));
-    tiers->host_pool->trim();  // the in-memory moments it started with (cpu_offload: pool buffers) are gone
+    adamw->offload_moments(store, adamw_offload_chunk_numel(t, runtime.device, largest));  // never in memory first
     const auto* swapped = adamw->swapped_moments();
     log(format("AdamW moments %s (%.1f MiB per rank), through %.1f MiB of windows "
                "(chunks of %lld elements)",

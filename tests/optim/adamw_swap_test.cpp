@@ -89,6 +89,41 @@ TEST_P(AdamWSwapped, EqualsTheInMemoryStepBitwise) {
   EXPECT_EQ(tier.bytes_written(), per_step * 5);
 }
 
+// Moments offloaded before they are used never exist in memory (before, AdamW built 8 bytes per
+// parameter of zeros and then handed them to the store): the allocator is never called, and the
+// swapped steps still equal the in-memory ones.
+TEST_P(AdamWSwapped, MomentsOffloadedAtStartNeverExistInMemory) {
+  Tier tier(GetParam());
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  const std::vector<at::Tensor> init = {at::randn({2500}, gen), at::randn({7}, gen)};
+  int64_t allocated = 0;
+  std::vector<at::Tensor> params, grads;
+  for (const auto& p : init) {
+    params.push_back(p.clone());
+    grads.push_back(at::randn(p.sizes(), gen));
+  }
+  AdamW swapped(params, grads, {}, [&](const at::Tensor& p) {
+    allocated += p.numel();
+    return at::zeros_like(p);
+  });
+  swapped.offload_moments(tier.store, kChunk);
+  Pair memory = make({init[0], init[1], at::zeros({2, 5}), at::zeros({3})}, {});
+  for (size_t i = 0; i < 2; ++i) memory.grads[i].copy_(grads[i]);
+  swapped.step(1e-2);
+  memory.adamw->step(1e-2);
+  EXPECT_EQ(allocated, 0);
+  for (size_t i = 0; i < 2; ++i) EXPECT_TRUE(testing::bitwise_equal(params[i], memory.params[i])) << i;
+  // In memory, the moments appear with the first step, and are counted before it all the same.
+  AdamW in_memory(params, grads, {}, [&](const at::Tensor& p) {
+    allocated += p.numel();
+    return at::zeros_like(p);
+  });
+  EXPECT_EQ(in_memory.state_bytes(), 2 * (2500 + 7) * 4);
+  EXPECT_EQ(allocated, 0);
+  in_memory.step(1e-2);
+  EXPECT_EQ(allocated, 2 * (2500 + 7));
+}
+
 TEST_P(AdamWSwapped, MomentsSetAndReadBackAndResumeEqually) {
   Tier tier(GetParam());
   auto gen = at::make_generator<at::CPUGeneratorImpl>(5);

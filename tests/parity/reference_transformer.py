@@ -563,6 +563,10 @@ def _build_fsdp_model(rc: RunConfig, rank: int, world: int) -> ReferenceTransfor
 
 def _fsdp_worker(rank: int, world: int, port: int, cfg: dict, out_dir: str, backend: str, threads: int,
                  adamw: str, dcp: dict) -> None:
+    # A rank that dies on a signal (a SIGABRT from a collective library's thread) prints every
+    # thread's Python stack first: mp.spawn alone says only which rank died and on what signal.
+    import faulthandler
+    faulthandler.enable(all_threads=True)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     _fsdp_rank_main(rank, world, cfg, out_dir, backend, threads, adamw, **dcp)
