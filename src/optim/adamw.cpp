@@ -21,7 +21,7 @@ AdamW::AdamW(std::vector<at::Tensor> params, std::vector<at::Tensor> grads, Adam
   masks_.resize(params_.size());
 }
 
-void AdamW::materialize() {
+void AdamW::materialize() const {
   if (swapped_ || !states_.empty()) return;
   for (const auto& p : params_) states_.push_back({allocate_moment_(p), allocate_moment_(p)});
 }
@@ -121,7 +121,7 @@ void AdamW::step(double lr) {
 AdamWState AdamW::moments(size_t i) const {
   if (i >= params_.size()) fail("AdamW: moments of param ", i, " of ", params_.size());
   if (!swapped_) {
-    if (states_.empty()) return {at::zeros_like(params_[i]), at::zeros_like(params_[i])};  // never used yet
+    materialize();
     return states_[i];
   }
   auto [exp_avg, exp_avg_sq] = swapped_->read(i);

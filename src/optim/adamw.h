@@ -63,8 +63,8 @@ class AdamW {
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t step) { step_count_ = step; }
 
-  // Param i's moments: the live tensors when they are in memory, a copy read back from the store
-  // when they are swapped out.
+  // Param i's moments: the live tensors when they are in memory (created by this call if no step
+  // has run yet), a copy read back from the store when they are swapped out.
   AdamWState moments(size_t i) const;
   // Overwrites param i's moments with copies of these (shaped like the param).
   void set_moments(size_t i, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq);
@@ -82,10 +82,12 @@ class AdamW {
  private:
   std::vector<at::Tensor> params_;
   std::vector<at::Tensor> grads_;
-  void materialize();  // allocates the in-memory moments (zeros) unless they exist or are offloaded
+  // Allocates the in-memory moments (zeros) unless they exist or are offloaded. Const: asking for
+  // the live moments (moments()) creates them.
+  void materialize() const;
 
   MomentAllocator allocate_moment_;
-  std::vector<AdamWState> states_;  // empty until materialize(), and for good once offloaded
+  mutable std::vector<AdamWState> states_;  // empty until materialize(), and for good once offloaded
   std::unique_ptr<SwappedMoments> swapped_;
   std::optional<NonFiniteWeight> paged_non_finite_;  // seen by the last step in a paged param
   std::vector<at::Tensor> masks_;  // per param, undefined = update everything
