@@ -5,7 +5,6 @@
 #include "nn/attention_rows_avx512.h"
 #endif
 
-#include <ATen/Parallel.h>
 #include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
@@ -128,59 +127,55 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> amx_attention_backward(const at::
   const int64_t group_cols = group * kQueryBlock;
   auto dq_t = at::zeros({hq, blocks, d, kQueryBlock}, f32);  // dqᵀ per head and query block
   auto dk = at::empty({kl, hkv, d}, q.options()), dv = at::empty({kl, hkv, d}, q.options());
-  // One task per key/value head, on ATen's intra-op threads: a head writes only its own dk, dv
-  // columns and its group's dqᵀ slots, and every sum runs in the same order whatever the threads.
-  at::parallel_for(0, hkv, 1, [&](int64_t h_begin, int64_t h_end) {
-    auto s_t = at::empty({kKeyChunk, kQueryBlock}, f32), dp_t = at::empty({kKeyChunk, kQueryBlock}, f32);
-    // pᵀ and dsᵀ of the group's heads side by side [keys, G * 64]; one head's dsᵀ alone for its dq.
-    auto p_t = at::empty({kKeyChunk, group_cols}, q.options()), ds_t = at::empty({kKeyChunk, group_cols}, q.options());
-    auto ds_head = at::empty({kKeyChunk, kQueryBlock}, q.options()), ds_packed = at::empty_like(ds_head);
-    auto dk_acc = at::empty({kKeyChunk, d}, f32), dv_acc = at::empty({kKeyChunk, d}, f32);
-    for (int64_t h = h_begin; h < h_end; ++h) {
-      const Bf16* k_rows = k.const_data_ptr<Bf16>() + h * k.stride(1);
-      const Bf16* v_rows = v.const_data_ptr<Bf16>() + h * v.stride(1);
-      // kᵀ for dqᵀ = kᵀ·dsᵀ, zero past kl (an odd last chunk reads one zero column); rows of a multiple
-      // of 64 keys (measured: dq's GEMMs ~15 % faster than with rows of kl rounded to even).
-      const int64_t keys_padded = round_up(kl, kPackCols);
-      auto kt = at::zeros({d, keys_padded}, q.options());
-      kt.narrow(1, 0, kl).copy_(k.select(1, h).t());
-      for (int64_t c0 = 0; c0 < kl; c0 += kKeyChunk) {
-        const int64_t rows = std::min(kKeyChunk, kl - c0), rows_even = round_up(rows, 2);
-        dk_acc.zero_();
-        dv_acc.zero_();
-        for (int64_t b = 0; b < blocks; ++b) {
-          for (int64_t g = 0; g < group; ++g) {
-            const int64_t head = h * group + g, slot = head * blocks + b;
-            gemm_packed(rows, kQueryBlock, d, k_rows + c0 * k.stride(0), k.stride(0), q_t_packed[slot],
-                        s_t.data_ptr<float>(), kQueryBlock, false);
-            gemm_packed(rows, kQueryBlock, d, v_rows + c0 * v.stride(0), v.stride(0), do_t_packed[slot],
-                        dp_t.data_ptr<float>(), kQueryBlock, false);
-            const int64_t column = head * queries_padded + b * kQueryBlock;
-            attention_rows::probs_and_grads_t(s_t.data_ptr<float>(), dp_t.data_ptr<float>(), rows, kQueryBlock, scale,
-                                              lse.data_ptr<float>() + column, delta.data_ptr<float>() + column,
-                                              bits(p_t) + g * kQueryBlock, bits(ds_t) + g * kQueryBlock, group_cols);
-            // dqᵀ of this head += kᵀ·dsᵀ (oneDNN packs from a contiguous [keys, 64] block only).
-            for (int64_t r = 0; r < rows; ++r)
-              std::memcpy(bits(ds_head) + r * kQueryBlock, bits(ds_t) + r * group_cols + g * kQueryBlock,
-                          kQueryBlock * sizeof(uint16_t));
-            if (rows_even != rows) std::memset(bits(ds_head) + rows * kQueryBlock, 0, kQueryBlock * sizeof(uint16_t));
-            cpublas::pack(rows_even, kQueryBlock, kQueryBlock, kQueryBlock, at::kBFloat16, at::kBFloat16,
-                          ds_head.const_data_ptr(), ds_packed.data_ptr());
-            gemm_packed(d, kQueryBlock, rows_even, kt.const_data_ptr<Bf16>() + c0, keys_padded,
-                        ds_packed.const_data_ptr<Bf16>(), dq_t.data_ptr<float>() + slot * d * kQueryBlock,
-                        kQueryBlock, true);
-          }
-          gemm_packed(rows, d, group_cols, p_t.const_data_ptr<Bf16>(), group_cols, do_group_packed[h * blocks + b],
-                      dv_acc.data_ptr<float>(), d, true);
-          gemm_packed(rows, d, group_cols, ds_t.const_data_ptr<Bf16>(), group_cols, q_group_packed[h * blocks + b],
-                      dk_acc.data_ptr<float>(), d, true);
+  auto s_t = at::empty({kKeyChunk, kQueryBlock}, f32), dp_t = at::empty({kKeyChunk, kQueryBlock}, f32);
+  // pᵀ and dsᵀ of the group's heads side by side [keys, G * 64]; one head's dsᵀ alone for its dq.
+  auto p_t = at::empty({kKeyChunk, group_cols}, q.options()), ds_t = at::empty({kKeyChunk, group_cols}, q.options());
+  auto ds_head = at::empty({kKeyChunk, kQueryBlock}, q.options()), ds_packed = at::empty_like(ds_head);
+  auto dk_acc = at::empty({kKeyChunk, d}, f32), dv_acc = at::empty({kKeyChunk, d}, f32);
+  for (int64_t h = 0; h < hkv; ++h) {
+    const Bf16* k_rows = k.const_data_ptr<Bf16>() + h * k.stride(1);
+    const Bf16* v_rows = v.const_data_ptr<Bf16>() + h * v.stride(1);
+    // kᵀ for dqᵀ = kᵀ·dsᵀ, zero past kl (an odd last chunk reads one zero column); rows of a multiple
+    // of 64 keys (measured: dq's GEMMs ~15 % faster than with rows of kl rounded to even).
+    const int64_t keys_padded = round_up(kl, kPackCols);
+    auto kt = at::zeros({d, keys_padded}, q.options());
+    kt.narrow(1, 0, kl).copy_(k.select(1, h).t());
+    for (int64_t c0 = 0; c0 < kl; c0 += kKeyChunk) {
+      const int64_t rows = std::min(kKeyChunk, kl - c0), rows_even = round_up(rows, 2);
+      dk_acc.zero_();
+      dv_acc.zero_();
+      for (int64_t b = 0; b < blocks; ++b) {
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t head = h * group + g, slot = head * blocks + b;
+          gemm_packed(rows, kQueryBlock, d, k_rows + c0 * k.stride(0), k.stride(0), q_t_packed[slot],
+                      s_t.data_ptr<float>(), kQueryBlock, false);
+          gemm_packed(rows, kQueryBlock, d, v_rows + c0 * v.stride(0), v.stride(0), do_t_packed[slot],
+                      dp_t.data_ptr<float>(), kQueryBlock, false);
+          const int64_t column = head * queries_padded + b * kQueryBlock;
+          attention_rows::probs_and_grads_t(s_t.data_ptr<float>(), dp_t.data_ptr<float>(), rows, kQueryBlock, scale,
+                                            lse.data_ptr<float>() + column, delta.data_ptr<float>() + column,
+                                            bits(p_t) + g * kQueryBlock, bits(ds_t) + g * kQueryBlock, group_cols);
+          // dqᵀ of this head += kᵀ·dsᵀ (oneDNN packs from a contiguous [keys, 64] block only).
+          for (int64_t r = 0; r < rows; ++r)
+            std::memcpy(bits(ds_head) + r * kQueryBlock, bits(ds_t) + r * group_cols + g * kQueryBlock,
+                        kQueryBlock * sizeof(uint16_t));
+          if (rows_even != rows) std::memset(bits(ds_head) + rows * kQueryBlock, 0, kQueryBlock * sizeof(uint16_t));
+          cpublas::pack(rows_even, kQueryBlock, kQueryBlock, kQueryBlock, at::kBFloat16, at::kBFloat16,
+                        ds_head.const_data_ptr(), ds_packed.data_ptr());
+          gemm_packed(d, kQueryBlock, rows_even, kt.const_data_ptr<Bf16>() + c0, keys_padded,
+                      ds_packed.const_data_ptr<Bf16>(), dq_t.data_ptr<float>() + slot * d * kQueryBlock,
+                      kQueryBlock, true);
         }
-        dk.narrow(0, c0, rows).select(1, h).copy_(dk_acc.narrow(0, 0, rows) * scale);
-        dv.narrow(0, c0, rows).select(1, h).copy_(dv_acc.narrow(0, 0, rows));
+        gemm_packed(rows, d, group_cols, p_t.const_data_ptr<Bf16>(), group_cols, do_group_packed[h * blocks + b],
+                    dv_acc.data_ptr<float>(), d, true);
+        gemm_packed(rows, d, group_cols, ds_t.const_data_ptr<Bf16>(), group_cols, q_group_packed[h * blocks + b],
+                    dk_acc.data_ptr<float>(), d, true);
       }
+      dk.narrow(0, c0, rows).select(1, h).copy_(dk_acc.narrow(0, 0, rows) * scale);
+      dv.narrow(0, c0, rows).select(1, h).copy_(dv_acc.narrow(0, 0, rows));
     }
-    cpublas::brgemm_release();  // this thread's oneDNN state
-  });
+  }
+  cpublas::brgemm_release();
   // [hq, blocks, d, 64] -> [blocks, 64, hq, d] -> [ql, hq, d]
   auto dq = (dq_t * scale).permute({1, 3, 0, 2}).reshape({queries_padded, hq, d}).narrow(0, 0, ql).to(at::kBFloat16);
   return {dq, dk, dv};
