@@ -63,7 +63,7 @@ void convert_hf_to_ckpt(const std::string& model_id, const std::string& config_p
 
 namespace {
 
-// ckpt-to-hf from an mmtrain checkpoint into out_dir (which exists and is empty).
+// ckpt-to-hf from an mmtrain checkpoint into out_dir (a conversion's staging directory).
 void write_hf_directory(const std::string& model_id, const std::string& load_dir, const std::string& out_dir,
                         const std::string& save_dir, const std::string& model_assets_dir) {
   const auto opened = open_checkpoint_of(model_id, load_dir, "ckpt-to-hf");
@@ -121,8 +121,7 @@ void convert_ckpt_to_hf(const std::string& model_id, const std::string& load_dir
                         const std::string& model_assets_dir, bool overwrite) {
   const auto& spec = model_spec(model_id, "convert");
   ConversionOutput output(save_dir, overwrite, "ckpt-to-hf");
-  const fs::path out_dir = fs::path(output.staging()) / "hf";
-  fs::create_directory(out_dir);
+  const std::string& out_dir = output.staging();
   if (is_dcp_dir(load_dir)) {
     // A PyTorch DCP (MindSpeed-MM's training checkpoints): its weights through a model-only
     // checkpoint in the staging directory, the model's config read off the reference directory.
@@ -132,13 +131,10 @@ void convert_ckpt_to_hf(const std::string& model_id, const std::string& load_dir
     const std::string staged = (fs::path(output.staging()) / "from_dcp").string();
     const auto dir = convert_dcp_weights_to_ckpt(model_id, spec.config_from_checkpoint(model_assets_dir), load_dir, staged);
     write_hf_directory(model_id, dir, out_dir, save_dir, model_assets_dir);
-    fs::remove_all(staged);
+    fs::remove_all(staged);  // not part of the output
   } else {
     write_hf_directory(model_id, load_dir, out_dir, save_dir, model_assets_dir);
   }
-  // The HF files are what the staging directory commits.
-  for (const auto& entry : fs::directory_iterator(out_dir)) fs::rename(entry.path(), fs::path(output.staging()) / entry.path().filename());
-  fs::remove(out_dir);
   output.commit();
 }
 

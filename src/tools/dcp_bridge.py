@@ -23,6 +23,7 @@ file is opened with O_NOFOLLOW.
 """
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -100,7 +101,7 @@ def _open_no_follow(path: str):
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as e:
-        if e.errno == 40:  # ELOOP: the name is a symlink
+        if e.errno == errno.ELOOP:  # the name is a symlink
             raise BridgeError(f"{path}: refused: a symlink (a DCP's files must be plain files in its directory)") from None
         raise BridgeError(f"{path}: cannot open: {e.strerror}") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):

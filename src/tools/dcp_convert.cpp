@@ -377,7 +377,8 @@ void convert_ckpt_to_dcp(const std::string& model_id, const std::string& load_di
     safetensors_write_streamed(flat_file.path, tensors, {{"format", "pt"}, {"dcp_objects", objects.dump()}});
     run_bridge("write", flat_file.path, dcp_dir, "ckpt-to-dcp: writing " + save_dir);
   }
-  // The DCP's files are what the staging directory commits (.metadata last).
+  // The bridge writes its flat file and log beside the DCP directory: a sub-directory keeps them
+  // inside the staging directory; the DCP's own files are what it commits (.metadata last).
   for (const auto& entry : fs::directory_iterator(dcp_dir))
     fs::rename(entry.path(), fs::path(output.staging()) / entry.path().filename());
   fs::remove(dcp_dir);

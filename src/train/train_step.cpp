@@ -70,11 +70,7 @@ ModelOutput forward_backward(Model& model, Fsdp& fsdp, const Batch& batch, doubl
   return out;
 }
 
-namespace {
-
-}  // namespace
-
-StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, const StepSettings& settings,
+StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, StateFiniteness& finiteness, const StepSettings& settings,
                      const std::function<Batch(int micro)>& micro_batch) {
   StepStats stats;
   fsdp.zero_grad();
@@ -89,8 +85,6 @@ StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, const StepSettings&
     stats.flops += model.train_flops(batch);
     stats.tokens += static_cast<double>(out.tokens);
   }
-  StateFiniteness own_finiteness;
-  StateFiniteness& finiteness = settings.finiteness ? *settings.finiteness : own_finiteness;
   {
     PhaseScope scope(settings.listeners, StepPhase::clip);
     stats.grad_norm = fsdp.clip_grad_norm(settings.clip_grad, finiteness.non_finite());

@@ -68,9 +68,6 @@ struct StepSettings {
   // Which samples the step read ("stream positions 96-127 (epoch 0): a.pt, ..."), called only
   // for a failure's message; null: not known.
   std::function<std::string()> samples;
-  // The run's record of whether its weights are finite (train/state_finite.h), carried from step
-  // to step; null: the step keeps its own.
-  StateFiniteness* finiteness = nullptr;
 };
 
 // One optimizer step over micro_batch(0 .. accumulation-1). Fails, naming the iteration and the
@@ -78,7 +75,8 @@ struct StepSettings {
 // step, one pass over the weights (StateFiniteness::after_step); a weight it made NaN/Inf (a
 // learning rate or decay too large for fp32) makes the next step's grad norm NaN on every rank,
 // and that step fails, the rank holding it naming the tensor, the step, lr, grad norm and samples.
-StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, const StepSettings& settings,
+// finiteness is the run's record (train/state_finite.h), the same object for every step of a run.
+StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, StateFiniteness& finiteness, const StepSettings& settings,
                      const std::function<Batch(int micro)>& micro_batch);
 
 }  // namespace mmtrain

@@ -318,17 +318,16 @@ struct Trainer::State {
     std::string refused;
     if (is_rank0()) {
       const auto newer = checkpoint_newer_than(t.save, start_step);
-      if (!newer.empty() && t.load == "auto") {
-        const std::string archive = "archived_" + utc_stamp() + "_uncommitted_after_" + checkpoint_dir_name(start_step);
+      const bool uncommitted = t.load == "auto";
+      if (!newer.empty() && (uncommitted || t.archive_newer_checkpoints)) {
+        const std::string archive = "archived_" + utc_stamp() + (uncommitted ? "_uncommitted_after_" : "_branch_at_") +
+                                    checkpoint_dir_name(start_step);
         const std::string dir = checkpoint_archive(t.save, newer, archive);
-        log("training.load: auto: " + join(newer, ", ") + " newer than `latest` (a save that never named them, "
-            "interrupted before its last step) moved to " + dir + "; continuing from iteration " +
-            std::to_string(start_step));
-      } else if (!newer.empty() && t.archive_newer_checkpoints) {
-        const std::string archive = "archived_" + utc_stamp() + "_branch_at_" + checkpoint_dir_name(start_step);
-        const std::string dir = checkpoint_archive(t.save, newer, archive);
-        log("training.archive_newer_checkpoints: moved " + join(newer, ", ") + " (newer than iteration " +
-            std::to_string(start_step) + ", another branch) to " + dir);
+        log(uncommitted ? "training.load: auto: " + join(newer, ", ") + " newer than `latest` (a save that never "
+                              "named them, interrupted before its last step) moved to " + dir +
+                              "; continuing from iteration " + std::to_string(start_step)
+                        : "training.archive_newer_checkpoints: moved " + join(newer, ", ") + " (newer than iteration " +
+                              std::to_string(start_step) + ", another branch) to " + dir);
       } else if (!newer.empty()) {
         refused = "config " + config.source_path + ": training.save '" + t.save + "' holds checkpoints newer than " +
                   "this run's start at iteration " + std::to_string(start_step) + ": " + join(newer, ", ") +
@@ -467,7 +466,6 @@ struct Trainer::State {
       settings.lr = schedule.at(step);
       settings.clip_grad = t.clip_grad;
       settings.listeners = {&phase_timer};
-      settings.finiteness = &finiteness;
       settings.samples = [this, step] { return describe_step_samples(step); };
       const bool memory_step = memory_profile->covers(step + 1);
       if (memory_step) {
@@ -476,7 +474,7 @@ struct Trainer::State {
       }
       profiler->begin_step(step + 1);
       const OffloadCounts offload_before = offload_counts();
-      const auto stats = train_step(*model, *fsdp, *adamw, settings, [&](int micro) {
+      const auto stats = train_step(*model, *fsdp, *adamw, finiteness, settings, [&](int micro) {
         auto batch = loader.next(step, micro);
         for (auto& [key, tensor] : batch) tensor = tensor.to(comm().device());
         return batch;

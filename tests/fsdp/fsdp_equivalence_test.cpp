@@ -46,12 +46,13 @@ RunResult train(int world, int accum, const ParallelizePlan& plan, int steps) {
     auto& fsdp = *fsdp_ptr;
     fsdp.init_params(7);
     auto adamw_ptr = make_fsdp_adamw(fsdp, AdamWOptions{0.9, 0.95, 1e-8, 0.1});
+    StateFiniteness finiteness;
     auto& adamw = *adamw_ptr;
     const int micro = kGlobalBatch / (world * accum);
     std::vector<double> losses;
     for (int step = 0; step < steps; ++step) {
       const StepSettings settings{step + 1, accum, 3e-3, 1.0};
-      const auto stats = train_step(*model, fsdp, adamw, settings, [&](int m) {
+      const auto stats = train_step(*model, fsdp, adamw, finiteness, settings, [&](int m) {
         const int64_t begin = (step * kGlobalBatch + (m * world + comm->rank()) * micro) % samples.size(0);
         return Batch{{"tokens", samples.narrow(0, begin, micro)}};
       });

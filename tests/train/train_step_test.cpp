@@ -40,14 +40,13 @@ std::vector<std::string> step_errors(double lr, double weight_decay, int huge_ra
     StateFiniteness finiteness;
     StepSettings settings;
     settings.lr = lr;
-    settings.finiteness = &finiteness;
     const auto tokens = at::randint(0, 32, {1, 9}, at::make_generator<at::CPUGeneratorImpl>(5 + comm->rank()), at::kLong);
     const auto error = testing::error_of([&] {
       for (int64_t iteration : {4, 5}) {
         settings.iteration = iteration;
         settings.samples = [iteration] { return "stream positions " + std::to_string(2 * iteration - 2) + "-" +
                                                 std::to_string(2 * iteration - 1); };
-        train_step(*model, *fsdp, *adamw, settings, [&](int) { return Batch{{"tokens", tokens}}; });
+        train_step(*model, *fsdp, *adamw, finiteness, settings, [&](int) { return Batch{{"tokens", tokens}}; });
       }
     });
     std::lock_guard<std::mutex> lock(mutex);

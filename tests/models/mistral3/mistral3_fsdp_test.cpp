@@ -66,12 +66,13 @@ Result train(int world, bool recompute = false, bool mixed = false) {
     auto& fsdp = *fsdp_ptr;
     fsdp.init_params(5);
     auto adamw_ptr = make_fsdp_adamw(fsdp, AdamWOptions{0.9, 0.95, 1e-8, 0.1});
+    StateFiniteness finiteness;
     auto& adamw = *adamw_ptr;
     std::vector<double> losses;
     for (int step = 0; step < 3; ++step) {
       const int accumulation = mixed ? 2 / world : 1;
       const StepSettings settings{step + 1, accumulation, 1e-2, 1.0};
-      const auto stats = train_step(*model, fsdp, adamw, settings, [&](int m) {
+      const auto stats = train_step(*model, fsdp, adamw, finiteness, settings, [&](int m) {
         return mixed ? mixed_batches[world == 1 ? m : comm->rank()] : batch;
       });
       losses.push_back(mixed ? comm->all_reduce_sum(stats.loss_sum) / 2 : stats.loss_sum);
