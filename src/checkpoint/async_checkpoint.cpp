@@ -61,13 +61,16 @@ AsyncCheckpointSaver::Staged AsyncCheckpointSaver::start(const std::string& save
   if (staging_.size() != tensors.size()) staging_.assign(tensors.size(), at::Tensor());
   std::vector<ShardedTensor> staged_tensors = tensors;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const at::Tensor& live = tensors[i].local;
+    const at::Tensor live = tensors[i].local.defined() ? tensors[i].local
+                            : tensors[i].fetch         ? tensors[i].fetch()
+                                                       : at::Tensor();
     if (!live.defined()) continue;  // checkpoint_save_rank_file names it
     at::Tensor& buffer = staging_[i];
     if (!buffer.defined() || buffer.sizes() != live.sizes() || buffer.scalar_type() != live.scalar_type())
       buffer = at::empty(live.sizes(), live.options().device(at::kCPU).pinned_memory(live.is_cuda()));
     buffer.copy_(live);
     staged_tensors[i].local = buffer;
+    staged_tensors[i].fetch = nullptr;
     staged.bytes += static_cast<int64_t>(buffer.nbytes());
   }
   staged.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count();

@@ -42,7 +42,8 @@ class AsyncCheckpointSaver {
     double ms = 0;      // this rank's copy into the staging buffers
     int64_t bytes = 0;  // this rank's staged bytes
   };
-  // `tensors` may alias live training state: it is copied before start() returns. check_staged
+  // `tensors` may alias live training state, or fetch it (ShardedTensor::fetch, called once here):
+  // it is copied before start() returns. check_staged
   // (optional) runs on the background thread on the staged copy before anything is written: what
   // it throws fails the save like a failed write.
   using StagedCheck = std::function<void(const std::vector<ShardedTensor>& staged)>;

@@ -19,7 +19,7 @@ struct FsdpConfig {
   bool reshard_after_forward = true;           // free unsharded params after forward (re-gather in backward)
   int num_to_forward_prefetch = 1;             // units all-gathered ahead in forward
   int num_to_backward_prefetch = 1;            // units all-gathered ahead in backward
-  bool cpu_offload = false;                    // shards, grads and optimizer step on the host (not implemented)
+  bool cpu_offload = false;                    // shards, grads and optimizer step in the host tier (docs/offload.md)
 
   static void declare(ConfigSection<FsdpConfig>& section);
 };

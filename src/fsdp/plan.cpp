@@ -109,6 +109,7 @@ FsdpMemoryPlan fsdp_memory_plan(const std::vector<PlanParam>& params, const std:
     auto& unit = plan.units[assignment.owner[i]];
     unit.num_params += 1;
     unit.numel += elements(params[i].shape);
+    plan.largest_param_numel = std::max(plan.largest_param_numel, elements(params[i].shape));
     unit.shard_numel += layout.shard_numel();
     unit.gathered_numel += layout.shard_numel() * world;
     unit_params[assignment.owner[i]].emplace_back(params[i].name, params[i].compute_in_fp32);

@@ -71,6 +71,7 @@ struct FsdpMemoryPlan {
   int world_size = 1;             // ranks in the FSDP shard group
   std::vector<UnitPlan> units;    // units[0] is the root
   int64_t total_numel = 0;        // full model elements
+  int64_t largest_param_numel = 0;  // full elements of the largest parameter
   int64_t param_bytes = 0;        // per rank, as Fsdp::memory_stats().param_bytes
   int64_t grad_bytes = 0;         // as Fsdp::memory_stats().grad_bytes
   int64_t optimizer_bytes = 0;    // as AdamW::state_bytes()

@@ -37,28 +37,7 @@ const ShardPager::Page& ShardPager::page_of(const FsdpUnit& unit) const { return
 
 bool ShardPager::resident(const FsdpUnit& unit) const { return page_of(unit).resident; }
 
-void ShardPager::report_deferred_error() {
-  if (deferred_error_.empty()) return;
-  const std::string error = std::exchange(deferred_error_, std::string());
-  fail("ShardPager: an earlier write-back of the shards to the disk tier failed (the shards are still in RAM): ", error);
-}
-
-ShardPager::Resident::~Resident() {
-  if (!pager_) return;
-  try {
-    pager_->page_out_all(changed_);
-  } catch (const std::exception& e) {
-    pager_->deferred_error_ = e.what();
-  }
-}
-
-void ShardPager::Resident::release() {
-  ShardPager* pager = std::exchange(pager_, nullptr);
-  if (pager) pager->page_out_all(changed_);
-}
-
 void ShardPager::page_in(FsdpUnit& unit) {
-  report_deferred_error();
   Page& page = page_of(unit);
   if (page.resident) return;
   RECORD_USER_SCOPE("offload::shard_from_disk");
@@ -73,7 +52,6 @@ void ShardPager::page_in(FsdpUnit& unit) {
 }
 
 void ShardPager::page_out(FsdpUnit& unit, bool changed) {
-  report_deferred_error();
   Page& page = page_of(unit);
   if (!page.resident) return;
   RECORD_USER_SCOPE("offload::shard_to_disk");
@@ -85,13 +63,9 @@ void ShardPager::page_out(FsdpUnit& unit, bool changed) {
   page.resident = false;
 }
 
-void ShardPager::page_in_all() {
-  for (auto& page : pages_) page_in(*page.unit);
-}
-
 void ShardPager::page_out_all(bool changed) {
   for (auto& page : pages_) page_out(*page.unit, changed);
-  tiers_->host_pool->trim();  // every shard was in RAM at once: those buffers go back to the system
+  tiers_->host_pool->trim();  // every shard was in RAM at once (construction): those buffers go back
 }
 
 }  // namespace mmtrain

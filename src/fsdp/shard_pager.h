@@ -7,8 +7,8 @@
 // the storage's memory back to the host pool (storage size 0, as FSDP's gather buffers do), paging
 // in reads the unit's region of the rank's DiskStore file into a pool buffer and gives it to the
 // storage again, so every view sees the bytes. Nothing outside the pager may touch a paged-out
-// shard: the FSDP engine pages around its gathers, AdamW around each unit's update, and the
-// trainer pages everything in around loads and saves (ShardPager::Resident).
+// shard: the FSDP engine pages around its gathers and its loads, AdamW around each unit's update,
+// and a checkpoint save around each unit's tensors (train/state.cpp): one unit in RAM at a time.
 #pragma once
 #include "fsdp/fully_shard.h"
 #include "offload/offload_tiers.h"
@@ -27,29 +27,10 @@ class ShardPager {
   ShardPager(std::shared_ptr<OffloadTiers> tiers, const std::vector<FsdpUnit*>& units);
 
   void page_in(FsdpUnit& unit);                // reads it (waits); nothing when resident
-  void page_out(FsdpUnit& unit, bool changed);  // writes it when changed, frees its RAM
-  void page_in_all();
+  void page_out(FsdpUnit& unit, bool changed);  // writes it when changed, frees its RAM; a failed
+                                                // write throws (file, offset, errno), the shard stays
   void page_out_all(bool changed);
   bool resident(const FsdpUnit& unit) const;
-
-  // Every shard resident for the scope (a checkpoint load or save), paged out after it; `changed`:
-  // whether the scope writes the shards (a load). release() pages out and reports a failed write
-  // (file, offset, errno); a scope left without it (an exception on its way) pages out in the
-  // destructor, which never throws: a failure there is kept and reported by the pager's next call.
-  class Resident {
-   public:
-    Resident(ShardPager* pager, bool changed) : pager_(pager), changed_(changed) {
-      if (pager_) pager_->page_in_all();
-    }
-    ~Resident();
-    void release();
-    Resident(const Resident&) = delete;
-    Resident& operator=(const Resident&) = delete;
-
-   private:
-    ShardPager* pager_;
-    bool changed_;
-  };
 
  private:
   struct Page {
@@ -61,9 +42,6 @@ class ShardPager {
   const Page& page_of(const FsdpUnit& unit) const;
 
   void wait(const std::shared_future<void>& transfer);  // and count the time in the stats
-  void report_deferred_error();  // fails with what a destructor could not throw, once
-
-  std::string deferred_error_;  // a Resident destructor's failed write-back, not yet reported
 
   std::shared_ptr<OffloadTiers> tiers_;
   std::vector<Page> pages_;  // by unit order

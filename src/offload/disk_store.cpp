@@ -161,6 +161,18 @@ std::shared_future<void> DiskStore::write(int64_t offset, const at::Tensor& chun
   return write(offset, chunk.data_ptr(), chunk.numel() * static_cast<int64_t>(sizeof(float)));
 }
 
+at::Tensor DiskStore::read_to_host(int64_t offset, int64_t numel) {
+  at::Tensor buffer = window(numel);
+  read(offset, buffer).get();
+  return buffer;
+}
+
+void DiskStore::write_from(int64_t offset, const at::Tensor& values) {
+  at::Tensor buffer = window(values.numel());
+  buffer.copy_(values.reshape(-1));
+  write(offset, buffer).get();
+}
+
 std::string DiskStore::describe() const {
   return "on disk in " + path_ + (direct_ ? " (direct I/O" : " (buffered I/O") +
          "; unlinked at creation: this run's alone, gone when it ends)";

@@ -60,6 +60,8 @@ class DiskStore : public TierStore {
   int64_t reserve(int64_t bytes) override;
   std::shared_future<void> read(int64_t offset, at::Tensor chunk) override;
   std::shared_future<void> write(int64_t offset, const at::Tensor& chunk) override;
+  at::Tensor read_to_host(int64_t offset, int64_t numel) override;
+  void write_from(int64_t offset, const at::Tensor& values) override;
   int64_t size() const override { return end_; }
   std::string describe() const override;
 

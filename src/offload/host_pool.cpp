@@ -135,6 +135,11 @@ int64_t HostPool::peak_held_bytes() const {
   return shared_->peak;
 }
 
+void HostPool::reset_peak_held_bytes() {
+  std::lock_guard<std::mutex> lock(shared_->mutex);
+  shared_->peak = shared_->held;
+}
+
 int64_t HostPool::pooled_bytes() const {
   std::lock_guard<std::mutex> lock(shared_->mutex);
   return shared_->pooled;

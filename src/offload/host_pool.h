@@ -49,7 +49,8 @@ class HostPool {
   void trim();
 
   int64_t held_bytes() const;       // buffers handed out now
-  int64_t peak_held_bytes() const;  // the most ever handed out at once
+  int64_t peak_held_bytes() const;  // the most handed out at once since the last reset
+  void reset_peak_held_bytes();      // the peak starts again from held_bytes() (a phase's peak)
   int64_t pooled_bytes() const;     // free buffers kept for reuse
   bool pinned() const;              // page-locked
 

@@ -30,24 +30,34 @@ int64_t HostStore::reserve(int64_t bytes) {
   return offset;
 }
 
-at::Tensor HostStore::region_slice(int64_t offset, const at::Tensor& chunk) const {
+at::Tensor HostStore::region_slice(int64_t offset, int64_t numel) const {
   auto it = regions_.upper_bound(offset);
   if (it == regions_.begin()) fail("HostStore: offset ", offset, " is in no region");
   --it;
   const int64_t begin = (offset - it->first) / kFloat;
-  if (begin + chunk.numel() > it->second.numel())
-    fail("HostStore: ", chunk.numel(), " elements at offset ", offset, " run past their region");
-  return it->second.narrow(0, begin, chunk.numel());
+  if (begin + numel > it->second.numel())
+    fail("HostStore: ", numel, " elements at offset ", offset, " run past their region");
+  return it->second.narrow(0, begin, numel);
 }
 
 std::shared_future<void> HostStore::read(int64_t offset, at::Tensor chunk) {
   if (chunk.numel() == 0) return future_of({});
-  return future_of(copies_->to_device(chunk, region_slice(offset, chunk)));
+  return future_of(copies_->to_device(chunk, region_slice(offset, chunk.numel())));
 }
 
 std::shared_future<void> HostStore::write(int64_t offset, const at::Tensor& chunk) {
   if (chunk.numel() == 0) return future_of({});
-  return future_of(copies_->to_host(region_slice(offset, chunk), chunk));
+  return future_of(copies_->to_host(region_slice(offset, chunk.numel()), chunk));
+}
+
+at::Tensor HostStore::read_to_host(int64_t offset, int64_t numel) {
+  if (numel == 0) return at::empty({0}, at::kFloat);
+  return region_slice(offset, numel);
+}
+
+void HostStore::write_from(int64_t offset, const at::Tensor& values) {
+  if (values.numel() == 0) return;
+  region_slice(offset, values.numel()).copy_(values.reshape(-1));
 }
 
 std::string HostStore::describe() const {

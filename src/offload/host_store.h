@@ -21,12 +21,14 @@ class HostStore : public TierStore {
   int64_t reserve(int64_t bytes) override;
   std::shared_future<void> read(int64_t offset, at::Tensor chunk) override;
   std::shared_future<void> write(int64_t offset, const at::Tensor& chunk) override;
+  at::Tensor read_to_host(int64_t offset, int64_t numel) override;
+  void write_from(int64_t offset, const at::Tensor& values) override;
   int64_t size() const override { return end_; }
   std::string describe() const override;
 
  private:
-  // The fp32 elements of a region from `offset` on, as many as chunk holds.
-  at::Tensor region_slice(int64_t offset, const at::Tensor& chunk) const;
+  // numel fp32 elements of a region from `offset` on.
+  at::Tensor region_slice(int64_t offset, int64_t numel) const;
 
   std::shared_ptr<HostPool> pool_;
   std::shared_ptr<CopyStream> copies_;

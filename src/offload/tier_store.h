@@ -28,6 +28,12 @@ class TierStore {
   // window, fp32, contiguous); the chunk must stay alive until the future is ready.
   virtual std::shared_future<void> read(int64_t offset, at::Tensor chunk) = 0;
   virtual std::shared_future<void> write(int64_t offset, const at::Tensor& chunk) = 0;
+  // Checkpoint access, never through a device window (a save or load must not bring the state
+  // back where the update runs): the numel fp32 elements at offset as a host tensor (the host
+  // tier: its bytes themselves, to read only, before the next transfer; the disk: read into a new
+  // buffer), and the same elements overwritten from values (any device, numel elements).
+  virtual at::Tensor read_to_host(int64_t offset, int64_t numel) = 0;
+  virtual void write_from(int64_t offset, const at::Tensor& values) = 0;
   virtual int64_t size() const = 0;          // bytes reserved
   virtual std::string describe() const = 0;  // where the bytes are, for the start-up log
 };

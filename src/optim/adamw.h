@@ -64,7 +64,8 @@ class AdamW {
   void set_step_count(int64_t step) { step_count_ = step; }
 
   // Param i's moments: the live tensors when they are in memory (created by this call if no step
-  // has run yet), a copy read back from the store when they are swapped out.
+  // has run yet); when they are swapped out, host tensors from the store, never a device window
+  // (the host tier's are its own bytes: read them only; SwappedMoments::read).
   AdamWState moments(size_t i) const;
   // Overwrites param i's moments with copies of these (shaped like the param).
   void set_moments(size_t i, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq);

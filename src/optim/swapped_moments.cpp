@@ -6,18 +6,6 @@
 #include <chrono>
 
 namespace mmtrain {
-namespace {
-
-// Waits for both transfers (the buffers must outlive them), then rethrows the first's error.
-void both_done(const std::shared_future<void>& a, const std::shared_future<void>& b) {
-  a.wait();
-  b.wait();
-  a.get();
-  b.get();
-}
-
-}  // namespace
-
 SwappedMoments::SwappedMoments(std::shared_ptr<TierStore> store, const std::vector<int64_t>& numels, int64_t chunk_numel)
     : store_(std::move(store)), chunk_numel_(chunk_numel) {
   // Whole blocks per chunk, so every chunk's offset in a region stays block-aligned.
@@ -104,17 +92,13 @@ void SwappedMoments::stream(const std::vector<size_t>& params, const Update& upd
 
 std::pair<at::Tensor, at::Tensor> SwappedMoments::read(size_t param) const {
   const Region& region = regions_.at(param);
-  at::Tensor exp_avg = store_->window(region.numel), exp_avg_sq = store_->window(region.numel);
-  both_done(store_->read(region.exp_avg, exp_avg), store_->read(region.exp_avg_sq, exp_avg_sq));
-  return {exp_avg, exp_avg_sq};
+  return {store_->read_to_host(region.exp_avg, region.numel), store_->read_to_host(region.exp_avg_sq, region.numel)};
 }
 
 void SwappedMoments::write(size_t param, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) {
   const Region& region = regions_.at(param);
-  at::Tensor a = store_->window(region.numel), b = store_->window(region.numel);
-  a.copy_(exp_avg.reshape(-1));
-  b.copy_(exp_avg_sq.reshape(-1));
-  both_done(store_->write(region.exp_avg, a), store_->write(region.exp_avg_sq, b));
+  store_->write_from(region.exp_avg, exp_avg);
+  store_->write_from(region.exp_avg_sq, exp_avg_sq);
 }
 
 }  // namespace mmtrain

@@ -50,9 +50,10 @@ class SwappedMoments {
   using Update = std::function<void(size_t param, int64_t begin, at::Tensor& exp_avg, at::Tensor& exp_avg_sq)>;
   void stream(const std::vector<size_t>& params, const Update& update);
 
-  // A param's moments, read into new tensors (checkpoint saves).
+  // A param's moments in host memory, never in a device window (checkpoint saves: see
+  // TierStore::read_to_host; the host tier's are its own bytes, to read only).
   std::pair<at::Tensor, at::Tensor> read(size_t param) const;
-  // Overwrites a param's moments (checkpoint loads).
+  // Overwrites a param's moments from tensors on any device (checkpoint loads).
   void write(size_t param, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq);
 
   int64_t chunk_numel() const { return chunk_numel_; }

@@ -15,6 +15,7 @@
 
 #include <cstdio>
 #include <string>
+#include <tuple>
 
 namespace mmtrain {
 namespace {
@@ -188,9 +189,22 @@ void plan_memory(const PlanOptions& o) {
                 gib(t.disk), setting == chosen ? "  (this config)" : "");
     j["offload"][setting.name()] = {{"device_bytes", t.device}, {"host_bytes", t.host}, {"disk_bytes", t.disk}};
   }
+  // Around the step, for this config's setting: what start-up, a checkpoint save and a resume hold
+  // beyond it (train/offload_plan.h), on a GPU; the pre-flight adds the largest to the step.
+  const PhaseBytes phases = offload_phase_bytes(plan, chosen, /*device_is_host=*/false);
+  std::printf("\n  around the step (%s), per rank, beyond it: device / host tier / disk\n", chosen.name().c_str());
+  j["phases"] = nlohmann::ordered_json::object();
+  for (const auto& [name, key, t] : {std::tuple<const char*, const char*, TierBytes>{"start-up", "startup", phases.startup},
+                                     {"checkpoint save", "save", phases.save},
+                                     {"checkpoint save, training.async_save", "async_save", phases.async_save},
+                                     {"resume (training.load)", "resume", phases.resume}}) {
+    std::printf("    %-48s %9.3f / %9.3f / %9.3f GiB\n", name, gib(t.device), gib(t.host), gib(t.disk));
+    j["phases"][key] = {{"device_bytes", t.device}, {"host_bytes", t.host}, {"disk_bytes", t.disk}};
+  }
   j["offload_window_bytes"] = offload_in.window_bytes;
   j["largest_shard_numel"] = plan.largest_shard_numel();
-  std::printf("  (on CPU the device is the host: device + host share its RAM)\n");
+  j["largest_param_numel"] = plan.largest_param_numel;
+  std::printf("  (on CPU the device is the host: device + host share its RAM, and a save copies nothing to it)\n");
   std::printf("  (no allocator reserve, comm library buffers, kernel workspaces or runtime context: "
               "docs/tools.md)\n");
   std::printf("%s\n", j.dump().c_str());

@@ -52,4 +52,21 @@ struct TierBytes {
 
 TierBytes offload_tier_bytes(const OffloadPlanInputs& in, const OffloadSetting& setting);
 
+// What a rank holds beyond its steady step, per tier, in the phases around the step, with U the
+// largest unit's fp32 shard (train/state.cpp, fsdp/fully_shard.cpp, fsdp/shard_pager.h):
+//   start-up: one parameter whole in host RAM (its seeded init, or its tensor from the HF files),
+//     and with the shards on disk one unit's shard paged in;
+//   save (synchronous): a unit at a time: where the shards are on disk one U paged in, where the
+//     moments are on disk 2 U read back, and where the state is on a GPU each tensor's copy to
+//     the host (at most U); the host tier's and the CPU's own tensors are written in place;
+//   async save (training.async_save): every trained tensor of the rank staged in host RAM
+//     (weights and moments), where training goes on from;
+//   resume: a unit's two moments staged where the shards live (2 U), the rows being read (at
+//     most U of host RAM), and with the disk tier one U per tier on its way there.
+// device_is_host: a CPU run (nothing is copied to the host to be written).
+struct PhaseBytes {
+  TierBytes startup, save, async_save, resume;
+};
+PhaseBytes offload_phase_bytes(const FsdpMemoryPlan& plan, const OffloadSetting& setting, bool device_is_host);
+
 }  // namespace mmtrain

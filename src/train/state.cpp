@@ -2,12 +2,11 @@
 
 #include "train/state_finite.h"
 
-#include "dist/node_names.h"
-
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/text.h"
 #include "dist/node_names.h"
+#include "fsdp/shard_pager.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -69,21 +68,104 @@ void state_restore_rng(const CheckpointReader& reader, int rank) {
 
 namespace {
 
+// A checkpoint is never written from a diverged state (train/state_finite.h asks for every
+// trained tensor: weights and moments; buffers may hold -inf by design).
+constexpr const char* kRefusal = "; refusing to save non-finite state (`latest` keeps naming the previous checkpoint)";
+
+// A save's reach into this rank's trained state, one FSDP unit at a time. The save asks for the
+// tensors in unit order (twice: checksums, then bytes); the unit asked for comes into RAM (its
+// shard paged in from the disk tier, its moments read from their store into host memory) and the
+// one before it goes, so a save holds at most one unit's shards and moments beyond the steady
+// state, whatever the tiers. Where the state is in memory anyway the tensors are the live ones
+// (no copy). With check_finite, a unit's weights and moments are checked for NaN/Inf the first
+// time it comes in: the offending rank's save fails naming the tensor before its file is written.
+class UnitWindow {
+ public:
+  enum class Part { weight, exp_avg, exp_avg_sq };
+
+  UnitWindow(Fsdp& fsdp, const AdamW* adamw, int64_t iteration, bool check_finite)
+      : units_(fsdp.units()), pager_(fsdp.shard_pager()), adamw_(adamw), rank_(fsdp.comm().rank()),
+        iteration_(iteration), check_finite_(check_finite), checked_(units_.size(), false) {}
+  ~UnitWindow() { leave(); }  // paging out an unchanged shard writes nothing: it cannot fail
+  UnitWindow(const UnitWindow&) = delete;
+  UnitWindow& operator=(const UnitWindow&) = delete;
+
+  // This rank's rows of `part` of param p of unit u (a view into the unit's state while it is in).
+  at::Tensor rows(size_t u, size_t p, Part part) {
+    enter(u);
+    const FsdpParam& param = units_[u]->params[p];
+    const int64_t rows = param.layout.rows(rank_);
+    switch (part) {
+      case Part::weight: return param.shard.narrow(0, 0, rows);
+      case Part::exp_avg: return param.view_of(moments_.exp_avg).narrow(0, 0, rows);
+      case Part::exp_avg_sq: return param.view_of(moments_.exp_avg_sq).narrow(0, 0, rows);
+    }
+    fail("UnitWindow: unknown part");
+  }
+
+ private:
+  void enter(size_t u) {
+    if (current_ == u) return;
+    leave();
+    if (pager_) pager_->page_in(*units_[u]);
+    current_ = u;
+    if (adamw_) moments_ = adamw_->moments(u);
+    if (check_finite_ && !checked_[u]) {
+      checked_[u] = true;
+      const auto tensors = unit_tensors(u);
+      if (const std::string bad = describe_non_finite(tensors, tensors.size(), rank_); !bad.empty())
+        fail("checkpoint of iteration ", iteration_, " not written: ", bad, kRefusal);
+    }
+  }
+  void leave() {
+    if (!current_) return;
+    moments_ = {};
+    if (pager_) pager_->page_out(*units_[*current_], /*changed=*/false);
+    current_.reset();
+  }
+  // The unit's weights and moments, named as the checkpoint names them.
+  std::vector<ShardedTensor> unit_tensors(size_t u) {
+    std::vector<ShardedTensor> out;
+    for (size_t p = 0; p < units_[u]->params.size(); ++p) {
+      const FsdpParam& param = units_[u]->params[p];
+      out.push_back({state_model_key(param.name), param.param->shape, 0, rows(u, p, Part::weight)});
+      if (!adamw_) continue;
+      out.push_back({kExpAvg + param.name, param.param->shape, 0, rows(u, p, Part::exp_avg)});
+      out.push_back({kExpAvgSq + param.name, param.param->shape, 0, rows(u, p, Part::exp_avg_sq)});
+    }
+    return out;
+  }
+
+  std::vector<FsdpUnit*> units_;
+  ShardPager* pager_;
+  const AdamW* adamw_;
+  int rank_;
+  int64_t iteration_;
+  bool check_finite_;
+  std::vector<bool> checked_;
+  std::optional<size_t> current_;
+  AdamWState moments_;  // the current unit's (undefined without adamw)
+};
+
 // This rank's shards of the params (real rows; none on HSDP replicas but the first) and, with
-// adamw, of the moments.
-std::vector<ShardedTensor> trained_shards(Fsdp& fsdp, const AdamW* adamw) {
+// adamw, of the moments, each fetched through `window` when the save asks for it.
+std::vector<ShardedTensor> trained_shards(Fsdp& fsdp, const AdamW* adamw, const std::shared_ptr<UnitWindow>& window) {
   std::vector<ShardedTensor> out;
   const int rank = fsdp.comm().rank();
   const auto units = fsdp.units();
   for (size_t u = 0; u < units.size() && fsdp.is_primary_replica(); ++u) {
-    // With the moments on disk this reads the unit's back into RAM until the save is written.
-    const AdamWState state = adamw ? adamw->moments(u) : AdamWState{};
-    for (auto& p : units[u]->params) {
-      const int64_t begin = p.layout.row_begin(rank), rows = p.layout.rows(rank);
-      out.push_back({state_model_key(p.name), p.param->shape, begin, p.shard.narrow(0, 0, rows)});
+    for (size_t p = 0; p < units[u]->params.size(); ++p) {
+      const FsdpParam& param = units[u]->params[p];
+      const int64_t begin = param.layout.row_begin(rank);
+      auto part = [&](const std::string& key, UnitWindow::Part which) {
+        out.push_back({key, param.param->shape, begin, at::Tensor(), [window, u, p, which] {
+                         return window->rows(u, p, which);
+                       }});
+      };
+      part(state_model_key(param.name), UnitWindow::Part::weight);
       if (!adamw) continue;
-      out.push_back({kExpAvg + p.name, p.param->shape, begin, p.view_of(state.exp_avg).narrow(0, 0, rows)});
-      out.push_back({kExpAvgSq + p.name, p.param->shape, begin, p.view_of(state.exp_avg_sq).narrow(0, 0, rows)});
+      part(kExpAvg + param.name, UnitWindow::Part::exp_avg);
+      part(kExpAvgSq + param.name, UnitWindow::Part::exp_avg_sq);
     }
   }
   return out;
@@ -96,13 +178,10 @@ void append_buffers(Model& model, int world_rank, std::vector<ShardedTensor>& ou
     if (!param->trainable) out.push_back({state_model_key(name), param->shape, 0, param->value});
 }
 
-// A checkpoint is never written from a diverged state (train/state_finite.h asks for every
-// trained tensor: weights and moments; buffers may hold -inf by design).
-constexpr const char* kRefusal = "; refusing to save non-finite state (`latest` keeps naming the previous checkpoint)";
-
 // Everything a checkpoint of iteration info.iteration holds, not yet written: this rank's shards
-// (they alias the live parameters and moments: copy them before training goes on), trained
-// tensors first, then buffers; trainer_state.json; this rank's state.
+// (trained tensors first, fetched a unit at a time through a UnitWindow: views of the live
+// state, so copy them before training goes on; then buffers), trainer_state.json, this rank's
+// state.
 struct StateSnapshot {
   std::vector<ShardedTensor> tensors;
   size_t trained_count = 0;  // tensors[0, trained_count): weights and moments, which must be finite
@@ -193,10 +272,12 @@ int64_t state_int(const CheckpointReader& reader, const char* key, int64_t minim
   return value;
 }
 
-StateSnapshot state_snapshot(const Comm& comm, Model& model, Fsdp& fsdp, const AdamW* adamw, const StateInfo& info) {
+StateSnapshot state_snapshot(const Comm& comm, Model& model, Fsdp& fsdp, const AdamW* adamw, const StateInfo& info,
+                             bool check_finite) {
   StateSnapshot snapshot;
   snapshot.global_state = state_global_state(info, adamw ? std::optional<int64_t>(adamw->step_count()) : std::nullopt);
-  snapshot.tensors = trained_shards(fsdp, adamw);
+  snapshot.tensors =
+      trained_shards(fsdp, adamw, std::make_shared<UnitWindow>(fsdp, adamw, info.iteration, check_finite));
   snapshot.trained_count = snapshot.tensors.size();
   append_buffers(model, comm.rank(), snapshot.tensors);
   snapshot.rank_state = state_rank_state();
@@ -237,13 +318,9 @@ nlohmann::json state_plan_entry(const FsdpConfig& plan) {
 
 std::string state_save(const std::string& save_root, Comm& comm, Model& model, Fsdp& fsdp, const AdamW* adamw,
                        const StateInfo& info, const std::function<void()>& before_commit) {
-  const auto snapshot = state_snapshot(comm, model, fsdp, adamw, info);
-  // Every rank checks before anything is written, and the ranks agree, so none is left waiting
-  // in the save's barriers.
-  const std::string bad = describe_non_finite(snapshot.tensors, snapshot.trained_count, comm.rank());
-  if (comm.any_rank(!bad.empty()))
-    fail("checkpoint of iteration ", info.iteration, " not written: ",
-         bad.empty() ? "another rank holds NaN/Inf weights or moments (see its error)" : bad, kRefusal);
+  // Each unit is checked as it comes in for its checksum, before this rank's file is written; a
+  // rank that refuses fails the save on every rank (checkpoint_save), and `latest` stays.
+  const auto snapshot = state_snapshot(comm, model, fsdp, adamw, info, /*check_finite=*/true);
   return checkpoint_save(save_root, info.iteration, comm, snapshot.tensors, snapshot.global_state,
                          snapshot.rank_state, info.plan, before_commit);
 }
@@ -251,7 +328,8 @@ std::string state_save(const std::string& save_root, Comm& comm, Model& model, F
 AsyncCheckpointSaver::Staged state_save_async(AsyncCheckpointSaver& saver, const std::string& save_root, Comm& comm,
                                               Model& model, Fsdp& fsdp, const AdamW& adamw, const StateInfo& info,
                                               int keep_latest_k) {
-  auto snapshot = state_snapshot(comm, model, fsdp, &adamw, info);
+  // The staged copy is checked off the training thread.
+  auto snapshot = state_snapshot(comm, model, fsdp, &adamw, info, /*check_finite=*/false);
   auto refuse_non_finite = [trained_count = snapshot.trained_count, rank = comm.rank(),
                             iteration = info.iteration](const std::vector<ShardedTensor>& staged) {
     if (const std::string bad = describe_non_finite(staged, trained_count, rank); !bad.empty())

@@ -364,7 +364,6 @@ struct Trainer::State {
     info.config = config_to_json(config);
     info.plan = state_plan_entry(config.parallel.fsdp_plan);
     info.extra["lineage"] = lineage;
-    ShardPager::Resident shards(fsdp->shard_pager(), /*changed=*/false);  // shards on disk come in for the save
     try {
       if (async_saver) {
         if (async_saver->in_flight()) {
@@ -388,7 +387,6 @@ struct Trainer::State {
         if (is_rank0() && keep > 0) pruned = checkpoint_prune(config.training.save, keep, lineage);
         finish_save(dir, pruned);
       }
-      shards.release();
     } catch (const Error& e) {
       fail(e.what(), " (training.lr of that step: ", schedule.at(step - 1), ")");
     }
@@ -414,12 +412,7 @@ struct Trainer::State {
     options.load_rng = !config.training.no_load_rng;
     options.model_config = config.model.config;
     options.execution_only_keys = config_model_spec(config).execution_only_keys;
-    StateLoaded loaded;
-    {
-      ShardPager::Resident shards(fsdp->shard_pager(), /*changed=*/true);
-      loaded = state_load(path, comm(), *model, *fsdp, *adamw, options);
-      shards.release();
-    }
+    const StateLoaded loaded = state_load(path, comm(), *model, *fsdp, *adamw, options);  // a unit at a time
     if (loaded.model_only) {
       log("initialized from model-only checkpoint " + loaded.dir);
       return;

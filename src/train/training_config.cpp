@@ -68,11 +68,6 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
         check.one_of("optimizer", t.optimizer, {"adamw", "adamw_swap"});
         if (!(t.mem_fraction_static > 0.0 && t.mem_fraction_static <= 1.0))
           check.invalid("mem_fraction_static", "in (0, 1]", number(t.mem_fraction_static));
-        if (t.async_save && !t.offload_dir.empty())
-          check.invalid("async_save",
-                        "false with training.offload_dir (its staging copy would hold every moment in RAM, which the "
-                        "disk tier exists to avoid)",
-                        "true");
         check.at_least("save_interval", t.save_interval, 0);
         check.at_least("keep_latest_k", t.keep_latest_k, 0);
         check.at_least("exit_interval", t.exit_interval, 0);

@@ -5,6 +5,9 @@
 
 #include "checkpoint/checkpoint_test_util.h"
 #include "checkpoint/sharded_checkpoint.h"
+#include "fsdp/shard_pager.h"
+#include "offload/disk_store.h"
+#include "offload/offload_tiers.h"
 #include "models/test_transformer/model.h"
 #include "multirank_harness.h"
 #include "parallel/parallelize.h"
@@ -14,6 +17,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
 #include <mutex>
 
@@ -106,8 +110,9 @@ void expect_latest_still_iteration_1(const testing::TempDir& root) {
   EXPECT_NO_THROW(CheckpointReader(root.str()).verify());
 }
 
-// A save from NaN weights or moments is refused on every rank before anything is written;
-// `latest` keeps naming the last good checkpoint, which still verifies.
+// A save from NaN weights or moments is refused on every rank: the rank that holds them names the
+// tensor before its file is written, so the checkpoint is never committed; `latest` keeps naming
+// the last good checkpoint, which still verifies.
 TEST(StateSave, RefusesNonFiniteStateOnEveryRank) {
   testing::TempDir root;
   const auto errors = errors_saving_nan_moments(root.str(), [&](Comm& comm, Model& model, Fsdp& fsdp, AdamW& adamw,
@@ -117,8 +122,8 @@ TEST(StateSave, RefusesNonFiniteStateOnEveryRank) {
   EXPECT_CONTAINS(errors[1], "checkpoint of iteration 2 not written: tensor 'optim.exp_avg_sq.");
   EXPECT_CONTAINS(errors[1], "holds nan (element ");
   EXPECT_CONTAINS(errors[1], "of rank 1's rows); refusing to save non-finite state (`latest` keeps naming the previous");
-  EXPECT_CONTAINS(errors[0], "another rank holds NaN/Inf weights or moments (see its error)");
-  EXPECT_FALSE(std::filesystem::exists(root / "iter_0000002.tmp"));
+  EXPECT_CONTAINS(errors[0], "rank 1 did not write rank_00001.safetensors (rank 1's error says why)");
+  EXPECT_FALSE(std::filesystem::exists(root / "iter_0000002"));
   expect_latest_still_iteration_1(root);
 }
 
@@ -138,6 +143,88 @@ TEST(StateSave, AsyncSaveRefusesNonFiniteStateInTheBackground) {
   EXPECT_CONTAINS(errors[0], "failed on rank 1 (that rank's error says why)");
   EXPECT_FALSE(std::filesystem::exists(root / "iter_0000002"));
   expect_latest_still_iteration_1(root);
+}
+
+// Shards and moments on the disk tier (fsdp cpu_offload and adamw_swap with an offload_dir): a save
+// and a resume bring one unit into RAM at a time (its shard and both moments), never the whole
+// state, measured as the host pool's peak over each; and the resumed state is the saved one.
+TEST(StateSave, AnOffloadedSaveAndResumeHoldOneUnitAtATime) {
+  testing::TempDir root, offload;
+  struct Run {
+    std::shared_ptr<OffloadTiers> tiers = OffloadTiers::make(at::kCPU);
+    std::shared_ptr<Model> model;
+    std::unique_ptr<Fsdp> fsdp;
+    std::unique_ptr<AdamW> adamw;
+  };
+  Comm comm_ref(nullptr, 0, 1);
+  std::shared_ptr<Comm> comm(&comm_ref, [](Comm*) {});
+  auto make_run = [&] {
+    Run run;
+    run.tiers->disk = std::make_shared<DiskStore>(offload.str(), 0, run.tiers->host_pool);
+    run.model = make_test_transformer({{"vocab_size", 64}, {"hidden_size", 32}, {"num_layers", 4}, {"num_heads", 2},
+                                       {"num_kv_heads", 1}, {"ffn_hidden_size", 64}});
+    ParallelizePlan plan;
+    plan.fsdp.apply_modules = {"layers.{*}"};
+    plan.fsdp.cpu_offload = true;
+    run.fsdp = parallelize(*run.model, plan, comm, at::kCPU, run.tiers);
+    run.adamw = make_fsdp_adamw(*run.fsdp, AdamWOptions{}, run.tiers);
+    run.adamw->offload_moments(run.tiers->disk, DiskStore::kFloatsPerBlock);
+    return run;
+  };
+  Run saved = make_run();
+  saved.fsdp->init_params(3);
+  int64_t largest_unit = 0, all_units = 0;  // fp32 bytes of one unit's shard
+  for (auto* unit : saved.fsdp->units()) {
+    const int64_t bytes = unit->shard_flat.numel() * static_cast<int64_t>(sizeof(float));
+    largest_unit = std::max(largest_unit, bytes);
+    all_units += bytes;
+  }
+  ASSERT_GT(all_units, 2 * largest_unit);  // else one unit's worth would prove nothing
+  for (size_t u = 0; u < saved.fsdp->units().size(); ++u) {  // moments worth saving: distinct per unit
+    const auto numel = saved.fsdp->units()[u]->shard_flat.numel();
+    saved.adamw->set_moments(u, at::full({numel}, 0.5 + u), at::full({numel}, 2.0 + u));
+  }
+  // Each unit's shard and two moments, rounded to the pool's whole pages.
+  const int64_t one_unit = 3 * (largest_unit + 4096);
+  StateInfo info;
+  info.model_id = "test_transformer";
+  info.config = {{"model", {{"model_id", "test_transformer"}, {"config", nlohmann::json::object()}}}};
+  info.iteration = 1;
+  info.global_batch_size = 1;
+  saved.tiers->host_pool->reset_peak_held_bytes();
+  const int64_t held = saved.tiers->host_pool->held_bytes();
+  state_save(root.str(), *comm, *saved.model, *saved.fsdp, saved.adamw.get(), info);
+  EXPECT_LE(saved.tiers->host_pool->peak_held_bytes() - held, one_unit)
+      << "the save held more than one unit's shard and moments (all units: " << 3 * all_units << " bytes)";
+
+  Run resumed = make_run();
+  resumed.tiers->host_pool->reset_peak_held_bytes();
+  const int64_t resumed_held = resumed.tiers->host_pool->held_bytes();
+  StateLoadOptions options;
+  options.model_id = "test_transformer";
+  options.global_batch_size = 1;
+  options.model_config = nlohmann::json::object();
+  state_load(root.str(), *comm, *resumed.model, *resumed.fsdp, *resumed.adamw, options);
+  EXPECT_LE(resumed.tiers->host_pool->peak_held_bytes() - resumed_held, one_unit)
+      << "the resume held more than one unit's shard and moments";
+  for (size_t u = 0; u < saved.fsdp->units().size(); ++u) {
+    const auto before = saved.adamw->moments(u), after = resumed.adamw->moments(u);
+    EXPECT_TRUE(testing::bitwise_equal(after.exp_avg, before.exp_avg)) << "unit " << u;
+    EXPECT_TRUE(testing::bitwise_equal(after.exp_avg_sq, before.exp_avg_sq)) << "unit " << u;
+  }
+  const auto weights = [](Fsdp& fsdp) {
+    std::vector<at::Tensor> out;
+    for (auto* unit : fsdp.units()) {
+      const bool paged = !fsdp.shard_resident(*unit);
+      if (paged) fsdp.shard_pager()->page_in(*unit);
+      out.push_back(unit->shard_flat.clone());
+      if (paged) fsdp.shard_pager()->page_out(*unit, /*changed=*/false);
+    }
+    return out;
+  };
+  const auto saved_weights = weights(*saved.fsdp), resumed_weights = weights(*resumed.fsdp);
+  for (size_t u = 0; u < saved_weights.size(); ++u)
+    EXPECT_TRUE(testing::bitwise_equal(resumed_weights[u], saved_weights[u])) << "unit " << u;
 }
 
 TEST(StatePlanEntry, NamesTheShardingTheTrainerUsed) {
