@@ -290,7 +290,11 @@ void Fsdp::unshard_async(FsdpUnit& unit) {
   // in-place all-gather fills the other blocks: the gathered buffer [W * padded_rows, ...] is the
   // ranks' padded shards one after another, so nothing is copied out afterwards.
   const int rank = comm_->rank();
-  if (pager_) pager_->page_in(unit);  // its shard comes from disk for the copy below
+  if (pager_) {  // its shard comes from disk for the copy below, and the next one's starts to
+    pager_->page_in(unit);
+    const size_t next = in_backward_ ? unit.order - 1 : unit.order + 1;  // backward never gathers the root
+    if (in_backward_ ? unit.order > 1 : next < units_.size()) pager_->read_ahead(*units_[next]);
+  }
   std::vector<at::Tensor> outs;
   std::vector<CopyEvent> copies;
   for (auto& p : unit.params) {
@@ -335,7 +339,10 @@ void Fsdp::reshard(FsdpUnit& unit) {
   unit.state = FsdpUnit::State::sharded;
 }
 
-void Fsdp::begin_forward() { unshard_and_materialize(*units_[0]); }
+void Fsdp::begin_forward() {
+  in_backward_ = false;
+  unshard_and_materialize(*units_[0]);
+}
 
 void Fsdp::pre_forward(FsdpUnit& unit) {
   unshard_async(unit);
@@ -354,6 +361,7 @@ at::Tensor Fsdp::post_forward(FsdpUnit& unit, at::Tensor output, bool install_pr
 }
 
 void Fsdp::pre_backward(FsdpUnit& unit) {
+  in_backward_ = true;
   unshard_async(unit);
   for (int k = 1; k <= config_.num_to_backward_prefetch; ++k) {
     if (unit.order < static_cast<size_t>(k) + 1) break;  // order 0 is the root, never prefetched

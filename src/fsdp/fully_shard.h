@@ -181,6 +181,7 @@ class Fsdp {
   FsdpReduction reduction_;
   std::shared_ptr<OffloadTiers> tiers_;  // cpu_offload: the host tier; else null
   std::unique_ptr<ShardPager> pager_;    // cpu_offload with a disk tier
+  bool in_backward_ = false;             // which way the gathers walk the units (the pager reads ahead that way)
   std::vector<std::unique_ptr<FsdpUnit>> units_;  // forward order; the root first
   std::deque<PendingReduction> pending_;
   // Every unit of a transformer reduces the same sizes, so its buffers are reused instead of

@@ -25,6 +25,11 @@ ShardPager::ShardPager(std::shared_ptr<OffloadTiers> tiers, const std::vector<Fs
   }
 }
 
+ShardPager::~ShardPager() {
+  for (auto& page : pages_)
+    if (page.arriving.valid()) page.arriving.wait();  // the I/O thread writes into page.incoming
+}
+
 void ShardPager::wait(const std::shared_future<void>& transfer) {
   const auto began = std::chrono::steady_clock::now();
   transfer.get();  // rethrows the store's error (file, offset, errno)
@@ -37,17 +42,25 @@ const ShardPager::Page& ShardPager::page_of(const FsdpUnit& unit) const { return
 
 bool ShardPager::resident(const FsdpUnit& unit) const { return page_of(unit).resident; }
 
+void ShardPager::read_ahead(FsdpUnit& unit) {
+  Page& page = page_of(unit);
+  if (page.resident || page.incoming.defined()) return;
+  // A pool buffer (page-aligned, whole pages: what direct I/O needs) becomes the storage's memory.
+  page.incoming = tiers_->host_pool->take({unit.shard_flat.numel()}, at::kFloat);
+  if (const int64_t bytes = shard_bytes(unit); bytes > 0)
+    page.arriving = tiers_->disk->read(page.offset, page.incoming.data_ptr(), bytes);
+}
+
 void ShardPager::page_in(FsdpUnit& unit) {
   Page& page = page_of(unit);
   if (page.resident) return;
   RECORD_USER_SCOPE("offload::shard_from_disk");
-  const int64_t bytes = shard_bytes(unit);
-  // A pool buffer (page-aligned, whole pages: what direct I/O needs) becomes the storage's memory.
-  at::Tensor buffer = tiers_->host_pool->take({unit.shard_flat.numel()}, at::kFloat);
-  if (bytes > 0) wait(tiers_->disk->read(page.offset, buffer.data_ptr(), bytes));
+  read_ahead(unit);  // nothing when it is on its way already
+  const at::Tensor buffer = std::exchange(page.incoming, at::Tensor());
+  if (const auto arriving = std::exchange(page.arriving, {}); arriving.valid()) wait(arriving);
   auto& storage = storage_of(unit);
   storage.set_data_ptr_noswap(buffer.storage().unsafeGetStorageImpl()->set_data_ptr(at::DataPtr(nullptr, at::kCPU)));
-  storage.set_nbytes(static_cast<size_t>(bytes));
+  storage.set_nbytes(static_cast<size_t>(shard_bytes(unit)));
   page.resident = true;
 }
 

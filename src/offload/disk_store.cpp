@@ -161,14 +161,16 @@ std::shared_future<void> DiskStore::write(int64_t offset, const at::Tensor& chun
   return write(offset, chunk.data_ptr(), chunk.numel() * static_cast<int64_t>(sizeof(float)));
 }
 
+// Checkpoint buffers come from ATen's allocator, not the pool: a save's sizes are many and
+// passing, and the pool would keep one buffer of each size after it.
 at::Tensor DiskStore::read_to_host(int64_t offset, int64_t numel) {
-  at::Tensor buffer = window(numel);
+  at::Tensor buffer = aligned_buffer(numel);
   read(offset, buffer).get();
   return buffer;
 }
 
 void DiskStore::write_from(int64_t offset, const at::Tensor& values) {
-  at::Tensor buffer = window(values.numel());
+  at::Tensor buffer = aligned_buffer(values.numel());
   buffer.copy_(values.reshape(-1));
   write(offset, buffer).get();
 }

@@ -128,6 +128,14 @@ AdamWState AdamW::moments(size_t i) const {
   return {exp_avg.view(params_[i].sizes()), exp_avg_sq.view(params_[i].sizes())};
 }
 
+at::Tensor AdamW::moment_range(size_t i, bool exp_avg_sq, int64_t begin, int64_t numel) const {
+  if (i >= params_.size()) fail("AdamW: moments of param ", i, " of ", params_.size());
+  if (swapped_) return swapped_->read_range(i, exp_avg_sq, begin, numel);
+  materialize();
+  const at::Tensor& moment = exp_avg_sq ? states_[i].exp_avg_sq : states_[i].exp_avg;
+  return moment.view(-1).narrow(0, begin, numel);
+}
+
 void AdamW::set_moments(size_t i, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) {
   if (i >= params_.size()) fail("AdamW: moments of param ", i, " of ", params_.size());
   for (const auto* m : {&exp_avg, &exp_avg_sq})

@@ -67,6 +67,9 @@ class AdamW {
   // has run yet); when they are swapped out, host tensors from the store, never a device window
   // (the host tier's are its own bytes: read them only; SwappedMoments::read).
   AdamWState moments(size_t i) const;
+  // Elements [begin, begin + numel) of one of param i's flat moments (exp_avg, or exp_avg_sq), the
+  // same way: a checkpoint save reads one tensor's moments at a time.
+  at::Tensor moment_range(size_t i, bool exp_avg_sq, int64_t begin, int64_t numel) const;
   // Overwrites param i's moments with copies of these (shaped like the param).
   void set_moments(size_t i, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq);
 

@@ -95,6 +95,17 @@ std::pair<at::Tensor, at::Tensor> SwappedMoments::read(size_t param) const {
   return {store_->read_to_host(region.exp_avg, region.numel), store_->read_to_host(region.exp_avg_sq, region.numel)};
 }
 
+at::Tensor SwappedMoments::read_range(size_t param, bool exp_avg_sq, int64_t begin, int64_t numel) const {
+  const Region& region = regions_.at(param);
+  if (begin < 0 || numel < 0 || begin + numel > region.numel)
+    fail("SwappedMoments: elements [", begin, ", ", begin + numel, ") of a param of ", region.numel);
+  // Regions start on a block and transfers move whole blocks: read from the block holding begin.
+  const int64_t lead = begin % kFloatsPerBlock;
+  const int64_t offset = (exp_avg_sq ? region.exp_avg_sq : region.exp_avg) +
+                         (begin - lead) * static_cast<int64_t>(sizeof(float));
+  return store_->read_to_host(offset, lead + numel).narrow(0, lead, numel);
+}
+
 void SwappedMoments::write(size_t param, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) {
   const Region& region = regions_.at(param);
   store_->write_from(region.exp_avg, exp_avg);

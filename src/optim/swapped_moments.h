@@ -53,6 +53,9 @@ class SwappedMoments {
   // A param's moments in host memory, never in a device window (checkpoint saves: see
   // TierStore::read_to_host; the host tier's are its own bytes, to read only).
   std::pair<at::Tensor, at::Tensor> read(size_t param) const;
+  // Elements [begin, begin + numel) of one of a param's moments, the same way (a save writes one
+  // tensor at a time: the store reads the whole blocks around them).
+  at::Tensor read_range(size_t param, bool exp_avg_sq, int64_t begin, int64_t numel) const;
   // Overwrites a param's moments from tensors on any device (checkpoint loads).
   void write(size_t param, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq);
 

@@ -42,8 +42,11 @@ std::unique_ptr<AdamW> make_fsdp_adamw(Fsdp& fsdp, const AdamWOptions& options,
     moments = [pool = tiers->host_pool](const at::Tensor& param) { return pool->take_zeros(param.sizes(), at::kFloat); };
   }
   auto adamw = std::make_unique<AdamW>(params, grads, options, moments);
-  if (ShardPager* pager = fsdp.shard_pager())  // shards on disk: each unit comes in for its update
-    adamw->set_residency([pager, units](size_t u) { pager->page_in(*units[u]); },
+  if (ShardPager* pager = fsdp.shard_pager())  // shards on disk: each unit comes in for its update, the next behind it
+    adamw->set_residency([pager, units](size_t u) {
+                           pager->page_in(*units[u]);
+                           if (u + 1 < units.size()) pager->read_ahead(*units[u + 1]);
+                         },
                          [pager, units](size_t u) { pager->page_out(*units[u], /*changed=*/true); });
   for (size_t u = 0; u < units.size(); ++u) adamw->set_update_mask(u, fsdp_trainable_mask(*units[u]));
   return adamw;

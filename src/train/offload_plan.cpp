@@ -58,10 +58,10 @@ TierBytes offload_tier_bytes(const OffloadPlanInputs& in, const OffloadSetting& 
   if (s.swap && s.disk) {
     t.disk += p.optimizer_bytes;
     t.host += in.window_bytes;
-    if (s.cpu_offload) {  // the shards too, but for the one unit in use
+    if (s.cpu_offload) {  // the shards too, but for the unit in use and the one read ahead
       t.host -= p.param_bytes;
       t.disk += p.param_bytes;
-      t.host += p.largest_shard_numel() * static_cast<int64_t>(sizeof(float));
+      t.host += 2 * p.largest_shard_numel() * static_cast<int64_t>(sizeof(float));
     }
   } else if (s.swap) {
     t.host += p.optimizer_bytes;
@@ -72,15 +72,17 @@ TierBytes offload_tier_bytes(const OffloadPlanInputs& in, const OffloadSetting& 
 
 PhaseBytes offload_phase_bytes(const FsdpMemoryPlan& plan, const OffloadSetting& s, bool device_is_host) {
   const int64_t unit = plan.largest_shard_numel() * static_cast<int64_t>(sizeof(float));
-  const bool shards_on_disk = s.cpu_offload && s.disk, moments_on_disk = s.swap && s.disk;
+  const bool moments_on_disk = s.swap && s.disk;
   // Tensors a save writes from the device: the shards without cpu_offload, in-memory moments.
   const bool on_device = !device_is_host && (!s.cpu_offload || !s.swap);
   PhaseBytes b;
-  b.startup.host = plan.largest_param_numel * static_cast<int64_t>(sizeof(float)) + (shards_on_disk ? unit : 0);
-  b.save.host = (shards_on_disk ? unit : 0) + (moments_on_disk ? 2 * unit : 0) + (on_device ? unit : 0);
+  // The step holds two shards from the disk already (the one in use, the one read ahead): start-up,
+  // a save and a resume page theirs through the same two.
+  b.startup.host = plan.largest_param_numel * static_cast<int64_t>(sizeof(float));
+  b.save.host = (moments_on_disk ? unit : 0) + (on_device ? unit : 0);
   b.async_save.host = plan.param_bytes + plan.optimizer_bytes;
   (s.cpu_offload ? b.resume.host : b.resume.device) += 2 * unit;
-  b.resume.host += unit + (moments_on_disk ? unit : 0) + (shards_on_disk ? unit : 0);
+  b.resume.host += unit + (moments_on_disk ? unit : 0);
   return b;
 }
 

@@ -9,7 +9,7 @@
 //   adamw_swap: the moments go to the host tier, three chunk windows stay where the step runs;
 //   adamw_swap + offload_dir: the moments go to disk, the windows are host RAM;
 //   cpu_offload + offload_dir: the moments (as above) and the fp32 shards go to disk; host RAM
-//     keeps one unit's shard at a time (the one being gathered or updated).
+//     keeps two units' shards at a time (the one being gathered or updated, the next read ahead).
 // On CPU the device is the host: there the device and host columns share one RAM.
 #pragma once
 #include "fsdp/plan.h"
@@ -53,16 +53,17 @@ struct TierBytes {
 TierBytes offload_tier_bytes(const OffloadPlanInputs& in, const OffloadSetting& setting);
 
 // What a rank holds beyond its steady step, per tier, in the phases around the step, with U the
-// largest unit's fp32 shard (train/state.cpp, fsdp/fully_shard.cpp, fsdp/shard_pager.h):
-//   start-up: one parameter whole in host RAM (its seeded init, or its tensor from the HF files),
-//     and with the shards on disk one unit's shard paged in;
-//   save (synchronous): a unit at a time: where the shards are on disk one U paged in, where the
-//     moments are on disk 2 U read back, and where the state is on a GPU each tensor's copy to
-//     the host (at most U); the host tier's and the CPU's own tensors are written in place;
+// largest unit's fp32 shard (train/state.cpp, fsdp/fully_shard.cpp, fsdp/shard_pager.h). Shards on
+// disk page through the two buffers the step holds for them (the unit in use, the one read ahead)
+// in every phase, so they add nothing here.
+//   start-up: one parameter whole in host RAM (its seeded init, or its tensor from the HF files);
+//   save (synchronous): a tensor at a time: where the moments are on disk one tensor's moment
+//     read back (at most U), and where the state is on a GPU each tensor's copy to the host (at
+//     most U); the host tier's and the CPU's own tensors are written in place;
 //   async save (training.async_save): every trained tensor of the rank staged in host RAM
 //     (weights and moments), where training goes on from;
 //   resume: a unit's two moments staged where the shards live (2 U), the rows being read (at
-//     most U of host RAM), and with the disk tier one U per tier on its way there.
+//     most U of host RAM), and with the moments on disk one U on its way there.
 // device_is_host: a CPU run (nothing is copied to the host to be written).
 struct PhaseBytes {
   TierBytes startup, save, async_save, resume;

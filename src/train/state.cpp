@@ -72,68 +72,61 @@ namespace {
 // trained tensor: weights and moments; buffers may hold -inf by design).
 constexpr const char* kRefusal = "; refusing to save non-finite state (`latest` keeps naming the previous checkpoint)";
 
-// A save's reach into this rank's trained state, one FSDP unit at a time. The save asks for the
-// tensors in unit order (twice: checksums, then bytes); the unit asked for comes into RAM (its
-// shard paged in from the disk tier, its moments read from their store into host memory) and the
-// one before it goes, so a save holds at most one unit's shards and moments beyond the steady
-// state, whatever the tiers. Where the state is in memory anyway the tensors are the live ones
-// (no copy). With check_finite, a unit's weights and moments are checked for NaN/Inf the first
-// time it comes in: the offending rank's save fails naming the tensor before its file is written.
+// A save's reach into this rank's trained state, a tensor at a time. The save asks for the tensors
+// in unit order (twice: checksums, then bytes). A unit's shard on disk is paged in while its
+// tensors are asked for (and the next unit's read ahead), the one before paged out; moments are
+// read from their store one tensor's rows at a time, into host memory, never a device window. So
+// a save holds at most one tensor's moments beyond the step, whatever the tiers (shards on disk
+// page through the two buffers the step holds for them). Where the state is in memory anyway the
+// tensors are the live ones (no copy). With check_finite, each tensor is checked for NaN/Inf the
+// first time it is asked for (the checksum pass): the offending rank's save fails naming it before
+// its file is written.
 class UnitWindow {
  public:
   enum class Part { weight, exp_avg, exp_avg_sq };
 
   UnitWindow(Fsdp& fsdp, const AdamW* adamw, int64_t iteration, bool check_finite)
       : units_(fsdp.units()), pager_(fsdp.shard_pager()), adamw_(adamw), rank_(fsdp.comm().rank()),
-        iteration_(iteration), check_finite_(check_finite), checked_(units_.size(), false) {}
+        iteration_(iteration), check_finite_(check_finite) {}
   ~UnitWindow() { leave(); }  // paging out an unchanged shard writes nothing: it cannot fail
   UnitWindow(const UnitWindow&) = delete;
   UnitWindow& operator=(const UnitWindow&) = delete;
 
-  // This rank's rows of `part` of param p of unit u (a view into the unit's state while it is in).
-  at::Tensor rows(size_t u, size_t p, Part part) {
-    enter(u);
+  // This rank's rows of `part` of param p of unit u, named `name` (for the NaN/Inf check).
+  at::Tensor rows(size_t u, size_t p, Part part, const std::string& name) {
     const FsdpParam& param = units_[u]->params[p];
     const int64_t rows = param.layout.rows(rank_);
-    switch (part) {
-      case Part::weight: return param.shard.narrow(0, 0, rows);
-      case Part::exp_avg: return param.view_of(moments_.exp_avg).narrow(0, 0, rows);
-      case Part::exp_avg_sq: return param.view_of(moments_.exp_avg_sq).narrow(0, 0, rows);
+    at::Tensor out;
+    if (part == Part::weight) {
+      enter(u);
+      out = param.shard.narrow(0, 0, rows);
+    } else {
+      std::vector<int64_t> shape = param.shard.sizes().vec();
+      shape[0] = rows;
+      const int64_t numel = rows * (rows > 0 ? param.shard[0].numel() : 0);
+      out = adamw_->moment_range(u, part == Part::exp_avg_sq, param.offset, numel).view(shape);
     }
-    fail("UnitWindow: unknown part");
+    if (check_finite_ && checked_.insert(name).second) {
+      if (const std::string bad = describe_non_finite({{name, {}, 0, out}}, 1, rank_); !bad.empty())
+        fail("checkpoint of iteration ", iteration_, " not written: ", bad, kRefusal);
+    }
+    return out;
   }
 
  private:
   void enter(size_t u) {
     if (current_ == u) return;
     leave();
-    if (pager_) pager_->page_in(*units_[u]);
-    current_ = u;
-    if (adamw_) moments_ = adamw_->moments(u);
-    if (check_finite_ && !checked_[u]) {
-      checked_[u] = true;
-      const auto tensors = unit_tensors(u);
-      if (const std::string bad = describe_non_finite(tensors, tensors.size(), rank_); !bad.empty())
-        fail("checkpoint of iteration ", iteration_, " not written: ", bad, kRefusal);
+    if (pager_) {
+      pager_->page_in(*units_[u]);
+      if (u + 1 < units_.size()) pager_->read_ahead(*units_[u + 1]);  // the save asks for it next
     }
+    current_ = u;
   }
   void leave() {
     if (!current_) return;
-    moments_ = {};
     if (pager_) pager_->page_out(*units_[*current_], /*changed=*/false);
     current_.reset();
-  }
-  // The unit's weights and moments, named as the checkpoint names them.
-  std::vector<ShardedTensor> unit_tensors(size_t u) {
-    std::vector<ShardedTensor> out;
-    for (size_t p = 0; p < units_[u]->params.size(); ++p) {
-      const FsdpParam& param = units_[u]->params[p];
-      out.push_back({state_model_key(param.name), param.param->shape, 0, rows(u, p, Part::weight)});
-      if (!adamw_) continue;
-      out.push_back({kExpAvg + param.name, param.param->shape, 0, rows(u, p, Part::exp_avg)});
-      out.push_back({kExpAvgSq + param.name, param.param->shape, 0, rows(u, p, Part::exp_avg_sq)});
-    }
-    return out;
   }
 
   std::vector<FsdpUnit*> units_;
@@ -142,9 +135,8 @@ class UnitWindow {
   int rank_;
   int64_t iteration_;
   bool check_finite_;
-  std::vector<bool> checked_;
-  std::optional<size_t> current_;
-  AdamWState moments_;  // the current unit's (undefined without adamw)
+  std::set<std::string> checked_;  // tensors checked for NaN/Inf
+  std::optional<size_t> current_;  // the unit whose shard is paged in for the save
 };
 
 // This rank's shards of the params (real rows; none on HSDP replicas but the first) and, with
@@ -158,8 +150,8 @@ std::vector<ShardedTensor> trained_shards(Fsdp& fsdp, const AdamW* adamw, const 
       const FsdpParam& param = units[u]->params[p];
       const int64_t begin = param.layout.row_begin(rank);
       auto part = [&](const std::string& key, UnitWindow::Part which) {
-        out.push_back({key, param.param->shape, begin, at::Tensor(), [window, u, p, which] {
-                         return window->rows(u, p, which);
+        out.push_back({key, param.param->shape, begin, at::Tensor(), [window, u, p, which, key] {
+                         return window->rows(u, p, which, key);
                        }});
       };
       part(state_model_key(param.name), UnitWindow::Part::weight);

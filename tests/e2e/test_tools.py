@@ -157,11 +157,11 @@ def test_plan_matches_what_the_trainer_allocates(tmp_path, token_file):
     assert moments["disk_bytes"] == plan["optimizer_bytes"]
     assert moments["device_bytes"] + moments["host_bytes"] == plan["total_bytes"] - plan["optimizer_bytes"] + windows
     assert tiers["none"] == {"device_bytes": plan["total_bytes"], "host_bytes": 0, "disk_bytes": 0}
-    # Around the step (docs/offload.md): a save reads one unit's moments back (2 U) and copies each
-    # tensor off a GPU (at most U); an async save stages every weight and moment; start-up builds
-    # the largest parameter whole.
+    # Around the step (docs/offload.md): a save reads a tensor's moment back (at most U) and copies
+    # each tensor off a GPU (at most U); an async save stages every weight and moment; start-up
+    # builds the largest parameter whole.
     unit, phases = 4 * disk_plan["largest_shard_numel"], disk_plan["phases"]
-    assert phases["save"] == {"device_bytes": 0, "host_bytes": 3 * unit, "disk_bytes": 0}
+    assert phases["save"] == {"device_bytes": 0, "host_bytes": 2 * unit, "disk_bytes": 0}
     assert phases["async_save"]["host_bytes"] == plan["param_bytes"] + plan["optimizer_bytes"]
     assert phases["resume"] == {"device_bytes": 2 * unit, "host_bytes": 2 * unit, "disk_bytes": 0}
     assert phases["startup"]["host_bytes"] == 4 * disk_plan["largest_param_numel"] > 0

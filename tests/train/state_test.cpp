@@ -13,6 +13,7 @@
 #include "parallel/parallelize.h"
 #include "test_util.h"
 #include "train/build.h"
+#include "train/memory_profile.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -146,9 +147,11 @@ TEST(StateSave, AsyncSaveRefusesNonFiniteStateInTheBackground) {
 }
 
 // Shards and moments on the disk tier (fsdp cpu_offload and adamw_swap with an offload_dir): a save
-// and a resume bring one unit into RAM at a time (its shard and both moments), never the whole
-// state, measured as the host pool's peak over each; and the resumed state is the saved one.
-TEST(StateSave, AnOffloadedSaveAndResumeHoldOneUnitAtATime) {
+// pages the shards through the two pool buffers the step holds for them (the unit in use, the next
+// read ahead) and reads one tensor's moments at a time; a resume fills a unit at a time. Measured
+// as the host pool's peak and ATen's allocated peak (tools.memory_profile's counting allocator)
+// over each; and the resumed state is the saved one.
+TEST(StateSave, AnOffloadedSaveHoldsOneTensorAndAResumeOneUnitAtATime) {
   testing::TempDir root, offload;
   struct Run {
     std::shared_ptr<OffloadTiers> tiers = OffloadTiers::make(at::kCPU);
@@ -179,13 +182,21 @@ TEST(StateSave, AnOffloadedSaveAndResumeHoldOneUnitAtATime) {
     largest_unit = std::max(largest_unit, bytes);
     all_units += bytes;
   }
-  ASSERT_GT(all_units, 2 * largest_unit);  // else one unit's worth would prove nothing
+  ASSERT_GT(all_units, 3 * largest_unit);  // else one unit's worth would prove nothing
   for (size_t u = 0; u < saved.fsdp->units().size(); ++u) {  // moments worth saving: distinct per unit
     const auto numel = saved.fsdp->units()[u]->shard_flat.numel();
     saved.adamw->set_moments(u, at::full({numel}, 0.5 + u), at::full({numel}, 2.0 + u));
   }
-  // Each unit's shard and two moments, rounded to the pool's whole pages.
-  const int64_t one_unit = 3 * (largest_unit + 4096);
+  // Pool: two units' shards, in whole pages. ATen: a save holds one tensor's moment (its block-
+  // aligned read) at a time; a resume stages one unit's two moments and reads a tensor's rows.
+  const int64_t two_shards = 2 * (largest_unit + 4096);
+  int64_t largest_param = 0;  // fp32 bytes of this rank's rows of the largest param
+  for (auto* unit : saved.fsdp->units())
+    for (const auto& p : unit->params) largest_param = std::max(largest_param, p.layout.shard_numel() * 4);
+  ASSERT_GT(largest_unit, 2 * largest_param);  // else one tensor's worth would prove nothing
+  MemoryProfileConfig profile;
+  profile.enable = true;
+  MemoryProfile counting_allocator(profile);
   StateInfo info;
   info.model_id = "test_transformer";
   info.config = {{"model", {{"model_id", "test_transformer"}, {"config", nlohmann::json::object()}}}};
@@ -193,20 +204,28 @@ TEST(StateSave, AnOffloadedSaveAndResumeHoldOneUnitAtATime) {
   info.global_batch_size = 1;
   saved.tiers->host_pool->reset_peak_held_bytes();
   const int64_t held = saved.tiers->host_pool->held_bytes();
+  reset_allocation_peak();
+  const int64_t live = live_allocated_bytes();
   state_save(root.str(), *comm, *saved.model, *saved.fsdp, saved.adamw.get(), info);
-  EXPECT_LE(saved.tiers->host_pool->peak_held_bytes() - held, one_unit)
-      << "the save held more than one unit's shard and moments (all units: " << 3 * all_units << " bytes)";
+  EXPECT_LE(saved.tiers->host_pool->peak_held_bytes() - held, two_shards)
+      << "the save paged in more than two units' shards (all units: " << all_units << " bytes)";
+  EXPECT_LE(peak_allocated_bytes() - live, largest_param + 2 * 4096 + 65536)
+      << "the save held more than one tensor's moment (all moments: " << 2 * all_units << " bytes)";
 
   Run resumed = make_run();
   resumed.tiers->host_pool->reset_peak_held_bytes();
   const int64_t resumed_held = resumed.tiers->host_pool->held_bytes();
+  reset_allocation_peak();
+  const int64_t resumed_live = live_allocated_bytes();
   StateLoadOptions options;
   options.model_id = "test_transformer";
   options.global_batch_size = 1;
   options.model_config = nlohmann::json::object();
   state_load(root.str(), *comm, *resumed.model, *resumed.fsdp, *resumed.adamw, options);
-  EXPECT_LE(resumed.tiers->host_pool->peak_held_bytes() - resumed_held, one_unit)
-      << "the resume held more than one unit's shard and moments";
+  EXPECT_LE(resumed.tiers->host_pool->peak_held_bytes() - resumed_held, two_shards)
+      << "the resume paged in more than two units' shards";
+  EXPECT_LE(peak_allocated_bytes() - resumed_live, 4 * largest_unit + 65536)
+      << "the resume held more than one unit's moments, its write buffer and a tensor's rows";
   for (size_t u = 0; u < saved.fsdp->units().size(); ++u) {
     const auto before = saved.adamw->moments(u), after = resumed.adamw->moments(u);
     EXPECT_TRUE(testing::bitwise_equal(after.exp_avg, before.exp_avg)) << "unit " << u;
