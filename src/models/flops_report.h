@@ -39,6 +39,8 @@ struct FlopsReport {
   std::vector<std::string> lines;      // the model's own summary lines: dimensions and terms
   nlohmann::ordered_json fields;       // the model's own JSON fields, written before the common ones
   double flops_per_sample = 0;         // forward + backward, averaged over the query's samples
+  double attention_flops_per_sample = 0;  // of that, the attention scores' quadratic term (the rest
+                                          // runs as GEMMs: the step-time model's split)
 };
 
 }  // namespace mmtrain

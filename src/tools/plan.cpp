@@ -6,6 +6,8 @@
 #include "fsdp/plan.h"
 #include "models/model_spec.h"
 #include "optim/swapped_moments.h"
+#include "train/device_profile.h"
+#include "train/step_time.h"
 #include "train/offload_plan.h"
 #include "tools/command.h"
 #include "train/config.h"
@@ -26,13 +28,81 @@ void row(const std::string& label, int64_t bytes) {
   std::printf("  %-62s %9.3f GiB %17s B\n", label.c_str(), gib(bytes), with_commas(bytes).c_str());
 }
 
+// The step time for this config on the profile's devices (train/step_time.h), printed as a
+// breakdown and added to the JSON.
+void print_step_time(const PlanOptions& o, const Config& cfg, const ParallelDims& dims, const FsdpMemoryPlan& plan,
+                     const ModelSpec& spec, int64_t seqlen, const ActivationEstimate& act, bool recompute,
+                     int devices_per_node, nlohmann::ordered_json& j) {
+  const DeviceProfile profile = load_device_profile(o.device);
+  StepTimeInputs in;
+  in.fsdp = &plan;
+  in.dims = dims;
+  in.devices_per_node = devices_per_node;
+  in.micro_batch_size = cfg.training.micro_batch_size;
+  in.accumulation = config_accumulation(cfg, dims);
+  in.recompute = recompute;
+  in.offload = OffloadSetting::of(cfg);
+  if (!spec.flops || seqlen == 0) {
+    std::printf("\n  step time: %s\n", !spec.flops ? ("no FLOPs formula for model '" + spec.name + "'").c_str()
+                                                      : "pass --seqlen to predict it");
+    return;
+  }
+  FlopsQuery query;
+  query.seqlens = {seqlen};
+  const FlopsReport flops = spec.flops(cfg.model.config, query);
+  in.attention_flops_per_sample = flops.attention_flops_per_sample;
+  in.gemm_flops_per_sample = flops.flops_per_sample - flops.attention_flops_per_sample;
+  if (act.num_layers > 0) {
+    in.tokens_per_rank = act.tokens;
+    in.q_width = act.q_width;
+    in.kv_width = act.kv_width;
+    in.num_layers = act.num_layers;
+    // Activation offload sends n - 1 of the n layers' kept tensors (train/offload_plan.h).
+    const int64_t kept = recompute ? act.layer_inputs_bytes : act.layers_full_bytes;
+    in.offloaded_activation_bytes = kept / act.num_layers * std::max<int64_t>(0, act.num_layers - 1);
+  }
+  const StepTime t = predict_step_time(in, profile, plan.config.param_dtype);
+  std::printf("\n  step time on %d x %s (%s), %d per node, per rank: %.1f ms\n", dims.world, profile.name.c_str(),
+              profile.description.c_str(), devices_per_node, t.total_ms);
+  auto line = [](const char* what, double value_ms, const std::string& how) {
+    std::printf("    %-28s %10.1f ms  %s\n", what, value_ms, how.c_str());
+  };
+  line("GEMMs", t.gemm_ms, format("efficiency %.2f", profile.gemm_efficiency));
+  line("attention", t.attention_ms, format("efficiency %.2f", profile.attention_efficiency));
+  line("recompute", t.recompute_ms, recompute ? "one more forward" : "off");
+  line("FSDP collectives, exposed", t.fsdp_exposed_ms, format("of %.1f ms; overlap %.2f", t.fsdp_ms, profile.overlap));
+  line("Ulysses all-to-all", t.ulysses_ms, dims.ulysses > 1 ? "on the critical path" : "none");
+  line("ring P2P, exposed", t.ring_exposed_ms, format("of %.1f ms", t.ring_ms));
+  line("host copies, exposed", t.host_exposed_ms, format("of %.1f ms", t.host_link_ms));
+  line("disk reads, exposed", t.disk_exposed_ms, format("of %.1f ms", t.disk_ms));
+  line("optimizer step", t.optimizer_ms, in.offload.swap || in.offload.cpu_offload ? "with its offload traffic" : "memory-bound");
+  for (const auto& note : t.notes) std::printf("    (%s)\n", note.c_str());
+  j["step_time"] = {{"device", profile.name},       {"devices_per_node", devices_per_node},
+                    {"total_ms", t.total_ms},       {"gemm_ms", t.gemm_ms},
+                    {"attention_ms", t.attention_ms}, {"recompute_ms", t.recompute_ms},
+                    {"fsdp_ms", t.fsdp_ms},         {"fsdp_exposed_ms", t.fsdp_exposed_ms},
+                    {"ulysses_ms", t.ulysses_ms},   {"ring_ms", t.ring_ms},
+                    {"ring_exposed_ms", t.ring_exposed_ms}, {"host_link_ms", t.host_link_ms},
+                    {"host_exposed_ms", t.host_exposed_ms}, {"disk_ms", t.disk_ms},
+                    {"disk_exposed_ms", t.disk_exposed_ms}, {"optimizer_ms", t.optimizer_ms}};
+}
+
 }  // namespace
 
 void plan_memory(const PlanOptions& o) {
   if (o.world_size < 1) fail("plan: --world-size must be >= 1, found ", o.world_size);
   if (o.seqlen < 0) fail("plan: --seqlen must be >= 0, found ", o.seqlen);
+  int world = o.world_size, devices_per_node = o.devices_per_node;
+  if (o.nodes > 0 || o.devices_per_node > 0) {
+    if (o.nodes < 1 || o.devices_per_node < 1)
+      fail("plan: --nodes and --devices-per-node go together, found ", o.nodes, " and ", o.devices_per_node);
+    if (o.world_size != 1 && o.world_size != o.nodes * o.devices_per_node)
+      fail("plan: --world-size ", o.world_size, " is not --nodes x --devices-per-node = ", o.nodes * o.devices_per_node);
+    world = o.nodes * o.devices_per_node;
+  }
+  if (devices_per_node == 0) devices_per_node = world;  // one node
   const auto cfg = config_load(o.config_path, o.overrides);
-  const ParallelDims dims = config_check_world(cfg, o.world_size);
+  const ParallelDims dims = config_check_world(cfg, world);
   const int fsdp_size = dims.fsdp();
   const auto& fp = cfg.parallel.fsdp_plan;
   const auto& id = cfg.model.model_id;
@@ -81,9 +151,9 @@ void plan_memory(const PlanOptions& o) {
     if (unit.numel > largest->numel) largest = &unit;
   const std::string p_name = dtype_name(fp.param_dtype), r_name = dtype_name(fp.reduce_dtype);
 
-  std::printf("mmtrain plan: %s on %d rank(s), FSDP shard group %d\n", cfg.source_path.c_str(), o.world_size, fsdp_size);
+  std::printf("mmtrain plan: %s on %d rank(s), FSDP shard group %d\n", cfg.source_path.c_str(), world, fsdp_size);
   std::printf("  mesh: dp_replicate %d x dp_shard %d x ring %d x ulysses %d (data-parallel %d, context-parallel %d)\n",
-              o.world_size / fsdp_size, fsdp_size / cp, ring, ulysses, o.world_size / cp, cp);
+              world / fsdp_size, fsdp_size / cp, ring, ulysses, world / cp, cp);
   std::printf("  parameters from model '%s' (its Module tree)\n", id.c_str());
   std::printf("  %s params in %zu units: root %s, largest '%s' %s; param_dtype %s, reduce_dtype %s, "
               "prefetch fwd %d / bwd %d\n",
@@ -104,7 +174,7 @@ void plan_memory(const PlanOptions& o) {
 
   nlohmann::ordered_json j = {{"config", cfg.source_path},
                               {"model_id", id},
-                              {"world_size", o.world_size},
+                              {"world_size", world},
                               {"fsdp_size", fsdp_size},
                               {"param_dtype", p_name},
                               {"reduce_dtype", r_name},
@@ -120,7 +190,7 @@ void plan_memory(const PlanOptions& o) {
                               {"in_flight_bytes", plan.in_flight_bytes},
                               {"reduce_bytes", plan.reduce_bytes},
                               {"recompute", recompute}};
-  j["dp_replicate"] = o.world_size / fsdp_size;
+  j["dp_replicate"] = world / fsdp_size;
   j["ring"] = ring;
   j["ulysses"] = ulysses;
   j["cp_size"] = cp;
@@ -204,6 +274,7 @@ void plan_memory(const PlanOptions& o) {
   j["offload_window_bytes"] = offload_in.window_bytes;
   j["largest_shard_numel"] = plan.largest_shard_numel();
   j["largest_param_numel"] = plan.largest_param_numel;
+  if (!o.device.empty()) print_step_time(o, cfg, dims, plan, spec, seqlen, act, recompute, devices_per_node, j);
   std::printf("  (on CPU the device is the host: device + host share its RAM, and a save copies nothing to it)\n");
   std::printf("  (no allocator reserve, comm library buffers, kernel workspaces or runtime context: "
               "docs/tools.md)\n");
@@ -217,6 +288,11 @@ void add_plan_commands(CLI::App& app, Commands& commands) {
   plan->add_option("--world-size,--world_size", o->world_size, "ranks")->capture_default_str();
   plan->add_option("--seqlen", o->seqlen, "tokens per sample (default: the model's)");
   plan->add_option("--set", o->overrides, "override a config key (repeatable)");
+  plan->add_option("--device", o->device,
+                   "device profile for the step time: h200, h100, a100, 910b3, or a profile JSON (docs/step_time.md)");
+  plan->add_option("--nodes", o->nodes, "nodes (with --devices-per-node: the world)");
+  plan->add_option("--devices-per-node,--devices_per_node", o->devices_per_node,
+                   "devices per node (default: the whole world on one node)");
   commands.add(plan, [o] { plan_memory(*o); });
 }
 

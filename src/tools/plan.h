@@ -14,6 +14,11 @@ struct PlanOptions {
   std::vector<std::string> overrides;  // --set a.b=c
   int world_size = 1;
   int64_t seqlen = 0;                  // tokens per sample; 0 = the model's default
+  // The hardware (train/step_time.h): with a device profile the plan adds the step time. nodes x
+  // devices_per_node, when given, is the world; devices_per_node defaults to the whole world.
+  std::string device;                  // h200, h100, a100, 910b3, or a profile's JSON path; "" = none
+  int nodes = 0;
+  int devices_per_node = 0;
 };
 
 // Prints the table, then one JSON line with every figure (bytes) as the last line of stdout.

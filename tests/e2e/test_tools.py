@@ -5,6 +5,8 @@ allocates, `logs compare` compares two real runs (and a run's console with its m
 import json
 import re
 
+import pytest
+
 import torch
 from safetensors.torch import save_file
 
@@ -193,6 +195,31 @@ def test_plan_full_magihuman_on_eight_ranks():
     assert plan["param_bytes"] == 15_299_419_136 // 2  # fp32 / 8 ranks, no padding
     assert plan["units"] == 41 and plan["units_in_flight"] == 3 and plan["seqlen"] == 4606
     assert 40 < plan["total_bytes"] / 2**30 < 60, plan
+
+
+def test_plan_predicts_the_step_time_on_a_device_profile(tmp_path):
+    # docs/step_time.md's case by hand: MagiHuman 15B on 8 x H200, 4606 tokens, recompute on.
+    t = last_json(run_mmtrain(["plan", str(FULL), "--world-size", "8", "--device", "h200"]))["step_time"]
+    assert round(t["gemm_ms"]) == 509 and round(t["attention_ms"]) == 77 and round(t["recompute_ms"]) == 192
+    assert round(t["fsdp_ms"]) == 340 and t["fsdp_exposed_ms"] < 1 and round(t["optimizer_ms"], 1) == 11.2
+    # The same FSDP group over 4 nodes of 2 crosses the 50 GB/s NICs and is no longer hidden.
+    across = last_json(run_mmtrain(["plan", str(FULL), "--nodes", "4", "--devices-per-node", "2",
+                                    "--device", "h200"]))["step_time"]
+    assert across["fsdp_ms"] > 5 * t["fsdp_ms"] and across["total_ms"] > t["total_ms"]
+    # A profile file of one's own; bad ones are named.
+    mine = json.loads((REPO / "profiles" / "h200.json").read_text())
+    mine["peak_bf16_tflops"] *= 2
+    (tmp_path / "mine.json").write_text(json.dumps(mine))
+    faster = last_json(run_mmtrain(["plan", str(FULL), "--world-size", "8", "--device", str(tmp_path / "mine.json")]))
+    assert faster["step_time"]["gemm_ms"] == pytest.approx(t["gemm_ms"] / 2)
+    del mine["host_link_gb_per_s"]
+    (tmp_path / "bad.json").write_text(json.dumps(mine))
+    for device, message in ((str(tmp_path / "bad.json"), "'host_link_gb_per_s' is missing"),
+                            ("b200", "device profile 'b200': not a built-in profile (h200, h100, a100, 910b3)")):
+        proc = run_mmtrain(["plan", str(FULL), "--world-size", "8", "--device", device], check=False)
+        assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+    proc = run_mmtrain(["plan", str(FULL), "--world-size", "4", "--nodes", "4", "--devices-per-node", "2"], check=False)
+    assert proc.returncode != 0 and "--world-size 4 is not --nodes x --devices-per-node = 8" in proc.stderr
 
 
 def test_logs_compare_two_runs(tmp_path, token_file):

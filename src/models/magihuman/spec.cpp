@@ -55,6 +55,7 @@ FlopsReport flops(const nlohmann::json& model_config, const FlopsQuery& q) {
               {"linear_flops_per_sample", t.linear_flops_per_sample},
               {"attention_flops_per_sample", t.attention_flops_per_sample}};
   r.flops_per_sample = t.flops_per_sample;
+  r.attention_flops_per_sample = t.attention_flops_per_sample;
   return r;
 }
 

@@ -90,6 +90,7 @@ FlopsReport flops(const nlohmann::json& model_config, const FlopsQuery& q) {
               {"vision_multiplier", f.vision_multiplier},
               {"vision_flops", vision}};
   r.flops_per_sample = f.total() / static_cast<double>(q.seqlens.size());
+  r.attention_flops_per_sample = f.text_attention / static_cast<double>(q.seqlens.size());  // the tower's stays in GEMM
   return r;
 }
 

@@ -110,18 +110,10 @@ class TestTransformer : public Model {
     return out;
   }
 
-  // 6 * matmul params * tokens (lm_head included, embedding lookup not) + causal attention
-  // 6 * 2 * L * S^2/2 * nh * hd per sequence (QK^T and PV, forward 2 FLOPs/MAC, backward 2x).
   double train_flops(const Batch& batch) const override {
     const auto& tokens = batch_get(batch, "tokens");
-    const double b = tokens.size(0), s = tokens.size(1) - 1;
-    const auto& c = config_;
-    const double hd = static_cast<double>(c.hidden_size) / c.num_heads;
-    const double per_layer = c.hidden_size * hd * (2.0 * c.num_heads + 2.0 * c.num_kv_heads) +
-                             3.0 * c.hidden_size * c.ffn_hidden_size;
-    const double matmul_params = c.num_layers * per_layer + static_cast<double>(c.vocab_size) * c.hidden_size;
-    const double attention = 6.0 * 2.0 * c.num_layers * (s * s / 2.0) * c.num_heads * hd;
-    return b * (6.0 * matmul_params * s + attention);
+    const auto f = test_transformer_flops(config_, static_cast<double>(tokens.size(1) - 1));
+    return static_cast<double>(tokens.size(0)) * (f.matmul + f.attention);
   }
 
   std::shared_ptr<Embedding> embed;
@@ -158,6 +150,14 @@ TestTransformerConfig TestTransformerConfig::from_json(const nlohmann::json& j) 
     fail("model.config: num_heads ", c.num_heads, " is not divisible by num_kv_heads ", c.num_kv_heads);
   if ((c.hidden_size / c.num_heads) % 2 != 0) fail("model.config: head_dim must be even for RoPE");
   return c;
+}
+
+TestTransformerFlops test_transformer_flops(const TestTransformerConfig& c, double s) {
+  const double hd = static_cast<double>(c.hidden_size) / c.num_heads;
+  const double per_layer = c.hidden_size * hd * (2.0 * c.num_heads + 2.0 * c.num_kv_heads) +
+                           3.0 * c.hidden_size * c.ffn_hidden_size;
+  const double matmul_params = c.num_layers * per_layer + static_cast<double>(c.vocab_size) * c.hidden_size;
+  return {6.0 * matmul_params * s, 6.0 * 2.0 * c.num_layers * (s * s / 2.0) * c.num_heads * hd};
 }
 
 std::shared_ptr<Model> make_test_transformer(const nlohmann::json& model_config) {

@@ -27,4 +27,12 @@ struct TestTransformerConfig {
 
 std::shared_ptr<Model> make_test_transformer(const nlohmann::json& model_config);
 
+// Forward + backward FLOPs of one sequence of `seqlen` tokens (docs/flops.md's convention):
+// matmuls 6 x matmul params x tokens (lm_head included, the embedding lookup not), and causal
+// attention 6 x 2 x L x S^2/2 x nh x hd (QK^T and PV, 2 FLOPs per MAC forward, backward 2x).
+struct TestTransformerFlops {
+  double matmul = 0, attention = 0;
+};
+TestTransformerFlops test_transformer_flops(const TestTransformerConfig& config, double seqlen);
+
 }  // namespace mmtrain

@@ -1,7 +1,9 @@
 // The test transformer's spec (model_id "test_transformer"): HF keys are its own parameter
-// names, there is no FLOPs tool (Model::train_flops serves the trainer) and no config inference.
+// names; its FLOPs are test_transformer_flops (the trainer's and the plan's); no config inference.
 #include "models/model_spec.h"
 #include "models/test_transformer/model.h"
+
+#include "core/error.h"
 
 namespace mmtrain {
 namespace {
@@ -38,12 +40,31 @@ ActivationEstimate activations(const ActivationQuery& q) {
   return a;
 }
 
+FlopsReport flops(const nlohmann::json& model_config, const FlopsQuery& q) {
+  const auto c = TestTransformerConfig::from_json(model_config);
+  if (q.seqlens.empty()) fail("flops test_transformer: no sequence lengths");
+  FlopsReport r;
+  r.title = "test transformer FLOPs (docs/flops.md)";
+  double matmul = 0, attention = 0;
+  for (int64_t s : q.seqlens) {
+    const auto f = test_transformer_flops(c, static_cast<double>(s));
+    matmul += f.matmul;
+    attention += f.attention;
+  }
+  const double n = static_cast<double>(q.seqlens.size());
+  r.fields = {{"matmul_flops_per_sample", matmul / n}, {"attention_flops_per_sample", attention / n}};
+  r.flops_per_sample = (matmul + attention) / n;
+  r.attention_flops_per_sample = attention / n;
+  return r;
+}
+
 ModelSpec test_transformer_spec() {
   ModelSpec spec;
   spec.name = "test_transformer";
   spec.title = "test transformer (the engine's test model)";
   spec.build = make_test_transformer;
   spec.activations = activations;
+  spec.flops = flops;
   return spec;
 }
 
