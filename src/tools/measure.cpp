@@ -2,6 +2,7 @@
 #include "tools/command.h"
 #include "tools/cp_attention_bench.h"
 #include "tools/gemm_peak.h"
+#include "tools/measure_profile.h"
 
 #include <CLI/CLI.hpp>
 
@@ -46,6 +47,22 @@ void add_measure_commands(CLI::App& app, Commands& commands) {
   attention->add_option("--warmup", a->warmup, "untimed repeats first")->capture_default_str();
   attention->add_option("--repeats", a->repeats, "timed repeats (the median is reported)")->capture_default_str();
   commands.add(attention, [a] { measure_cp_attention(*a); });
+
+  auto p = std::make_shared<MeasureProfileOptions>();
+  auto* profile = measure->add_subcommand(
+      "profile", "a device profile of this machine for `plan --device` (docs/step_time.md)");
+  profile->add_option("--out", p->out, "the profile JSON to write")->required();
+  profile->add_option("--name", p->name, "the profile's name")->capture_default_str();
+  profile->add_option("--disk-dir,--disk_dir", p->disk_dir, "where to measure the disk (the offload_dir to plan for)")
+      ->capture_default_str();
+  profile->add_option("--threads", p->threads, "intra-op threads of one rank")->capture_default_str();
+  profile->add_option("--ranks", p->ranks, "thread ranks of the all-reduce")->capture_default_str();
+  profile->add_option("--gemm-size,--gemm_size", p->gemm_size, "square GEMM size")->capture_default_str();
+  profile->add_option("--copy-mb,--copy_mb", p->copy_mb, "MiB copied for memory bandwidth")->capture_default_str();
+  profile->add_option("--allreduce-mb,--allreduce_mb", p->allreduce_mb, "MiB all-reduced")->capture_default_str();
+  profile->add_option("--disk-mb,--disk_mb", p->disk_mb, "MiB written and read on the disk")->capture_default_str();
+  profile->add_flag("--overwrite", p->overwrite, "replace an existing --out file");
+  commands.add(profile, [p] { measure_profile(*p); });
 }
 
 }  // namespace mmtrain

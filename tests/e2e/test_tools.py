@@ -222,6 +222,24 @@ def test_plan_predicts_the_step_time_on_a_device_profile(tmp_path):
     assert proc.returncode != 0 and "--world-size 4 is not --nodes x --devices-per-node = 8" in proc.stderr
 
 
+def test_measure_profile_writes_a_profile_the_plan_reads(tmp_path, token_file):
+    out = tmp_path / "local.json"
+    small = ["--gemm-size", "256", "--copy-mb", "16", "--allreduce-mb", "4", "--disk-mb", "8",
+             "--disk-dir", str(tmp_path)]
+    profile = last_json(run_mmtrain(["measure", "profile", "--out", str(out), *small]))
+    assert json.loads(out.read_text())["peak_bf16_tflops"] == profile["peak_bf16_tflops"] > 0
+    for key in ("peak_fp32_tflops", "memory_gb_per_s", "intra_node_gb_per_s", "disk_read_gb_per_s",
+                "disk_write_gb_per_s"):
+        assert profile[key] > 0 and "measured by `mmtrain measure profile`" in profile["sources"][key], key
+    assert 0 < profile["efficiency"]["attention"] <= 1
+    assert list(tmp_path.glob("*.offload")) == []  # the disk tier's scratch file is gone
+    proc = run_mmtrain(["measure", "profile", "--out", str(out), *small], check=False)
+    assert proc.returncode != 0 and "exists (pass --overwrite to replace it)" in proc.stderr
+    cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, iters=1))
+    plan = last_json(run_mmtrain(["plan", str(cfg), "--world-size", "2", "--seqlen", "16", "--device", str(out)]))
+    assert plan["step_time"]["device"] == "local" and plan["step_time"]["total_ms"] > 0
+
+
 def test_logs_compare_two_runs(tmp_path, token_file):
     # Same global batch (4) two ways: 1 rank x micro 2 x accum 2, and 2 ranks x micro 2 x accum 1.
     runs = {}
