@@ -1,8 +1,28 @@
 #include "tools/command.h"
 
+#include "core/error.h"
+
 #include <CLI/CLI.hpp>
 
+#include <fstream>
+
 namespace mmtrain {
+
+std::vector<std::string> read_set_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail("--set-file ", path, ": cannot be read");
+  std::vector<std::string> sets;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    const auto begin = line.find_first_not_of(" \t\r"), end = line.find_last_not_of(" \t\r");
+    if (begin == std::string::npos || line[begin] == '#') continue;
+    line = line.substr(begin, end - begin + 1);
+    if (line.find('=') == std::string::npos)
+      fail("--set-file ", path, " line ", number, ": expected key=value, found '", line, "'");
+    sets.push_back(line);
+  }
+  return sets;
+}
 
 bool Commands::run_parsed() const {
   for (const auto& [command, run] : commands_)

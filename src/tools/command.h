@@ -3,6 +3,7 @@
 // runs once that subcommand is parsed. main() only calls the add_*_commands functions below.
 #pragma once
 #include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -21,6 +22,11 @@ class Commands {
  private:
   std::vector<std::pair<CLI::App*, std::function<void()>>> commands_;
 };
+
+// The overrides of a --set-file: one `key=value` per line (what `plan --auto --out` writes); blank
+// lines and lines starting with # are skipped; a line without '=' is an error naming the file and
+// line. They come before the command line's own --set, which therefore win.
+std::vector<std::string> read_set_file(const std::string& path);
 
 void add_train_commands(CLI::App& app, Commands& commands);    // train (tools/train.cpp)
 void add_fixture_commands(CLI::App& app, Commands& commands);  // fixture NAME, fixture MODEL-weights

@@ -154,6 +154,7 @@ void measure_profile(const MeasureProfileOptions& o) {
   j["intra_node_gb_per_s"] = link;
   j["inter_node_gb_per_s"] = link;
   j["host_link_gb_per_s"] = memory;
+  j["host_memory_gb"] = j["memory_gb"];
   j["host_memory_gb_per_s"] = memory;
   j["disk_read_gb_per_s"] = disk_read;
   j["disk_write_gb_per_s"] = disk_write;
@@ -167,6 +168,7 @@ void measure_profile(const MeasureProfileOptions& o) {
                                            static_cast<long long>(o.allreduce_mb), o.ranks)},
       {"inter_node_gb_per_s", "one machine: the intra-node figure"},
       {"host_link_gb_per_s", "on a CPU the host is the device: memory_gb_per_s"},
+      {"host_memory_gb", "on a CPU the host is the device: memory_gb"},
       {"host_memory_gb_per_s", "on a CPU the host is the device: memory_gb_per_s"},
       {"disk_read_gb_per_s", how + format("the disk tier's reads of %lld MiB under %s", static_cast<long long>(o.disk_mb), o.disk_dir.c_str())},
       {"disk_write_gb_per_s", how + format("the disk tier's writes of %lld MiB under %s", static_cast<long long>(o.disk_mb), o.disk_dir.c_str())},

@@ -11,7 +11,7 @@
 //   inter_node_gb_per_s                  not measurable on one machine: the intra-node figure
 //   disk_read/write_gb_per_s             the disk tier's own path (offload/disk_store.h, direct I/O
 //                                        where the filesystem allows) in the given directory
-//   memory_gb                            the machine's RAM (MemTotal)
+//   memory_gb, host_memory_gb            the machine's RAM (MemTotal)
 // Efficiencies: gemm and comm 1 (their peaks are measured rates), overlap 0.5 (Gloo on a CPU
 // takes cores from compute): starting points for calibration. The profile's "sources" say how and
 // when each figure was measured.

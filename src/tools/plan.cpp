@@ -8,6 +8,8 @@
 #include "optim/swapped_moments.h"
 #include "train/device_profile.h"
 #include "train/step_time.h"
+#include "tools/plan_auto.h"
+#include "tools/plan_estimate.h"
 #include "train/offload_plan.h"
 #include "tools/command.h"
 #include "train/config.h"
@@ -30,61 +32,34 @@ void row(const std::string& label, int64_t bytes) {
 
 // The step time for this config on the profile's devices (train/step_time.h), printed as a
 // breakdown and added to the JSON.
-void print_step_time(const PlanOptions& o, const Config& cfg, const ParallelDims& dims, const FsdpMemoryPlan& plan,
-                     const ModelSpec& spec, int64_t seqlen, const ActivationEstimate& act, bool recompute,
-                     int devices_per_node, nlohmann::ordered_json& j) {
+void print_step_time(const PlanOptions& o, const PlanEstimate& e, int devices_per_node, nlohmann::ordered_json& j) {
   const DeviceProfile profile = load_device_profile(o.device);
-  StepTimeInputs in;
-  in.fsdp = &plan;
-  in.dims = dims;
-  in.devices_per_node = devices_per_node;
-  in.micro_batch_size = cfg.training.micro_batch_size;
-  in.accumulation = config_accumulation(cfg, dims);
-  in.recompute = recompute;
-  in.offload = OffloadSetting::of(cfg);
-  if (!spec.flops || seqlen == 0) {
-    std::printf("\n  step time: %s\n", !spec.flops ? ("no FLOPs formula for model '" + spec.name + "'").c_str()
-                                                      : "pass --seqlen to predict it");
+  bool flops = false;
+  const StepTimeInputs in = e.step_inputs(devices_per_node, &flops);
+  if (!flops) {
+    std::printf("\n  step time: %s\n", !e.spec->flops ? ("no FLOPs formula for model '" + e.spec->name + "'").c_str()
+                                                        : "pass --seqlen to predict it");
     return;
   }
-  FlopsQuery query;
-  query.seqlens = {seqlen};
-  const FlopsReport flops = spec.flops(cfg.model.config, query);
-  in.attention_flops_per_sample = flops.attention_flops_per_sample;
-  in.gemm_flops_per_sample = flops.flops_per_sample - flops.attention_flops_per_sample;
-  if (act.num_layers > 0) {
-    in.tokens_per_rank = act.tokens;
-    in.q_width = act.q_width;
-    in.kv_width = act.kv_width;
-    in.num_layers = act.num_layers;
-    // Activation offload sends n - 1 of the n layers' kept tensors (train/offload_plan.h).
-    const int64_t kept = recompute ? act.layer_inputs_bytes : act.layers_full_bytes;
-    in.offloaded_activation_bytes = kept / act.num_layers * std::max<int64_t>(0, act.num_layers - 1);
-  }
-  const StepTime t = predict_step_time(in, profile, plan.config.param_dtype);
-  std::printf("\n  step time on %d x %s (%s), %d per node, per rank: %.1f ms\n", dims.world, profile.name.c_str(),
+  const StepTime t = predict_step_time(in, profile, e.plan.config.param_dtype);
+  std::printf("\n  step time on %d x %s (%s), %d per node, per rank: %.1f ms\n", e.dims.world, profile.name.c_str(),
               profile.description.c_str(), devices_per_node, t.total_ms);
   auto line = [](const char* what, double value_ms, const std::string& how) {
     std::printf("    %-28s %10.1f ms  %s\n", what, value_ms, how.c_str());
   };
   line("GEMMs", t.gemm_ms, format("efficiency %.2f", profile.gemm_efficiency));
   line("attention", t.attention_ms, format("efficiency %.2f", profile.attention_efficiency));
-  line("recompute", t.recompute_ms, recompute ? "one more forward" : "off");
+  line("recompute", t.recompute_ms, e.recompute ? "one more forward" : "off");
   line("FSDP collectives, exposed", t.fsdp_exposed_ms, format("of %.1f ms; overlap %.2f", t.fsdp_ms, profile.overlap));
-  line("Ulysses all-to-all", t.ulysses_ms, dims.ulysses > 1 ? "on the critical path" : "none");
+  line("Ulysses all-to-all", t.ulysses_ms, e.dims.ulysses > 1 ? "on the critical path" : "none");
   line("ring P2P, exposed", t.ring_exposed_ms, format("of %.1f ms", t.ring_ms));
   line("host copies, exposed", t.host_exposed_ms, format("of %.1f ms", t.host_link_ms));
   line("disk reads, exposed", t.disk_exposed_ms, format("of %.1f ms", t.disk_ms));
   line("optimizer step", t.optimizer_ms, in.offload.swap || in.offload.cpu_offload ? "with its offload traffic" : "memory-bound");
   for (const auto& note : t.notes) std::printf("    (%s)\n", note.c_str());
-  j["step_time"] = {{"device", profile.name},       {"devices_per_node", devices_per_node},
-                    {"total_ms", t.total_ms},       {"gemm_ms", t.gemm_ms},
-                    {"attention_ms", t.attention_ms}, {"recompute_ms", t.recompute_ms},
-                    {"fsdp_ms", t.fsdp_ms},         {"fsdp_exposed_ms", t.fsdp_exposed_ms},
-                    {"ulysses_ms", t.ulysses_ms},   {"ring_ms", t.ring_ms},
-                    {"ring_exposed_ms", t.ring_exposed_ms}, {"host_link_ms", t.host_link_ms},
-                    {"host_exposed_ms", t.host_exposed_ms}, {"disk_ms", t.disk_ms},
-                    {"disk_exposed_ms", t.disk_exposed_ms}, {"optimizer_ms", t.optimizer_ms}};
+  j["step_time"] = step_time_json(t);
+  j["step_time"]["device"] = profile.name;
+  j["step_time"]["devices_per_node"] = devices_per_node;
 }
 
 }  // namespace
@@ -101,49 +76,22 @@ void plan_memory(const PlanOptions& o) {
     world = o.nodes * o.devices_per_node;
   }
   if (devices_per_node == 0) devices_per_node = world;  // one node
-  const auto cfg = config_load(o.config_path, o.overrides);
-  const ParallelDims dims = config_check_world(cfg, world);
+  const auto loaded = config_load(o.config_path, o.overrides);
+  auto model = model_spec(loaded.model.model_id, "config " + loaded.source_path + ": model.model_id").build(loaded.model.config);
+  const auto estimate = plan_estimate(loaded, world, o.seqlen, *model);
+  const PlanEstimate& e = *estimate;
+  const Config& cfg = e.cfg;
+  const ParallelDims& dims = e.dims;
   const int fsdp_size = dims.fsdp();
   const auto& fp = cfg.parallel.fsdp_plan;
   const auto& id = cfg.model.model_id;
-  const auto& spec = model_spec(id, "config " + cfg.source_path + ": model.model_id");
-  auto model = spec.build(cfg.model.config);
-  const FsdpMemoryPlan plan = fsdp_memory_plan(*model, fp, fsdp_size);
-
-  const bool recompute = cfg.features.recompute && !cfg.features.recompute_plan.apply_modules.empty();
-  const int64_t seqlen = o.seqlen > 0 ? o.seqlen : spec.default_seqlen;
-  const int64_t micro = cfg.training.micro_batch_size;
-  // Context parallelism splits a micro-batch's packed tokens over the CP ranks (padded to a
-  // multiple of the degree): the activations are those of the local tokens.
+  const FsdpMemoryPlan& plan = e.plan;
+  const bool recompute = e.recompute;
+  const int64_t seqlen = e.seqlen, micro = e.micro;
   const int ring = dims.ring, ulysses = dims.ulysses, cp = dims.cp();
-  const int64_t tokens_per_rank = (micro * seqlen + cp - 1) / cp;
-  ActivationEstimate act;
-  std::string no_activations;
-  if (!spec.activations)
-    no_activations = "no activation estimator for model '" + id + "'";
-  else if (seqlen == 0)
-    no_activations = "pass --seqlen to estimate activations";
-  else if (cp == 1)
-    act = spec.activations(ActivationQuery{cfg.model.config, seqlen, micro, fp.param_dtype});
-  else
-    act = spec.activations(ActivationQuery{cfg.model.config, tokens_per_rank, 1, fp.param_dtype});
-  // The context-parallel buffers of one layer's attention (e = param_dtype bytes, T the local
-  // tokens, T_r = U * T the ring chunk, q/kv widths per Ulysses rank):
-  //   Ulysses: send + receive buffers of the q, k, v and output all-to-alls, 2 e T (2 q + 2 kv)
-  //   ring forward: the k/v block held and the one arriving, 2 x 2 e T_r kv, and the fp32
-  //     output accumulator 4 T_r q; backward: the same k/v pair, the fp32 dK/dV travelling
-  //     (held and arriving, 2 x 2 x 4 T_r kv) and the fp32 dQ (4 T_r q): the larger of the two.
-  int64_t cp_buffer_bytes = 0;
-  if (cp > 1 && no_activations.empty()) {
-    const int64_t e = static_cast<int64_t>(c10::elementSize(fp.param_dtype)), t = tokens_per_rank;
-    if (ulysses > 1) cp_buffer_bytes += 2 * e * t * (2 * act.q_width + 2 * act.kv_width);
-    if (ring > 1) {
-      const int64_t tr = ulysses * t, q = act.q_width / ulysses, kv = std::max<int64_t>(act.kv_width / ulysses, 1);
-      const int64_t forward = 2 * 2 * e * tr * kv + 4 * tr * q;
-      const int64_t backward = 2 * 2 * e * tr * kv + 2 * 2 * 4 * tr * kv + 4 * tr * q;
-      cp_buffer_bytes += std::max(forward, backward);
-    }
-  }
+  const ActivationEstimate& act = e.act;
+  const std::string& no_activations = e.no_activations;
+  const int64_t cp_buffer_bytes = e.cp_buffer_bytes;
 
   const auto& root = plan.units[0];
   const UnitPlan* largest = &root;
@@ -236,19 +184,8 @@ void plan_memory(const PlanOptions& o) {
     row("= TOTAL per rank without activations", fixed);
     j["total_bytes_without_activations"] = fixed;
   }
-  // The offload features, each and combined (train/offload_plan.h has the rules). The windows are
-  // those of the largest chunk; at run time training.mem_fraction_static of the free memory may
-  // make them smaller.
-  OffloadPlanInputs offload_in;
-  offload_in.fsdp = &plan;
-  offload_in.other_device_bytes = cp_buffer_bytes;
-  if (no_activations.empty()) {
-    offload_in.activation_bytes = recompute ? act.with_recompute_bytes() : act.without_recompute_bytes();
-    offload_in.layers_kept_bytes = recompute ? act.layer_inputs_bytes : act.layers_full_bytes;
-    offload_in.num_layers = act.num_layers;
-  }
-  offload_in.window_bytes =
-      SwappedMoments::window_bytes_for(SwappedMoments::chunk_numel_for(1.0, std::nullopt, plan.largest_shard_numel()));
+  // The offload features, each and combined (train/offload_plan.h has the rules).
+  const OffloadPlanInputs offload_in = e.offload_inputs();
   const OffloadSetting chosen = OffloadSetting::of(cfg);
   std::printf("\n  offload features, per rank: device / host tier / disk%s\n",
               no_activations.empty() ? "" : " (activations not counted)");
@@ -274,7 +211,7 @@ void plan_memory(const PlanOptions& o) {
   j["offload_window_bytes"] = offload_in.window_bytes;
   j["largest_shard_numel"] = plan.largest_shard_numel();
   j["largest_param_numel"] = plan.largest_param_numel;
-  if (!o.device.empty()) print_step_time(o, cfg, dims, plan, spec, seqlen, act, recompute, devices_per_node, j);
+  if (!o.device.empty()) print_step_time(o, e, devices_per_node, j);
   std::printf("  (on CPU the device is the host: device + host share its RAM, and a save copies nothing to it)\n");
   std::printf("  (no allocator reserve, comm library buffers, kernel workspaces or runtime context: "
               "docs/tools.md)\n");
@@ -293,7 +230,24 @@ void add_plan_commands(CLI::App& app, Commands& commands) {
   plan->add_option("--nodes", o->nodes, "nodes (with --devices-per-node: the world)");
   plan->add_option("--devices-per-node,--devices_per_node", o->devices_per_node,
                    "devices per node (default: the whole world on one node)");
-  commands.add(plan, [o] { plan_memory(*o); });
+  plan->add_option("--set-file,--set_file", o->set_file, "overrides from a file, one key=value per line; --set wins");
+  plan->add_flag("--auto", o->auto_search,
+                 "search the parallel, recompute, offload and micro-batch settings (needs --device, --nodes, "
+                 "--devices-per-node; docs/step_time.md)");
+  plan->add_option("--device-memory-gb", o->device_memory_gb, "--auto: device budget per rank (default 0.9 x the profile's)");
+  plan->add_option("--host-memory-gb", o->host_memory_gb, "--auto: host memory budget per node (default 0.9 x the profile's)");
+  plan->add_option("--disk-gb", o->disk_gb, "--auto: offload disk budget per node (default no limit)");
+  plan->add_option("--top", o->top, "--auto: candidates to print")->capture_default_str();
+  plan->add_option("--out", o->out, "--auto: write the winner's settings here (train --set-file takes it)");
+  commands.add(plan, [o] {
+    if (!o->set_file.empty()) {
+      auto sets = read_set_file(o->set_file);
+      sets.insert(sets.end(), o->overrides.begin(), o->overrides.end());
+      o->overrides = sets;
+    }
+    if (o->auto_search) return plan_auto(*o);
+    plan_memory(*o);
+  });
 }
 
 }  // namespace mmtrain

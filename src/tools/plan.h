@@ -11,7 +11,8 @@ namespace mmtrain {
 
 struct PlanOptions {
   std::string config_path;
-  std::vector<std::string> overrides;  // --set a.b=c
+  std::vector<std::string> overrides;  // --set a.b=c (after --set-file's)
+  std::string set_file;
   int world_size = 1;
   int64_t seqlen = 0;                  // tokens per sample; 0 = the model's default
   // The hardware (train/step_time.h): with a device profile the plan adds the step time. nodes x
@@ -19,6 +20,13 @@ struct PlanOptions {
   std::string device;                  // h200, h100, a100, 910b3, or a profile's JSON path; "" = none
   int nodes = 0;
   int devices_per_node = 0;
+  // --auto (tools/plan_auto.h): search the knobs under these budgets (GB; 0 = 0.9 x the
+  // profile's device memory per rank and host memory per node, no limit for the disk, per node),
+  // print the best `top`, write the winner's --set lines to `out`.
+  bool auto_search = false;
+  double device_memory_gb = 0, host_memory_gb = 0, disk_gb = 0;
+  int top = 5;
+  std::string out;
 };
 
 // Prints the table, then one JSON line with every figure (bytes) as the last line of stdout.

@@ -17,13 +17,18 @@ void add_train_commands(CLI::App& app, Commands& commands) {
   struct Options {
     std::string config_path;
     std::vector<std::string> overrides;
+    std::string set_file;
   };
   auto o = std::make_shared<Options>();
   auto* train = app.add_subcommand("train", "train a model from a YAML config (launch with torchrun for N ranks)");
   train->add_option("config", o->config_path, "YAML config file")->required();
   train->add_option("--set", o->overrides, "override a config key: --set training.lr=3e-4 (repeatable)");
+  train->add_option("--set-file,--set_file", o->set_file,
+                    "overrides from a file, one key=value per line (plan --auto --out writes one); --set wins");
   commands.add(train, [o] {
-    auto config = config_load(o->config_path, o->overrides);
+    auto overrides = o->set_file.empty() ? std::vector<std::string>{} : read_set_file(o->set_file);
+    overrides.insert(overrides.end(), o->overrides.begin(), o->overrides.end());
+    auto config = config_load(o->config_path, overrides);
     amx_attention_enabled();  // a bad MMTRAIN_CPU_ATTENTION fails here, before anything is built
     auto runtime = runtime_init(LaunchEnv::from_environment(), default_device(),
                                 std::chrono::seconds(config.parallel.timeout_s));

@@ -50,6 +50,7 @@ DeviceProfile device_profile_from_json(const std::string& text, const std::strin
   p.intra_node_gb_per_s = positive(j, "intra_node_gb_per_s", where, kAny);
   p.inter_node_gb_per_s = positive(j, "inter_node_gb_per_s", where, kAny);
   p.host_link_gb_per_s = positive(j, "host_link_gb_per_s", where, kAny);
+  p.host_memory_gb = positive(j, "host_memory_gb", where, kAny);
   p.host_memory_gb_per_s = positive(j, "host_memory_gb_per_s", where, kAny);
   p.disk_read_gb_per_s = positive(j, "disk_read_gb_per_s", where, kAny);
   p.disk_write_gb_per_s = positive(j, "disk_write_gb_per_s", where, kAny);

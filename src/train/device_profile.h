@@ -8,6 +8,7 @@
 //   intra_node_gb_per_s                  collective bandwidth between devices of one node
 //   inter_node_gb_per_s                  the same across nodes (the device's share of the NICs)
 //   host_link_gb_per_s                   device <-> pinned host memory
+//   host_memory_gb                       the device's share of the node's host RAM
 //   host_memory_gb_per_s                 the device's share of host DRAM bandwidth (a host step)
 //   disk_read_gb_per_s, disk_write_gb_per_s   the device's share of the node's offload disk
 //   efficiency.{gemm, attention, comm, overlap}   achieved / peak for GEMMs, attention and
@@ -23,7 +24,8 @@ struct DeviceProfile {
   std::string description;
   double peak_bf16_tflops = 0, peak_fp32_tflops = 0;
   double memory_gb = 0, memory_gb_per_s = 0;
-  double intra_node_gb_per_s = 0, inter_node_gb_per_s = 0, host_link_gb_per_s = 0, host_memory_gb_per_s = 0;
+  double intra_node_gb_per_s = 0, inter_node_gb_per_s = 0, host_link_gb_per_s = 0;
+  double host_memory_gb = 0, host_memory_gb_per_s = 0;
   double disk_read_gb_per_s = 0, disk_write_gb_per_s = 0;
   double gemm_efficiency = 0, attention_efficiency = 0, comm_efficiency = 0, overlap = 0;
 };

@@ -121,4 +121,14 @@ StepTime predict_step_time(const StepTimeInputs& in, const DeviceProfile& p, at:
   return t;
 }
 
+nlohmann::ordered_json step_time_json(const StepTime& t) {
+  return {{"total_ms", t.total_ms},          {"gemm_ms", t.gemm_ms},
+          {"attention_ms", t.attention_ms},  {"recompute_ms", t.recompute_ms},
+          {"fsdp_ms", t.fsdp_ms},            {"fsdp_exposed_ms", t.fsdp_exposed_ms},
+          {"ulysses_ms", t.ulysses_ms},      {"ring_ms", t.ring_ms},
+          {"ring_exposed_ms", t.ring_exposed_ms}, {"host_link_ms", t.host_link_ms},
+          {"host_exposed_ms", t.host_exposed_ms}, {"disk_ms", t.disk_ms},
+          {"disk_exposed_ms", t.disk_exposed_ms}, {"optimizer_ms", t.optimizer_ms}};
+}
+
 }  // namespace mmtrain

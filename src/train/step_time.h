@@ -32,6 +32,8 @@
 #include "train/device_profile.h"
 #include "train/offload_plan.h"
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -69,5 +71,7 @@ struct StepTime {
 
 // Fails naming the input when a count is not positive.
 StepTime predict_step_time(const StepTimeInputs& in, const DeviceProfile& profile, at::ScalarType compute_dtype);
+// Every component in milliseconds ("total_ms", "gemm_ms", ...), for plan's JSON.
+nlohmann::ordered_json step_time_json(const StepTime& t);
 
 }  // namespace mmtrain

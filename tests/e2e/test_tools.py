@@ -240,6 +240,33 @@ def test_measure_profile_writes_a_profile_the_plan_reads(tmp_path, token_file):
     assert plan["step_time"]["device"] == "local" and plan["step_time"]["total_ms"] > 0
 
 
+def test_plan_auto_chooses_under_a_budget_and_its_choice_trains(tmp_path, token_file):
+    cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, mbs=2, iters=1))
+    base = ["plan", str(cfg), "--auto", "--device", "h200", "--nodes", "1", "--devices-per-node", "2", "--seqlen", "16"]
+    free = last_json(run_mmtrain(base))
+    best = free["best"][0]
+    assert free["fitting"] == free["tried"] - free["refused"] > 10
+    # Recompute only adds a forward and the offload features only add traffic: unconstrained, the
+    # winner has neither (ties go to the simpler setting).
+    assert "recompute off" in best["summary"] and "offload none" in best["summary"], best["summary"]
+    assert [c["step_time"]["total_ms"] for c in free["best"]] == sorted(c["step_time"]["total_ms"] for c in free["best"])
+    # A device budget just below the winner's need rules it out: the choice fits the budget.
+    budget_gb = best["device_bytes"] * 0.999 / 1e9
+    tight = last_json(run_mmtrain([*base, "--device-memory-gb", str(budget_gb)]))
+    assert tight["over_device"] > free["over_device"]
+    assert tight["best"][0]["device_bytes"] <= budget_gb * 1e9 and tight["best"][0]["summary"] != best["summary"]
+    assert tight["best"][0]["step_time"]["total_ms"] >= best["step_time"]["total_ms"]
+    proc = run_mmtrain([*base, "--device-memory-gb", "0.000001"], check=False)
+    assert proc.returncode != 0 and "plan --auto: nothing fits: the smallest candidate needs" in proc.stderr
+    assert "GB of device memory per rank (budget 0.0)" in proc.stderr
+    # The winner's settings, written for train --set-file, train.
+    choice = tmp_path / "choice.txt"
+    run_mmtrain([*base, "--device-memory-gb", str(budget_gb), "--out", str(choice)])
+    assert tight["best"][0]["sets"] == [line for line in choice.read_text().splitlines() if not line.startswith("#")]
+    run_mmtrain(["train", str(cfg), "--set-file", str(choice)], world=2)
+    assert len(read_metrics(tmp_path / "run")) == 1
+
+
 def test_logs_compare_two_runs(tmp_path, token_file):
     # Same global batch (4) two ways: 1 rank x micro 2 x accum 2, and 2 ranks x micro 2 x accum 1.
     runs = {}

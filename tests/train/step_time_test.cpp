@@ -178,7 +178,7 @@ TEST(StepTime, TheOptimizerIsAMemoryPassOrTheTrafficBesideIt) {
 TEST(DeviceProfile, BadProfilesAreRefusedNamingTheField) {
   const std::string good = R"({"name": "x", "peak_bf16_tflops": 1, "peak_fp32_tflops": 1, "memory_gb": 1,
     "memory_gb_per_s": 1, "intra_node_gb_per_s": 1, "inter_node_gb_per_s": 1, "host_link_gb_per_s": 1,
-    "host_memory_gb_per_s": 1, "disk_read_gb_per_s": 1, "disk_write_gb_per_s": 1,
+    "host_memory_gb": 1, "host_memory_gb_per_s": 1, "disk_read_gb_per_s": 1, "disk_write_gb_per_s": 1,
     "efficiency": {"gemm": 0.5, "attention": 0.5, "comm": 0.5, "overlap": 0.5}})";
   EXPECT_EQ(device_profile_from_json(good, "p").name, "x");
   auto error = [&](const std::string& from, const std::string& to) {

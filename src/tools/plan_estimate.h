@@ -1,0 +1,41 @@
+// What `mmtrain plan` works out for one config on one world, shared by the printed plan
+// (tools/plan.cpp) and the search over configurations (tools/plan_auto.cpp): the FSDP memory
+// plan, the activation estimate of the tokens each rank holds, the context-parallel buffers,
+// the inputs of the offload tiers' rules and of the step-time model.
+#pragma once
+#include "fsdp/plan.h"
+#include "models/activation_estimate.h"
+#include "models/model_spec.h"
+#include "parallel/parallel_dims.h"
+#include "train/config.h"
+#include "train/offload_plan.h"
+#include "train/step_time.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace mmtrain {
+
+struct PlanEstimate {
+  Config cfg;
+  ParallelDims dims;
+  const ModelSpec* spec = nullptr;
+  FsdpMemoryPlan plan;
+  bool recompute = false;
+  int64_t seqlen = 0, micro = 1, tokens_per_rank = 0;
+  ActivationEstimate act;
+  std::string no_activations;     // why there is no activation estimate; "" when there is one
+  int64_t cp_buffer_bytes = 0;    // one layer's context-parallel attention buffers
+
+  // offload_tier_bytes' inputs (they point into this estimate: do not copy it after asking).
+  OffloadPlanInputs offload_inputs() const;
+  // The step-time model's inputs, without the FLOPs when the model has no formula (flops false).
+  StepTimeInputs step_inputs(int devices_per_node, bool* flops) const;
+};
+
+// The estimate for cfg on `world` ranks; seqlen 0 = the model's default. model: built from
+// cfg.model (shapes only), reused across estimates of one model.
+std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_t seqlen, Module& model);
+
+}  // namespace mmtrain
