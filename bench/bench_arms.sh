@@ -11,6 +11,9 @@
 #   mmtrain_arm OUT [ARGS...]
 #                       mmtrain trains BENCH_DIR/bench.yaml on WORLD ranks, logging into OUT,
 #                       ARGS (e.g. --set key=value) appended to its command line.
+#   run_logged LABEL OUT CMD...
+#                       runs CMD with its output in OUT.log (OUT removed first); on a failure
+#                       prints the log's tail and exits 1.
 #   run_rounds ARM...   runs every arm once per round for ROUNDS rounds, in the order A B C, then
 #                       C B A, ..., so drift on a shared machine falls on every arm alike. Each run
 #                       is `arm_command ARM OUT` (the caller defines it), writing OUT/metrics.jsonl,
@@ -42,6 +45,17 @@ mmtrain_arm() {
     "$BIN" train "$BENCH_DIR/bench.yaml" --set "logging.output_dir=$1" "${@:2}"
 }
 
+run_logged() {
+  local label=$1 out=$2
+  rm -rf "$out"
+  echo "bench: $label (log $out.log)" >&2
+  if ! "${@:3}" >"$out.log" 2>&1; then
+    echo "bench: $label failed; last lines of its log:" >&2
+    tail -n 40 "$out.log" >&2
+    exit 1
+  fi
+}
+
 run_rounds() {
   local arms=("$@") order round i arm out
   mkdir -p "$BENCH_DIR/runs"
@@ -50,13 +64,7 @@ run_rounds() {
     if ((round % 2)); then order=("${arms[@]}"); else for ((i = ${#arms[@]} - 1; i >= 0; --i)); do order+=("${arms[i]}"); done; fi
     for arm in "${order[@]}"; do
       out="$BENCH_DIR/runs/${arm}_r$round"
-      rm -rf "$out"
-      echo "bench: round $round: $arm (log $out.log)" >&2
-      if ! arm_command "$arm" "$out" >"$out.log" 2>&1; then
-        echo "bench: $arm failed; last lines of its log:" >&2
-        tail -n 40 "$out.log" >&2
-        exit 1
-      fi
+      run_logged "round $round: $arm" "$out" arm_command "$arm" "$out"
     done
   done
 }

@@ -40,14 +40,7 @@ setting_sets() {  # setting_sets SETTING: its overrides, one per line
   esac
 }
 run_arm() {  # run_arm NAME ARGS...: one run into BENCH_DIR/runs/NAME, its log beside it
-  local out="$BENCH_DIR/runs/$1"
-  rm -rf "$out"
-  echo "bench: $1 (log $out.log)" >&2
-  if ! mmtrain_arm "$out" "${@:2}" >"$out.log" 2>&1; then
-    echo "bench: $1 failed; last lines of its log:" >&2
-    tail -n 40 "$out.log" >&2
-    exit 1
-  fi
+  run_logged "$1" "$BENCH_DIR/runs/$1" mmtrain_arm "$BENCH_DIR/runs/$1" "${@:2}"
 }
 
 for setting in $SETTINGS; do

@@ -223,6 +223,20 @@ LogRecord log_summary(const std::vector<LogRecord>& records, const LogStatsOptio
   const auto mfu = values(steady, "mfu");
   if (!mfu.empty()) out["mfu_median"] = median(mfu);
 
+  // The run against its plan (train/run_prediction.h): measured over predicted.
+  const auto predicted_step = values(steady, "predicted_step_time_ms");
+  if (!step.empty() && !predicted_step.empty() && median(predicted_step) > 0) {
+    out["predicted_step_time_ms"] = median(predicted_step);
+    out["step_time_over_predicted"] = median(step) / median(predicted_step);
+  }
+  const auto rss = values(records, "peak_rss_mb"), predicted_rss = values(records, "predicted_peak_rss_mb");
+  if (!rss.empty() && !predicted_rss.empty()) {
+    const double measured = *std::max_element(rss.begin(), rss.end());
+    const double predicted = *std::max_element(predicted_rss.begin(), predicted_rss.end());
+    out["predicted_peak_rss_mb"] = predicted;
+    if (predicted > 0) out["peak_rss_over_predicted"] = measured / predicted;
+  }
+
   const auto loss = values(records, "loss");
   if (!loss.empty()) {
     out["loss_mean"] = mean(loss);
@@ -312,6 +326,13 @@ void print_summary(const char* label, const std::string& path, const LogRecord& 
     std::printf(", %.3f TFLOP/s per device", s["tflops_per_device_median"].get<double>());
   if (s.contains("mfu_median")) std::printf(", MFU %.2f %%", 100.0 * s["mfu_median"].get<double>());
   if (s.contains("samples_per_s") || s.contains("tflops_per_device_median")) std::printf("\n");
+  if (s.contains("step_time_over_predicted"))
+    std::printf("   against its plan: step time %.3f x the predicted %.1f ms", s["step_time_over_predicted"].get<double>(),
+                s["predicted_step_time_ms"].get<double>());
+  if (s.contains("peak_rss_over_predicted"))
+    std::printf("%s peak RSS %.3f x the predicted %.0f MB", s.contains("step_time_over_predicted") ? ";" : "   against its plan:",
+                s["peak_rss_over_predicted"].get<double>(), s["predicted_peak_rss_mb"].get<double>());
+  if (s.contains("step_time_over_predicted") || s.contains("peak_rss_over_predicted")) std::printf("\n");
   if (s.contains("loss_mean"))
     std::printf("   loss mean %.6f, last %.6f\n", s["loss_mean"].get<double>(), s["loss_last"].get<double>());
   if (s.contains("last_window") && s["last_window"].contains("loss_mean"))

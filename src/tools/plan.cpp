@@ -9,7 +9,8 @@
 #include "train/device_profile.h"
 #include "train/step_time.h"
 #include "tools/plan_auto.h"
-#include "tools/plan_estimate.h"
+#include "tools/plan_calibrate.h"
+#include "train/plan_estimate.h"
 #include "train/offload_plan.h"
 #include "tools/command.h"
 #include "train/config.h"
@@ -221,7 +222,7 @@ void plan_memory(const PlanOptions& o) {
 void add_plan_commands(CLI::App& app, Commands& commands) {
   auto o = std::make_shared<PlanOptions>();
   auto* plan = app.add_subcommand("plan", "per-rank memory of a run, from shapes only (docs/tools.md)");
-  plan->add_option("config", o->config_path, "YAML config file")->required();
+  plan->add_option("config", o->config_path, "YAML config file (not with --calibrate)");
   plan->add_option("--world-size,--world_size", o->world_size, "ranks")->capture_default_str();
   plan->add_option("--seqlen", o->seqlen, "tokens per sample (default: the model's)");
   plan->add_option("--set", o->overrides, "override a config key (repeatable)");
@@ -238,8 +239,23 @@ void add_plan_commands(CLI::App& app, Commands& commands) {
   plan->add_option("--host-memory-gb", o->host_memory_gb, "--auto: host memory budget per node (default 0.9 x the profile's)");
   plan->add_option("--disk-gb", o->disk_gb, "--auto: offload disk budget per node (default no limit)");
   plan->add_option("--top", o->top, "--auto: candidates to print")->capture_default_str();
-  plan->add_option("--out", o->out, "--auto: write the winner's settings here (train --set-file takes it)");
-  commands.add(plan, [o] {
+  plan->add_option("--out", o->out,
+                   "--auto: write the winner's settings here (train --set-file takes it); --calibrate: the profile");
+  auto calibrate = std::make_shared<CalibrateOptions>();
+  plan->add_option("--calibrate", calibrate->runs,
+                   "fit --device's efficiencies to these run directories (their plan.json and metrics) and write "
+                   "the profile to --out (docs/step_time.md)")
+      ->expected(1, -1);
+  plan->add_option("--skip-first", calibrate->skip_first, "--calibrate: warm-up iterations of each run left out")
+      ->capture_default_str();
+  commands.add(plan, [o, calibrate] {
+    if (!calibrate->runs.empty()) {
+      if (!o->config_path.empty()) fail("plan --calibrate takes run directories, not a CONFIG ('", o->config_path, "')");
+      calibrate->device = o->device;
+      calibrate->out = o->out;
+      return plan_calibrate(*calibrate);
+    }
+    if (o->config_path.empty()) fail("plan: a CONFIG is required");
     if (!o->set_file.empty()) {
       auto sets = read_set_file(o->set_file);
       sets.insert(sets.end(), o->overrides.begin(), o->overrides.end());

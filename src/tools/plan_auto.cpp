@@ -2,7 +2,7 @@
 
 #include "core/error.h"
 #include "core/text.h"
-#include "tools/plan_estimate.h"
+#include "train/plan_estimate.h"
 #include "train/device_profile.h"
 #include "train/offload_plan.h"
 #include "train/step_time.h"

@@ -63,7 +63,7 @@ DeviceProfile device_profile_from_json(const std::string& text, const std::strin
   return p;
 }
 
-DeviceProfile load_device_profile(const std::string& name_or_path) {
+std::string device_profile_path(const std::string& name_or_path) {
   fs::path path(name_or_path);
   const bool named = name_or_path.find('/') == std::string::npos && path.extension() != ".json";
   if (named) {
@@ -76,11 +76,16 @@ DeviceProfile load_device_profile(const std::string& name_or_path) {
     }
     path = fs::path(executable_dir()) / ".." / "share" / "mmtrain" / "profiles" / (name_or_path + ".json");
   }
+  return path.string();
+}
+
+DeviceProfile load_device_profile(const std::string& name_or_path) {
+  const std::string path = device_profile_path(name_or_path);
   std::ifstream in(path);
-  if (!in) fail("device profile ", path.string(), ": cannot be read");
+  if (!in) fail("device profile ", path, ": cannot be read");
   std::stringstream text;
   text << in.rdbuf();
-  return device_profile_from_json(text.str(), "device profile " + path.string());
+  return device_profile_from_json(text.str(), "device profile " + path);
 }
 
 }  // namespace mmtrain

@@ -35,6 +35,9 @@ struct DeviceProfile {
 // is missing, not a number, or not positive (efficiencies and overlap in (0, 1]); an unknown name
 // lists the built-in ones.
 DeviceProfile load_device_profile(const std::string& name_or_path);
+// The file a name or path stands for (a built-in's under share/mmtrain/profiles/); fails as above
+// for an unknown name.
+std::string device_profile_path(const std::string& name_or_path);
 // The same from parsed JSON; `where` names it in errors.
 DeviceProfile device_profile_from_json(const std::string& text, const std::string& where);
 

@@ -19,6 +19,7 @@ void LoggingConfig::declare(ConfigSection<LoggingConfig>& s) {
       .field("progress", &LoggingConfig::progress)
       .field("hardware_flops", &LoggingConfig::hardware_flops)
       .field("tensorboard", &LoggingConfig::tensorboard)
+      .field("device_profile", &LoggingConfig::device_profile)
       .check([](const LoggingConfig& l, const ConfigCheck& check) {
         if (!(l.hardware_flops >= 0.0))
           check.invalid("hardware_flops", ">= 0 (0 = no MFU)", ConfigCheck::number(l.hardware_flops));
@@ -49,6 +50,8 @@ std::vector<std::pair<std::string, double>> tensorboard_scalars(const StepRecord
   if (step.tflops_per_device) out.emplace_back("tflops_per_device", *step.tflops_per_device);
   if (step.mfu) out.emplace_back("mfu", *step.mfu);
   if (step.checkpoint_stall_ms) out.emplace_back("checkpoint_stall_ms", *step.checkpoint_stall_ms);
+  if (step.predicted_step_time_ms) out.emplace_back("predicted_step_time_ms", *step.predicted_step_time_ms);
+  if (step.predicted_peak_rss_mb) out.emplace_back("predicted_peak_rss_mb", *step.predicted_peak_rss_mb);
   if (step.offload.is_object())
     for (const auto& [tier, counters] : step.offload.items())
       for (const auto& [name, value] : counters.items())
@@ -141,11 +144,14 @@ int64_t metrics_keep_through(const std::string& output_dir, int64_t iteration) {
   return dropped;
 }
 
-double peak_rss_mb() {
+namespace {
+
+// A "Vm...:" line of /proc/self/status, in MB.
+double proc_status_mb(const std::string& wanted) {
   std::ifstream status("/proc/self/status");
   std::string key;
   while (status >> key) {
-    if (key == "VmHWM:") {
+    if (key == wanted) {
       double kb = 0;
       status >> kb;
       return kb / 1024.0;
@@ -154,5 +160,10 @@ double peak_rss_mb() {
   }
   return 0.0;
 }
+
+}  // namespace
+
+double peak_rss_mb() { return proc_status_mb("VmHWM:"); }
+double current_rss_mb() { return proc_status_mb("VmRSS:"); }
 
 }  // namespace mmtrain

@@ -24,6 +24,9 @@ struct LoggingConfig {
   bool progress = true;                        // an ETA on the console when stdout is a terminal
   double hardware_flops = 0.0;                 // peak FLOP/s of one device, for MFU; 0 = not reported
   bool tensorboard = false;                    // also write each record to <output_dir>/tensorboard/ (rank 0)
+  // A device profile (h200, h100, a100, 910b3, or a JSON from `measure profile`): each record then
+  // carries the step time the plan predicts on it (docs/step_time.md); "" = memory only.
+  std::string device_profile;
 
   static void declare(ConfigSection<LoggingConfig>& section);
 };
@@ -60,5 +63,7 @@ int64_t metrics_keep_through(const std::string& output_dir, int64_t iteration);
 
 // Peak resident set size of this process in MiB (VmHWM).
 double peak_rss_mb();
+// This process's resident set now (VmRSS), in MB.
+double current_rss_mb();
 
 }  // namespace mmtrain

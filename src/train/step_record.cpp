@@ -21,6 +21,9 @@ nlohmann::json StepRecord::to_json() const {
   if (!offload.is_null()) j["offload"] = offload;
   if (profiled) j["profiled"] = true;
   if (!memory.is_null()) j["memory"] = memory;
+  if (predicted_step_time_ms) j["predicted_step_time_ms"] = *predicted_step_time_ms;
+  if (predicted_peak_rss_mb) j["predicted_peak_rss_mb"] = *predicted_peak_rss_mb;
+  if (predicted_peak_device_mb) j["predicted_peak_device_mb"] = *predicted_peak_device_mb;
   return j;
 }
 

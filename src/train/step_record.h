@@ -33,6 +33,9 @@ struct StepRecord {
   nlohmann::json offload;
   bool profiled = false;                    // the step ran under the Kineto profiler
   nlohmann::json memory;                    // per-phase peaks of a memory-profiled step; null otherwise
+  // The plan's prediction for this run (train/run_prediction.h): the step time with
+  // logging.device_profile, the peak RSS (CPU) or device memory (CUDA) always.
+  std::optional<double> predicted_step_time_ms, predicted_peak_rss_mb, predicted_peak_device_mb;
 
   nlohmann::json to_json() const;
 };

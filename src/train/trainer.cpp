@@ -4,15 +4,16 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "dist/node_names.h"
-#include "fsdp/shard_pager.h"
 #include "models/flops_report.h"
 #include "offload/host_store.h"
 #include "optim/lr_schedule.h"
 #include "train/build.h"
+#include "train/device_profile.h"
 #include "train/memory_profile.h"
 #include "train/offload_plan.h"
 #include "train/preflight.h"
 #include "train/profiler.h"
+#include "train/run_prediction.h"
 #include "train/save_root_lock.h"
 #include "train/state.h"
 #include "train/train_step.h"
@@ -24,7 +25,9 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <fstream>
 #include <functional>
+#include <optional>
 #include <random>
 
 namespace mmtrain {
@@ -47,6 +50,9 @@ struct Trainer::State {
   int64_t start_step = 0;  // optimizer steps already taken
   std::string lineage;     // this run's line of checkpoints (sharded_checkpoint.h): continued on resume
   StateFiniteness finiteness;  // whether a step made a weight NaN/Inf (train/state_finite.h)
+  double baseline_rss_mb = 0;  // before the model is built: the runtime and the data pipeline
+  std::optional<RunPrediction> prediction;  // the plan's for this run, from its first step
+  bool peak_over_prediction_said = false;
 
   Comm& comm() { return *runtime.comm; }
   bool is_rank0() const { return runtime.env.rank == 0; }
@@ -82,6 +88,8 @@ struct Trainer::State {
     // against the memory there is before its shards are allocated.
     data = build_data(c, mesh->dp_rank(), mesh->dp_size());
     if (const auto summary = data.dataset->summary(); !summary.empty()) log(summary);
+    if (!c.logging.device_profile.empty()) load_device_profile(c.logging.device_profile);  // a bad one fails now
+    baseline_rss_mb = current_rss_mb();
     model = build_model(c);
     preflight_memory(c, *model, runtime.env, runtime.device, dims.fsdp());
     tiers = OffloadTiers::make(comm().device());
@@ -349,6 +357,35 @@ struct Trainer::State {
     return text;
   }
 
+  // The plan's prediction for this run (train/run_prediction.h), made at the first step, whose
+  // tokens give the sequence length; rank 0 writes it to <output_dir>/plan.json and says once
+  // when the measured peak exceeds it by more than the margin.
+  void check_against_plan(StepRecord& record) {
+    if (!prediction) {
+      const int64_t seqlen = record.tokens / std::max<int64_t>(1, record.global_batch_size);
+      prediction = predict_run(config, comm().world_size(), runtime.env.local_world_size, *model, seqlen,
+                               baseline_rss_mb, comm().device().is_cuda());
+      if (is_rank0()) {
+        std::ofstream file(config.logging.output_dir + "/plan.json");
+        file << prediction->to_json().dump(2) << "\n";
+        if (!file) log("warning: cannot write " + config.logging.output_dir + "/plan.json");
+      }
+    }
+    if (prediction->step_time) record.predicted_step_time_ms = prediction->step_time->total_ms;
+    record.predicted_peak_rss_mb = prediction->peak_rss_mb;
+    record.predicted_peak_device_mb = prediction->peak_device_mb;
+    if (prediction->peak_rss_mb && !peak_over_prediction_said &&
+        record.peak_rss_mb - *prediction->peak_rss_mb >
+            std::max(kPredictionMargin * *prediction->peak_rss_mb, kPredictionFloorMb)) {
+      peak_over_prediction_said = true;
+      log(format("warning: peak RSS %.0f MB at iteration %lld exceeds the plan's %.0f MB by %.0f %% (margin %.0f %% and "
+                 "%.0f MB): the plan misses some of this run's memory (docs/step_time.md)",
+                 record.peak_rss_mb, static_cast<long long>(record.iteration), *prediction->peak_rss_mb,
+                 100.0 * (record.peak_rss_mb / *prediction->peak_rss_mb - 1.0), 100.0 * kPredictionMargin,
+                 kPredictionFloorMb));
+    }
+  }
+
   // Saves the checkpoint of `step` (steps taken). record_step(ms the save held training up) runs
   // once, before the checkpoint can become `latest`: a resume from it starts after that step and
   // never records it again. (An async save commits at a later step boundary.)
@@ -502,6 +539,7 @@ struct Trainer::State {
         if (config.logging.hardware_flops > 0) record.mfu = rate.mfu;
       }
       record.offload = offload_record(offload_before);
+      check_against_plan(record);
       record.profiled = traced;
       if (memory_step) record.memory = memory_record(memory_profile->end_step());
       if (!std::isfinite(record.loss)) fail("iteration ", step + 1, ": loss is NaN/Inf: stopping");

@@ -267,6 +267,39 @@ def test_plan_auto_chooses_under_a_budget_and_its_choice_trains(tmp_path, token_
     assert len(read_metrics(tmp_path / "run")) == 1
 
 
+def test_runs_check_their_plan_and_calibrate_the_profile(tmp_path, token_file):
+    profile = tmp_path / "local.json"
+    run_mmtrain(["measure", "profile", "--out", str(profile), "--gemm-size", "256", "--copy-mb", "16",
+                 "--allreduce-mb", "4", "--disk-mb", "8", "--disk-dir", str(tmp_path)])
+    runs = []
+    for name, mbs in (("small", 1), ("large", 4)):
+        d = tmp_path / name
+        d.mkdir()
+        cfg = write_config(d / "c.yaml", tiny_config(d, token_file, mbs=mbs, iters=6,
+                                                     extra=f"  device_profile: {profile}\n"))
+        run_mmtrain(["train", str(cfg)], world=2)
+        runs.append(d / "run")
+    records = read_metrics(runs[0])
+    plan = json.loads((runs[0] / "plan.json").read_text())
+    assert plan["seqlen"] == 16 and plan["device_profile"] == "local"
+    assert all(r["predicted_step_time_ms"] == plan["step_time"]["total_ms"] > 0 for r in records)
+    # The run's own peak RSS against the plan's (runtime and data, then the plan's bytes).
+    assert all(r["predicted_peak_rss_mb"] == plan["predicted_peak_rss_mb"] > plan["baseline_rss_mb"] > 0 for r in records)
+    summary = last_json(run_mmtrain(["logs", "summary", str(runs[0] / "metrics.jsonl")]))
+    assert summary["step_time_over_predicted"] > 0 and 0.5 < summary["peak_rss_over_predicted"] < 1.5
+    # Calibration scales compute so that the runs' median error does not grow.
+    out = tmp_path / "calibrated.json"
+    fit = last_json(run_mmtrain(["plan", "--calibrate", *map(str, runs), "--device", str(profile), "--out", str(out),
+                                 "--skip-first", "2"]))
+    assert fit["runs"] == 2 and fit["compute_scale"] > 0
+    assert fit["median_abs_error_after"] <= fit["median_abs_error_before"]
+    assert "calibrated by `mmtrain plan --calibrate` on 2 run(s)" in json.loads(out.read_text())["sources"]["efficiency"]
+    for args, message in ((["--device", "h200"], "it was predicted on profile 'local', not 'h200'"),
+                          (["--device", str(profile), "--calibrate", str(tmp_path)], "no plan.json")):
+        proc = run_mmtrain(["plan", "--calibrate", str(runs[0]), *args, "--out", str(tmp_path / "x.json")], check=False)
+        assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
 def test_logs_compare_two_runs(tmp_path, token_file):
     # Same global batch (4) two ways: 1 rank x micro 2 x accum 2, and 2 ranks x micro 2 x accum 1.
     runs = {}

@@ -1,5 +1,6 @@
 // What `mmtrain plan` works out for one config on one world, shared by the printed plan
-// (tools/plan.cpp) and the search over configurations (tools/plan_auto.cpp): the FSDP memory
+// (tools/plan.cpp), the search over configurations (tools/plan_auto.cpp) and the run's own
+// prediction (train/run_prediction.h): the FSDP memory
 // plan, the activation estimate of the tokens each rank holds, the context-parallel buffers,
 // the inputs of the offload tiers' rules and of the step-time model.
 #pragma once

@@ -1,4 +1,4 @@
-#include "tools/plan_estimate.h"
+#include "train/plan_estimate.h"
 
 #include "optim/swapped_moments.h"
 

@@ -1,0 +1,56 @@
+#include "train/run_prediction.h"
+
+#include "train/device_profile.h"
+#include "train/offload_plan.h"
+#include "train/plan_estimate.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace mmtrain {
+
+RunPrediction predict_run(const Config& config, int world, int devices_per_node, Module& model, int64_t seqlen,
+                          double baseline_rss_mb, bool cuda) {
+  const auto estimate = plan_estimate(config, world, seqlen, model);
+  const OffloadSetting setting = OffloadSetting::of(config);
+  const TierBytes step = offload_tier_bytes(estimate->offload_inputs(), setting);
+  const PhaseBytes phases = offload_phase_bytes(estimate->plan, setting, /*device_is_host=*/!cuda);
+  std::vector<TierBytes> around = {phases.startup};
+  const auto& t = config.training;
+  if (!t.save.empty()) around.push_back(t.async_save ? phases.async_save : phases.save);
+  if (!t.load.empty()) around.push_back(phases.resume);
+  int64_t device_peak = 0, process_peak = 0;
+  for (const auto& b : around) {
+    device_peak = std::max(device_peak, b.device);
+    process_peak = std::max(process_peak, b.device + b.host);
+  }
+  constexpr double kMB = 1024.0 * 1024.0;  // as peak_rss_mb counts (VmHWM in KiB / 1024)
+  RunPrediction p;
+  p.seqlen = estimate->seqlen;
+  p.baseline_rss_mb = baseline_rss_mb;
+  if (cuda)
+    p.peak_device_mb = static_cast<double>(step.device + device_peak) / kMB;
+  else
+    p.peak_rss_mb = baseline_rss_mb + static_cast<double>(step.device + step.host + process_peak) / kMB;
+  if (!config.logging.device_profile.empty()) {
+    const DeviceProfile profile = load_device_profile(config.logging.device_profile);
+    bool flops = false;
+    const StepTimeInputs in = estimate->step_inputs(devices_per_node, &flops);
+    if (flops) p.step_time = predict_step_time(in, profile, estimate->plan.config.param_dtype);
+    p.device_profile = profile.name;
+  }
+  return p;
+}
+
+nlohmann::ordered_json RunPrediction::to_json() const {
+  nlohmann::ordered_json j = {{"seqlen", seqlen}, {"baseline_rss_mb", baseline_rss_mb}};
+  if (peak_rss_mb) j["predicted_peak_rss_mb"] = *peak_rss_mb;
+  if (peak_device_mb) j["predicted_peak_device_mb"] = *peak_device_mb;
+  if (step_time) {
+    j["device_profile"] = device_profile;
+    j["step_time"] = step_time_json(*step_time);
+  }
+  return j;
+}
+
+}  // namespace mmtrain

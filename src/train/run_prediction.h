@@ -1,0 +1,43 @@
+// The run checks the plan: what `mmtrain plan` predicts for this run's own configuration, world
+// and tokens, computed once (at the first step, whose tokens say the sequence length) by the same
+// rules (train/plan_estimate.h, train/step_time.h, train/offload_plan.h), carried in every metrics
+// record and written whole to <output_dir>/plan.json for `logs summary` and `plan --calibrate`:
+//   predicted_step_time_ms   the step-time model on logging.device_profile (absent without one)
+//   predicted_peak_rss_mb    on CPU: the process's RSS before the model was built (the runtime,
+//                            the data pipeline) plus the plan's device and host bytes for the step
+//                            and the largest phase around it (start-up, the configured save, a
+//                            resume): what peak_rss_mb measures
+//   predicted_peak_device_mb on CUDA: the plan's device bytes for the step and that phase
+// A measured peak above the prediction by more than kPredictionMargin of it and kPredictionFloorMb
+// (allocators and threads hold tens of MB the plan does not count, which on a tiny model is more
+// than 10 %) is said once in the log.
+#pragma once
+#include "models/model.h"
+#include "train/config.h"
+#include "train/step_time.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace mmtrain {
+
+constexpr double kPredictionMargin = 0.10;
+constexpr double kPredictionFloorMb = 64.0;
+
+struct RunPrediction {
+  int64_t seqlen = 0;                  // tokens per sample the prediction is for
+  double baseline_rss_mb = 0;
+  std::optional<double> peak_rss_mb, peak_device_mb;
+  std::optional<StepTime> step_time;   // with a device profile
+  std::string device_profile;          // its name
+  nlohmann::ordered_json to_json() const;  // plan.json
+};
+
+// model: the run's model (its parameters' full shapes). devices_per_node: ranks per node.
+RunPrediction predict_run(const Config& config, int world, int devices_per_node, Module& model, int64_t seqlen,
+                          double baseline_rss_mb, bool cuda);
+
+}  // namespace mmtrain
