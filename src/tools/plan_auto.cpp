@@ -2,6 +2,8 @@
 
 #include "core/error.h"
 #include "core/text.h"
+#include "nn/sequence_split.h"
+#include "parallel/context_parallel.h"
 #include "train/plan_estimate.h"
 #include "train/device_profile.h"
 #include "train/offload_plan.h"
@@ -90,6 +92,19 @@ void plan_auto(const PlanOptions& o) {
   const int64_t global_batch = config_global_batch(base, config_check_world(base, world));
   const auto& recompute_modules = base.features.recompute_plan.apply_modules;
   const bool can_estimate = static_cast<bool>(spec.activations);
+  // Context parallelism only for a model that splits its sequence, at Ulysses degrees its
+  // attention heads divide (what parallelize checks when the run starts).
+  auto* splits = dynamic_cast<SplitsSequence*>(model.get());
+  auto cp_runs = [&](int ulysses, int ring) {
+    if (ulysses * ring == 1) return true;
+    if (!splits || !can_estimate) return false;  // the estimate gives the attention widths CP needs
+    try {
+      check_ulysses_heads(splits->attention_heads(), ulysses);
+    } catch (const Error&) {
+      return false;
+    }
+    return true;
+  };
 
   std::vector<OffloadSetting> settings;
   for (const auto& s : OffloadSetting::all()) {
@@ -107,7 +122,7 @@ void plan_auto(const PlanOptions& o) {
   for (int ulysses : divisors(world))
     for (int ring : divisors(world / ulysses)) {
       const int cp = ulysses * ring;
-      if (cp > 1 && !can_estimate) continue;  // context parallelism needs the attention widths
+      if (!cp_runs(ulysses, ring)) continue;
       for (int shard : divisors(world / cp)) {
         const int fsdp = shard * cp, dp = world / cp;
         for (int64_t micro = 1; micro <= global_batch / dp; micro *= 2) {
@@ -133,7 +148,9 @@ void plan_auto(const PlanOptions& o) {
               sets.insert(sets.end(), c.sets.begin(), c.sets.end());
               std::unique_ptr<PlanEstimate> e;
               try {
-                e = plan_estimate(config_load(o.config_path, sets), world, o.seqlen, *model);
+                const Config cfg = config_load(o.config_path, sets);
+                config_check_supported(cfg, world);  // what `train` would refuse
+                e = plan_estimate(cfg, world, o.seqlen, *model);
               } catch (const Error&) {
                 ++refused;  // a combination the config checks refuse (e.g. heads the degree does not divide)
                 continue;
