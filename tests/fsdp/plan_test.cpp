@@ -3,9 +3,12 @@
 // assignment rule on name tables, the in-flight window, and the MagiHuman figures.
 #include "fsdp/fully_shard.h"
 #include "fsdp/plan.h"
+
 #include "core/error.h"
+#include "models/activation_estimate.h"
 #include "models/magihuman/memory.h"
 #include "models/magihuman/model.h"
+#include "models/model_spec.h"
 #include "models/test_transformer/model.h"
 #include "multirank_harness.h"
 #include "optim/adamw.h"
@@ -161,6 +164,32 @@ TEST(FsdpPlan, MagiHumanActivations) {
   // Linear in tokens (block-diagonal flash-style attention keeps no L x L matrix).
   const auto half = magihuman::magihuman_activation_estimate(full, 2303);
   EXPECT_EQ(2 * half.layers_full_bytes, a.layers_full_bytes);
+}
+
+// Mistral3's text model as a dense decoder: each layer's saved tensors by hand at Magistral-Small's
+// widths, and the chunked loss keeping one chunk's logits instead of the whole sequence's.
+TEST(FsdpPlan, Mistral3Activations) {
+  const auto& spec = model_spec("mistral3");
+  ASSERT_TRUE(spec.activations);
+  const nlohmann::json text = {{"hidden_size", 5120},    {"num_attention_heads", 32}, {"num_key_value_heads", 8},
+                               {"head_dim", 128},       {"intermediate_size", 32768}, {"num_hidden_layers", 40},
+                               {"vocab_size", 131072}};
+  const nlohmann::json whole = {{"text_config", text}, {"vision_config", nlohmann::json::object()}};
+  nlohmann::json chunked = whole;
+  chunked["loss_chunk_size"] = 1024;
+  const auto a = spec.activations(ActivationQuery{whole, 4096, 1, at::kBFloat16});
+  // T = 4096, H = 5120, 32 q / 8 kv heads of 128, F = 32768, bf16: norms 2 x (3 T H 2 + 4 T),
+  // attention T (64 + 16) 128 x 2 + 4 T 32, o_proj T 4096 x 2, SwiGLU 4 T F 2.
+  const int64_t t = 4096;
+  EXPECT_EQ(a.max_layer_full_bytes, 2 * (3 * t * 5120 * 2 + 4 * t) + t * 80 * 128 * 2 + 4 * t * 32 + t * 4096 * 2 +
+                                        4 * t * 32768 * 2);
+  EXPECT_EQ(a.layers_full_bytes, 40 * a.max_layer_full_bytes);
+  EXPECT_EQ(a.layer_inputs_bytes, 40 * t * 5120 * 2);
+  EXPECT_EQ(a.q_width, 4096);
+  EXPECT_EQ(a.kv_width, 1024);
+  const auto c = spec.activations(ActivationQuery{chunked, 4096, 1, at::kBFloat16});
+  // The logits (bf16) and the loss's fp32 copy and log-softmax: 131072 x (2 + 8) B per token.
+  EXPECT_EQ(a.outside_bytes - c.outside_bytes, (4096 - 1024) * 131072LL * 10);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "models/mistral3/flops.h"
 #include "models/mistral3/hf_adapter.h"
 #include "models/mistral3/model.h"
+#include "models/decoder_activations.h"
 #include "models/model_spec.h"
 
 #include <cmath>
@@ -94,6 +95,24 @@ FlopsReport flops(const nlohmann::json& model_config, const FlopsQuery& q) {
   return r;
 }
 
+// The text model is a dense decoder (models/decoder_activations.h), its loss chunked as
+// loss_chunk_size says. Image tokens are part of the sequence; what the vision tower and the
+// projector keep is not counted (a frozen tower runs without grad and keeps nothing; a trained one
+// is left out of this estimate, which plan then understates).
+ActivationEstimate activations(const ActivationQuery& q) {
+  const auto c = Mistral3Config::from_json(q.model_config);
+  DecoderShape d;
+  d.hidden = c.hidden_size;
+  d.heads = c.num_heads;
+  d.kv_heads = c.num_kv_heads;
+  d.head_dim = c.head_dim;
+  d.ffn = c.intermediate_size;
+  d.layers = c.num_layers;
+  d.vocab = c.vocab_size;
+  d.loss_chunk = c.loss_chunk_size;
+  return decoder_activation_estimate(d, q.seqlen, q.micro_batch_size, q.param_dtype);
+}
+
 ModelSpec mistral3_spec() {
   ModelSpec spec;
   spec.name = "mistral3";
@@ -104,6 +123,7 @@ ModelSpec mistral3_spec() {
   spec.hf_adapter = [](const nlohmann::json&) { return std::make_shared<Mistral3HfAdapter>(); };
   spec.config_from_checkpoint = config_from_checkpoint;
   spec.flops = flops;
+  spec.activations = activations;
   spec.vision_inputs = [](const nlohmann::json& j) {
     const auto c = Mistral3Config::from_json(j);
     return VisionInputs{"pixtral", c.patch_size, c.spatial_merge_size, c.image_size};
