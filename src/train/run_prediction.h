@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -26,6 +27,11 @@ namespace mmtrain {
 
 constexpr double kPredictionMargin = 0.10;
 constexpr double kPredictionFloorMb = 64.0;
+
+// Whether a measured peak is above its prediction by more than the margin and the floor.
+inline bool peak_over_prediction(double measured_mb, double predicted_mb) {
+  return measured_mb - predicted_mb > std::max(kPredictionMargin * predicted_mb, kPredictionFloorMb);
+}
 
 struct RunPrediction {
   int64_t seqlen = 0;                  // tokens per sample the prediction is for

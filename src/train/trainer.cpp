@@ -375,8 +375,7 @@ struct Trainer::State {
     record.predicted_peak_rss_mb = prediction->peak_rss_mb;
     record.predicted_peak_device_mb = prediction->peak_device_mb;
     if (prediction->peak_rss_mb && !peak_over_prediction_said &&
-        record.peak_rss_mb - *prediction->peak_rss_mb >
-            std::max(kPredictionMargin * *prediction->peak_rss_mb, kPredictionFloorMb)) {
+        peak_over_prediction(record.peak_rss_mb, *prediction->peak_rss_mb)) {
       peak_over_prediction_said = true;
       log(format("warning: peak RSS %.0f MB at iteration %lld exceeds the plan's %.0f MB by %.0f %% (margin %.0f %% and "
                  "%.0f MB): the plan misses some of this run's memory (docs/step_time.md)",

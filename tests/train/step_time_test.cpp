@@ -3,6 +3,7 @@
 #include "train/step_time.h"
 
 #include "train/device_profile.h"
+#include "train/run_prediction.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
@@ -173,6 +174,16 @@ TEST(StepTime, TheOptimizerIsAMemoryPassOrTheTrafficBesideIt) {
   EXPECT_DOUBLE_EQ(t.disk_ms, 500);
   EXPECT_DOUBLE_EQ(t.disk_exposed_ms, 500);
   EXPECT_DOUBLE_EQ(t.total_ms, t.fsdp_exposed_ms + t.host_exposed_ms + t.disk_exposed_ms + t.optimizer_ms);
+}
+
+// A run says its peak exceeds the plan when it does by more than 10 % and 64 MB: not for the
+// tens of MB allocators hold on a tiny model, yes for a real miss.
+TEST(RunPrediction, APeakOverThePlanIsOneBeyondTheMarginAndTheFloor) {
+  EXPECT_FALSE(peak_over_prediction(129, 115));    // +12 %, but 14 MB
+  EXPECT_FALSE(peak_over_prediction(1850, 1700));  // +9 %
+  EXPECT_TRUE(peak_over_prediction(1900, 1700));   // +12 %, 200 MB
+  EXPECT_TRUE(peak_over_prediction(300, 200));     // +50 %, 100 MB
+  EXPECT_FALSE(peak_over_prediction(250, 200));    // +25 %, 50 MB
 }
 
 TEST(DeviceProfile, BadProfilesAreRefusedNamingTheField) {
