@@ -1,6 +1,7 @@
 #include "tools/measure_profile.h"
 
 #include "core/error.h"
+#include "core/statistics.h"
 #include "core/text.h"
 #include "dist/comm.h"
 #include "dist/runtime.h"
@@ -42,8 +43,7 @@ double median_seconds(const std::function<void()>& fn, int repeats = kRepeats) {
     fn();
     seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  std::nth_element(seconds.begin(), seconds.begin() + repeats / 2, seconds.end());
-  return seconds[repeats / 2];
+  return median(seconds);
 }
 
 // Attention forward + backward (non-causal: 4 S² d h forward, twice that backward) in FLOP/s.

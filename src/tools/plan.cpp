@@ -6,14 +6,14 @@
 #include "fsdp/plan.h"
 #include "models/model_spec.h"
 #include "optim/swapped_moments.h"
-#include "train/device_profile.h"
-#include "train/step_time.h"
+#include "tools/command.h"
 #include "tools/plan_auto.h"
 #include "tools/plan_calibrate.h"
-#include "train/plan_estimate.h"
-#include "train/offload_plan.h"
-#include "tools/command.h"
 #include "train/config.h"
+#include "train/device_profile.h"
+#include "train/offload_plan.h"
+#include "train/plan_estimate.h"
+#include "train/step_time.h"
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>

@@ -44,21 +44,14 @@ std::string yaml_list(const std::vector<std::string>& items) {
   return out + "]";
 }
 
-// The largest phase around the step that this config has, per tier (as the pre-flight counts it).
+// The step's bytes plus, per tier, the largest phase this config has beside it (as the pre-flight
+// counts it).
 TierBytes with_phases(const TierBytes& step, const PhaseBytes& phases, const Config& cfg) {
-  std::vector<TierBytes> around = {phases.startup};
-  if (!cfg.training.save.empty()) around.push_back(cfg.training.async_save ? phases.async_save : phases.save);
-  if (!cfg.training.load.empty()) around.push_back(phases.resume);
+  const auto around = config_phases(phases, cfg);
   TierBytes out = step;
-  int64_t device = 0, host = 0, disk = 0;
-  for (const auto& b : around) {
-    device = std::max(device, b.device);
-    host = std::max(host, b.host);
-    disk = std::max(disk, b.disk);
-  }
-  out.device += device;
-  out.host += host;
-  out.disk += disk;
+  out.device += largest_phase(around, [](const TierBytes& b) { return b.device; }).bytes;
+  out.host += largest_phase(around, [](const TierBytes& b) { return b.host; }).bytes;
+  out.disk += largest_phase(around, [](const TierBytes& b) { return b.disk; }).bytes;
   return out;
 }
 

@@ -1,6 +1,7 @@
 #include "tools/plan_calibrate.h"
 
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/statistics.h"
 #include "core/text.h"
 #include "tools/logs.h"
@@ -23,14 +24,13 @@ struct Run {
   double measured_ms = 0, compute_ms = 0, rest_ms = 0;  // rest: the prediction's non-compute part
 };
 
+// A run's plan.json or a profile: files from elsewhere, parsed depth-checked.
 nlohmann::json read_json(const std::string& path, const std::string& what) {
   std::ifstream in(path);
   if (!in) fail(what, ": ", path, " cannot be read");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    fail(what, ": ", path, " is not valid JSON (", e.what(), ")");
-  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return json_parse_checked(text.str(), what + ": " + path);
 }
 
 Run read_run(const std::string& dir, const std::string& profile, int skip_first) {

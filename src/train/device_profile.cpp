@@ -1,6 +1,7 @@
 #include "train/device_profile.h"
 
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/subprocess.h"
 
 #include <nlohmann/json.hpp>
@@ -31,12 +32,7 @@ double positive(const nlohmann::json& object, const std::string& key, const std:
 }  // namespace
 
 DeviceProfile device_profile_from_json(const std::string& text, const std::string& where) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    fail(where, ": not valid JSON (", e.what(), ")");
-  }
+  const nlohmann::json j = json_parse_checked(text, where);  // a file from elsewhere: depth-checked
   if (!j.is_object()) fail(where, ": expected a JSON object");
   constexpr double kAny = 1e12;
   DeviceProfile p;

@@ -86,4 +86,19 @@ PhaseBytes offload_phase_bytes(const FsdpMemoryPlan& plan, const OffloadSetting&
   return b;
 }
 
+std::vector<Phase> config_phases(const PhaseBytes& phases, const Config& config) {
+  const auto& t = config.training;
+  std::vector<Phase> out = {{"start-up", phases.startup}};
+  if (!t.save.empty()) out.push_back({"a checkpoint save", t.async_save ? phases.async_save : phases.save});
+  if (!t.load.empty()) out.push_back({"the resume", phases.resume});
+  return out;
+}
+
+PhasePeak largest_phase(const std::vector<Phase>& phases, const std::function<int64_t(const TierBytes&)>& bytes_of) {
+  PhasePeak peak{phases.at(0).name, bytes_of(phases.at(0).bytes)};
+  for (const auto& phase : phases)
+    if (bytes_of(phase.bytes) > peak.bytes) peak = {phase.name, bytes_of(phase.bytes)};
+  return peak;
+}
+
 }  // namespace mmtrain

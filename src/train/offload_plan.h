@@ -15,6 +15,7 @@
 #include "fsdp/plan.h"
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -69,5 +70,21 @@ struct PhaseBytes {
   TierBytes startup, save, async_save, resume;
 };
 PhaseBytes offload_phase_bytes(const FsdpMemoryPlan& plan, const OffloadSetting& setting, bool device_is_host);
+
+// The phases a run of `config` goes through beside its steps, named for messages: start-up, the
+// save it asks for (synchronous, or training.async_save's staging) and, when it loads, the resume.
+// The pre-flight, `plan --auto` and the run's own prediction all count the largest of these.
+struct Phase {
+  const char* name;
+  TierBytes bytes;
+};
+std::vector<Phase> config_phases(const PhaseBytes& phases, const Config& config);
+// The phase with the most bytes by bytes_of (the first of equals), never empty: start-up is in
+// every run.
+struct PhasePeak {
+  const char* name;
+  int64_t bytes;
+};
+PhasePeak largest_phase(const std::vector<Phase>& phases, const std::function<int64_t(const TierBytes&)>& bytes_of);
 
 }  // namespace mmtrain

@@ -178,29 +178,21 @@ void preflight_memory(const Config& config, Module& model, const LaunchEnv& env,
   // Around the step (start-up, the save the config asks for, a resume): the largest of them on
   // top of it, per tier.
   const PhaseBytes phases = offload_phase_bytes(plan, setting, /*device_is_host=*/!cuda);
-  const auto& t = config.training;
-  std::vector<std::pair<const char*, TierBytes>> around = {{"start-up", phases.startup}};
-  if (!t.save.empty()) around.push_back({"a checkpoint save", t.async_save ? phases.async_save : phases.save});
-  if (!t.load.empty()) around.push_back({"the resume", phases.resume});
-  auto peak_of = [&](auto bytes_of) {
-    std::pair<const char*, int64_t> peak{"", -1};
-    for (const auto& [name, b] : around)
-      if (bytes_of(b) > peak.second) peak = {name, bytes_of(b)};
-    return peak;
-  };
-  const auto host_peak = peak_of([](const TierBytes& b) { return b.host; });
-  const auto device_peak = peak_of([&](const TierBytes& b) { return cuda ? b.device : b.device + b.host; });
-  if (cuda && tiers.host + host_peak.second > 0) {  // the host tier is this node's pinned RAM, shared by its ranks
+  const auto around = config_phases(phases, config);
+  const PhasePeak host_peak = largest_phase(around, [](const TierBytes& b) { return b.host; });
+  const PhasePeak device_peak =
+      largest_phase(around, [cuda](const TierBytes& b) { return cuda ? b.device : b.device + b.host; });
+  if (cuda && tiers.host + host_peak.bytes > 0) {  // the host tier is this node's pinned RAM, shared by its ranks
     const auto host_available = available_memory_bytes();
-    const int64_t host_needed = (tiers.host + host_peak.second) * env.local_world_size;
+    const int64_t host_needed = (tiers.host + host_peak.bytes) * env.local_world_size;
     if (host_available && host_needed > *host_available)
       fail("config ", config.source_path, ": the host needs ", gib(tiers.host), " per rank for the offload features' ",
-           "host tier and ", gib(host_peak.second), " more during ", host_peak.first, ", x ", env.local_world_size,
+           "host tier and ", gib(host_peak.bytes), " more during ", host_peak.name, ", x ", env.local_world_size,
            " rank(s) on this node = ", gib(host_needed), " of host memory, but ", gib(*host_available),
            " are available (MemAvailable / cgroup limit); `mmtrain plan` shows each tier and phase");
   }
   const int64_t step = cuda ? tiers.device : tiers.device + tiers.host;
-  const int64_t per_rank = step + device_peak.second;
+  const int64_t per_rank = step + device_peak.bytes;
   const int64_t needed = per_rank * sharing;
   if (needed <= *available) return;
   const std::string where = cuda ? "this rank's GPU (cuda:" + std::to_string(env.local_rank) + ")" : "this machine";
@@ -208,7 +200,7 @@ void preflight_memory(const Config& config, Module& model, const LaunchEnv& env,
        gib(per_rank), " (fp32 shards ", gib(plan.param_bytes), ", grads ", gib(plan.grad_bytes), ", AdamW ",
        gib(plan.optimizer_bytes), ", gathered units ", gib(plan.transient_bytes()), "; activations not counted",
        setting == OffloadSetting{} ? "" : "; offload " + setting.name() + ": " + gib(step) + " for the step",
-       "; ", gib(device_peak.second), " more during ", device_peak.first, ")",
+       "; ", gib(device_peak.bytes), " more during ", device_peak.name, ")",
        cuda ? "" : format(" x %d rank(s) on this node = %s", sharing, gib(needed).c_str()), ", but ", gib(*available),
        cuda ? " are free on the device (cudaMemGetInfo)" : " are available (MemAvailable / cgroup limit)",
        ". Use more ranks or nodes (FSDP over ", fsdp_size, " now), or a smaller model; `mmtrain plan` shows the "

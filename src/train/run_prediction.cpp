@@ -4,8 +4,6 @@
 #include "train/offload_plan.h"
 #include "train/plan_estimate.h"
 
-#include <algorithm>
-#include <vector>
 
 namespace mmtrain {
 
@@ -15,15 +13,9 @@ RunPrediction predict_run(const Config& config, int world, int devices_per_node,
   const OffloadSetting setting = OffloadSetting::of(config);
   const TierBytes step = offload_tier_bytes(estimate->offload_inputs(), setting);
   const PhaseBytes phases = offload_phase_bytes(estimate->plan, setting, /*device_is_host=*/!cuda);
-  std::vector<TierBytes> around = {phases.startup};
-  const auto& t = config.training;
-  if (!t.save.empty()) around.push_back(t.async_save ? phases.async_save : phases.save);
-  if (!t.load.empty()) around.push_back(phases.resume);
-  int64_t device_peak = 0, process_peak = 0;
-  for (const auto& b : around) {
-    device_peak = std::max(device_peak, b.device);
-    process_peak = std::max(process_peak, b.device + b.host);
-  }
+  const auto around = config_phases(phases, config);
+  const int64_t device_peak = largest_phase(around, [](const TierBytes& b) { return b.device; }).bytes;
+  const int64_t process_peak = largest_phase(around, [](const TierBytes& b) { return b.device + b.host; }).bytes;
   constexpr double kMB = 1024.0 * 1024.0;  // as peak_rss_mb counts (VmHWM in KiB / 1024)
   RunPrediction p;
   p.seqlen = estimate->seqlen;
