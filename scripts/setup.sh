@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(cmake ninja-build g++ ccache libgloo-dev libyaml-cpp-dev nlohmann-json3-dev
-              libcli11-dev googletest libgtest-dev libstb-dev libpcre2-dev pkg-config
+              libcli11-dev googletest libgtest-dev libstb-dev libpcre2-dev
               libtcmalloc-minimal4 libjemalloc2 strace slurmctld slurmd slurm-client munge)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

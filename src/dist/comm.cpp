@@ -20,6 +20,9 @@ Comm::Comm(c10::intrusive_ptr<c10d::Backend> backend, int rank, int world_size, 
     : backend_(std::move(backend)), rank_(rank), world_size_(world_size), device_(device) {
   if (world_size_ > 1 && !backend_) fail("Comm: world size ", world_size_, " needs a backend");
   native_collectives_ = backend_ && backend_->getBackendName() == "nccl";
+  // A world of one has nothing to exchange, except through NCCL, whose collectives run even for
+  // one rank: how a one-GPU machine checks the NCCL path (scripts/gpu_check.sh).
+  local_only_ = world_size_ == 1 && !native_collectives_;
 }
 
 int Comm::take_tags(int count) {
@@ -31,7 +34,7 @@ CommWork Comm::all_gather_in_place(std::vector<at::Tensor> outs) {
   for (size_t i = 0; i < outs.size(); ++i)
     TORCH_CHECK(outs[i].is_contiguous() && outs[i].numel() % world_size_ == 0, "all_gather_in_place: out ", i,
                 " must be contiguous with a multiple of ", world_size_, " elements, has ", outs[i].numel());
-  if (world_size_ == 1) return {};
+  if (local_only_) return {};
   ++issued_;
   auto block = [this](const at::Tensor& out, int r) {
     const int64_t n = out.numel() / world_size_;
@@ -69,7 +72,7 @@ CommWork Comm::reduce_scatter_sum_blocks(std::vector<at::Tensor> outs, std::vect
                   outs[i].scalar_type(), " elements");
     total += outs[i].numel();
   }
-  if (world_size_ == 1) {
+  if (local_only_) {
     for (size_t i = 0; i < outs.size(); ++i) outs[i].view(-1).copy_(blocks[i][0].view(-1));
     return {};
   }
@@ -137,7 +140,7 @@ CommWork Comm::reduce_scatter_sum_blocks(std::vector<at::Tensor> outs, std::vect
 }
 
 CommWork Comm::all_reduce_sum(at::Tensor t) {
-  if (world_size_ == 1) return {};
+  if (local_only_) return {};
   ++issued_;
   std::vector<at::Tensor> tensors{t};
   c10d::AllreduceOptions opts;
@@ -146,7 +149,7 @@ CommWork Comm::all_reduce_sum(at::Tensor t) {
 }
 
 CommWork Comm::all_reduce_max(at::Tensor t) {
-  if (world_size_ == 1) return {};
+  if (local_only_) return {};
   ++issued_;
   std::vector<at::Tensor> tensors{t};
   c10d::AllreduceOptions opts;
@@ -158,7 +161,7 @@ CommWork Comm::all_to_all(at::Tensor out, at::Tensor in) {
   TORCH_CHECK(in.numel() == out.numel() && in.numel() % world_size_ == 0,
               "all_to_all: need equal sizes divisible by world size, got ", in.numel(), " and ",
               out.numel());
-  if (world_size_ == 1) {
+  if (local_only_) {
     out.copy_(in);
     return {};
   }
@@ -170,7 +173,7 @@ CommWork Comm::all_to_all(at::Tensor out, at::Tensor in) {
 }
 
 CommWork Comm::broadcast(at::Tensor t, int root) {
-  if (world_size_ == 1) return {};
+  if (local_only_) return {};
   ++issued_;
   std::vector<at::Tensor> tensors{t};
   c10d::BroadcastOptions opts;
@@ -191,7 +194,7 @@ CommWork Comm::recv(at::Tensor t, int src_rank, int tag) {
 }
 
 void Comm::barrier() {
-  if (world_size_ == 1) return;
+  if (local_only_) return;
   ++issued_;
   backend_->barrier()->wait();
 }
@@ -199,7 +202,7 @@ void Comm::barrier() {
 double Comm::all_reduce_sum(double value) { return all_reduce_sum(std::vector<double>{value})[0]; }
 
 static std::vector<double> reduce_doubles(Comm& comm, const std::vector<double>& values, bool max) {
-  if (comm.world_size() == 1) return values;
+  if (comm.world_size() == 1 && !comm.backend()) return values;
   auto t = at::tensor(values, at::kDouble).to(comm.device());
   (max ? comm.all_reduce_max(t) : comm.all_reduce_sum(t)).wait();
   t = t.cpu();

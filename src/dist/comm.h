@@ -72,7 +72,7 @@ class Comm {
   void barrier();
 
   // Collectives (and sends/receives) issued so far on a backend, for tests that check who
-  // communicates; a world of one issues none.
+  // communicates; a world of one issues none (unless its backend is NCCL: see local_only_).
   int64_t collectives_issued() const { return issued_.load(); }
 
   // Convenience: blocking sum of a double across ranks (metrics, grad norms).
@@ -95,6 +95,7 @@ class Comm {
   int take_tags(int count);
 
   bool native_collectives_ = false;  // NCCL: coalesced and reduce-scatter ops are native
+  bool local_only_ = true;           // one rank and no NCCL: collectives return at once
   std::atomic<int64_t> issued_{0};
   int next_tag_ = kFirstCollectiveTag;
   static constexpr int kFirstCollectiveTag = 1 << 20, kLastCollectiveTag = 1 << 30;

@@ -27,6 +27,15 @@ double effective_scale(double scale, int64_t head_dim) {
   return scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
 }
 
+// ATen's CUDA flash attention takes half-precision q/k/v with a head dim that is a multiple of 8,
+// up to 256, and grouped-query k/v as they are (Hq % Hkv == 0); anything else on a GPU takes the
+// math fallback.
+bool cuda_flash_usable(const at::Tensor& q, const at::Tensor& k) {
+  const auto dtype = q.scalar_type();
+  return q.is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf) && k.scalar_type() == dtype &&
+         q.size(2) % 8 == 0 && q.size(2) <= 256;
+}
+
 // One segment: out [ql, Hq, d] (q's dtype), lse [Hq, ql] fp32.
 std::pair<at::Tensor, at::Tensor> segment_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                   const AttentionSegment& s, double scale) {
@@ -35,6 +44,11 @@ std::pair<at::Tensor, at::Tensor> segment_forward(const at::Tensor& q, const at:
     auto [o, l] = at::_scaled_dot_product_flash_attention_for_cpu(qs, ks, vs, 0.0, s.causal, std::nullopt,
                                                                   scale_arg(scale));
     return {from_heads(o), l.squeeze(0)};
+  }
+  if (cuda_flash_usable(q, k)) {
+    const auto result = at::_scaled_dot_product_flash_attention(qs, ks, vs, 0.0, s.causal, /*return_debug_mask=*/false,
+                                                                scale_arg(scale));
+    return {from_heads(std::get<0>(result)), std::get<1>(result).squeeze(0)};  // lse [1, Hq, ql] -> [Hq, ql]
   }
   // Math fallback: the same contract in explicit fp32 softmax (kv heads expanded to the q heads).
   const int64_t group = q.size(1) / k.size(1);
@@ -64,6 +78,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> segment_backward(const at::Tensor
   if (q.is_cpu()) {
     auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
         gs, qs, ks, vs, os, ls, 0.0, s.causal, std::nullopt, scale_arg(scale));
+    return {from_heads(dq), from_heads(dk), from_heads(dv)};
+  }
+  if (cuda_flash_usable(q, k)) {
+    // Without dropout the kernel reads no random state: the seed and offset are placeholders. Its
+    // backward takes out and grad in q's dtype (a ring's merged out may be fp32).
+    const auto placeholder = at::zeros({2}, q.options().dtype(at::kLong));
+    auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_backward(
+        gs.to(q.scalar_type()), qs, ks, vs, os.to(q.scalar_type()), ls, at::Tensor(), at::Tensor(), s.q_len, s.k_len,
+        0.0, s.causal, placeholder, placeholder, scale_arg(scale));
     return {from_heads(dq), from_heads(dk), from_heads(dv)};
   }
   const int64_t hkv = k.size(1), group = q.size(1) / hkv;

@@ -13,8 +13,11 @@
 // On CPU each segment is one call of ATen's flash attention (it returns the log-sum-exp and has a
 // backward that takes the final out and lse, which is what makes blocks composable; the backward
 // of full bf16 segments on a CPU with AMX is nn/attention_amx.h's, same contract and numerics,
-// 1.7x faster; MMTRAIN_CPU_ATTENTION=aten keeps ATen's); elsewhere a math fallback with the same
-// contract. In fp32 they match a naive softmax to ~1e-7.
+// 1.7x faster; MMTRAIN_CPU_ATTENTION=aten keeps ATen's). On a GPU, bf16/fp16 segments with a head
+// dim that is a multiple of 8 (<= 256) are one call each of ATen's CUDA flash attention, which has
+// the same contract (GQA k/v as they are); everything else takes a math fallback with the same
+// contract (fp32 softmax, [Hq, q_len, k_len] scores). In fp32 they match a naive softmax to ~1e-7.
+// The CUDA flash path is unrun until scripts/gpu_check.sh runs it on a GPU (docs/gpu.md).
 #pragma once
 #include <ATen/ATen.h>
 

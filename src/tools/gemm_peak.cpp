@@ -1,5 +1,6 @@
 #include "tools/gemm_peak.h"
 
+#include "core/device_sync.h"
 #include "core/error.h"
 
 #include <ATen/Parallel.h>
@@ -11,16 +12,18 @@
 
 namespace mmtrain {
 
-GemmPeak measure_gemm_peak(int64_t size, at::ScalarType dtype, int threads, int repeats) {
+GemmPeak measure_gemm_peak(int64_t size, at::ScalarType dtype, int threads, int repeats, at::Device device) {
   if (size < 16 || repeats < 1 || threads < 1)
     fail("measure gemm: need size >= 16, repeats >= 1, threads >= 1; got ", size, ", ", repeats, ", ", threads);
   at::set_num_threads(threads);
-  auto a = at::randn({size, size}).to(dtype), b = at::randn({size, size}).to(dtype);
-  auto c = at::mm(a, b);  // warm-up: first call pays for packing buffers and thread start
+  auto a = at::randn({size, size}).to(device, dtype), b = at::randn({size, size}).to(device, dtype);
+  auto c = at::mm(a, b);  // warm-up: first call pays for packing buffers, thread start, kernel choice
+  synchronize_device(device);
   std::vector<double> seconds;
   for (int r = 0; r < repeats; ++r) {
     const auto start = std::chrono::steady_clock::now();
     at::mm_out(c, a, b);
+    synchronize_device(device);
     seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
@@ -29,6 +32,7 @@ GemmPeak measure_gemm_peak(int64_t size, at::ScalarType dtype, int threads, int 
   peak.size = size;
   peak.threads = threads;
   peak.dtype = dtype;
+  peak.device = device;
   return peak;
 }
 

@@ -229,13 +229,17 @@ LogRecord log_summary(const std::vector<LogRecord>& records, const LogStatsOptio
     out["predicted_step_time_ms"] = median(predicted_step);
     out["step_time_over_predicted"] = median(step) / median(predicted_step);
   }
-  const auto rss = values(records, "peak_rss_mb"), predicted_rss = values(records, "predicted_peak_rss_mb");
-  if (!rss.empty() && !predicted_rss.empty()) {
-    const double measured = *std::max_element(rss.begin(), rss.end());
-    const double predicted = *std::max_element(predicted_rss.begin(), predicted_rss.end());
-    out["predicted_peak_rss_mb"] = predicted;
-    if (predicted > 0) out["peak_rss_over_predicted"] = measured / predicted;
-  }
+  // Peaks: RSS (a CPU run's memory) and, on CUDA, the caching allocator's allocated bytes.
+  auto peak_over_predicted = [&](const char* measured_key, const char* predicted_key, const char* ratio_key) {
+    const auto measured = values(records, measured_key), predicted = values(records, predicted_key);
+    if (measured.empty() || predicted.empty()) return;
+    const double peak = *std::max_element(measured.begin(), measured.end());
+    const double planned = *std::max_element(predicted.begin(), predicted.end());
+    out[predicted_key] = planned;
+    if (planned > 0) out[ratio_key] = peak / planned;
+  };
+  peak_over_predicted("peak_rss_mb", "predicted_peak_rss_mb", "peak_rss_over_predicted");
+  peak_over_predicted("peak_device_allocated_mb", "predicted_peak_device_mb", "peak_device_over_predicted");
 
   const auto loss = values(records, "loss");
   if (!loss.empty()) {
@@ -332,7 +336,13 @@ void print_summary(const char* label, const std::string& path, const LogRecord& 
   if (s.contains("peak_rss_over_predicted"))
     std::printf("%s peak RSS %.3f x the predicted %.0f MB", s.contains("step_time_over_predicted") ? ";" : "   against its plan:",
                 s["peak_rss_over_predicted"].get<double>(), s["predicted_peak_rss_mb"].get<double>());
-  if (s.contains("step_time_over_predicted") || s.contains("peak_rss_over_predicted")) std::printf("\n");
+  if (s.contains("peak_device_over_predicted"))
+    std::printf("%s peak device memory %.3f x the predicted %.0f MB",
+                s.contains("step_time_over_predicted") || s.contains("peak_rss_over_predicted") ? ";" : "   against its plan:",
+                s["peak_device_over_predicted"].get<double>(), s["predicted_peak_device_mb"].get<double>());
+  if (s.contains("step_time_over_predicted") || s.contains("peak_rss_over_predicted") ||
+      s.contains("peak_device_over_predicted"))
+    std::printf("\n");
   if (s.contains("loss_mean"))
     std::printf("   loss mean %.6f, last %.6f\n", s["loss_mean"].get<double>(), s["loss_last"].get<double>());
   if (s.contains("last_window") && s["last_window"].contains("loss_mean"))

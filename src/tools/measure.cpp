@@ -1,9 +1,11 @@
 // `mmtrain measure ...`: what this machine reaches, for MFU denominators and scaling figures.
+#include "core/error.h"
 #include "tools/command.h"
 #include "tools/cp_attention_bench.h"
 #include "tools/gemm_peak.h"
 #include "tools/measure_profile.h"
 
+#include <ATen/Context.h>
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -18,7 +20,7 @@ void add_measure_commands(CLI::App& app, Commands& commands) {
   struct GemmArgs {
     int64_t size = 1024;
     int threads = 1, repeats = 10;
-    std::string dtype = "fp32";
+    std::string dtype = "fp32", device = "cpu";
   };
   auto g = std::make_shared<GemmArgs>();
   auto* gemm = measure->add_subcommand("gemm", "GEMM FLOP/s reached here (the CPU stand-in for a peak, for MFU)");
@@ -27,10 +29,16 @@ void add_measure_commands(CLI::App& app, Commands& commands) {
       ->capture_default_str();
   gemm->add_option("--repeats", g->repeats, "timed repeats (the median is reported)")->capture_default_str();
   gemm->add_option("--dtype", g->dtype, "fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
+  gemm->add_option("--device", g->device, "cpu or cuda (the first GPU)")->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   commands.add(gemm, [g] {
-    const auto peak = measure_gemm_peak(g->size, g->dtype == "bf16" ? at::kBFloat16 : at::kFloat, g->threads, g->repeats);
-    std::printf("{\"gemm_flops\": %.6g, \"size\": %lld, \"threads\": %d, \"dtype\": \"%s\"}\n", peak.flops_per_second,
-                static_cast<long long>(peak.size), peak.threads, g->dtype.c_str());
+    const at::Device device = g->device == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+    if (device.is_cuda() && !at::hasCUDA()) fail("measure gemm --device cuda: this mmtrain or machine has no CUDA");
+    const auto peak = measure_gemm_peak(g->size, g->dtype == "bf16" ? at::kBFloat16 : at::kFloat, g->threads, g->repeats,
+                                        device);
+    std::printf("{\"gemm_flops\": %.6g, \"size\": %lld, \"threads\": %d, \"dtype\": \"%s\", \"device\": \"%s\"}\n",
+                peak.flops_per_second, static_cast<long long>(peak.size), peak.threads, g->dtype.c_str(),
+                g->device.c_str());
   });
 
   auto a = std::make_shared<CpAttentionBench>();

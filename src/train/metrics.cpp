@@ -52,6 +52,9 @@ std::vector<std::pair<std::string, double>> tensorboard_scalars(const StepRecord
   if (step.checkpoint_stall_ms) out.emplace_back("checkpoint_stall_ms", *step.checkpoint_stall_ms);
   if (step.predicted_step_time_ms) out.emplace_back("predicted_step_time_ms", *step.predicted_step_time_ms);
   if (step.predicted_peak_rss_mb) out.emplace_back("predicted_peak_rss_mb", *step.predicted_peak_rss_mb);
+  if (step.peak_device_allocated_mb) out.emplace_back("peak_device_allocated_mb", *step.peak_device_allocated_mb);
+  if (step.peak_device_reserved_mb) out.emplace_back("peak_device_reserved_mb", *step.peak_device_reserved_mb);
+  if (step.predicted_peak_device_mb) out.emplace_back("predicted_peak_device_mb", *step.predicted_peak_device_mb);
   if (step.offload.is_object())
     for (const auto& [tier, counters] : step.offload.items())
       for (const auto& [name, value] : counters.items())

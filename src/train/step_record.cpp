@@ -13,6 +13,8 @@ nlohmann::json StepRecord::to_json() const {
                       {"step_time_ms", step_time_ms},
                       {"tokens", tokens},
                       {"peak_rss_mb", peak_rss_mb}};
+  if (peak_device_allocated_mb) j["peak_device_allocated_mb"] = *peak_device_allocated_mb;
+  if (peak_device_reserved_mb) j["peak_device_reserved_mb"] = *peak_device_reserved_mb;
   if (!phases_ms.is_null()) j["phases_ms"] = phases_ms;
   if (!phases_max_ms.is_null()) j["phases_max_ms"] = phases_max_ms;
   if (tflops_per_device) j["tflops_per_device"] = *tflops_per_device;

@@ -21,6 +21,8 @@ struct StepRecord {
   double step_time_ms = 0;
   int64_t tokens = 0;                       // over all ranks
   double peak_rss_mb = 0;                   // max over ranks
+  // On CUDA: the caching allocator's peaks of the step, max over ranks (train/device_memory.h).
+  std::optional<double> peak_device_allocated_mb, peak_device_reserved_mb;
   nlohmann::json phases_ms;                 // phase -> ms on rank 0 (data, forward, ..., comm_wait)
   nlohmann::json phases_max_ms;             // the same, max over ranks
   std::optional<double> tflops_per_device;  // when the model counts FLOPs

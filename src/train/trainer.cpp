@@ -8,6 +8,7 @@
 #include "offload/host_store.h"
 #include "optim/lr_schedule.h"
 #include "train/build.h"
+#include "train/device_memory.h"
 #include "train/device_profile.h"
 #include "train/memory_profile.h"
 #include "train/offload_plan.h"
@@ -374,14 +375,17 @@ struct Trainer::State {
     if (prediction->step_time) record.predicted_step_time_ms = prediction->step_time->total_ms;
     record.predicted_peak_rss_mb = prediction->peak_rss_mb;
     record.predicted_peak_device_mb = prediction->peak_device_mb;
-    if (prediction->peak_rss_mb && !peak_over_prediction_said &&
-        peak_over_prediction(record.peak_rss_mb, *prediction->peak_rss_mb)) {
+    // The peak the plan predicts: RSS on CPU, the caching allocator's allocated bytes on CUDA.
+    const char* what = record.peak_device_allocated_mb ? "peak device memory (allocated)" : "peak RSS";
+    const double measured = record.peak_device_allocated_mb ? *record.peak_device_allocated_mb : record.peak_rss_mb;
+    const std::optional<double> predicted =
+        record.peak_device_allocated_mb ? prediction->peak_device_mb : prediction->peak_rss_mb;
+    if (predicted && !peak_over_prediction_said && peak_over_prediction(measured, *predicted)) {
       peak_over_prediction_said = true;
-      log(format("warning: peak RSS %.0f MB at iteration %lld exceeds the plan's %.0f MB by %.0f %% (margin %.0f %% and "
+      log(format("warning: %s %.0f MB at iteration %lld exceeds the plan's %.0f MB by %.0f %% (margin %.0f %% and "
                  "%.0f MB): the plan misses some of this run's memory (docs/step_time.md)",
-                 record.peak_rss_mb, static_cast<long long>(record.iteration), *prediction->peak_rss_mb,
-                 100.0 * (record.peak_rss_mb / *prediction->peak_rss_mb - 1.0), 100.0 * kPredictionMargin,
-                 kPredictionFloorMb));
+                 what, measured, static_cast<long long>(record.iteration), *predicted,
+                 100.0 * (measured / *predicted - 1.0), 100.0 * kPredictionMargin, kPredictionFloorMb));
     }
   }
 
@@ -489,6 +493,7 @@ struct Trainer::State {
       if (step > start_step && epoch != data.sampler.epoch_of_step(step - 1))
         log("epoch " + std::to_string(epoch) + " begins at iteration " + std::to_string(step + 1));
       const auto started = std::chrono::steady_clock::now();
+      reset_device_memory_peak(comm().device());
       StepSettings settings;
       settings.iteration = step + 1;
       settings.accumulation = accum;
@@ -512,10 +517,13 @@ struct Trainer::State {
       profiler->end_step(step + 1);
       const auto totals = comm().all_reduce_sum(std::vector<double>{stats.loss_sum, stats.flops, stats.tokens});
       const auto phases = step_phases_ms();
-      std::vector<double> maxed = phases;  // [phases..., peak RSS]
+      // [phases..., peak RSS, (on CUDA) allocated peak, reserved peak], max over ranks
+      std::vector<double> maxed = phases;
       maxed.push_back(peak_rss_mb());
+      const std::optional<DeviceMemoryPeak> device_peak = device_memory_peak(comm().device());
+      if (device_peak) maxed.insert(maxed.end(), {device_peak->allocated_mb, device_peak->reserved_mb});
       maxed = comm().all_reduce_max(maxed);
-      const double rss_mb = maxed.back();
+      const double rss_mb = maxed[phases.size()];
       const double step_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
 
@@ -530,6 +538,10 @@ struct Trainer::State {
       record.step_time_ms = step_ms;
       record.tokens = static_cast<int64_t>(totals[2]);
       record.peak_rss_mb = rss_mb;
+      if (device_peak) {
+        record.peak_device_allocated_mb = maxed[phases.size() + 1];
+        record.peak_device_reserved_mb = maxed[phases.size() + 2];
+      }
       record.phases_ms = phases_record(phases);
       record.phases_max_ms = phases_record(maxed);
       if (totals[1] > 0) {
