@@ -36,6 +36,9 @@ struct ActivationQuery {
   int64_t seqlen = 0;                  // tokens per sample
   int64_t micro_batch_size = 1;        // samples per micro-batch
   at::ScalarType param_dtype = at::kFloat;  // the gathered params' dtype
+  // (H, W) in pixels, as the image processor sizes them, of every image of one sample (a model
+  // with a vision tower counts its activations from them; seqlen already holds their tokens).
+  std::vector<std::pair<int64_t, int64_t>> images;
 };
 
 }  // namespace mmtrain

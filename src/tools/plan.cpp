@@ -65,6 +65,18 @@ void print_step_time(const PlanOptions& o, const PlanEstimate& e, int devices_pe
 
 }  // namespace
 
+std::vector<std::pair<int64_t, int64_t>> plan_images(const PlanOptions& o) {
+  std::vector<std::pair<int64_t, int64_t>> images;
+  for (const auto& text : o.images) {
+    long long h = 0, w = 0;
+    char end = 0;
+    if (std::sscanf(text.c_str(), "%lld,%lld%c", &h, &w, &end) != 2 || h < 1 || w < 1)
+      fail("plan: --image '", text, "': expected H,W in pixels, both >= 1 (e.g. --image 1024,768)");
+    images.emplace_back(h, w);
+  }
+  return images;
+}
+
 void plan_memory(const PlanOptions& o) {
   if (o.world_size < 1) fail("plan: --world-size must be >= 1, found ", o.world_size);
   if (o.seqlen < 0) fail("plan: --seqlen must be >= 0, found ", o.seqlen);
@@ -79,7 +91,7 @@ void plan_memory(const PlanOptions& o) {
   if (devices_per_node == 0) devices_per_node = world;  // one node
   const auto loaded = config_load(o.config_path, o.overrides);
   auto model = model_spec(loaded.model.model_id, "config " + loaded.source_path + ": model.model_id").build(loaded.model.config);
-  const auto estimate = plan_estimate(loaded, world, o.seqlen, *model);
+  const auto estimate = plan_estimate(loaded, world, o.seqlen, *model, plan_images(o));
   const PlanEstimate& e = *estimate;
   const Config& cfg = e.cfg;
   const ParallelDims& dims = e.dims;
@@ -225,6 +237,9 @@ void add_plan_commands(CLI::App& app, Commands& commands) {
   plan->add_option("config", o->config_path, "YAML config file (not with --calibrate)");
   plan->add_option("--world-size,--world_size", o->world_size, "ranks")->capture_default_str();
   plan->add_option("--seqlen", o->seqlen, "tokens per sample (default: the model's)");
+  plan->add_option("--image", o->images,
+                   "H,W in pixels of one image of a sample, as the processor sizes it (repeatable; a vision "
+                   "tower's activations and FLOPs; --seqlen holds their tokens)");
   plan->add_option("--set", o->overrides, "override a config key (repeatable)");
   plan->add_option("--device", o->device,
                    "device profile for the step time: h200, h100, a100, 910b3, or a profile JSON (docs/step_time.md)");

@@ -15,6 +15,7 @@ struct PlanOptions {
   std::string set_file;
   int world_size = 1;
   int64_t seqlen = 0;                  // tokens per sample; 0 = the model's default
+  std::vector<std::string> images;     // --image H,W per image of a sample (a vision-language model)
   // The hardware (train/step_time.h): with a device profile the plan adds the step time. nodes x
   // devices_per_node, when given, is the world; devices_per_node defaults to the whole world.
   std::string device;                  // h200, h100, a100, 910b3, or a profile's JSON path; "" = none
@@ -31,5 +32,7 @@ struct PlanOptions {
 
 // Prints the table, then one JSON line with every figure (bytes) as the last line of stdout.
 void plan_memory(const PlanOptions& options);
+// --image's "H,W" values as (H, W) pixels; a malformed or non-positive one fails naming it.
+std::vector<std::pair<int64_t, int64_t>> plan_images(const PlanOptions& options);
 
 }  // namespace mmtrain

@@ -76,6 +76,7 @@ void plan_auto(const PlanOptions& o) {
   const double device_budget = o.device_memory_gb > 0 ? o.device_memory_gb * kGB : 0.9 * profile.memory_gb * kGB;
   const double host_budget = (o.host_memory_gb > 0 ? o.host_memory_gb : 0.9 * profile.host_memory_gb * per_node) * kGB;
   const double disk_budget = o.disk_gb > 0 ? o.disk_gb * kGB : std::numeric_limits<double>::infinity();
+  const auto images = plan_images(o);
 
   const Config base = config_load(o.config_path, o.overrides);
   const ModelSpec& spec = model_spec(base.model.model_id, "config " + base.source_path + ": model.model_id");
@@ -143,7 +144,7 @@ void plan_auto(const PlanOptions& o) {
               try {
                 const Config cfg = config_load(o.config_path, sets);
                 config_check_supported(cfg, world);  // what `train` would refuse
-                e = plan_estimate(cfg, world, o.seqlen, *model);
+                e = plan_estimate(cfg, world, o.seqlen, *model, images);
               } catch (const Error&) {
                 ++refused;  // a combination the config checks refuse (e.g. heads the degree does not divide)
                 continue;

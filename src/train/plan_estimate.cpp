@@ -8,8 +8,10 @@
 
 namespace mmtrain {
 
-std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_t seqlen, Module& model) {
+std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_t seqlen, Module& model,
+                                            const std::vector<std::pair<int64_t, int64_t>>& images) {
   auto e = std::make_unique<PlanEstimate>();
+  e->images = images;
   e->cfg = cfg;
   e->dims = config_check_world(cfg, world);
   const auto& fp = cfg.parallel.fsdp_plan;
@@ -28,9 +30,9 @@ std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_
   else if (e->seqlen == 0)
     e->no_activations = "pass --seqlen to estimate activations";
   else if (cp == 1)
-    e->act = e->spec->activations(ActivationQuery{cfg.model.config, e->seqlen, e->micro, fp.param_dtype});
+    e->act = e->spec->activations(ActivationQuery{cfg.model.config, e->seqlen, e->micro, fp.param_dtype, images});
   else
-    e->act = e->spec->activations(ActivationQuery{cfg.model.config, e->tokens_per_rank, 1, fp.param_dtype});
+    e->act = e->spec->activations(ActivationQuery{cfg.model.config, e->tokens_per_rank, 1, fp.param_dtype, images});
   // The context-parallel buffers of one layer's attention (e = param_dtype bytes, T the local
   // tokens, T_r = U * T the ring chunk, q/kv widths per Ulysses rank):
   //   Ulysses: send + receive buffers of the q, k, v and output all-to-alls, 2 e T (2 q + 2 kv)
@@ -80,6 +82,7 @@ StepTimeInputs PlanEstimate::step_inputs(int devices_per_node, bool* flops) cons
   if (*flops) {
     FlopsQuery query;
     query.seqlens = {seqlen};
+    query.images = images;
     const FlopsReport report = spec->flops(cfg.model.config, query);
     in.attention_flops_per_sample = report.attention_flops_per_sample;
     in.gemm_flops_per_sample = report.flops_per_sample - report.attention_flops_per_sample;

@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace mmtrain {
 
@@ -25,6 +27,7 @@ struct PlanEstimate {
   FsdpMemoryPlan plan;
   bool recompute = false;
   int64_t seqlen = 0, micro = 1, tokens_per_rank = 0;
+  std::vector<std::pair<int64_t, int64_t>> images;  // (H, W) of each image of one sample
   ActivationEstimate act;
   std::string no_activations;     // why there is no activation estimate; "" when there is one
   int64_t cp_buffer_bytes = 0;    // one layer's context-parallel attention buffers
@@ -35,8 +38,10 @@ struct PlanEstimate {
   StepTimeInputs step_inputs(int devices_per_node, bool* flops) const;
 };
 
-// The estimate for cfg on `world` ranks; seqlen 0 = the model's default. model: built from
-// cfg.model (shapes only), reused across estimates of one model.
-std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_t seqlen, Module& model);
+// The estimate for cfg on `world` ranks; seqlen 0 = the model's default; images: (H, W) in pixels
+// of each image of one sample (its tokens are in seqlen), for a model with a vision tower. model:
+// built from cfg.model (shapes only), reused across estimates of one model.
+std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_t seqlen, Module& model,
+                                            const std::vector<std::pair<int64_t, int64_t>>& images = {});
 
 }  // namespace mmtrain

@@ -192,5 +192,35 @@ TEST(FsdpPlan, Mistral3Activations) {
   EXPECT_EQ(a.outside_bytes - c.outside_bytes, (4096 - 1024) * 131072LL * 10);
 }
 
+// A trained Pixtral tower (freeze_vision: false) at Magistral-Small's vision widths: two images of
+// a sample, 1024 x 768 and 512 x 512 pixels, patch 14 -> (73 x 54) + (36 x 36) = 5238 patches; the
+// tower's layers are kept whole (dense-layer rule over the patches, no head) plus the projector;
+// a frozen tower, or a sample without images, adds nothing.
+TEST(FsdpPlan, Mistral3TrainedVisionTowerActivations) {
+  const auto& spec = model_spec("mistral3");
+  const nlohmann::json text = {{"hidden_size", 5120},    {"num_attention_heads", 32}, {"num_key_value_heads", 8},
+                               {"head_dim", 128},       {"intermediate_size", 32768}, {"num_hidden_layers", 40},
+                               {"vocab_size", 131072}};
+  const nlohmann::json vision = {{"hidden_size", 1024}, {"num_hidden_layers", 24}, {"num_attention_heads", 16},
+                                 {"intermediate_size", 4096}, {"patch_size", 14}, {"image_size", 1540}};
+  nlohmann::json trained = {{"text_config", text}, {"vision_config", vision}, {"freeze_vision", false}};
+  nlohmann::json frozen = trained;
+  frozen["freeze_vision"] = true;
+  const std::vector<std::pair<int64_t, int64_t>> images = {{1024, 768}, {512, 512}};
+  const auto text_only = spec.activations(ActivationQuery{trained, 4096, 2, at::kBFloat16});
+  const auto with_tower = spec.activations(ActivationQuery{trained, 4096, 2, at::kBFloat16, images});
+  const auto with_frozen = spec.activations(ActivationQuery{frozen, 4096, 2, at::kBFloat16, images});
+  EXPECT_EQ(with_frozen.outside_bytes, text_only.outside_bytes);
+  EXPECT_EQ(with_frozen.backward_bytes, text_only.backward_bytes);
+  // P = 2 samples x 5238 patches; vh = 1024, 16 heads of 64, F = 4096, bf16 (e = 2), merge 2.
+  const int64_t p = 2 * (73 * 54 + 36 * 36), vh = 1024, e = 2;
+  const int64_t layer = 2 * (3 * p * vh * e + 4 * p) + p * 64 * 64 * e + 4 * p * 16 + p * 1024 * e + 4 * p * 4096 * e;
+  const int64_t tower_outside = 3 * p * vh * e + 8 * (p + 2);
+  const int64_t projector = 4 * p * vh * e + (p / 4) * (vh + 2 * 5120) * e;
+  EXPECT_EQ(with_tower.outside_bytes - text_only.outside_bytes, 24 * layer + tower_outside + projector);
+  EXPECT_EQ(with_tower.layers_full_bytes, text_only.layers_full_bytes);  // the text layers' rule is unchanged
+  EXPECT_EQ(with_tower.backward_bytes, text_only.backward_bytes);        // the text MLP's grads are wider
+}
+
 }  // namespace
 }  // namespace mmtrain

@@ -96,9 +96,14 @@ FlopsReport flops(const nlohmann::json& model_config, const FlopsQuery& q) {
 }
 
 // The text model is a dense decoder (models/decoder_activations.h), its loss chunked as
-// loss_chunk_size says. Image tokens are part of the sequence; what the vision tower and the
-// projector keep is not counted (a frozen tower runs without grad and keeps nothing; a trained one
-// is left out of this estimate, which plan then understates).
+// loss_chunk_size says; image tokens are part of its sequence. With freeze_vision the tower and
+// the projector run on inputs that need no grad: autograd keeps nothing of them. Trained, the
+// Pixtral tower is a dense encoder of the same layer structure (RMSNorm, attention, SwiGLU MLP;
+// no head) over the micro-batch's patches P = Σ (H / patch) (W / patch), kept whole (the seed's
+// recompute plan wraps the language layers), and the projector keeps its norm's input, normalized
+// and output (3 P vh e), the merging linear's input (P vh e), and per merged token (P / m^2)
+// linear_1's input (vh e), GELU's input and linear_2's (th e each): all outside the text layers;
+// backward's transients are the tower's or the text's, the larger.
 ActivationEstimate activations(const ActivationQuery& q) {
   const auto c = Mistral3Config::from_json(q.model_config);
   DecoderShape d;
@@ -110,7 +115,23 @@ ActivationEstimate activations(const ActivationQuery& q) {
   d.layers = c.num_layers;
   d.vocab = c.vocab_size;
   d.loss_chunk = c.loss_chunk_size;
-  return decoder_activation_estimate(d, q.seqlen, q.micro_batch_size, q.param_dtype);
+  ActivationEstimate a = decoder_activation_estimate(d, q.seqlen, q.micro_batch_size, q.param_dtype);
+  if (c.freeze_vision || q.images.empty()) return a;
+  int64_t patches = 0;
+  for (const auto& [h, w] : q.images) patches += (h / c.patch_size) * (w / c.patch_size);
+  DecoderShape v;
+  v.hidden = c.vision_hidden_size;
+  v.heads = v.kv_heads = c.vision_num_heads;
+  v.head_dim = c.vision_head_dim();
+  v.ffn = c.vision_intermediate_size;
+  v.layers = c.vision_num_layers;
+  const ActivationEstimate tower = decoder_activation_estimate(v, patches, q.micro_batch_size, q.param_dtype);
+  const int64_t p = tower.tokens, e = static_cast<int64_t>(c10::elementSize(q.param_dtype));
+  const int64_t merged = p / (c.spatial_merge_size * c.spatial_merge_size);
+  const int64_t projector = 4 * p * v.hidden * e + merged * (v.hidden + 2 * c.hidden_size) * e;
+  a.outside_bytes += tower.layers_full_bytes + tower.outside_bytes + projector;
+  a.backward_bytes = std::max(a.backward_bytes, tower.backward_bytes);
+  return a;
 }
 
 ModelSpec mistral3_spec() {
