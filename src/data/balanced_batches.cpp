@@ -1,0 +1,171 @@
+#include "data/balanced_batches.h"
+
+#include "core/error.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace mmtrain {
+namespace {
+
+struct Bin {
+  std::vector<int64_t> positions;
+  int64_t tokens = 0;
+  double cost = 0;
+  int64_t first = 0;  // the smallest position: the tie-break that keeps the split deterministic
+};
+
+void add(Bin& bin, int64_t position, const SampleLoad& load) {
+  if (bin.positions.empty() || position < bin.first) bin.first = position;
+  bin.positions.push_back(position);
+  bin.tokens += load.tokens;
+  bin.cost += load.cost;
+}
+
+// Positions by decreasing tokens, then increasing position.
+std::vector<int64_t> by_tokens(std::vector<int64_t> positions, const std::vector<SampleLoad>& samples) {
+  std::stable_sort(positions.begin(), positions.end(),
+                   [&](int64_t a, int64_t b) { return samples[a].tokens > samples[b].tokens; });
+  return positions;
+}
+
+std::vector<Bin> first_fit_decreasing(const std::vector<SampleLoad>& samples, int64_t budget) {
+  std::vector<int64_t> all(samples.size());
+  std::iota(all.begin(), all.end(), 0);
+  std::vector<Bin> bins;
+  for (int64_t p : by_tokens(all, samples)) {
+    auto fits = std::find_if(bins.begin(), bins.end(), [&](const Bin& b) { return b.tokens + samples[p].tokens <= budget; });
+    if (fits == bins.end()) fits = bins.insert(bins.end(), Bin{});
+    add(*fits, p, samples[p]);
+  }
+  return bins;
+}
+
+// Splits the bin with the most samples (then the most tokens, then the first) in two.
+void split_one(std::vector<Bin>& bins, const std::vector<SampleLoad>& samples) {
+  auto widest = std::max_element(bins.begin(), bins.end(), [](const Bin& a, const Bin& b) {
+    if (a.positions.size() != b.positions.size()) return a.positions.size() < b.positions.size();
+    if (a.tokens != b.tokens) return a.tokens < b.tokens;
+    return a.first > b.first;
+  });
+  Bin halves[2];
+  int turn = 0;
+  for (int64_t p : by_tokens(widest->positions, samples)) add(halves[turn ^= 1], p, samples[p]);
+  *widest = halves[0];
+  bins.push_back(halves[1]);
+}
+
+}  // namespace
+
+int64_t StepSplit::micro_batches_per_rank() const {
+  return micro_batches.empty() ? 0 : static_cast<int64_t>(micro_batches[0].size());
+}
+
+double StepSplit::imbalance() const {
+  if (rank_cost.empty()) return 1.0;
+  const double mean = std::accumulate(rank_cost.begin(), rank_cost.end(), 0.0) / static_cast<double>(rank_cost.size());
+  return mean > 0 ? *std::max_element(rank_cost.begin(), rank_cost.end()) / mean : 1.0;
+}
+
+double StepSplit::balance_bound() const {
+  if (rank_cost.empty()) return 1.0;
+  const double mean = std::accumulate(rank_cost.begin(), rank_cost.end(), 0.0) / static_cast<double>(rank_cost.size());
+  return mean > 0 ? std::max(mean, max_sample_cost) / mean : 1.0;
+}
+
+double StepSplit::budget_fill() const {
+  const double capacity = static_cast<double>(budget_tokens) * static_cast<double>(micro_batches_per_rank()) *
+                          static_cast<double>(micro_batches.size());
+  return capacity > 0 ? static_cast<double>(tokens) / capacity : 0.0;
+}
+
+// Balanced: the samples by decreasing cost, each to the least-loaded rank (longest-processing-time);
+// each rank's samples packed into bins; the ranks with fewer bins split theirs up to the most any
+// rank has. Empty when some rank has fewer samples than that count (the caller falls back).
+std::vector<std::vector<Bin>> balance_samples(const std::vector<SampleLoad>& samples, int dp_world, int64_t budget) {
+  std::vector<int64_t> order(samples.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return samples[a].cost > samples[b].cost; });
+  std::vector<std::vector<int64_t>> owned(dp_world);
+  std::vector<double> load(dp_world, 0.0);
+  for (int64_t p : order) {
+    const int rank = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    owned[rank].push_back(p);
+    load[rank] += samples[p].cost;
+  }
+  std::vector<std::vector<Bin>> bins(dp_world);
+  size_t most = 0;
+  for (int r = 0; r < dp_world; ++r) {
+    std::vector<SampleLoad> mine;
+    for (int64_t p : owned[r]) mine.push_back(samples[p]);
+    for (Bin& local : first_fit_decreasing(mine, budget)) {  // back from local to step positions
+      Bin bin;
+      for (int64_t i : local.positions) add(bin, owned[r][i], samples[owned[r][i]]);
+      bins[r].push_back(bin);
+    }
+    most = std::max(most, bins[r].size());
+  }
+  for (int r = 0; r < dp_world; ++r) {
+    if (owned[r].size() < most) return {};
+    while (bins[r].size() < most) split_one(bins[r], samples);
+  }
+  return bins;
+}
+
+StepSplit split_step(const std::vector<SampleLoad>& samples, int dp_world, int64_t budget_tokens, bool balance) {
+  const auto count = static_cast<int64_t>(samples.size());
+  if (dp_world < 1 || count < dp_world || count % dp_world != 0)
+    fail("micro_batch_tokens: a step's ", count, " samples do not split evenly over ", dp_world,
+         " data-parallel rank(s)");
+  if (budget_tokens < 1) fail("micro_batch_tokens must be >= 1, found ", budget_tokens);
+  for (int64_t p = 0; p < count; ++p)
+    if (samples[p].tokens > budget_tokens)
+      fail("micro_batch_tokens: sample ", p, " of the step has ", samples[p].tokens, " tokens, over the budget of ",
+           budget_tokens);
+  StepSplit split;
+  split.budget_tokens = budget_tokens;
+  for (const auto& s : samples) {
+    split.tokens += s.tokens;
+    split.max_sample_cost = std::max(split.max_sample_cost, s.cost);
+  }
+  split.micro_batches.assign(dp_world, {});
+  split.rank_cost.assign(dp_world, 0.0);
+  if (balance) {
+    auto per_rank_bins = balance_samples(samples, dp_world, budget_tokens);
+    if (!per_rank_bins.empty()) {
+      for (int r = 0; r < dp_world; ++r)
+        for (Bin& bin : per_rank_bins[r]) {
+          std::sort(bin.positions.begin(), bin.positions.end());
+          split.micro_batches[r].push_back(bin.positions);
+          split.rank_cost[r] += bin.cost;
+        }
+      return split;
+    }
+  }
+  // Whole bins to ranks: the unbalanced split, and the balanced one's fallback.
+  std::vector<Bin> bins = first_fit_decreasing(samples, budget_tokens);
+  while (bins.size() % static_cast<size_t>(dp_world) != 0) split_one(bins, samples);
+  const size_t per_rank = bins.size() / static_cast<size_t>(dp_world);
+  std::vector<size_t> order(bins.size());
+  std::iota(order.begin(), order.end(), 0);
+  if (balance)
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      if (bins[a].cost != bins[b].cost) return bins[a].cost > bins[b].cost;
+      return bins[a].first < bins[b].first;
+    });
+  for (size_t i = 0; i < order.size(); ++i) {
+    int rank = static_cast<int>(i % static_cast<size_t>(dp_world));
+    if (balance) {
+      rank = -1;
+      for (int r = 0; r < dp_world; ++r)
+        if (split.micro_batches[r].size() < per_rank && (rank < 0 || split.rank_cost[r] < split.rank_cost[rank])) rank = r;
+    }
+    Bin& bin = bins[order[i]];
+    std::sort(bin.positions.begin(), bin.positions.end());  // a micro-batch reads its samples in stream order
+    split.micro_batches[rank].push_back(bin.positions);
+    split.rank_cost[rank] += bin.cost;
+  }
+  return split;
+}
+
+}  // namespace mmtrain
