@@ -42,6 +42,12 @@ run_sets() {  # run_sets NAME: its overrides, one per line
     recompute_cpu_offload) printf '%s\n' "${on[@]}" --set parallel.fsdp_plan.cpu_offload=true ;;
     micro2_recompute) printf '%s\n' "${on[@]}" --set training.micro_batch_size=2 ;;
     hsdp_recompute) printf '%s\n' "${on[@]}" --set parallel.fully_shard_parallel_size=1 ;;
+    # Not in the default twelve: the other candidates `plan --auto --device-memory-gb 1.0` finds fitting
+    # (docs/step_time.md, "Choosing"), measured with RUNS=... so that its pick is compared with all.
+    hsdp_cpu_offload) printf '%s\n' "${off[@]}" --set parallel.fully_shard_parallel_size=1 --set parallel.fsdp_plan.cpu_offload=true ;;
+    recompute_swap_host) printf '%s\n' "${on[@]}" --set training.optimizer=adamw_swap ;;
+    hsdp_recompute_cpu_offload) printf '%s\n' "${on[@]}" --set parallel.fully_shard_parallel_size=1 \
+                                  --set parallel.fsdp_plan.cpu_offload=true ;;
     *) echo "bench: unknown run '$1'" >&2; exit 1 ;;
   esac
 }
