@@ -10,6 +10,7 @@
 #include <ATen/core/Generator.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,9 @@ class Dataset {
   virtual std::string describe(int64_t index) const { return "sample " + std::to_string(index); }
   // What the trainer logs once at start (e.g. records read and dropped); empty for nothing.
   virtual std::string summary() const { return {}; }
+  // The tokens sample `index` puts in the model's sequence (image tokens included), read from the
+  // sample itself; nullopt when this dataset cannot say. The plan's length mix (train/length_mix.h).
+  virtual std::optional<int64_t> sample_tokens(int64_t index) const { return std::nullopt; }
 };
 
 class Collator {

@@ -35,6 +35,7 @@ class TokenFileDataset : public Dataset {
   }
   int64_t size() const override { return tokens_.size(0); }
   Batch get(int64_t index) const override { return {{"tokens", tokens_[index]}}; }
+  std::optional<int64_t> sample_tokens(int64_t) const override { return tokens_.size(1); }
 
  private:
   at::Tensor tokens_;

@@ -6,6 +6,7 @@
 #include "parallel/context_parallel.h"
 #include "train/plan_estimate.h"
 #include "train/device_profile.h"
+#include "train/length_mix.h"
 #include "train/offload_plan.h"
 #include "train/step_time.h"
 
@@ -82,6 +83,14 @@ void plan_auto(const PlanOptions& o) {
   const ModelSpec& spec = model_spec(base.model.model_id, "config " + base.source_path + ": model.model_id");
   if (!spec.flops) fail("plan --auto: model '", spec.name, "' has no FLOPs formula to time candidates with");
   auto model = spec.build(base.model.config);
+  // The sequence lengths: --seqlen, else the data set's own (its longest sizes the memory, all of
+  // them time the step), else the model's default.
+  int64_t seqlen = o.seqlen;
+  LengthMix mix;
+  if (seqlen == 0) {
+    mix = read_length_mix(base);
+    seqlen = mix.longest();
+  }
   // The global batch stays what the config gives on this world.
   const int64_t global_batch = config_global_batch(base, config_check_world(base, world));
   const auto& recompute_modules = base.features.recompute_plan.apply_modules;
@@ -144,7 +153,7 @@ void plan_auto(const PlanOptions& o) {
               try {
                 const Config cfg = config_load(o.config_path, sets);
                 config_check_supported(cfg, world);  // what `train` would refuse
-                e = plan_estimate(cfg, world, o.seqlen, *model, images);
+                e = plan_estimate(cfg, world, seqlen, *model, images, mix.seqlens);
               } catch (const Error&) {
                 ++refused;  // a combination the config checks refuse (e.g. heads the degree does not divide)
                 continue;
@@ -170,6 +179,15 @@ void plan_auto(const PlanOptions& o) {
   std::printf("mmtrain plan --auto: %s on %d x %d %s, global batch %lld, %s\n", base.source_path.c_str(), o.nodes,
               per_node, profile.name.c_str(), static_cast<long long>(global_batch),
               can_estimate ? "activations estimated" : "activations not estimated (memory is a lower bound)");
+  if (o.seqlen > 0)
+    std::printf("  sequence length: %lld tokens (--seqlen)\n", static_cast<long long>(o.seqlen));
+  else if (!mix.seqlens.empty())
+    std::printf("  sequence lengths from the data set: %zu of its %lld samples read, median %lld, longest %lld tokens "
+                "(memory for the longest, step time over all)\n",
+                mix.seqlens.size(), static_cast<long long>(mix.dataset_size), static_cast<long long>(mix.median()),
+                static_cast<long long>(mix.longest()));
+  else
+    std::printf("  sequence length: the model's default (%s)\n", mix.unavailable.c_str());
   std::printf("  budgets per rank: device %.1f GB; per node: host %s, disk %s\n", device_budget / kGB,
               format("%.1f GB", host_budget / kGB).c_str(),
               std::isinf(disk_budget) ? "no limit" : format("%.1f GB", disk_budget / kGB).c_str());
@@ -212,7 +230,8 @@ void plan_auto(const PlanOptions& o) {
   }
   const nlohmann::ordered_json j = {{"tried", tried},         {"refused", refused},         {"over_device", over_device},
                                     {"over_host", over_host}, {"over_disk", over_disk},     {"fitting", fitting.size()},
-                                    {"device_budget_bytes", device_budget}, {"best", best}};
+                                    {"device_budget_bytes", device_budget}, {"seqlen", seqlen},
+                                    {"seqlens_read", mix.seqlens.size()}, {"best", best}};
   std::printf("%s\n", j.dump().c_str());
 }
 

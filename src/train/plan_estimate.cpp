@@ -9,9 +9,11 @@
 namespace mmtrain {
 
 std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_t seqlen, Module& model,
-                                            const std::vector<std::pair<int64_t, int64_t>>& images) {
+                                            const std::vector<std::pair<int64_t, int64_t>>& images,
+                                            const std::vector<int64_t>& flops_seqlens) {
   auto e = std::make_unique<PlanEstimate>();
   e->images = images;
+  e->flops_seqlens = flops_seqlens;
   e->cfg = cfg;
   e->dims = config_check_world(cfg, world);
   const auto& fp = cfg.parallel.fsdp_plan;
@@ -81,8 +83,8 @@ StepTimeInputs PlanEstimate::step_inputs(int devices_per_node, bool* flops) cons
   *flops = spec->flops && seqlen > 0;
   if (*flops) {
     FlopsQuery query;
-    query.seqlens = {seqlen};
-    query.images = images;
+    query.seqlens = flops_seqlens.empty() ? std::vector<int64_t>{seqlen} : flops_seqlens;
+    if (flops_seqlens.empty()) query.images = images;  // the images of one sample
     const FlopsReport report = spec->flops(cfg.model.config, query);
     in.attention_flops_per_sample = report.attention_flops_per_sample;
     in.gemm_flops_per_sample = report.flops_per_sample - report.attention_flops_per_sample;

@@ -28,6 +28,7 @@ struct PlanEstimate {
   bool recompute = false;
   int64_t seqlen = 0, micro = 1, tokens_per_rank = 0;
   std::vector<std::pair<int64_t, int64_t>> images;  // (H, W) of each image of one sample
+  std::vector<int64_t> flops_seqlens;  // the samples the step time averages over; empty: {seqlen}
   ActivationEstimate act;
   std::string no_activations;     // why there is no activation estimate; "" when there is one
   int64_t cp_buffer_bytes = 0;    // one layer's context-parallel attention buffers
@@ -39,9 +40,12 @@ struct PlanEstimate {
 };
 
 // The estimate for cfg on `world` ranks; seqlen 0 = the model's default; images: (H, W) in pixels
-// of each image of one sample (its tokens are in seqlen), for a model with a vision tower. model:
-// built from cfg.model (shapes only), reused across estimates of one model.
+// of each image of one sample (its tokens are in seqlen), for a model with a vision tower;
+// flops_seqlens: the lengths of a data set's samples (train/length_mix.h), whose mean FLOPs time
+// the step while seqlen (their longest) sizes the memory. model: built from cfg.model (shapes
+// only), reused across estimates of one model.
 std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_t seqlen, Module& model,
-                                            const std::vector<std::pair<int64_t, int64_t>>& images = {});
+                                            const std::vector<std::pair<int64_t, int64_t>>& images = {},
+                                            const std::vector<int64_t>& flops_seqlens = {});
 
 }  // namespace mmtrain

@@ -240,6 +240,23 @@ def test_measure_profile_writes_a_profile_the_plan_reads(tmp_path, token_file):
     assert plan["step_time"]["device"] == "local" and plan["step_time"]["total_ms"] > 0
 
 
+def test_plan_auto_takes_the_sequence_lengths_from_the_data_set(tmp_path, token_file):
+    cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, mbs=2, iters=1))
+    base = ["plan", str(cfg), "--auto", "--device", "h200", "--nodes", "1", "--devices-per-node", "2"]
+    proc = run_mmtrain(base)
+    read = last_json(proc)
+    assert read["seqlen"] == 17 and read["seqlens_read"] == 64  # the token file's 64 samples of 17
+    assert "sequence lengths from the data set: 64 of its 64 samples read, median 17, longest 17 tokens" in proc.stdout
+    given = last_json(run_mmtrain([*base, "--seqlen", "16"]))
+    assert given["seqlen"] == 16 and given["seqlens_read"] == 0
+    # No data set to read: the model's default, and why.
+    bad = write_config(tmp_path / "bad.yaml", (tmp_path / "c.yaml").read_text().replace(str(token_file), str(tmp_path / "gone.safetensors")))
+    proc = run_mmtrain(["plan", str(bad), "--auto", "--device", "h200", "--nodes", "1", "--devices-per-node", "2", "--seqlen", "8"])
+    assert last_json(proc)["seqlen"] == 8
+    proc = run_mmtrain(["plan", str(bad), "--auto", "--device", "h200", "--nodes", "1", "--devices-per-node", "2"], check=False)
+    assert "the data set does not load" in proc.stdout + proc.stderr
+
+
 def test_plan_auto_chooses_under_a_budget_and_its_choice_trains(tmp_path, token_file):
     cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, mbs=2, iters=1))
     base = ["plan", str(cfg), "--auto", "--device", "h200", "--nodes", "1", "--devices-per-node", "2", "--seqlen", "16"]

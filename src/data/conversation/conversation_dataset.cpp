@@ -324,6 +324,10 @@ int64_t ConversationDataset::skipped() const {
   return static_cast<int64_t>(undecodable_.size());
 }
 
+std::optional<int64_t> ConversationDataset::sample_tokens(int64_t index) const {
+  return batch_get(get(index), "input_ids").numel();
+}
+
 Batch ConversationDataset::get(int64_t index) const {
   if (index < 0 || index >= size()) fail("dataset ", options_.dataset_file, ": index ", index, " out of range [0, ", size(), ")");
   // Item `index`, else the next one (in item order, wrapping) that still has a sample that decodes.

@@ -70,6 +70,8 @@ class ConversationDataset : public Dataset {
   int64_t size() const override;
   Batch get(int64_t index) const override;
   std::string summary() const override;
+  // input_ids of the item (image tokens included; a packed item's whole bin).
+  std::optional<int64_t> sample_tokens(int64_t index) const override;
 
   // Per-reason counts of dropped records, and how many records were read.
   const std::map<std::string, int64_t>& dropped() const { return dropped_; }

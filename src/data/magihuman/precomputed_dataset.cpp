@@ -280,6 +280,12 @@ std::string PrecomputedDataset::describe(int64_t index) const {
   return samples_[index].latents;
 }
 
+std::optional<int64_t> PrecomputedDataset::sample_tokens(int64_t index) const {
+  const Batch sample = get(index);
+  return batch_get(sample, "video_latent").size(0) + batch_get(sample, "audio_latent").size(0) +
+         batch_get(sample, "text_embed").size(0);
+}
+
 Batch PrecomputedDataset::get(int64_t index) const {
   stem(index);  // range check
   const auto& s = samples_[index];

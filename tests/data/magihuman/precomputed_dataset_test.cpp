@@ -76,6 +76,8 @@ TEST(MagiHumanDatasetTest, ReadsPtAndSafetensorsSortedByStem) {
   }
   EXPECT_EQ(f.open({{"max_samples", 2}}).size(), 2);
   EXPECT_EQ(f.open({{"max_samples", 0}}).size(), 3);
+  // The packed sequence a sample becomes: 6 video + 4 audio + 5 text rows.
+  for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(ds.sample_tokens(i), 15);
 }
 
 TEST(MagiHumanDatasetTest, AlternativeKeysListGridAndLeadingOne) {

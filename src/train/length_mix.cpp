@@ -1,0 +1,49 @@
+#include "train/length_mix.h"
+
+#include "core/error.h"
+#include "data/dataset.h"
+
+#include <algorithm>
+
+namespace mmtrain {
+
+int64_t LengthMix::longest() const { return seqlens.empty() ? 0 : *std::max_element(seqlens.begin(), seqlens.end()); }
+
+int64_t LengthMix::median() const {
+  if (seqlens.empty()) return 0;
+  auto sorted = seqlens;
+  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+  return sorted[sorted.size() / 2];
+}
+
+LengthMix read_length_mix(const Config& config, int64_t max_samples) {
+  LengthMix mix;
+  std::shared_ptr<Dataset> dataset;
+  try {
+    dataset = dataset_registry().get(config.data.dataset_type, "config " + config.source_path +
+                                                                   ": data.dataset_param.dataset_type")(config.data,
+                                                                                                        config.model);
+  } catch (const Error& e) {
+    mix.unavailable = std::string("the data set does not load: ") + e.what();
+    return mix;
+  }
+  mix.dataset_size = dataset->size();
+  if (mix.dataset_size == 0) {
+    mix.unavailable = "the data set is empty";
+    return mix;
+  }
+  const int64_t count = std::min(max_samples, mix.dataset_size);
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t index = count == 1 ? 0 : i * (mix.dataset_size - 1) / (count - 1);
+    const auto tokens = dataset->sample_tokens(index);
+    if (!tokens) {
+      mix.seqlens.clear();
+      mix.unavailable = "data set '" + config.data.dataset_type + "' cannot say a sample's tokens";
+      return mix;
+    }
+    mix.seqlens.push_back(*tokens);
+  }
+  return mix;
+}
+
+}  // namespace mmtrain
