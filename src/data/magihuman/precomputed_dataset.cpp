@@ -280,7 +280,35 @@ std::string PrecomputedDataset::describe(int64_t index) const {
   return samples_[index].latents;
 }
 
+namespace {
+
+// The rows of a [N, C] (or [1, N, C]) tensor from a safetensors header alone; nullopt when the file
+// does not hold it in that form (get() then reads the sample and names what is wrong).
+std::optional<int64_t> header_rows(const std::string& path, const std::vector<std::string>& names) {
+  const SafetensorsFile file(path);
+  for (const auto& name : names) {
+    if (!file.contains(name)) continue;
+    auto shape = file.info(name).shape;
+    if (shape.size() == 3 && shape[0] == 1) shape.erase(shape.begin());
+    return shape.size() == 2 ? std::optional<int64_t>(shape[0]) : std::nullopt;
+  }
+  return std::nullopt;
+}
+
+bool is_safetensors(const std::string& path) { return path.size() > 12 && path.ends_with(".safetensors"); }
+
+}  // namespace
+
 std::optional<int64_t> PrecomputedDataset::sample_tokens(int64_t index) const {
+  stem(index);  // range check
+  const auto& s = samples_[index];
+  // Safetensors samples: the headers say it without reading the latents (a .pt is read whole).
+  if (is_safetensors(s.latents) && is_safetensors(s.audio_latents) && is_safetensors(s.conditions)) {
+    const auto video = header_rows(s.latents, {"video_latent", "latents"});
+    const auto audio = header_rows(s.audio_latents, {"audio_latent", "latents"});
+    const auto text = header_rows(s.conditions, {"prompt_embeds", "text_embed"});
+    if (video && audio && text) return *video + *audio + *text;
+  }
   const Batch sample = get(index);
   return batch_get(sample, "video_latent").size(0) + batch_get(sample, "audio_latent").size(0) +
          batch_get(sample, "text_embed").size(0);

@@ -53,7 +53,8 @@ class PrecomputedDataset : public Dataset {
   int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
   Batch get(int64_t index) const override;
   std::string describe(int64_t index) const override;  // its latents file
-  // Video + audio + text rows: the packed sequence the sample becomes.
+  // Video + audio + text rows: the packed sequence the sample becomes (from the headers when the
+  // sample's files are safetensors).
   std::optional<int64_t> sample_tokens(int64_t index) const override;
 
   const std::string& stem(int64_t index) const;
