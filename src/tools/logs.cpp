@@ -222,6 +222,10 @@ LogRecord log_summary(const std::vector<LogRecord>& records, const LogStatsOptio
   if (!tflops.empty()) out["tflops_per_device_median"] = median(tflops);
   const auto mfu = values(steady, "mfu");
   if (!mfu.empty()) out["mfu_median"] = median(mfu);
+  for (const char* key : {"dp_work_imbalance", "dp_compute_imbalance"}) {
+    const auto balance = values(steady, key);
+    if (!balance.empty()) out[std::string(key) + "_median"] = median(balance);
+  }
 
   // The run against its plan (train/run_prediction.h): measured over predicted.
   const auto predicted_step = values(steady, "predicted_step_time_ms");
@@ -330,6 +334,12 @@ void print_summary(const char* label, const std::string& path, const LogRecord& 
     std::printf(", %.3f TFLOP/s per device", s["tflops_per_device_median"].get<double>());
   if (s.contains("mfu_median")) std::printf(", MFU %.2f %%", 100.0 * s["mfu_median"].get<double>());
   if (s.contains("samples_per_s") || s.contains("tflops_per_device_median")) std::printf("\n");
+  if (s.contains("dp_compute_imbalance_median")) {
+    std::printf("   rank balance (max / mean, median): compute %.3f", s["dp_compute_imbalance_median"].get<double>());
+    if (s.contains("dp_work_imbalance_median"))
+      std::printf(", predicted work %.3f", s["dp_work_imbalance_median"].get<double>());
+    std::printf("\n");
+  }
   if (s.contains("step_time_over_predicted"))
     std::printf("   against its plan: step time %.3f x the predicted %.1f ms", s["step_time_over_predicted"].get<double>(),
                 s["predicted_step_time_ms"].get<double>());

@@ -24,6 +24,7 @@ RUN_PANELS = [
     ("step_time_ms", "step time (ms)", 1.0),
     ("mfu", "MFU (%)", 100.0),
     ("peak_rss_mb", "peak RSS per rank (MiB)", 1.0),
+    ("dp_compute_imbalance", "rank imbalance (max / mean)", 1.0),
 ]
 
 
@@ -57,6 +58,11 @@ def figure_runs(spec):
                 ax.plot(x, y, color=color, alpha=0.3, linewidth=1)
                 xs, ys = points(s["iteration"], s["loss_smoothed"])
                 ax.plot(xs, ys, color=color, linewidth=1.8, label=run["name"])
+            elif key == "dp_compute_imbalance":
+                ax.plot(x, y, color=color, linewidth=1.5, label=run["name"])
+                if "dp_work_imbalance" in s:
+                    xs, ys = points(s["iteration"], s["dp_work_imbalance"])
+                    ax.plot(xs, ys, color=color, linestyle="--", linewidth=1.2)
             elif key == "step_time_ms" and s.get("warmup", 0) > 0:
                 warm = s["warmup"]
                 # Dotted up to the first steady iteration, solid from there.
@@ -69,6 +75,8 @@ def figure_runs(spec):
         title = label
         if key == "loss" and spec.get("smoothing"):
             title += f" (thin: raw, thick: EMA {spec['smoothing']:g})"
+        if key == "dp_compute_imbalance":
+            title += " (solid: compute, dashed: work)"
         if key == "step_time_ms" and spec.get("skip_first"):
             title += f" (dotted: first {spec['skip_first']} warm-up)"
         ax.set_title(title, fontsize=10)

@@ -50,6 +50,8 @@ std::vector<std::pair<std::string, double>> tensorboard_scalars(const StepRecord
   if (step.tflops_per_device) out.emplace_back("tflops_per_device", *step.tflops_per_device);
   if (step.mfu) out.emplace_back("mfu", *step.mfu);
   if (step.checkpoint_stall_ms) out.emplace_back("checkpoint_stall_ms", *step.checkpoint_stall_ms);
+  if (step.dp_work_imbalance) out.emplace_back("dp_work_imbalance", *step.dp_work_imbalance);
+  if (step.dp_compute_imbalance) out.emplace_back("dp_compute_imbalance", *step.dp_compute_imbalance);
   if (step.predicted_step_time_ms) out.emplace_back("predicted_step_time_ms", *step.predicted_step_time_ms);
   if (step.predicted_peak_rss_mb) out.emplace_back("predicted_peak_rss_mb", *step.predicted_peak_rss_mb);
   if (step.peak_device_allocated_mb) out.emplace_back("peak_device_allocated_mb", *step.peak_device_allocated_mb);

@@ -515,15 +515,22 @@ struct Trainer::State {
       });
       const bool traced = profiler->tracing();
       profiler->end_step(step + 1);
-      const auto totals = comm().all_reduce_sum(std::vector<double>{stats.loss_sum, stats.flops, stats.tokens});
       const auto phases = step_phases_ms();
-      // [phases..., peak RSS, (on CUDA) allocated peak, reserved peak], max over ranks
+      // This rank's compute: forward and backward less their waits on FSDP's collectives.
+      const double compute_ms = phases[static_cast<int>(StepPhase::forward)] +
+                                phases[static_cast<int>(StepPhase::backward)] - phases[kStepPhases];
+      const auto totals =
+          comm().all_reduce_sum(std::vector<double>{stats.loss_sum, stats.flops, stats.tokens, compute_ms});
+      // [phases..., peak RSS, (on CUDA) allocated peak, reserved peak, predicted work, compute ms],
+      // max over ranks
       std::vector<double> maxed = phases;
       maxed.push_back(peak_rss_mb());
       const std::optional<DeviceMemoryPeak> device_peak = device_memory_peak(comm().device());
       if (device_peak) maxed.insert(maxed.end(), {device_peak->allocated_mb, device_peak->reserved_mb});
+      maxed.insert(maxed.end(), {stats.flops, compute_ms});
       maxed = comm().all_reduce_max(maxed);
       const double rss_mb = maxed[phases.size()];
+      const double max_flops = maxed[maxed.size() - 2], max_compute_ms = maxed.back();
       const double step_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
 
@@ -544,6 +551,9 @@ struct Trainer::State {
       }
       record.phases_ms = phases_record(phases);
       record.phases_max_ms = phases_record(maxed);
+      // Balance across ranks: the busiest over the mean (1 = even).
+      if (totals[1] > 0) record.dp_work_imbalance = max_flops / (totals[1] / world);
+      if (totals[3] > 0) record.dp_compute_imbalance = max_compute_ms / (totals[3] / world);
       if (totals[1] > 0) {
         const auto rate = throughput(totals[1], world, step_ms / 1000.0, config.logging.hardware_flops);
         record.tflops_per_device = rate.tflops_per_device;

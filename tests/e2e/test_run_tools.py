@@ -261,3 +261,37 @@ def test_tensorboard_reads_the_run_live(tmp_path, token_file):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_each_step_records_the_balance_of_its_ranks(tmp_path, token_file):
+    # Equal samples: every rank gets the same predicted work.
+    (tmp_path / "even").mkdir()
+    cfg = write_config(tmp_path / "even" / "c.yaml", tiny_config(tmp_path / "even", token_file, mbs=2, iters=3))
+    run_mmtrain(["train", str(cfg), "--set", "training.save="], world=2)
+    even = read_metrics(tmp_path / "even" / "run")
+    assert all(r["dp_work_imbalance"] == 1.0 and r["dp_compute_imbalance"] >= 1.0 for r in even), even
+    # Tiny MagiHuman, short and long samples alternating in the data set (stems sort s000_long,
+    # s000_short, s001_long, ...): with one sample per micro-batch, rank 0 always draws a long one.
+    data = tmp_path / "mixed"
+    for kind, grid in [("short", "1,2,3"), ("long", "4,4,6")]:
+        run_mmtrain(["fixture", "magihuman", "--out", str(tmp_path / kind), "--samples", "4", "--seed", "2",
+                     "--video-grid", grid, "--audio-tokens", "5", "--text-tokens", "4", "--video-channels", "16",
+                     "--audio-channels", "8", "--text-channels", "24"])
+        for sub in ("latents", "audio_latents", "conditions"):
+            (data / sub).mkdir(parents=True, exist_ok=True)
+            for f in sorted((tmp_path / kind / sub).iterdir()):
+                stem = f.name.replace("sample_000", "s").replace(".", f"_{kind}.", 1)
+                f.rename(data / sub / stem)
+    run_dir = tmp_path / "mixed_run"
+    run_mmtrain(["train", str(REPO / "examples/magihuman/magihuman_tiny.yaml"), "--set", "model.model_name_or_path=",
+                 "--set", f"data.dataset_param.data_root={data}", "--set", "training.micro_batch_size=1",
+                 "--set", "training.train_iters=3", "--set", "training.save=", "--set", f"logging.output_dir={run_dir}"],
+                world=2)
+    mixed = read_metrics(run_dir)
+    # 105 tokens against 15: the long rank carries nearly all the work (its FLOPs over the mean).
+    assert all(r["dp_work_imbalance"] > 1.5 for r in mixed), [r["dp_work_imbalance"] for r in mixed]
+    assert len({round(r["dp_work_imbalance"], 12) for r in mixed}) == 1  # the same pair of lengths every step
+    lines = run_mmtrain(["logs", "summary", str(run_dir / "metrics.jsonl"), "--skip-first", "0"]).stdout.splitlines()
+    summary = json.loads(lines[-1])
+    assert summary["dp_work_imbalance_median"] == mixed[0]["dp_work_imbalance"]
+    assert any("rank balance (max / mean, median): compute" in line for line in lines)
