@@ -411,3 +411,23 @@ def test_weights_fixture_bad_input(tmp_path):
     proc = run_mmtrain(["fixture", "magihuman-weights", "--config", str(bad), "--out", str(tmp_path / "w")],
                        check=False)
     assert proc.returncode == 1 and "num_layerz" in proc.stderr, proc.stderr
+
+
+def test_fixture_mix_spreads_durations_and_resolutions(tmp_path):
+    def grids(out):
+        found = []
+        for f in sorted((out / "latents").glob("*.safetensors")):
+            with safe_open(str(f), "pt") as s:
+                t, h, w = s.get_tensor("video_grid_thw").tolist()
+                assert s.get_tensor("video_latent").shape[0] == t * h * w
+                found.append((t, h, w))
+        return found
+    for name in ("a", "b"):
+        run_mmtrain(["fixture", "magihuman", "--out", str(tmp_path / name), "--samples", "24", "--seed", "5", "--mix",
+                     "--format", "safetensors"])
+    found = grids(tmp_path / "a")
+    assert found == grids(tmp_path / "b")  # drawn from (seed, index)
+    # The base 5 s 256p grid (32, 8, 15) at 1/4 .. 2 x the duration and 1/2 .. 3/2 x the resolution.
+    assert {t for t, _, _ in found} <= {8, 16, 32, 64} and {(h, w) for _, h, w in found} <= {(4, 8), (8, 15), (12, 23)}
+    counts = [t * h * w for t, h, w in found]
+    assert max(counts) / min(counts) >= 8 and len(set(counts)) >= 6, counts

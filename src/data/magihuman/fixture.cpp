@@ -4,7 +4,7 @@
 // 15), audio [126, 64], text [640, 3584], 4606 packed tokens. Clean values are i.i.d. N(0, 1)
 // (unit-variance like normalised VAE latents, so a zero prediction scores E[(eps - x0)^2] = 2 per
 // modality, loss 4), drawn per sample from a generator seeded by (seed, sample index): video,
-// then audio, then text.
+// then audio, then text. --mix gives each sample its own duration and resolution (sample_shape).
 #include "core/cli_command.h"
 #include "core/error.h"
 #include "core/random.h"
@@ -13,7 +13,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <set>
@@ -33,7 +35,26 @@ struct DataFixture {
   int64_t text_channels = 3584;
   std::string format = "pt";  // pt (torch.save zip, loadable by torch.load(weights_only=True)) | safetensors
   uint64_t seed = 0;
+  bool mix = false;  // each sample its own duration and resolution (sample_shape)
 };
+
+struct SampleShape {
+  std::array<int64_t, 3> grid;
+  int64_t audio_tokens;
+};
+
+// With --mix, sample i's clip is one of 4 durations (1/4, 1/2, 1 and 2 x the grid's T, the audio
+// rows with it) at one of 3 resolutions (1/2, 1 and 3/2 x H' and W'), drawn from (seed, i): the
+// video tokens span 1/16 to 4.5 x the base grid's, a 72x spread. Text rows stay. Without, the base.
+SampleShape sample_shape(const DataFixture& o, const std::array<int64_t, 3>& base, at::Generator& gen) {
+  if (!o.mix) return {base, o.audio_tokens};
+  const int64_t choice = at::randint(0, 12, {1}, gen, at::kLong).item<int64_t>();
+  const double durations[] = {0.25, 0.5, 1.0, 2.0}, scales[] = {0.5, 1.0, 1.5};
+  const double d = durations[choice % 4], s = scales[choice / 4];
+  auto at_least_one = [](double x) { return std::max<int64_t>(1, static_cast<int64_t>(std::llround(x))); };
+  return {{at_least_one(base[0] * d), at_least_one(base[1] * s), at_least_one(base[2] * s)},
+          std::max<int64_t>(0, static_cast<int64_t>(std::llround(o.audio_tokens * d)))};
+}
 
 // "T,H,W" -> {T, H, W}, all >= 1.
 std::array<int64_t, 3> parse_video_grid(const std::string& text) {
@@ -89,13 +110,14 @@ void write_samples(const DataFixture& o) {
              o.format, "): use an empty --out directory");
     }
   }
-  const int64_t nv = video_grid[0] * video_grid[1] * video_grid[2];
   for (int64_t i = 0; i < o.samples; ++i) {
     auto gen = indexed_generator(o.seed, static_cast<uint64_t>(i));
+    const SampleShape shape = sample_shape(o, video_grid, gen);
+    const int64_t nv = shape.grid[0] * shape.grid[1] * shape.grid[2];
     const auto video = at::randn({nv, o.video_channels}, gen, at::kFloat);
-    const auto audio = at::randn({o.audio_tokens, o.audio_channels}, gen, at::kFloat);
+    const auto audio = at::randn({shape.audio_tokens, o.audio_channels}, gen, at::kFloat);
     const auto text = at::randn({o.text_tokens, o.text_channels}, gen, at::kFloat);
-    const auto grid = at::tensor(std::vector<int64_t>(video_grid.begin(), video_grid.end()), at::kLong);
+    const auto grid = at::tensor(std::vector<int64_t>(shape.grid.begin(), shape.grid.end()), at::kLong);
     const std::vector<std::vector<std::pair<std::string, at::Tensor>>> files = {
         {{"video_latent", video}, {"video_grid_thw", grid}}, {{"audio_latent", audio}}, {{"prompt_embeds", text}}};
     for (int k = 0; k < 3; ++k) {
@@ -123,6 +145,9 @@ const FixtureRegistration fixture(
                         ->capture_default_str();
                     cmd.add_option("--audio-channels", o->audio_channels, "audio latent width")->capture_default_str();
                     cmd.add_option("--text-channels", o->text_channels, "text embedding width")->capture_default_str();
+                    cmd.add_flag("--mix", o->mix,
+                                 "each sample one of 4 durations (1/4 to 2 x T, audio with it) at one of 3 "
+                                 "resolutions (1/2 to 3/2 x H', W'): a 72x spread of video tokens");
                     cmd.add_option("--format", o->format, "pt (torch.save) or safetensors")
                         ->check(CLI::IsMember({"pt", "safetensors"}))
                         ->capture_default_str();
