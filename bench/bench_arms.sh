@@ -5,6 +5,7 @@
 #                       (default BUILD_DIR/DIR_NAME, created), WORLD (2), ROUNDS (2), TCMALLOC
 #                       (which must exist), and one intra-op thread per rank on both sides: the
 #                       comparison is per-core work, not thread scaling.
+#   require_mmtrain     exits, saying to build first, when BIN is not an executable
 #   measure_gemm_peak   the peak the ideal step is measured against, taken in the same run: this
 #                       CPU's GEMM rate on one thread in the bench's PARAM_DTYPE (read from
 #                       BENCH_DIR/bench_meta.json), into BENCH_DIR/gemm.json.
@@ -31,6 +32,10 @@ bench_setup() {
   export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
   [ -f "$TCMALLOC" ] || { echo "bench: $TCMALLOC is missing (Debian libtcmalloc-minimal4; scripts/setup.sh installs it)" >&2; exit 1; }
   mkdir -p "$BENCH_DIR"
+}
+
+require_mmtrain() {
+  [ -x "$BIN" ] || { echo "bench: no mmtrain binary at $BIN (build first: make build)" >&2; exit 1; }
 }
 
 measure_gemm_peak() {

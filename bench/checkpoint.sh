@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 . bench/bench_arms.sh
 MODEL=${MODEL:-transformer}
 bench_setup "bench_checkpoint_$MODEL" "${1:-build}"
-[ -x "$BIN" ] || { echo "bench: no mmtrain binary at $BIN (build first: make build)" >&2; exit 1; }
+require_mmtrain
 SAVE_INTERVAL=${SAVE_INTERVAL:-5}
 case "$MODEL" in
   transformer) "$PY" bench/torch_fsdp2_reference.py prepare --dir "$BENCH_DIR" >&2 ;;

@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/bench_arms.sh
 bench_setup bench_magihuman_opt "${1:-build}"
-[ -x "$BIN" ] || { echo "bench: no mmtrain binary at $BIN (build first: make build)" >&2; exit 1; }
+require_mmtrain
 export PARAM_DTYPE=${PARAM_DTYPE:-bf16}
 echo "bench: fixture, weights and batches (reused while the knobs are unchanged)" >&2
 "$PY" bench/torch_magihuman_fsdp.py prepare --dir "$BENCH_DIR" --mmtrain "$BIN" >&2

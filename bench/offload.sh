@@ -21,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/bench_arms.sh
 bench_setup bench_offload "${1:-build}"
-[ -x "$BIN" ] || { echo "bench: no mmtrain binary at $BIN (build first: make build)" >&2; exit 1; }
+require_mmtrain
 OFFLOAD_DIR=${OFFLOAD_DIR:-$BENCH_DIR/offload}
 ARMS=${ARMS:-none activations cpu_offload swap_host disk all_three}
 RECOMPUTE=${RECOMPUTE:-true}

@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/bench_arms.sh
 bench_setup bench_plan_memory "${1:-build}"
-[ -x "$BIN" ] || { echo "bench: no mmtrain binary at $BIN (build first: make build)" >&2; exit 1; }
+require_mmtrain
 STEPS=${STEPS:-3}
 DATA="$BENCH_DIR/magihuman_data"
 M3_DATA="$BENCH_DIR/magistral_data"

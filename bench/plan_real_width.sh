@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/bench_arms.sh
 bench_setup bench_real_width "${1:-build}"
-[ -x "$BIN" ] || { echo "bench: no mmtrain binary at $BIN (build first: make build)" >&2; exit 1; }
+require_mmtrain
 [ -d "$BENCH_DIR/data" ] || "$BIN" fixture magihuman --out "$BENCH_DIR/data" --samples 2 --seed 1 >/dev/null
 ARMS=(recompute no_recompute recompute_cpu_offload)
 for arm in "${ARMS[@]}"; do

@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/bench_arms.sh
 bench_setup bench_plan_sweep "${1:-build}"
-[ -x "$BIN" ] || { echo "bench: no mmtrain binary at $BIN (build first: make build)" >&2; exit 1; }
+require_mmtrain
 STEPS=${STEPS:-4}
 "$PY" bench/torch_fsdp2_reference.py prepare --dir "$BENCH_DIR" >&2
 mkdir -p "$BENCH_DIR/runs" "$BENCH_DIR/offload"
