@@ -34,7 +34,21 @@ struct CudaCopyEvent : CopyEvent::Impl {
   at::cuda::CUDAEvent event;
   void synchronize() override { event.synchronize(); }
   bool query() override { return event.query(); }
-  void block_compute_stream() override { event.block(c10::cuda::getCurrentCUDAStream()); }
+  // The compute stream waits for the copy; two timing events around the hold give how long it
+  // waited, read when the step's waits are settled (OffloadStats::settle_device_waits).
+  void block_compute_stream() override {
+    const auto compute = c10::cuda::getCurrentCUDAStream();
+    if (!stats) return event.block(compute);
+    auto before = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);
+    auto after = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);
+    before->record(compute);
+    event.block(compute);
+    after->record(compute);
+    stats->add_unsettled_device_wait([before, after] {
+      after->synchronize();
+      return static_cast<int64_t>(before->elapsed_time(*after) * 1000.0f);
+    });
+  }
 };
 #endif
 

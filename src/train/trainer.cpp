@@ -121,6 +121,7 @@ struct Trainer::State {
   // shard pager count themselves (OffloadStats); the disk tier's bytes are its store's, and the
   // moments' waits for it are theirs.
   OffloadCounts offload_counts() const {
+    tiers->stats->settle_device_waits();
     OffloadCounts counts = tiers->stats->snapshot();
     if (tiers->disk) {
       counts.disk_read_bytes = tiers->disk->bytes_read();
@@ -139,11 +140,14 @@ struct Trainer::State {
     const OffloadCounts step = offload_counts() - before;
     auto mib = [](int64_t bytes) { return bytes / 1048576.0; };
     nlohmann::json record = nlohmann::json::object();
-    if (host)
+    if (host) {
       record["host"] = {{"to_host_mib", mib(step.to_host_bytes)},
                         {"to_device_mib", mib(step.to_device_bytes)},
                         {"wait_ms", step.host_wait_us / 1000.0},
                         {"held_mib", mib(tiers->host_pool->held_bytes())}};
+      // On a GPU the copies run beside compute; what they cost it is the compute stream's wait.
+      if (runtime.device == Device::cuda) record["host"]["device_wait_ms"] = step.device_wait_us / 1000.0;
+    }
     if (disk)
       record["disk"] = {{"read_mib", mib(step.disk_read_bytes)},
                         {"written_mib", mib(step.disk_written_bytes)},

@@ -85,6 +85,22 @@ TEST(CopyStream, CountsBytesPerDirectionAndCopiesValues) {
   EXPECT_EQ((counts - counts).to_host_bytes, 0);
 }
 
+// A GPU's waits are known only once the device ran past them: recorded unsettled, measured and
+// added when settled (at the step's end), once each; a step's counts are a difference.
+TEST(OffloadStats, DeviceWaitsCountWhenSettled) {
+  OffloadStats stats;
+  int measured = 0;
+  stats.add_unsettled_device_wait([&] { ++measured; return int64_t{1500}; });
+  stats.add_unsettled_device_wait([&] { ++measured; return int64_t{250}; });
+  const OffloadCounts before = stats.snapshot();
+  EXPECT_EQ(before.device_wait_us, 0);
+  EXPECT_EQ(measured, 0);  // nothing is read before the step ends
+  stats.settle_device_waits();
+  stats.settle_device_waits();  // settled once
+  EXPECT_EQ(measured, 2);
+  EXPECT_EQ((stats.snapshot() - before).device_wait_us, 1750);
+}
+
 TEST(HostStore, RegionsRoundTripThroughWindows) {
   auto stats = std::make_shared<OffloadStats>();
   HostStore store(std::make_shared<HostPool>(), std::make_shared<CopyStream>(at::kCPU, stats));
