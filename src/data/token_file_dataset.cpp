@@ -35,7 +35,8 @@ class TokenFileDataset : public Dataset {
   }
   int64_t size() const override { return tokens_.size(0); }
   Batch get(int64_t index) const override { return {{"tokens", tokens_[index]}}; }
-  std::optional<int64_t> sample_tokens(int64_t) const override { return tokens_.size(1); }
+  // A causal LM predicts tokens 1.. from 0..S-2: its sequence is one shorter than the row.
+  std::optional<int64_t> sample_tokens(int64_t) const override { return tokens_.size(1) - 1; }
 
  private:
   at::Tensor tokens_;

@@ -1,7 +1,6 @@
 #include "train/length_mix.h"
 
 #include "core/error.h"
-#include "data/dataset.h"
 
 #include <algorithm>
 
@@ -27,7 +26,14 @@ LengthMix read_length_mix(const Config& config, int64_t max_samples) {
     mix.unavailable = std::string("the data set does not load: ") + e.what();
     return mix;
   }
-  mix.dataset_size = dataset->size();
+  mix = read_length_mix(*dataset, max_samples);
+  if (!mix.unavailable.empty()) mix.unavailable = "data set '" + config.data.dataset_type + "': " + mix.unavailable;
+  return mix;
+}
+
+LengthMix read_length_mix(const Dataset& dataset, int64_t max_samples) {
+  LengthMix mix;
+  mix.dataset_size = dataset.size();
   if (mix.dataset_size == 0) {
     mix.unavailable = "the data set is empty";
     return mix;
@@ -35,10 +41,10 @@ LengthMix read_length_mix(const Config& config, int64_t max_samples) {
   const int64_t count = std::min(max_samples, mix.dataset_size);
   for (int64_t i = 0; i < count; ++i) {
     const int64_t index = count == 1 ? 0 : i * (mix.dataset_size - 1) / (count - 1);
-    const auto tokens = dataset->sample_tokens(index);
+    const auto tokens = dataset.sample_tokens(index);
     if (!tokens) {
       mix.seqlens.clear();
-      mix.unavailable = "data set '" + config.data.dataset_type + "' cannot say a sample's tokens";
+      mix.unavailable = "it cannot say a sample's tokens";
       return mix;
     }
     mix.seqlens.push_back(*tokens);

@@ -3,6 +3,7 @@
 // the data set (first and last included), each asked for its tokens (Dataset::sample_tokens). The
 // plan sizes memory by the longest and times the step by all of them (the FLOPs of each).
 #pragma once
+#include "data/dataset.h"
 #include "train/config.h"
 
 #include <cstdint>
@@ -19,6 +20,9 @@ struct LengthMix {
   int64_t median() const;
 };
 
+// From the config's data set, built for the purpose.
 LengthMix read_length_mix(const Config& config, int64_t max_samples = 64);
+// From a data set already built (the trainer's).
+LengthMix read_length_mix(const Dataset& dataset, int64_t max_samples);
 
 }  // namespace mmtrain

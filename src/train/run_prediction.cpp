@@ -4,12 +4,16 @@
 #include "train/offload_plan.h"
 #include "train/plan_estimate.h"
 
+#include <algorithm>
+
 
 namespace mmtrain {
 
-RunPrediction predict_run(const Config& config, int world, int devices_per_node, Module& model, int64_t seqlen,
-                          double baseline_rss_mb, bool cuda) {
-  const auto estimate = plan_estimate(config, world, seqlen, model);
+RunPrediction predict_run(const Config& config, int world, int devices_per_node, Module& model,
+                          const std::vector<int64_t>& seqlens, int64_t first_step_seqlen, double baseline_rss_mb,
+                          bool cuda) {
+  const int64_t longest = seqlens.empty() ? first_step_seqlen : *std::max_element(seqlens.begin(), seqlens.end());
+  const auto estimate = plan_estimate(config, world, longest, model, {}, seqlens);
   const OffloadSetting setting = OffloadSetting::of(config);
   const TierBytes step = offload_tier_bytes(estimate->offload_inputs(), setting);
   const PhaseBytes phases = offload_phase_bytes(estimate->plan, setting, /*device_is_host=*/!cuda);
@@ -19,6 +23,8 @@ RunPrediction predict_run(const Config& config, int world, int devices_per_node,
   constexpr double kMB = 1024.0 * 1024.0;  // as peak_rss_mb counts (VmHWM in KiB / 1024)
   RunPrediction p;
   p.seqlen = estimate->seqlen;
+  p.seqlen_source = seqlens.empty() ? "the first step's tokens per sample"
+                                    : "the longest of " + std::to_string(seqlens.size()) + " samples of the data set";
   p.baseline_rss_mb = baseline_rss_mb;
   if (cuda)
     p.peak_device_mb = static_cast<double>(step.device + device_peak) / kMB;
@@ -35,7 +41,7 @@ RunPrediction predict_run(const Config& config, int world, int devices_per_node,
 }
 
 nlohmann::ordered_json RunPrediction::to_json() const {
-  nlohmann::ordered_json j = {{"seqlen", seqlen}, {"baseline_rss_mb", baseline_rss_mb}};
+  nlohmann::ordered_json j = {{"seqlen", seqlen}, {"seqlen_source", seqlen_source}, {"baseline_rss_mb", baseline_rss_mb}};
   if (peak_rss_mb) j["predicted_peak_rss_mb"] = *peak_rss_mb;
   if (peak_device_mb) j["predicted_peak_device_mb"] = *peak_device_mb;
   if (step_time) {

@@ -1,5 +1,5 @@
 // The run checks the plan: what `mmtrain plan` predicts for this run's own configuration, world
-// and tokens, computed once (at the first step, whose tokens say the sequence length) by the same
+// and tokens, computed once (at the first step) by the same
 // rules (train/plan_estimate.h, train/step_time.h, train/offload_plan.h), carried in every metrics
 // record and written whole to <output_dir>/plan.json for `logs summary` and `plan --calibrate`:
 //   predicted_step_time_ms   the step-time model on logging.device_profile (absent without one)
@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace mmtrain {
 
@@ -34,7 +35,8 @@ inline bool peak_over_prediction(double measured_mb, double predicted_mb) {
 }
 
 struct RunPrediction {
-  int64_t seqlen = 0;                  // tokens per sample the prediction is for
+  int64_t seqlen = 0;                  // tokens per sample the memory is predicted for
+  std::string seqlen_source;           // where that length comes from
   double baseline_rss_mb = 0;
   std::optional<double> peak_rss_mb, peak_device_mb;
   std::optional<StepTime> step_time;   // with a device profile
@@ -43,7 +45,10 @@ struct RunPrediction {
 };
 
 // model: the run's model (its parameters' full shapes). devices_per_node: ranks per node.
-RunPrediction predict_run(const Config& config, int world, int devices_per_node, Module& model, int64_t seqlen,
-                          double baseline_rss_mb, bool cuda);
+// seqlens: the data set's sample lengths (train/length_mix.h): the longest sizes the memory, all of
+// them time the step; empty: first_step_seqlen, the first step's tokens per sample, for both.
+RunPrediction predict_run(const Config& config, int world, int devices_per_node, Module& model,
+                          const std::vector<int64_t>& seqlens, int64_t first_step_seqlen, double baseline_rss_mb,
+                          bool cuda);
 
 }  // namespace mmtrain

@@ -10,6 +10,7 @@
 #include "train/build.h"
 #include "train/device_memory.h"
 #include "train/device_profile.h"
+#include "train/length_mix.h"
 #include "train/memory_profile.h"
 #include "train/offload_plan.h"
 #include "train/preflight.h"
@@ -362,14 +363,18 @@ struct Trainer::State {
     return text;
   }
 
-  // The plan's prediction for this run (train/run_prediction.h), made at the first step, whose
-  // tokens give the sequence length; rank 0 writes it to <output_dir>/plan.json and says once
+  // The plan's prediction for this run (train/run_prediction.h), made at the first step for the
+  // longest of kPredictionSamples samples spread over the data set (or, when it cannot say, the
+  // first step's tokens per sample); rank 0 writes it to <output_dir>/plan.json and says once
   // when the measured peak exceeds it by more than the margin.
+  static constexpr int64_t kPredictionSamples = 256;
   void check_against_plan(StepRecord& record) {
     if (!prediction) {
-      const int64_t seqlen = record.tokens / std::max<int64_t>(1, record.global_batch_size);
-      prediction = predict_run(config, comm().world_size(), runtime.env.local_world_size, *model, seqlen,
-                               baseline_rss_mb, comm().device().is_cuda());
+      // Ragged data peaks at its longest sample: the data set's lengths when it can say them.
+      const LengthMix mix = read_length_mix(*data.dataset, kPredictionSamples);
+      const int64_t first_step_seqlen = record.tokens / std::max<int64_t>(1, record.global_batch_size);
+      prediction = predict_run(config, comm().world_size(), runtime.env.local_world_size, *model, mix.seqlens,
+                               first_step_seqlen, baseline_rss_mb, comm().device().is_cuda());
       if (is_rank0()) {
         std::ofstream file(config.logging.output_dir + "/plan.json");
         file << prediction->to_json().dump(2) << "\n";

@@ -245,8 +245,8 @@ def test_plan_auto_takes_the_sequence_lengths_from_the_data_set(tmp_path, token_
     base = ["plan", str(cfg), "--auto", "--device", "h200", "--nodes", "1", "--devices-per-node", "2"]
     proc = run_mmtrain(base)
     read = last_json(proc)
-    assert read["seqlen"] == 17 and read["seqlens_read"] == 64  # the token file's 64 samples of 17
-    assert "sequence lengths from the data set: 64 of its 64 samples read, median 17, longest 17 tokens" in proc.stdout
+    assert read["seqlen"] == 16 and read["seqlens_read"] == 64  # the token file's 64 rows of 17: 16 predicted
+    assert "sequence lengths from the data set: 64 of its 64 samples read, median 16, longest 16 tokens" in proc.stdout
     given = last_json(run_mmtrain([*base, "--seqlen", "16"]))
     assert given["seqlen"] == 16 and given["seqlens_read"] == 0
     # No data set to read: the model's default, and why.
@@ -299,6 +299,7 @@ def test_runs_check_their_plan_and_calibrate_the_profile(tmp_path, token_file):
     records = read_metrics(runs[0])
     plan = json.loads((runs[0] / "plan.json").read_text())
     assert plan["seqlen"] == 16 and plan["device_profile"] == "local"
+    assert plan["seqlen_source"] == "the longest of 64 samples of the data set"
     assert all(r["predicted_step_time_ms"] == plan["step_time"]["total_ms"] > 0 for r in records)
     # The run's own peak RSS against the plan's (runtime and data, then the plan's bytes).
     assert all(r["predicted_peak_rss_mb"] == plan["predicted_peak_rss_mb"] > plan["baseline_rss_mb"] > 0 for r in records)
