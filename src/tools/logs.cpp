@@ -222,7 +222,7 @@ LogRecord log_summary(const std::vector<LogRecord>& records, const LogStatsOptio
   if (!tflops.empty()) out["tflops_per_device_median"] = median(tflops);
   const auto mfu = values(steady, "mfu");
   if (!mfu.empty()) out["mfu_median"] = median(mfu);
-  for (const char* key : {"dp_work_imbalance", "dp_compute_imbalance"}) {
+  for (const char* key : {"dp_work_imbalance", "dp_compute_imbalance", "dp_work_imbalance_bound"}) {
     const auto balance = values(steady, key);
     if (!balance.empty()) out[std::string(key) + "_median"] = median(balance);
   }
@@ -338,6 +338,8 @@ void print_summary(const char* label, const std::string& path, const LogRecord& 
     std::printf("   rank balance (max / mean, median): compute %.3f", s["dp_compute_imbalance_median"].get<double>());
     if (s.contains("dp_work_imbalance_median"))
       std::printf(", predicted work %.3f", s["dp_work_imbalance_median"].get<double>());
+    if (s.contains("dp_work_imbalance_bound_median"))
+      std::printf(" (best possible %.3f)", s["dp_work_imbalance_bound_median"].get<double>());
     std::printf("\n");
   }
   if (s.contains("step_time_over_predicted"))

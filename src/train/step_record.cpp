@@ -19,6 +19,7 @@ nlohmann::json StepRecord::to_json() const {
   if (!phases_max_ms.is_null()) j["phases_max_ms"] = phases_max_ms;
   if (dp_work_imbalance) j["dp_work_imbalance"] = *dp_work_imbalance;
   if (dp_compute_imbalance) j["dp_compute_imbalance"] = *dp_compute_imbalance;
+  if (dp_work_imbalance_bound) j["dp_work_imbalance_bound"] = *dp_work_imbalance_bound;
   if (tflops_per_device) j["tflops_per_device"] = *tflops_per_device;
   if (mfu) j["mfu"] = *mfu;
   if (checkpoint_stall_ms) j["checkpoint_stall_ms"] = *checkpoint_stall_ms;

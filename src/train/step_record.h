@@ -26,8 +26,10 @@ struct StepRecord {
   nlohmann::json phases_ms;                 // phase -> ms on rank 0 (data, forward, ..., comm_wait)
   nlohmann::json phases_max_ms;             // the same, max over ranks
   // Balance over ranks, max / mean: of the model's FLOPs for each rank's micro-batches (when the
-  // model counts them), and of the measured compute (forward + backward less comm_wait).
-  std::optional<double> dp_work_imbalance, dp_compute_imbalance;
+  // model counts them), and of the measured compute (forward + backward less comm_wait); and the
+  // best any assignment of the step's micro-batches to ranks could reach, max(mean, heaviest
+  // micro-batch) / mean.
+  std::optional<double> dp_work_imbalance, dp_compute_imbalance, dp_work_imbalance_bound;
   std::optional<double> tflops_per_device;  // when the model counts FLOPs
   std::optional<double> mfu;                // a fraction, when logging.hardware_flops is set
   // Save iterations only: the ms the save held training up after the step (a synchronous save:

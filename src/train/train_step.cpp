@@ -4,6 +4,7 @@
 
 #include <ATen/record_function.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <utility>
@@ -82,7 +83,9 @@ StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, StateFiniteness& fi
     }
     const auto out = forward_backward(model, fsdp, batch, settings.accumulation, settings.listeners);
     stats.loss_sum += out.loss.item<double>();
-    stats.flops += model.train_flops(batch);
+    const double flops = model.train_flops(batch);
+    stats.flops += flops;
+    stats.max_micro_batch_flops = std::max(stats.max_micro_batch_flops, flops);
     stats.tokens += static_cast<double>(out.tokens);
   }
   {

@@ -55,6 +55,7 @@ ModelOutput forward_backward(Model& model, Fsdp& fsdp, const Batch& batch, doubl
 struct StepStats {
   double loss_sum = 0;    // Σ over micro-batches of this rank's loss
   double flops = 0;       // Σ of the model's train_flops
+  double max_micro_batch_flops = 0;  // the heaviest micro-batch's
   double tokens = 0;      // Σ of the tokens the model processed
   double grad_norm = 0;   // global, before clipping
 };

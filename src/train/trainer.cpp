@@ -530,16 +530,17 @@ struct Trainer::State {
                                 phases[static_cast<int>(StepPhase::backward)] - phases[kStepPhases];
       const auto totals =
           comm().all_reduce_sum(std::vector<double>{stats.loss_sum, stats.flops, stats.tokens, compute_ms});
-      // [phases..., peak RSS, (on CUDA) allocated peak, reserved peak, predicted work, compute ms],
-      // max over ranks
+      // [phases..., peak RSS, (on CUDA) allocated peak, reserved peak, heaviest micro-batch,
+      // predicted work, compute ms], max over ranks
       std::vector<double> maxed = phases;
       maxed.push_back(peak_rss_mb());
       const std::optional<DeviceMemoryPeak> device_peak = device_memory_peak(comm().device());
       if (device_peak) maxed.insert(maxed.end(), {device_peak->allocated_mb, device_peak->reserved_mb});
-      maxed.insert(maxed.end(), {stats.flops, compute_ms});
+      maxed.insert(maxed.end(), {stats.max_micro_batch_flops, stats.flops, compute_ms});
       maxed = comm().all_reduce_max(maxed);
       const double rss_mb = maxed[phases.size()];
-      const double max_flops = maxed[maxed.size() - 2], max_compute_ms = maxed.back();
+      const double max_micro_flops = maxed[maxed.size() - 3], max_flops = maxed[maxed.size() - 2];
+      const double max_compute_ms = maxed.back();
       const double step_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
 
@@ -561,7 +562,11 @@ struct Trainer::State {
       record.phases_ms = phases_record(phases);
       record.phases_max_ms = phases_record(maxed);
       // Balance across ranks: the busiest over the mean (1 = even).
-      if (totals[1] > 0) record.dp_work_imbalance = max_flops / (totals[1] / world);
+      if (totals[1] > 0) {
+        const double mean_flops = totals[1] / world;
+        record.dp_work_imbalance = max_flops / mean_flops;
+        record.dp_work_imbalance_bound = std::max(mean_flops, max_micro_flops) / mean_flops;
+      }
       if (totals[3] > 0) record.dp_compute_imbalance = max_compute_ms / (totals[3] / world);
       if (totals[1] > 0) {
         const auto rate = throughput(totals[1], world, step_ms / 1000.0, config.logging.hardware_flops);

@@ -290,6 +290,9 @@ def test_each_step_records_the_balance_of_its_ranks(tmp_path, token_file):
     mixed = read_metrics(run_dir)
     # 105 tokens against 15: the long rank carries nearly all the work (its FLOPs over the mean).
     assert all(r["dp_work_imbalance"] > 1.5 for r in mixed), [r["dp_work_imbalance"] for r in mixed]
+    # One long and one short micro-batch a step: no assignment does better than this one.
+    assert all(r["dp_work_imbalance_bound"] == r["dp_work_imbalance"] for r in mixed)
+    assert all(r["dp_work_imbalance_bound"] == 1.0 for r in even)
     assert len({round(r["dp_work_imbalance"], 12) for r in mixed}) == 1  # the same pair of lengths every step
     lines = run_mmtrain(["logs", "summary", str(run_dir / "metrics.jsonl"), "--skip-first", "0"]).stdout.splitlines()
     summary = json.loads(lines[-1])
