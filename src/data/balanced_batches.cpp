@@ -1,6 +1,7 @@
 #include "data/balanced_batches.h"
 
 #include "core/error.h"
+#include "core/statistics.h"
 
 #include <algorithm>
 #include <numeric>
@@ -55,28 +56,11 @@ void split_one(std::vector<Bin>& bins, const std::vector<SampleLoad>& samples) {
   bins.push_back(halves[1]);
 }
 
-}  // namespace
-
-int64_t StepSplit::micro_batches_per_rank() const {
-  return micro_batches.empty() ? 0 : static_cast<int64_t>(micro_batches[0].size());
-}
-
-double StepSplit::imbalance() const {
-  if (rank_cost.empty()) return 1.0;
-  const double mean = std::accumulate(rank_cost.begin(), rank_cost.end(), 0.0) / static_cast<double>(rank_cost.size());
-  return mean > 0 ? *std::max_element(rank_cost.begin(), rank_cost.end()) / mean : 1.0;
-}
-
-double StepSplit::balance_bound() const {
-  if (rank_cost.empty()) return 1.0;
-  const double mean = std::accumulate(rank_cost.begin(), rank_cost.end(), 0.0) / static_cast<double>(rank_cost.size());
-  return mean > 0 ? std::max(mean, max_sample_cost) / mean : 1.0;
-}
-
-double StepSplit::budget_fill() const {
-  const double capacity = static_cast<double>(budget_tokens) * static_cast<double>(micro_batches_per_rank()) *
-                          static_cast<double>(micro_batches.size());
-  return capacity > 0 ? static_cast<double>(tokens) / capacity : 0.0;
+// Rank r takes `bin` as its next micro-batch, its samples in stream order.
+void place(StepSplit& split, int rank, Bin& bin) {
+  std::sort(bin.positions.begin(), bin.positions.end());
+  split.micro_batches[rank].push_back(bin.positions);
+  split.rank_cost[rank] += bin.cost;
 }
 
 // Balanced: the samples by decreasing cost, each to the least-loaded rank (longest-processing-time);
@@ -112,6 +96,28 @@ std::vector<std::vector<Bin>> balance_samples(const std::vector<SampleLoad>& sam
   return bins;
 }
 
+}  // namespace
+
+int64_t StepSplit::micro_batches_per_rank() const {
+  return micro_batches.empty() ? 0 : static_cast<int64_t>(micro_batches[0].size());
+}
+
+double StepSplit::imbalance() const {
+  const double average = rank_cost.empty() ? 0.0 : mean(rank_cost);
+  return average > 0 ? *std::max_element(rank_cost.begin(), rank_cost.end()) / average : 1.0;
+}
+
+double StepSplit::balance_bound() const {
+  const double average = rank_cost.empty() ? 0.0 : mean(rank_cost);
+  return average > 0 ? std::max(average, max_sample_cost) / average : 1.0;
+}
+
+double StepSplit::budget_fill() const {
+  const double capacity = static_cast<double>(budget_tokens) * static_cast<double>(micro_batches_per_rank()) *
+                          static_cast<double>(micro_batches.size());
+  return capacity > 0 ? static_cast<double>(tokens) / capacity : 0.0;
+}
+
 StepSplit split_step(const std::vector<SampleLoad>& samples, int dp_world, int64_t budget_tokens, bool balance) {
   const auto count = static_cast<int64_t>(samples.size());
   if (dp_world < 1 || count < dp_world || count % dp_world != 0)
@@ -134,11 +140,7 @@ StepSplit split_step(const std::vector<SampleLoad>& samples, int dp_world, int64
     auto per_rank_bins = balance_samples(samples, dp_world, budget_tokens);
     if (!per_rank_bins.empty()) {
       for (int r = 0; r < dp_world; ++r)
-        for (Bin& bin : per_rank_bins[r]) {
-          std::sort(bin.positions.begin(), bin.positions.end());
-          split.micro_batches[r].push_back(bin.positions);
-          split.rank_cost[r] += bin.cost;
-        }
+        for (Bin& bin : per_rank_bins[r]) place(split, r, bin);
       return split;
     }
   }
@@ -160,10 +162,7 @@ StepSplit split_step(const std::vector<SampleLoad>& samples, int dp_world, int64
       for (int r = 0; r < dp_world; ++r)
         if (split.micro_batches[r].size() < per_rank && (rank < 0 || split.rank_cost[r] < split.rank_cost[rank])) rank = r;
     }
-    Bin& bin = bins[order[i]];
-    std::sort(bin.positions.begin(), bin.positions.end());  // a micro-batch reads its samples in stream order
-    split.micro_batches[rank].push_back(bin.positions);
-    split.rank_cost[rank] += bin.cost;
+    place(split, rank, bins[order[i]]);
   }
   return split;
 }

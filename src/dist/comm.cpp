@@ -202,7 +202,7 @@ void Comm::barrier() {
 double Comm::all_reduce_sum(double value) { return all_reduce_sum(std::vector<double>{value})[0]; }
 
 static std::vector<double> reduce_doubles(Comm& comm, const std::vector<double>& values, bool max) {
-  if (comm.world_size() == 1 && !comm.backend()) return values;
+  if (comm.local_only()) return values;
   auto t = at::tensor(values, at::kDouble).to(comm.device());
   (max ? comm.all_reduce_max(t) : comm.all_reduce_sum(t)).wait();
   t = t.cpu();

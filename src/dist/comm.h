@@ -44,6 +44,8 @@ class Comm {
   int world_size() const { return world_size_; }
   at::Device device() const { return device_; }
   const c10::intrusive_ptr<c10d::Backend>& backend() const { return backend_; }
+  // One rank and no NCCL: every collective returns at once (see local_only_).
+  bool local_only() const { return local_only_; }
 
   // In-place all-gather of several tensors (one FSDP unit's params): outs[i] is [W * n_i], and
   // its block [rank * n_i, (rank + 1) * n_i) already holds this rank's data; afterwards block r

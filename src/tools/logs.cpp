@@ -342,19 +342,22 @@ void print_summary(const char* label, const std::string& path, const LogRecord& 
       std::printf(" (best possible %.3f)", s["dp_work_imbalance_bound_median"].get<double>());
     std::printf("\n");
   }
+  // The run against its plan, on one line: each measured / predicted figure the summary has.
+  const char* lead = "   against its plan:";
+  auto against = [&](const std::string& text) {
+    std::printf("%s %s", lead, text.c_str());
+    lead = ";";
+  };
   if (s.contains("step_time_over_predicted"))
-    std::printf("   against its plan: step time %.3f x the predicted %.1f ms", s["step_time_over_predicted"].get<double>(),
-                s["predicted_step_time_ms"].get<double>());
+    against(format("step time %.3f x the predicted %.1f ms", s["step_time_over_predicted"].get<double>(),
+                   s["predicted_step_time_ms"].get<double>()));
   if (s.contains("peak_rss_over_predicted"))
-    std::printf("%s peak RSS %.3f x the predicted %.0f MB", s.contains("step_time_over_predicted") ? ";" : "   against its plan:",
-                s["peak_rss_over_predicted"].get<double>(), s["predicted_peak_rss_mb"].get<double>());
+    against(format("peak RSS %.3f x the predicted %.0f MB", s["peak_rss_over_predicted"].get<double>(),
+                   s["predicted_peak_rss_mb"].get<double>()));
   if (s.contains("peak_device_over_predicted"))
-    std::printf("%s peak device memory %.3f x the predicted %.0f MB",
-                s.contains("step_time_over_predicted") || s.contains("peak_rss_over_predicted") ? ";" : "   against its plan:",
-                s["peak_device_over_predicted"].get<double>(), s["predicted_peak_device_mb"].get<double>());
-  if (s.contains("step_time_over_predicted") || s.contains("peak_rss_over_predicted") ||
-      s.contains("peak_device_over_predicted"))
-    std::printf("\n");
+    against(format("peak device memory %.3f x the predicted %.0f MB", s["peak_device_over_predicted"].get<double>(),
+                   s["predicted_peak_device_mb"].get<double>()));
+  if (*lead == ';') std::printf("\n");
   if (s.contains("loss_mean"))
     std::printf("   loss mean %.6f, last %.6f\n", s["loss_mean"].get<double>(), s["loss_last"].get<double>());
   if (s.contains("last_window") && s["last_window"].contains("loss_mean"))

@@ -182,9 +182,9 @@ void plan_auto(const PlanOptions& o) {
   if (o.seqlen > 0)
     std::printf("  sequence length: %lld tokens (--seqlen)\n", static_cast<long long>(o.seqlen));
   else if (!mix.seqlens.empty())
-    std::printf("  sequence lengths from the data set: %zu of its %lld samples read, median %lld, longest %lld tokens "
+    std::printf("  sequence lengths from the data set: %zu of its %lld samples read, median %g, longest %lld tokens "
                 "(memory for the longest, step time over all)\n",
-                mix.seqlens.size(), static_cast<long long>(mix.dataset_size), static_cast<long long>(mix.median()),
+                mix.seqlens.size(), static_cast<long long>(mix.dataset_size), mix.median(),
                 static_cast<long long>(mix.longest()));
   else
     std::printf("  sequence length: the model's default (%s)\n", mix.unavailable.c_str());

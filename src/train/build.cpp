@@ -63,10 +63,14 @@ int64_t load_initial_weights(const Config& config, Model& model, Fsdp& fsdp) {
   return load_hf_weights(model, *adapter, fsdp, WeightSource(path));
 }
 
+std::shared_ptr<Dataset> build_dataset(const Config& c) {
+  return dataset_registry().get(c.data.dataset_type, "config " + c.source_path + ": data.dataset_param.dataset_type")(
+      c.data, c.model);
+}
+
 DataPipeline build_data(const Config& c, int dp_rank, int dp_world) {
   DataPipeline data;
-  data.dataset = dataset_registry().get(c.data.dataset_type, "config " + c.source_path + ": data.dataset_param.dataset_type")(
-      c.data, c.model);
+  data.dataset = build_dataset(c);
   data.collator = collator_registry().get(c.data.collate_model_name,
                                           "config " + c.source_path + ": data.dataloader_param.collate_param.model_name")(
       c.data, c.model);

@@ -37,6 +37,9 @@ std::unique_ptr<AdamW> make_fsdp_adamw(Fsdp& fsdp, const AdamWOptions& options,
 // a random init).
 int64_t load_initial_weights(const Config& config, Model& model, Fsdp& fsdp);
 
+// The config's dataset, from the dataset registry.
+std::shared_ptr<Dataset> build_dataset(const Config& config);
+
 // The data of a run, as one data-parallel rank sees it: the dataset and collator of the config's
 // registries and the sampler (data.dataloader_param's shuffle and drop_last, training.seed).
 DataPipeline build_data(const Config& config, int dp_rank, int dp_world);

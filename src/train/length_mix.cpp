@@ -1,6 +1,8 @@
 #include "train/length_mix.h"
 
 #include "core/error.h"
+#include "core/statistics.h"
+#include "train/build.h"
 
 #include <algorithm>
 
@@ -8,20 +10,15 @@ namespace mmtrain {
 
 int64_t LengthMix::longest() const { return seqlens.empty() ? 0 : *std::max_element(seqlens.begin(), seqlens.end()); }
 
-int64_t LengthMix::median() const {
-  if (seqlens.empty()) return 0;
-  auto sorted = seqlens;
-  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
-  return sorted[sorted.size() / 2];
+double LengthMix::median() const {
+  return seqlens.empty() ? 0.0 : mmtrain::median(std::vector<double>(seqlens.begin(), seqlens.end()));
 }
 
 LengthMix read_length_mix(const Config& config, int64_t max_samples) {
   LengthMix mix;
   std::shared_ptr<Dataset> dataset;
   try {
-    dataset = dataset_registry().get(config.data.dataset_type, "config " + config.source_path +
-                                                                   ": data.dataset_param.dataset_type")(config.data,
-                                                                                                        config.model);
+    dataset = build_dataset(config);
   } catch (const Error& e) {
     mix.unavailable = std::string("the data set does not load: ") + e.what();
     return mix;

@@ -17,7 +17,7 @@ struct LengthMix {
   int64_t dataset_size = 0;
   std::string unavailable;       // why there is none: the data set does not build, or cannot say
   int64_t longest() const;
-  int64_t median() const;
+  double median() const;         // core/statistics.h's median
 };
 
 // From the config's data set, built for the purpose.

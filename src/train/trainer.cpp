@@ -363,23 +363,22 @@ struct Trainer::State {
     return text;
   }
 
-  // The plan's prediction for this run (train/run_prediction.h), made at the first step for the
-  // longest of kPredictionSamples samples spread over the data set (or, when it cannot say, the
-  // first step's tokens per sample); rank 0 writes it to <output_dir>/plan.json and says once
-  // when the measured peak exceeds it by more than the margin.
+  // The plan's prediction for this run (train/run_prediction.h), made by rank 0 (which writes the
+  // records) at the first step for the longest of kPredictionSamples samples spread over the data
+  // set (or, when it cannot say, the first step's tokens per sample); written to
+  // <output_dir>/plan.json and said once when the measured peak exceeds it by more than the margin.
   static constexpr int64_t kPredictionSamples = 256;
   void check_against_plan(StepRecord& record) {
+    if (!is_rank0()) return;  // its samples' reads and the plan are wanted once, not per rank
     if (!prediction) {
       // Ragged data peaks at its longest sample: the data set's lengths when it can say them.
       const LengthMix mix = read_length_mix(*data.dataset, kPredictionSamples);
       const int64_t first_step_seqlen = record.tokens / std::max<int64_t>(1, record.global_batch_size);
       prediction = predict_run(config, comm().world_size(), runtime.env.local_world_size, *model, mix.seqlens,
                                first_step_seqlen, baseline_rss_mb, comm().device().is_cuda());
-      if (is_rank0()) {
-        std::ofstream file(config.logging.output_dir + "/plan.json");
-        file << prediction->to_json().dump(2) << "\n";
-        if (!file) log("warning: cannot write " + config.logging.output_dir + "/plan.json");
-      }
+      std::ofstream file(config.logging.output_dir + "/plan.json");
+      file << prediction->to_json().dump(2) << "\n";
+      if (!file) log("warning: cannot write " + config.logging.output_dir + "/plan.json");
     }
     if (prediction->step_time) record.predicted_step_time_ms = prediction->step_time->total_ms;
     record.predicted_peak_rss_mb = prediction->peak_rss_mb;

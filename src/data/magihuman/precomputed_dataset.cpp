@@ -33,6 +33,11 @@ namespace fs = std::filesystem;
 namespace {
 
 const char* const kSubdirs[] = {"latents", "audio_latents", "conditions"};
+// The names each tensor is found under in its file, the first present wins.
+const std::vector<std::string> kVideoKeys = {"video_latent", "latents"};
+const std::vector<std::string> kGridKeys = {"video_grid_thw", "grid_thw"};
+const std::vector<std::string> kAudioKeys = {"audio_latent", "latents"};
+const std::vector<std::string> kTextKeys = {"prompt_embeds", "text_embed"};
 
 std::string where_key(const std::string& key) { return "data.dataset_param." + key; }
 
@@ -85,7 +90,8 @@ PrecomputedDataOptions parse_options(const nlohmann::json& map, bool need_root) 
   return o;
 }
 
-bool is_sample_file(const fs::path& p) { return p.extension() == ".pt" || p.extension() == ".safetensors"; }
+bool is_safetensors(const fs::path& p) { return p.extension() == ".safetensors"; }
+bool is_sample_file(const fs::path& p) { return p.extension() == ".pt" || is_safetensors(p); }
 
 // stem -> full path of every sample file in dir; two files with one stem are an error.
 std::map<std::string, std::string> list_dir(const fs::path& dir) {
@@ -185,7 +191,7 @@ int64_t PrecomputedDataOptions::out_width() const { return std::max(video_in_cha
 
 std::map<std::string, at::Tensor> read_sample_file(const std::string& path) {
   std::map<std::string, at::Tensor> out;
-  if (fs::path(path).extension() == ".safetensors") {
+  if (is_safetensors(path)) {
     SafetensorsFile file(path);
     for (const auto& name : file.names()) out[name] = file.read(name);
     return out;
@@ -295,8 +301,6 @@ std::optional<int64_t> header_rows(const std::string& path, const std::vector<st
   return std::nullopt;
 }
 
-bool is_safetensors(const std::string& path) { return path.size() > 12 && path.ends_with(".safetensors"); }
-
 }  // namespace
 
 std::optional<int64_t> PrecomputedDataset::sample_tokens(int64_t index) const {
@@ -304,9 +308,9 @@ std::optional<int64_t> PrecomputedDataset::sample_tokens(int64_t index) const {
   const auto& s = samples_[index];
   // Safetensors samples: the headers say it without reading the latents (a .pt is read whole).
   if (is_safetensors(s.latents) && is_safetensors(s.audio_latents) && is_safetensors(s.conditions)) {
-    const auto video = header_rows(s.latents, {"video_latent", "latents"});
-    const auto audio = header_rows(s.audio_latents, {"audio_latent", "latents"});
-    const auto text = header_rows(s.conditions, {"prompt_embeds", "text_embed"});
+    const auto video = header_rows(s.latents, kVideoKeys);
+    const auto audio = header_rows(s.audio_latents, kAudioKeys);
+    const auto text = header_rows(s.conditions, kTextKeys);
     if (video && audio && text) return *video + *audio + *text;
   }
   const Batch sample = get(index);
@@ -320,9 +324,9 @@ Batch PrecomputedDataset::get(int64_t index) const {
   const auto& o = options_;
 
   const auto latents = read_sample_file(s.latents);
-  auto video = as_rows(get_key(latents, {"video_latent", "latents"}, s.latents), o.video_in_channels, "video latent",
+  auto video = as_rows(get_key(latents, kVideoKeys, s.latents), o.video_in_channels, "video latent",
                        "video_in_channels", s.latents);
-  auto grid = get_key(latents, {"video_grid_thw", "grid_thw"}, s.latents).flatten();
+  auto grid = get_key(latents, kGridKeys, s.latents).flatten();
   if (grid.numel() != 3 || at::isComplexType(grid.scalar_type()) || grid.scalar_type() == at::kBool)
     fail(s.latents, ": video_grid_thw must be 3 numbers (T, H', W'), found ", grid.scalar_type(), " ", grid.sizes());
   const auto grid_long = grid.to(at::kLong);
@@ -339,10 +343,10 @@ Batch PrecomputedDataset::get(int64_t index) const {
          " tokens, but the video latent has ", video.size(0), " rows");
 
   const auto audio_file = read_sample_file(s.audio_latents);
-  auto audio = as_rows(get_key(audio_file, {"audio_latent", "latents"}, s.audio_latents), o.audio_in_channels,
+  auto audio = as_rows(get_key(audio_file, kAudioKeys, s.audio_latents), o.audio_in_channels,
                        "audio latent", "audio_in_channels", s.audio_latents);
   const auto conditions = read_sample_file(s.conditions);
-  auto text = as_rows(get_key(conditions, {"prompt_embeds", "text_embed"}, s.conditions), o.text_in_channels,
+  auto text = as_rows(get_key(conditions, kTextKeys, s.conditions), o.text_in_channels,
                       "text embedding", "text_in_channels", s.conditions);
   return {{"video_latent", video},
           {"video_grid_thw", grid_long.clone()},
