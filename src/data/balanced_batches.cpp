@@ -30,11 +30,11 @@ std::vector<int64_t> by_tokens(std::vector<int64_t> positions, const std::vector
   return positions;
 }
 
-std::vector<Bin> first_fit_decreasing(const std::vector<SampleLoad>& samples, int64_t budget) {
-  std::vector<int64_t> all(samples.size());
-  std::iota(all.begin(), all.end(), 0);
+// The samples at `positions` packed into bins of at most `budget` tokens.
+std::vector<Bin> first_fit_decreasing(const std::vector<SampleLoad>& samples, const std::vector<int64_t>& positions,
+                                      int64_t budget) {
   std::vector<Bin> bins;
-  for (int64_t p : by_tokens(all, samples)) {
+  for (int64_t p : by_tokens(positions, samples)) {
     auto fits = std::find_if(bins.begin(), bins.end(), [&](const Bin& b) { return b.tokens + samples[p].tokens <= budget; });
     if (fits == bins.end()) fits = bins.insert(bins.end(), Bin{});
     add(*fits, p, samples[p]);
@@ -42,18 +42,21 @@ std::vector<Bin> first_fit_decreasing(const std::vector<SampleLoad>& samples, in
   return bins;
 }
 
-// Splits the bin with the most samples (then the most tokens, then the first) in two.
-void split_one(std::vector<Bin>& bins, const std::vector<SampleLoad>& samples) {
+// Splits the bin with the most samples (then the most tokens, then the first) in two; false when
+// every bin holds one sample.
+bool split_one(std::vector<Bin>& bins, const std::vector<SampleLoad>& samples) {
   auto widest = std::max_element(bins.begin(), bins.end(), [](const Bin& a, const Bin& b) {
     if (a.positions.size() != b.positions.size()) return a.positions.size() < b.positions.size();
     if (a.tokens != b.tokens) return a.tokens < b.tokens;
     return a.first > b.first;
   });
+  if (widest->positions.size() < 2) return false;
   Bin halves[2];
   int turn = 0;
   for (int64_t p : by_tokens(widest->positions, samples)) add(halves[turn ^= 1], p, samples[p]);
   *widest = halves[0];
   bins.push_back(halves[1]);
+  return true;
 }
 
 // Rank r takes `bin` as its next micro-batch, its samples in stream order.
@@ -66,9 +69,9 @@ void place(StepSplit& split, int rank, Bin& bin) {
 // Balanced: the samples by decreasing cost, each to the least-loaded rank (longest-processing-time);
 // each rank's samples packed into bins; the ranks with fewer bins split theirs up to the most any
 // rank has. Empty when some rank has fewer samples than that count (the caller falls back).
-std::vector<std::vector<Bin>> balance_samples(const std::vector<SampleLoad>& samples, int dp_world, int64_t budget) {
-  std::vector<int64_t> order(samples.size());
-  std::iota(order.begin(), order.end(), 0);
+std::vector<std::vector<Bin>> balance_samples(const std::vector<SampleLoad>& samples, const std::vector<int64_t>& kept,
+                                              int dp_world, int64_t budget) {
+  std::vector<int64_t> order = kept;
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return samples[a].cost > samples[b].cost; });
   std::vector<std::vector<int64_t>> owned(dp_world);
   std::vector<double> load(dp_world, 0.0);
@@ -80,13 +83,8 @@ std::vector<std::vector<Bin>> balance_samples(const std::vector<SampleLoad>& sam
   std::vector<std::vector<Bin>> bins(dp_world);
   size_t most = 0;
   for (int r = 0; r < dp_world; ++r) {
-    std::vector<SampleLoad> mine;
-    for (int64_t p : owned[r]) mine.push_back(samples[p]);
-    for (Bin& local : first_fit_decreasing(mine, budget)) {  // back from local to step positions
-      Bin bin;
-      for (int64_t i : local.positions) add(bin, owned[r][i], samples[owned[r][i]]);
-      bins[r].push_back(bin);
-    }
+    std::sort(owned[r].begin(), owned[r].end());
+    bins[r] = first_fit_decreasing(samples, owned[r], budget);
     most = std::max(most, bins[r].size());
   }
   for (int r = 0; r < dp_world; ++r) {
@@ -118,26 +116,34 @@ double StepSplit::budget_fill() const {
   return capacity > 0 ? static_cast<double>(tokens) / capacity : 0.0;
 }
 
-StepSplit split_step(const std::vector<SampleLoad>& samples, int dp_world, int64_t budget_tokens, bool balance) {
-  const auto count = static_cast<int64_t>(samples.size());
-  if (dp_world < 1 || count < dp_world || count % dp_world != 0)
-    fail("micro_batch_tokens: a step's ", count, " samples do not split evenly over ", dp_world,
-         " data-parallel rank(s)");
+StepSplit split_step(const std::vector<SampleLoad>& samples, int dp_world, int64_t budget_tokens, bool balance,
+                     bool skip_over_budget) {
   if (budget_tokens < 1) fail("micro_batch_tokens must be >= 1, found ", budget_tokens);
-  for (int64_t p = 0; p < count; ++p)
-    if (samples[p].tokens > budget_tokens)
-      fail("micro_batch_tokens: sample ", p, " of the step has ", samples[p].tokens, " tokens, over the budget of ",
-           budget_tokens);
   StepSplit split;
+  std::vector<int64_t> kept;
+  for (int64_t p = 0; p < static_cast<int64_t>(samples.size()); ++p) {
+    if (samples[p].tokens <= budget_tokens) {
+      kept.push_back(p);
+    } else if (skip_over_budget) {
+      split.skipped.push_back(p);
+    } else {
+      fail("micro_batch_tokens: sample ", p, " of the step has ", samples[p].tokens, " tokens, over the budget of ",
+           budget_tokens, " (raise the budget, or set data.dataloader_param.over_budget_samples: skip)");
+    }
+  }
+  const auto count = static_cast<int64_t>(kept.size());
+  if (dp_world < 1 || count < dp_world)
+    fail("micro_batch_tokens: a step's ", count, " samples", split.skipped.empty() ? "" : " (after skipping those over the budget)",
+         " cannot give each of ", dp_world, " data-parallel rank(s) a micro-batch");
   split.budget_tokens = budget_tokens;
-  for (const auto& s : samples) {
-    split.tokens += s.tokens;
-    split.max_sample_cost = std::max(split.max_sample_cost, s.cost);
+  for (int64_t p : kept) {
+    split.tokens += samples[p].tokens;
+    split.max_sample_cost = std::max(split.max_sample_cost, samples[p].cost);
   }
   split.micro_batches.assign(dp_world, {});
   split.rank_cost.assign(dp_world, 0.0);
   if (balance) {
-    auto per_rank_bins = balance_samples(samples, dp_world, budget_tokens);
+    auto per_rank_bins = balance_samples(samples, kept, dp_world, budget_tokens);
     if (!per_rank_bins.empty()) {
       for (int r = 0; r < dp_world; ++r)
         for (Bin& bin : per_rank_bins[r]) place(split, r, bin);
@@ -145,8 +151,12 @@ StepSplit split_step(const std::vector<SampleLoad>& samples, int dp_world, int64
     }
   }
   // Whole bins to ranks: the unbalanced split, and the balanced one's fallback.
-  std::vector<Bin> bins = first_fit_decreasing(samples, budget_tokens);
-  while (bins.size() % static_cast<size_t>(dp_world) != 0) split_one(bins, samples);
+  std::vector<Bin> bins = first_fit_decreasing(samples, kept, budget_tokens);
+  while (bins.size() % static_cast<size_t>(dp_world) != 0)
+    if (!split_one(bins, samples))  // only with skipped samples: G itself is a multiple of the world
+      fail("micro_batch_tokens: the step's ", count, " samples left after skipping ", split.skipped.size(),
+           " over the budget each need a micro-batch of their own, and ", count, " micro-batches do not split evenly "
+           "over ", dp_world, " data-parallel ranks (raise the budget)");
   const size_t per_rank = bins.size() / static_cast<size_t>(dp_world);
   std::vector<size_t> order(bins.size());
   std::iota(order.begin(), order.end(), 0);

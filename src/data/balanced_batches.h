@@ -38,6 +38,7 @@ struct StepSplit {
   int64_t budget_tokens = 0;      // the budget the bins were packed under
   int64_t tokens = 0;             // Σ tokens of the step
   double max_sample_cost = 0;     // the heaviest sample: no split puts less on one rank
+  std::vector<int64_t> skipped;   // positions over the budget, left out (skip_over_budget)
 
   int64_t micro_batches_per_rank() const;
   // max over mean of rank_cost (1 = perfect balance).
@@ -48,8 +49,10 @@ struct StepSplit {
   double budget_fill() const;
 };
 
-// Throws, naming the sample position and both numbers, when a sample's tokens exceed the budget;
-// and when there are fewer samples than ranks or G is not a multiple of the world.
-StepSplit split_step(const std::vector<SampleLoad>& samples, int dp_world, int64_t budget_tokens, bool balance);
+// A sample whose tokens exceed the budget is skipped (listed in `skipped`) with skip_over_budget,
+// else refused naming its position and both numbers. Throws when fewer samples than ranks remain,
+// or when the remaining ones cannot make the same micro-batch count on every rank.
+StepSplit split_step(const std::vector<SampleLoad>& samples, int dp_world, int64_t budget_tokens, bool balance,
+                     bool skip_over_budget = false);
 
 }  // namespace mmtrain

@@ -38,6 +38,9 @@ void LoaderConfig::declare(ConfigSection<LoaderConfig>& s) {
       .field("num_workers", &LoaderConfig::num_workers)
       .field("prefetch_factor", &LoaderConfig::prefetch_factor)
       .field("pin_memory", &LoaderConfig::pin_memory)
+      .field("micro_batch_tokens", &LoaderConfig::micro_batch_tokens)
+      .field("balance_dp", &LoaderConfig::balance_dp)
+      .field("over_budget_samples", &LoaderConfig::over_budget_samples)
       .field("sampler_type", &LoaderConfig::sampler_type)
       .field("dataloader_mode", &LoaderConfig::dataloader_mode)
       .field("collator_id", &LoaderConfig::collator_id)
@@ -45,6 +48,14 @@ void LoaderConfig::declare(ConfigSection<LoaderConfig>& s) {
       .check([](const LoaderConfig& l, const ConfigCheck& check) {
         check.at_least("num_workers", l.num_workers, 0);
         check.at_least("prefetch_factor", l.prefetch_factor, 1);
+        check.at_least("micro_batch_tokens", l.micro_batch_tokens, 0);
+        check.one_of("over_budget_samples", l.over_budget_samples, {"error", "skip"});
+        // Both shape token-budget micro-batches only: without a budget they would mean nothing.
+        if (l.micro_batch_tokens == 0 && !l.balance_dp)
+          check.invalid("balance_dp", "true (it applies to micro_batch_tokens, which is not set)", "false");
+        if (l.micro_batch_tokens == 0 && l.over_budget_samples != "error")
+          check.invalid("over_budget_samples", "error (it applies to micro_batch_tokens, which is not set)",
+                        l.over_budget_samples);
         // One sampler and one mode exist; other names would silently mean something else.
         check.one_of("sampler_type", l.sampler_type, {"BaseRandomBatchSampler"});
         check.one_of("dataloader_mode", l.dataloader_mode, {"sampler"});

@@ -19,6 +19,13 @@ struct LoaderConfig {
   int num_workers = 0;       // background threads loading the next micro-batches (0: load on the training thread)
   int prefetch_factor = 2;   // micro-batches loaded ahead per worker
   bool pin_memory = false;   // page-locked host batches for the device copy (CUDA only; nothing to copy on CPU)
+  // Token-budget micro-batches (data/sampler.h): > 0 fills each micro-batch up to this many tokens
+  // (image tokens included) instead of micro_batch_size samples; MindSpeed-MM's dynamic batching
+  // (BucketBatchSampler). Needs training.micro_batch_size 1; the step's samples stay
+  // training.global_batch_size.
+  int64_t micro_batch_tokens = 0;
+  bool balance_dp = true;  // with micro_batch_tokens: even predicted work over the data-parallel ranks
+  std::string over_budget_samples = "error";  // with micro_batch_tokens: a sample over it: "error" or "skip"
   std::string sampler_type = "BaseRandomBatchSampler";  // the one sampler (the seed's name for it)
   std::string dataloader_mode = "sampler";              // the one mode
   std::string collator_id;                              // the seed's spelling of collate_param.model_name

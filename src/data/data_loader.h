@@ -16,8 +16,14 @@ struct DataPipeline {
   GlobalBatchSampler sampler;
   uint64_t seed = 0;  // training.seed: the collator's noise is drawn from (seed, stream position)
 
-  // Micro-batch `micro` (0-based, < gradient_accumulation_steps) of optimizer step `step`.
+  // Micro-batch `micro` (0-based, < micro_batches(step)) of optimizer step `step`.
   Batch micro_batch(int64_t step, int64_t micro) const;
+};
+
+// A micro-batch's place in training order.
+struct MicroBatchId {
+  int64_t step = 0;
+  int64_t micro = 0;
 };
 
 struct LoaderOptions {
@@ -27,7 +33,7 @@ struct LoaderOptions {
 };
 
 // The micro-batches of steps [first_step, end_step) in training order (step by step, micro-batch
-// 0 .. accumulation-1 within a step), each equal to DataPipeline::micro_batch's: workers change
+// 0 .. sampler.micro_batches(step) - 1 within a step), each equal to DataPipeline::micro_batch's: workers change
 // when a batch is loaded, never which one or what it holds. With num_workers > 0, up to
 // num_workers x prefetch_factor micro-batches are loaded ahead on background threads while the
 // training thread computes; a failure while loading one is raised when that one is asked for.
@@ -43,16 +49,19 @@ class DataLoader {
 
  private:
   struct Queue;
-  Batch load(int64_t sequence) const;  // sequence: micro-batches since first_step
-  void work();                         // a worker thread's loop
+  Batch load(MicroBatchId id) const;
+  void work();  // a worker thread's loop
+  void stop();  // stops and joins the workers
   void submit_ahead();
+  // The micro-batch after `id` in training order ({end_step, 0} after the last).
+  MicroBatchId after(MicroBatchId id) const;
 
   const DataPipeline& pipeline_;
-  int64_t first_step_;
-  int64_t accumulation_;
-  int64_t total_;      // micro-batches in [first_step, end_step)
-  int64_t consumed_ = 0;
-  int64_t submitted_ = 0;
+  int64_t end_step_;
+  // Sequence numbers count micro-batches since first_step: the next one to hand out, and the
+  // next one to queue for the workers, each with its id.
+  int64_t consumed_ = 0, submitted_ = 0;
+  MicroBatchId next_, next_submitted_;
   LoaderOptions options_;
   std::unique_ptr<Queue> queue_;
   std::vector<std::thread> workers_;

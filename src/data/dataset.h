@@ -36,8 +36,9 @@ class Dataset {
 class Collator {
  public:
   virtual ~Collator() = default;
-  // Called from loader workers too; all randomness comes from `generator`.
-  virtual Batch collate(const std::vector<Batch>& samples, at::Generator& generator) const = 0;
+  // Called from loader workers too; all randomness of sample b comes from generators[b] (one per
+  // sample: a sample draws the same whichever micro-batch it is collated in).
+  virtual Batch collate(const std::vector<Batch>& samples, std::vector<at::Generator>& generators) const = 0;
 };
 
 // Factories see the data section and the model section: a dataset may take shapes from

@@ -38,8 +38,11 @@ std::vector<int64_t> shuffled_order(int64_t num_samples, uint64_t seed, int64_t 
   return order;
 }
 
-GlobalBatchSampler::GlobalBatchSampler(const SamplerOptions& options) : options_(options) {
+GlobalBatchSampler::GlobalBatchSampler(const SamplerOptions& options, SampleLoadFn sample_load)
+    : options_(options), sample_load_(std::move(sample_load)) {
   const auto& o = options_;
+  if (o.micro_batch_tokens > 0 && (o.micro_batch_size != 1 || !sample_load_))
+    fail("sampler: token-budget micro-batches need micro_batch_size 1 and each sample's load");
   if (o.num_samples < 1) fail("sampler: the dataset has no samples");
   if (o.micro_batch_size < 1 || o.gradient_accumulation_steps < 1 || o.dp_world < 1 || o.dp_rank < 0 ||
       o.dp_rank >= o.dp_world)
@@ -63,11 +66,57 @@ int64_t GlobalBatchSampler::epoch_of_step(int64_t step) const {
   return step * global_batch_size() / options_.num_samples;
 }
 
-int64_t GlobalBatchSampler::first_position(int64_t step, int64_t micro) const {
-  const int64_t in_step = (micro * options_.dp_world + options_.dp_rank) * options_.micro_batch_size;
-  if (!options_.drop_last) return step * global_batch_size() + in_step;
+int64_t GlobalBatchSampler::step_begin(int64_t step) const {
+  if (!options_.drop_last) return step * global_batch_size();
   const int64_t per_epoch = steps_per_epoch();
-  return step / per_epoch * options_.num_samples + step % per_epoch * global_batch_size() + in_step;
+  return step / per_epoch * options_.num_samples + step % per_epoch * global_batch_size();
+}
+
+int64_t GlobalBatchSampler::micro_batches(int64_t step) const {
+  return token_budget() ? split(step).micro_batches_per_rank() : options_.gradient_accumulation_steps;
+}
+
+std::vector<int64_t> GlobalBatchSampler::positions(int64_t step, int64_t micro) const {
+  const int64_t begin = step_begin(step);
+  std::vector<int64_t> out;
+  if (token_budget()) {
+    const StepSplit step_split = split(step);
+    const auto& mine = step_split.micro_batches.at(static_cast<size_t>(options_.dp_rank));
+    if (micro < 0 || micro >= static_cast<int64_t>(mine.size()))
+      fail("sampler: step ", step, " has ", mine.size(), " micro-batches per rank, asked for ", micro);
+    for (int64_t p : mine[static_cast<size_t>(micro)]) out.push_back(begin + p);
+    return out;
+  }
+  const int64_t first = begin + (micro * options_.dp_world + options_.dp_rank) * options_.micro_batch_size;
+  for (int64_t i = 0; i < options_.micro_batch_size; ++i) out.push_back(first + i);
+  return out;
+}
+
+SampleLoad GlobalBatchSampler::load_of(int64_t index) const {
+  {
+    std::lock_guard<std::mutex> lock(load_cache_->mutex);
+    if (auto found = load_cache_->loads.find(index); found != load_cache_->loads.end()) return found->second;
+  }
+  const SampleLoad load = sample_load_(index);  // outside the lock: it may read a file
+  std::lock_guard<std::mutex> lock(load_cache_->mutex);
+  return load_cache_->loads.emplace(index, load).first->second;
+}
+
+StepSplit GlobalBatchSampler::split(int64_t step) const {
+  if (!token_budget()) fail("sampler: split() asked without a token budget");
+  const int64_t begin = step_begin(step);
+  std::vector<SampleLoad> loads;
+  for (int64_t i = 0; i < global_batch_size(); ++i) {
+    const int64_t index = sample_at(begin + i);
+    loads.push_back(load_of(index));
+    if (loads.back().tokens > options_.micro_batch_tokens && !options_.skip_over_budget)
+      fail("data.dataloader_param.micro_batch_tokens ", options_.micro_batch_tokens, ": dataset sample ", index,
+           " (stream position ", begin + i, ", iteration ", step + 1, ") has ", loads.back().tokens,
+           " tokens, over the budget of ", options_.micro_batch_tokens,
+           ": raise the budget, or set data.dataloader_param.over_budget_samples: skip");
+  }
+  return split_step(loads, options_.dp_world, options_.micro_batch_tokens, options_.balance_dp,
+                    options_.skip_over_budget);
 }
 
 int64_t GlobalBatchSampler::sample_at(int64_t position) const {
@@ -82,8 +131,7 @@ int64_t GlobalBatchSampler::sample_at(int64_t position) const {
 
 std::vector<int64_t> GlobalBatchSampler::indices(int64_t step, int64_t micro) const {
   std::vector<int64_t> out;
-  const int64_t begin = first_position(step, micro);
-  for (int64_t i = 0; i < options_.micro_batch_size; ++i) out.push_back(sample_at(begin + i));
+  for (int64_t position : positions(step, micro)) out.push_back(sample_at(position));
   return out;
 }
 

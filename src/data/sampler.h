@@ -10,17 +10,27 @@
 //                                                  each epoch are skipped)
 // and micro-batch m of dp rank r is the slice starting (m * dp_world + r) * micro into it.
 //
-// Randomness in collation (noise, sigma) is counter-based too: a collator gets a generator seeded
-// from (seed, stream position of its micro-batch's first sample). The step number is therefore
-// the whole data state (resuming at step t reproduces the uninterrupted run exactly), and a
-// micro-batch draws the same noise whichever rank and accumulation step it lands on (2 ranks x 2
-// micro-batches train exactly like 1 rank x 4).
+// Token-budget micro-batches (data.dataloader_param.micro_batch_tokens, micro_batch_size 1): the
+// step's G positions are the same, but split_step (data/balanced_batches.h) divides them into
+// micro-batches of at most that many tokens, balanced over the dp ranks by predicted cost, with
+// the same count of micro-batches on every rank (a count that varies from step to step). The
+// tokens and cost of each sample come from `sample_load`, asked once per dataset index.
+//
+// Randomness in collation (noise, sigma) is counter-based too: a collator gets a generator per
+// sample, seeded from (seed, stream position of the sample). The step number is therefore the
+// whole data state (resuming at step t reproduces the uninterrupted run exactly), and a sample
+// draws the same noise whichever micro-batch, rank and accumulation step it lands in (2 ranks x 2
+// micro-batches train exactly like 1 rank x 4, and a balanced split like an unbalanced one).
 #pragma once
+#include "data/balanced_batches.h"
+
 #include <ATen/core/Generator.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 namespace mmtrain {
@@ -34,14 +44,20 @@ struct SamplerOptions {
   bool shuffle = false;
   bool drop_last = false;
   uint64_t seed = 0;
+  int64_t micro_batch_tokens = 0;  // > 0: token-budget micro-batches (micro_batch_size must be 1)
+  bool balance_dp = true;          // token budget: split by predicted cost, not in stream order
+  bool skip_over_budget = false;   // token budget: a sample over it is left out, not refused
 };
+
+// A dataset index's tokens and predicted cost, for token-budget micro-batches.
+using SampleLoadFn = std::function<SampleLoad(int64_t index)>;
 
 class GlobalBatchSampler {
  public:
   GlobalBatchSampler() = default;
   // Fails when a global batch needs more samples than the dataset has (every step would read
   // some sample twice), naming the sizes.
-  explicit GlobalBatchSampler(const SamplerOptions& options);
+  explicit GlobalBatchSampler(const SamplerOptions& options, SampleLoadFn sample_load = {});
 
   const SamplerOptions& options() const { return options_; }
   int64_t global_batch_size() const;
@@ -50,15 +66,32 @@ class GlobalBatchSampler {
   int64_t steps_per_epoch() const;
   // The epoch (0-based) of step `step`'s first sample.
   int64_t epoch_of_step(int64_t step) const;
-  // Stream position of micro-batch `micro`'s first sample in step `step`.
-  int64_t first_position(int64_t step, int64_t micro) const;
-  // Dataset indices of micro-batch `micro` of step `step`, for this dp rank.
+  bool token_budget() const { return options_.micro_batch_tokens > 0; }
+  // Stream position of step `step`'s first sample (of all ranks).
+  int64_t step_begin(int64_t step) const;
+  // This rank's micro-batches in step `step`: gradient_accumulation_steps, or under a token
+  // budget what the step's split gives (the same on every rank).
+  int64_t micro_batches(int64_t step) const;
+  // Stream positions of micro-batch `micro` of step `step`, for this dp rank, in stream order.
+  std::vector<int64_t> positions(int64_t step, int64_t micro) const;
+  // Dataset indices of those positions.
   std::vector<int64_t> indices(int64_t step, int64_t micro) const;
+  // Under a token budget, the split of step `step` (positions relative to step_begin); fails
+  // otherwise.
+  StepSplit split(int64_t step) const;
   // The dataset index at a stream position.
   int64_t sample_at(int64_t position) const;
 
  private:
   SamplerOptions options_;
+  SampleLoadFn sample_load_;
+  // Each dataset index's load, asked once (reading a sample's length may read its file).
+  struct LoadCache {
+    std::mutex mutex;
+    std::unordered_map<int64_t, SampleLoad> loads;
+  };
+  std::shared_ptr<LoadCache> load_cache_ = std::make_shared<LoadCache>();
+  SampleLoad load_of(int64_t index) const;
   // The permutations of the last epochs asked for (a step touches at most two). Guarded, so
   // that tools may share a sampler across threads.
   struct EpochOrder {
@@ -72,7 +105,7 @@ class GlobalBatchSampler {
 // The dataset order of one epoch under shuffle: Fisher-Yates over splitmix64(seed, epoch).
 std::vector<int64_t> shuffled_order(int64_t num_samples, uint64_t seed, int64_t epoch);
 
-// The generator a collator uses for the micro-batch starting at stream position `position`.
+// The generator a collator uses for the sample at stream position `position`.
 at::Generator collate_generator(uint64_t seed, int64_t position);
 
 }  // namespace mmtrain

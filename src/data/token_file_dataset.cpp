@@ -44,7 +44,7 @@ class TokenFileDataset : public Dataset {
 
 class CausalLmCollator : public Collator {
  public:
-  Batch collate(const std::vector<Batch>& samples, at::Generator&) const override {
+  Batch collate(const std::vector<Batch>& samples, std::vector<at::Generator>&) const override {
     std::vector<at::Tensor> rows;
     for (const auto& s : samples) rows.push_back(batch_get(s, "tokens"));
     return {{"tokens", at::stack(rows)}};

@@ -7,12 +7,23 @@
 #include "nn/module.h"
 
 #include <map>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace mmtrain {
 
+// A token-budget step's loss normalizers (data.dataloader_param.micro_batch_tokens): batch key
+// "loss_normalizer", float64 [terms], each loss term's count (Model::loss_counts) summed over the
+// step's whole global batch, every micro-batch of every data-parallel rank (train/train_step.h).
+// With it a micro-batch's loss is its share of the global batch's loss: Σ_k (its sum of term k) /
+// normalizer[k]. Without it, each term is this micro-batch's mean.
+inline constexpr const char* kLossNormalizerKey = "loss_normalizer";
+// normalizer[term] when the batch carries normalizers, else nullopt.
+std::optional<double> loss_normalizer(const Batch& batch, size_t term);
+
 struct ModelOutput {
-  at::Tensor loss;                        // scalar fp32, mean over this micro-batch
+  at::Tensor loss;                        // scalar fp32: this micro-batch's mean, or its share (above)
   int64_t tokens = 0;                     // tokens processed (for throughput)
   std::map<std::string, double> metrics;  // extra loss terms for the log line
   std::map<std::string, at::Tensor> tensors;  // named outputs for debugging ("prediction")
@@ -23,6 +34,10 @@ class Model : public Module {
   virtual ModelOutput forward(const Batch& batch) = 0;
   // Model FLOPs of forward + backward on this batch (convention in docs/flops.md); 0 = unknown.
   virtual double train_flops(const Batch& batch) const { return 0.0; }
+  // The counts the loss terms of this batch are means over, in the order of loss_normalizer
+  // (MagiHuman: supervised video and audio elements; a language model: supervised tokens).
+  // Empty: the model cannot normalize over a global batch, and token-budget steps refuse it.
+  virtual std::vector<double> loss_counts(const Batch& batch) const { return {}; }
 };
 
 }  // namespace mmtrain

@@ -68,7 +68,40 @@ std::shared_ptr<Dataset> build_dataset(const Config& c) {
       c.data, c.model);
 }
 
+namespace {
+
+// Token-budget micro-batches: each sample's tokens as the data set reads them (Dataset::
+// sample_tokens: headers where the format allows) and its cost by the model's FLOPs rule for one
+// sample of that length (ModelSpec::flops, the planner's rule: attention's quadratic term
+// included); by its tokens when the model has no FLOPs rule.
+SampleLoadFn sample_loads(const Config& c, std::shared_ptr<const Dataset> dataset) {
+  const std::string where = "config " + c.source_path + ": data.dataloader_param.micro_batch_tokens: ";
+  if (!dataset->sample_tokens(0))
+    fail(where, "the data set '", c.data.dataset_type, "' cannot say how many tokens a sample has, which a token ",
+         "budget needs (use micro_batch_size instead)");
+  const ModelSpec& spec = config_model_spec(c);
+  const nlohmann::json model_config = c.model.config;
+  return [dataset, flops = spec.flops, model_config](int64_t index) {
+    const auto tokens = dataset->sample_tokens(index);
+    if (!tokens) fail("data set: ", dataset->describe(index), " cannot say how many tokens it has");
+    SampleLoad load{*tokens, static_cast<double>(*tokens)};
+    if (flops) {
+      FlopsQuery query;
+      query.seqlens = {*tokens};
+      load.cost = flops(model_config, query).flops_per_sample;
+    }
+    return load;
+  };
+}
+
+}  // namespace
+
 DataPipeline build_data(const Config& c, int dp_rank, int dp_world) {
+  const auto& loader = c.data.loader;
+  if (loader.micro_batch_tokens > 0 && c.training.micro_batch_size != 1)
+    fail("config ", c.source_path, ": data.dataloader_param.micro_batch_tokens ", loader.micro_batch_tokens,
+         " and training.micro_batch_size ", c.training.micro_batch_size, " both size the micro-batches: with a token "
+         "budget leave micro_batch_size at 1 and give the samples per step as training.global_batch_size");
   DataPipeline data;
   data.dataset = build_dataset(c);
   data.collator = collator_registry().get(c.data.collate_model_name,
@@ -83,7 +116,11 @@ DataPipeline build_data(const Config& c, int dp_rank, int dp_world) {
   sampling.shuffle = c.data.loader.shuffle;
   sampling.drop_last = c.data.loader.drop_last;
   sampling.seed = c.training.seed;
-  data.sampler = GlobalBatchSampler(sampling);
+  sampling.micro_batch_tokens = loader.micro_batch_tokens;
+  sampling.balance_dp = loader.balance_dp;
+  sampling.skip_over_budget = loader.over_budget_samples == "skip";
+  data.sampler = GlobalBatchSampler(
+      sampling, loader.micro_batch_tokens > 0 ? sample_loads(c, data.dataset) : SampleLoadFn{});
   data.seed = c.training.seed;
   return data;
 }

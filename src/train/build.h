@@ -41,7 +41,8 @@ int64_t load_initial_weights(const Config& config, Model& model, Fsdp& fsdp);
 std::shared_ptr<Dataset> build_dataset(const Config& config);
 
 // The data of a run, as one data-parallel rank sees it: the dataset and collator of the config's
-// registries and the sampler (data.dataloader_param's shuffle and drop_last, training.seed).
+// registries and the sampler (data.dataloader_param's shuffle, drop_last and token budget,
+// training.seed).
 DataPipeline build_data(const Config& config, int dp_rank, int dp_world);
 
 }  // namespace mmtrain

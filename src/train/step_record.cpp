@@ -20,6 +20,9 @@ nlohmann::json StepRecord::to_json() const {
   if (dp_work_imbalance) j["dp_work_imbalance"] = *dp_work_imbalance;
   if (dp_compute_imbalance) j["dp_compute_imbalance"] = *dp_compute_imbalance;
   if (dp_work_imbalance_bound) j["dp_work_imbalance_bound"] = *dp_work_imbalance_bound;
+  if (micro_batches) j["micro_batches"] = *micro_batches;
+  if (budget_fill) j["budget_fill"] = *budget_fill;
+  if (samples_skipped) j["samples_skipped"] = *samples_skipped;
   if (tflops_per_device) j["tflops_per_device"] = *tflops_per_device;
   if (mfu) j["mfu"] = *mfu;
   if (checkpoint_stall_ms) j["checkpoint_stall_ms"] = *checkpoint_stall_ms;

@@ -29,7 +29,14 @@ struct StepRecord {
   // model counts them), and of the measured compute (forward + backward less comm_wait); and the
   // best any assignment of the step's micro-batches to ranks could reach, max(mean, heaviest
   // micro-batch) / mean.
+  // Under a token budget the bound is of the step's samples, max(mean, heaviest sample) / mean.
   std::optional<double> dp_work_imbalance, dp_compute_imbalance, dp_work_imbalance_bound;
+  // Token-budget steps (data.dataloader_param.micro_batch_tokens): micro-batches per rank, the
+  // step's tokens over (all ranks' micro-batches x the budget), and the samples left out for being
+  // over the budget (over_budget_samples: skip).
+  std::optional<int64_t> micro_batches;
+  std::optional<double> budget_fill;
+  std::optional<int64_t> samples_skipped;
   std::optional<double> tflops_per_device;  // when the model counts FLOPs
   std::optional<double> mfu;                // a fraction, when logging.hardware_flops is set
   // Save iterations only: the ms the save held training up after the step (a synchronous save:

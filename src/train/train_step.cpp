@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 
+#include <ATen/ATen.h>
 #include <ATen/record_function.h>
 
 #include <algorithm>
@@ -71,17 +72,46 @@ ModelOutput forward_backward(Model& model, Fsdp& fsdp, const Batch& batch, doubl
   return out;
 }
 
+std::vector<Batch> with_global_loss_normalizers(const Model& model, std::vector<Batch> batches,
+                                                const StepSettings& settings) {
+  std::vector<double> counts;
+  for (const auto& batch : batches) {
+    const auto mine = model.loss_counts(batch);
+    if (mine.empty())
+      fail("token-budget micro-batches (data.dataloader_param.micro_batch_tokens) normalize the loss over the global ",
+           "batch, and this model reports no loss counts (Model::loss_counts): use micro_batch_size");
+    if (counts.empty()) counts.assign(mine.size(), 0.0);
+    for (size_t k = 0; k < mine.size(); ++k) counts[k] += mine[k];
+  }
+  counts = settings.sum_over_dp(counts);
+  const auto normalizers = at::tensor(counts, at::kDouble);
+  for (auto& batch : batches) batch[kLossNormalizerKey] = normalizers;
+  return batches;
+}
+
 StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, StateFiniteness& finiteness, const StepSettings& settings,
                      const std::function<Batch(int micro)>& micro_batch) {
   StepStats stats;
   fsdp.zero_grad();
+  // Global normalization needs every micro-batch's counts before the first backward: the step's
+  // micro-batches are loaded up front (their inputs, not their activations, held at once).
+  const bool global = static_cast<bool>(settings.sum_over_dp);
+  std::vector<Batch> loaded;
+  if (global) {
+    PhaseScope scope(settings.listeners, StepPhase::data);
+    for (int m = 0; m < settings.accumulation; ++m) loaded.push_back(micro_batch(m));
+    loaded = with_global_loss_normalizers(model, std::move(loaded), settings);
+  }
+  const double loss_divisor = global ? 1.0 / settings.dp : settings.accumulation;
   for (int m = 0; m < settings.accumulation; ++m) {
     Batch batch;
-    {
+    if (global) {
+      batch = std::move(loaded[static_cast<size_t>(m)]);
+    } else {
       PhaseScope scope(settings.listeners, StepPhase::data);
       batch = micro_batch(m);
     }
-    const auto out = forward_backward(model, fsdp, batch, settings.accumulation, settings.listeners);
+    const auto out = forward_backward(model, fsdp, batch, loss_divisor, settings.listeners);
     stats.loss_sum += out.loss.item<double>();
     const double flops = model.train_flops(batch);
     stats.flops += flops;

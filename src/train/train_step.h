@@ -2,6 +2,11 @@
 //   for each of `accumulation` micro-batches: gather the root unit, forward, backward of
 //   loss / accumulation (units gather, reshard and reduce-scatter on their own), wait for the
 //   reductions; then clip by the global grad norm and step AdamW on the fp32 shards.
+// Token-budget steps (micro-batches of varying size) normalize globally instead: every loss term
+// is divided by its count over the step's whole global batch (Model::loss_counts summed over this
+// rank's micro-batches and all data-parallel ranks), so the gradient is that of the global batch
+// however its samples were split; FSDP averages grads over the dp ranks, so each micro-batch's
+// backward is of loss x dp.
 #pragma once
 #include "fsdp/fully_shard.h"
 #include "models/model.h"
@@ -53,7 +58,8 @@ ModelOutput forward_backward(Model& model, Fsdp& fsdp, const Batch& batch, doubl
                              const StepPhaseListeners& listeners = {});
 
 struct StepStats {
-  double loss_sum = 0;    // Σ over micro-batches of this rank's loss
+  double loss_sum = 0;    // Σ over micro-batches of this rank's loss (global normalization: this
+                          // rank's share of the step's loss)
   double flops = 0;       // Σ of the model's train_flops
   double max_micro_batch_flops = 0;  // the heaviest micro-batch's
   double tokens = 0;      // Σ of the tokens the model processed
@@ -62,13 +68,18 @@ struct StepStats {
 
 struct StepSettings {
   int64_t iteration = 1;  // 1-based, for messages
-  int accumulation = 1;   // micro-batches; each loss is divided by it
+  int accumulation = 1;   // micro-batches; each loss is divided by it (unless normalized globally)
   double lr = 0;
   double clip_grad = 0;   // max global grad norm; <= 0 measures the norm without clipping
   StepPhaseListeners listeners;
   // Which samples the step read ("stream positions 96-127 (epoch 0): a.pt, ..."), called only
   // for a failure's message; null: not known.
   std::function<std::string()> samples;
+  // Global normalization (token-budget steps): sums a vector over the data-parallel ranks (every
+  // rank calls it once per step, before its first forward); dp is their number. Null: each loss
+  // is its micro-batch's mean, divided by `accumulation`.
+  std::function<std::vector<double>(const std::vector<double>&)> sum_over_dp;
+  int dp = 1;
 };
 
 // One optimizer step over micro_batch(0 .. accumulation-1). Fails, naming the iteration and the
@@ -79,5 +90,10 @@ struct StepSettings {
 // finiteness is the run's record (train/state_finite.h), the same object for every step of a run.
 StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, StateFiniteness& finiteness, const StepSettings& settings,
                      const std::function<Batch(int micro)>& micro_batch);
+
+// Global normalization's first part: the step's micro-batches, each with the batch's
+// loss_normalizer (models/model.h) set to the global counts. Fails when the model reports none.
+std::vector<Batch> with_global_loss_normalizers(const Model& model, std::vector<Batch> batches,
+                                                const StepSettings& settings);
 
 }  // namespace mmtrain

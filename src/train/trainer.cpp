@@ -204,6 +204,10 @@ struct Trainer::State {
                        (loader.shuffle ? "shuffled every epoch" : "in dataset order") + ", " +
                        std::to_string(sampler.steps_per_epoch()) + " full steps per epoch" +
                        (loader.drop_last ? " (the rest of each epoch dropped)" : " (batches run on into the next epoch)");
+    if (loader.micro_batch_tokens > 0)
+      text += ", micro-batches of at most " + std::to_string(loader.micro_batch_tokens) + " tokens" +
+              (loader.balance_dp ? " balanced over the data-parallel ranks by predicted FLOPs" : " in stream order") +
+              " (the loss normalized over each global batch)";
     text += loader.num_workers > 0 ? ", " + std::to_string(loader.num_workers) + " loader threads" : ", loaded inline";
     return text;
   }
@@ -212,7 +216,7 @@ struct Trainer::State {
   // positions and the first few samples by what the dataset calls them (a file, a record).
   std::string describe_step_samples(int64_t step) const {
     const auto& sampler = data.sampler;
-    const int64_t first = sampler.first_position(step, 0), count = sampler.global_batch_size();
+    const int64_t first = sampler.step_begin(step), count = sampler.global_batch_size();
     std::string text = "stream positions " + std::to_string(first) + "-" + std::to_string(first + count - 1) +
                        " (epoch " + std::to_string(sampler.epoch_of_step(step)) + "; `mmtrain debug collate --step " +
                        std::to_string(step) + "` reads them):";
@@ -488,7 +492,8 @@ struct Trainer::State {
     const auto& t = config.training;
     MetricsLog metrics(config.logging.output_dir, is_rank0(), config.logging.progress, config.logging.tensorboard);
     const int world = comm().world_size();
-    const int accum = t.gradient_accumulation_steps;
+    const int dp = mesh->dp_size();
+    const bool token_budget = data.sampler.token_budget();
     const int64_t end_step = t.exit_interval > 0 ? std::min(t.train_iters, (start_step / t.exit_interval + 1) * t.exit_interval)
                                                  : t.train_iters;
     LoaderOptions loading;
@@ -504,7 +509,19 @@ struct Trainer::State {
       reset_device_memory_peak(comm().device());
       StepSettings settings;
       settings.iteration = step + 1;
-      settings.accumulation = accum;
+      settings.accumulation = static_cast<int>(data.sampler.micro_batches(step));
+      std::optional<StepSplit> split;
+      if (token_budget) {
+        split = data.sampler.split(step);
+        // Every rank of a context-parallel group holds the same micro-batches: the sum over all
+        // ranks counts each data-parallel rank's world / dp times.
+        settings.sum_over_dp = [this, world, dp](const std::vector<double>& counts) {
+          auto sums = comm().all_reduce_sum(counts);
+          for (double& s : sums) s /= static_cast<double>(world / dp);
+          return sums;
+        };
+        settings.dp = dp;
+      }
       settings.lr = schedule.at(step);
       settings.clip_grad = t.clip_grad;
       settings.listeners = {&phase_timer};
@@ -548,7 +565,9 @@ struct Trainer::State {
       record.global_batch_size = data.sampler.global_batch_size();
       record.consumed_samples = (step + 1) * record.global_batch_size;
       record.epoch = epoch;
-      record.loss = totals[0] / (accum * world);
+      // Per-micro-batch means average over micro-batches and ranks; a global normalization's
+      // shares add up (each counted once per context-parallel rank).
+      record.loss = token_budget ? totals[0] / (world / dp) : totals[0] / (settings.accumulation * world);
       record.grad_norm = stats.grad_norm;
       record.lr = settings.lr;
       record.step_time_ms = step_ms;
@@ -567,6 +586,13 @@ struct Trainer::State {
         record.dp_work_imbalance_bound = std::max(mean_flops, max_micro_flops) / mean_flops;
       }
       if (totals[3] > 0) record.dp_compute_imbalance = max_compute_ms / (totals[3] / world);
+      if (split) {
+        record.dp_work_imbalance_bound = split->balance_bound();  // samples, not micro-batches, are what moves
+        record.micro_batches = split->micro_batches_per_rank();
+        record.budget_fill = split->budget_fill();
+        record.samples_skipped = static_cast<int64_t>(split->skipped.size());
+        record.global_batch_size -= *record.samples_skipped;
+      }
       if (totals[1] > 0) {
         const auto rate = throughput(totals[1], world, step_ms / 1000.0, config.logging.hardware_flops);
         record.tflops_per_device = rate.tflops_per_device;

@@ -4,6 +4,7 @@
 #include "data/balanced_batches.h"
 
 #include "core/error.h"
+#include "test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -106,9 +107,23 @@ TEST(SplitStep, RefusalsNameTheProblem) {
     EXPECT_NE(std::string(e.what()).find("sample 1 of the step has 12 tokens, over the budget of 10"), std::string::npos)
         << e.what();
   }
-  EXPECT_THROW(split_step(quadratic({1, 2, 3}), 2, 10, true), Error);  // 3 samples, 2 ranks
+  // Three samples that must each be a micro-batch of their own cannot give 2 ranks equal counts.
+  EXPECT_CONTAINS(mmtrain::testing::error_of([] { split_step(quadratic({9, 9, 9}), 2, 10, true); }), "do not split evenly over 2");
   EXPECT_THROW(split_step(quadratic({1}), 2, 10, true), Error);        // fewer samples than ranks
   EXPECT_THROW(split_step(quadratic({1, 2}), 2, 0, true), Error);      // no budget
+}
+
+TEST(SplitStep, SkipsSamplesOverTheBudgetWhenAsked) {
+  const StepSplit split = split_step(quadratic({5, 12, 3, 3, 11}), 2, 10, true, /*skip_over_budget=*/true);
+  EXPECT_EQ(split.skipped, (std::vector<int64_t>{1, 4}));
+  std::vector<int64_t> placed;
+  for (const auto& rank : split.micro_batches)
+    for (const auto& micro : rank) placed.insert(placed.end(), micro.begin(), micro.end());
+  std::sort(placed.begin(), placed.end());
+  EXPECT_EQ(placed, (std::vector<int64_t>{0, 2, 3}));
+  EXPECT_EQ(split.tokens, 11);
+  // Skipping can leave too few samples for the ranks: refused, saying so.
+  EXPECT_CONTAINS(mmtrain::testing::error_of([] { split_step(quadratic({12, 3}), 2, 10, true, true); }), "after skipping");
 }
 
 }  // namespace

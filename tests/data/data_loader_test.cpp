@@ -36,11 +36,13 @@ class CountingDataset : public Dataset {
 // Stacks the samples and adds collator noise, so that a wrong generator would show.
 class NoisyCollator : public Collator {
  public:
-  Batch collate(const std::vector<Batch>& samples, at::Generator& generator) const override {
-    std::vector<at::Tensor> xs;
-    for (const auto& s : samples) xs.push_back(s.at("x"));
-    auto x = at::stack(xs);
-    return {{"x", x}, {"noise", at::randn(x.sizes(), generator)}};
+  Batch collate(const std::vector<Batch>& samples, std::vector<at::Generator>& generators) const override {
+    std::vector<at::Tensor> xs, noise;
+    for (size_t b = 0; b < samples.size(); ++b) {
+      xs.push_back(samples[b].at("x"));
+      noise.push_back(at::randn(samples[b].at("x").sizes(), generators[b]));
+    }
+    return {{"x", at::stack(xs)}, {"noise", at::stack(noise)}};
   }
 };
 

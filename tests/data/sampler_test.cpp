@@ -5,6 +5,7 @@
 #include "test_util.h"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <set>
 
@@ -88,7 +89,8 @@ TEST(GlobalBatchSampler, DropLastSkipsTheTailOfEveryEpoch) {
     EXPECT_EQ(sampler.epoch_of_step(2 * epoch + 1), epoch);
   }
   // Noise positions stay unique: epoch 1 starts at stream position 10, not 8.
-  EXPECT_EQ(sampler.first_position(2, 0), 10);
+  EXPECT_EQ(sampler.step_begin(2), 10);
+  EXPECT_EQ(sampler.positions(2, 0).front(), 10);
 }
 
 TEST(GlobalBatchSampler, SameStreamForEveryWorldSizeAndResume) {
@@ -111,6 +113,83 @@ TEST(GlobalBatchSampler, RefusesAGlobalBatchLargerThanTheDataset) {
   const auto message = error_of([] { GlobalBatchSampler(options(5, 2, 2, 2, false, false)); });
   EXPECT_CONTAINS(message, "global batch");
   EXPECT_CONTAINS(message, "= 8 samples) is larger than the dataset (5 samples)");
+}
+
+}  // namespace
+}  // namespace mmtrain
+
+namespace mmtrain {
+namespace {
+
+// Token budget: sample i has 50 + (i * 37) % 400 tokens, cost tokens^2.
+SampleLoad ragged_load(int64_t index) {
+  const int64_t tokens = 50 + (index * 37) % 400;
+  return {tokens, static_cast<double>(tokens) * static_cast<double>(tokens)};
+}
+
+// The sorted stream positions step `step` reads over all ranks, each rank checked to have the
+// same number of micro-batches.
+std::vector<int64_t> budget_step_positions(SamplerOptions o, int64_t step) {
+  std::vector<int64_t> out;
+  int64_t micro_batches = -1;
+  for (int r = 0; r < o.dp_world; ++r) {
+    o.dp_rank = r;
+    const GlobalBatchSampler sampler(o, ragged_load);
+    if (micro_batches < 0) micro_batches = sampler.micro_batches(step);
+    EXPECT_EQ(sampler.micro_batches(step), micro_batches) << "rank " << r;
+    for (int64_t m = 0; m < micro_batches; ++m) {
+      const auto positions = sampler.positions(step, m);
+      EXPECT_FALSE(positions.empty());
+      int64_t tokens = 0;
+      for (int64_t p : positions) tokens += ragged_load(sampler.sample_at(p)).tokens;
+      EXPECT_LE(tokens, o.micro_batch_tokens);
+      out.insert(out.end(), positions.begin(), positions.end());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(GlobalBatchSampler, TokenBudgetReadsEachStepsGlobalBatchOnceOnAnyWorld) {
+  for (bool balance : {true, false}) {
+    auto o = options(101, 1, 0, 1, /*shuffle=*/true, /*drop_last=*/false);
+    o.micro_batch_tokens = 600;
+    o.balance_dp = balance;
+    for (int64_t step = 0; step < 9; ++step) {
+      std::vector<int64_t> expected(16);
+      std::iota(expected.begin(), expected.end(), step * 16);
+      // The same 16 stream positions (the fixed-size run's global batch) on 2 and 4 ranks.
+      for (auto [world, accum] : {std::pair{2, 8}, std::pair{4, 4}}) {
+        o.dp_world = world;
+        o.gradient_accumulation_steps = accum;
+        EXPECT_EQ(budget_step_positions(o, step), expected) << "world " << world << " step " << step;
+      }
+    }
+  }
+}
+
+TEST(GlobalBatchSampler, TokenBudgetAsksEachSampleItsLoadOnce) {
+  auto o = options(40, 1, 4, 2, true, false);
+  o.micro_batch_tokens = 600;
+  auto asked = std::make_shared<std::map<int64_t, int>>();
+  const GlobalBatchSampler sampler(o, [asked](int64_t index) {
+    ++(*asked)[index];
+    return ragged_load(index);
+  });
+  for (int64_t step = 0; step < 5; ++step)
+    for (int64_t m = 0; m < sampler.micro_batches(step); ++m) sampler.positions(step, m);
+  EXPECT_EQ(asked->size(), 40u);  // 5 steps x 8 samples: every index once
+  for (const auto& [index, count] : *asked) EXPECT_EQ(count, 1) << "index " << index;
+}
+
+TEST(GlobalBatchSampler, TokenBudgetRefusesAnOverBudgetSampleNamingIt) {
+  auto o = options(40, 1, 4, 2, false, false);
+  o.micro_batch_tokens = 300;  // sample 7 has 50 + 259 = 309 tokens
+  const GlobalBatchSampler sampler(o, ragged_load);
+  EXPECT_CONTAINS(error_of([&] { sampler.micro_batches(0); }), "309 tokens, over the budget of 300");
+  o.skip_over_budget = true;
+  const GlobalBatchSampler skipping(o, ragged_load);
+  EXPECT_EQ(skipping.split(0).skipped, (std::vector<int64_t>{7}));
 }
 
 }  // namespace

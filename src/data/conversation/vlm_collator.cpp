@@ -26,33 +26,57 @@ void put_images(const std::vector<at::Tensor>& pixels, const std::vector<at::Ten
   out["image_sizes"] = at::cat(sizes);
 }
 
+// The samples one after another in one row [1, T]: input_ids, labels, position_ids (0.. within
+// each conversation), attention_mask (segment ids 1..k) and cu_seqlens [k + 1]. A packed item
+// brings its own segments. Each conversation's first label is -100: in a row of its own it is
+// never predicted (position t predicts labels[t + 1]), and here it must not be predicted from the
+// conversation before it.
+Batch pack_samples(const std::vector<Batch>& samples) {
+  std::vector<at::Tensor> ids, labels, positions, segments, pixels, sizes;
+  std::vector<int64_t> cu{0};
+  for (const auto& s : samples) {
+    const auto& item_ids = batch_get(s, "input_ids");
+    const int64_t length = item_ids.size(0), offset = cu.back();
+    std::vector<int64_t> item_cu = {0, length};
+    if (s.count("cu_seqlens")) {
+      const auto given = batch_get(s, "cu_seqlens").to(at::kLong).contiguous();
+      item_cu.assign(given.data_ptr<int64_t>(), given.data_ptr<int64_t>() + given.numel());
+    }
+    auto item_labels = batch_get(s, "labels").clone();
+    auto item_positions = at::empty({length}, at::kLong);
+    auto item_segments = at::empty({length}, at::kLong);
+    for (size_t k = 0; k + 1 < item_cu.size(); ++k) {
+      const int64_t begin = item_cu[k], size = item_cu[k + 1] - item_cu[k];
+      item_labels[begin].fill_(-100);
+      item_positions.narrow(0, begin, size).copy_(at::arange(size, at::kLong));
+      item_segments.narrow(0, begin, size).fill_(static_cast<int64_t>(cu.size()));
+      cu.push_back(offset + item_cu[k + 1]);
+    }
+    ids.push_back(item_ids);
+    labels.push_back(item_labels);
+    positions.push_back(item_positions);
+    segments.push_back(item_segments);
+    append_images(s, pixels, sizes);
+  }
+  Batch out = {{"input_ids", at::cat(ids).unsqueeze(0)},
+               {"labels", at::cat(labels).unsqueeze(0)},
+               {"position_ids", at::cat(positions).unsqueeze(0)},
+               {"attention_mask", at::cat(segments).unsqueeze(0)},
+               {"cu_seqlens", at::tensor(cu, at::kLong)}};
+  put_images(pixels, sizes, out);
+  return out;
+}
+
 }  // namespace
 
-Batch VlmCollator::collate(const std::vector<Batch>& samples, at::Generator&) const {
+Batch VlmCollator::collate(const std::vector<Batch>& samples, std::vector<at::Generator>&) const {
   if (samples.empty()) fail("pixtral collator: empty micro-batch");
+  if (!pack_ && samples[0].count("cu_seqlens") && samples.size() != 1)
+    fail("pixtral collator: packed rows need training.micro_batch_size 1 (one packed row per micro-batch), got ",
+         samples.size(), " rows");
+  if (pack_ || samples[0].count("cu_seqlens")) return pack_samples(samples);
   std::vector<at::Tensor> pixels, sizes;
   Batch out;
-  if (samples[0].count("cu_seqlens")) {
-    if (samples.size() != 1)
-      fail("pixtral collator: packed rows need training.micro_batch_size 1 (one packed row per micro-batch), got ",
-           samples.size(), " rows");
-    const auto& s = samples[0];
-    const auto cu = batch_get(s, "cu_seqlens");
-    const int64_t length = batch_get(s, "input_ids").size(0);
-    auto segments = at::empty({length}, at::kLong);
-    for (int64_t i = 0; i + 1 < cu.size(0); ++i) {
-      const int64_t begin = cu[i].item<int64_t>(), end = cu[i + 1].item<int64_t>();
-      segments.narrow(0, begin, end - begin).fill_(i + 1);
-    }
-    out = {{"input_ids", batch_get(s, "input_ids").unsqueeze(0)},
-           {"labels", batch_get(s, "labels").unsqueeze(0)},
-           {"position_ids", batch_get(s, "position_ids").unsqueeze(0)},
-           {"attention_mask", segments.unsqueeze(0)},
-           {"cu_seqlens", cu}};
-    append_images(s, pixels, sizes);
-    put_images(pixels, sizes, out);
-    return out;
-  }
   int64_t longest = 0;
   for (const auto& s : samples) longest = std::max(longest, batch_get(s, "input_ids").size(0));
   const int64_t rows = static_cast<int64_t>(samples.size());
@@ -82,7 +106,8 @@ const CollatorRegistration collator("pixtral", [](const DataConfig& data, const 
   p.check_known_keys({"model_name", "pad_token_id"});
   const int64_t pad = p.get_int("pad_token_id", kDefaultPadTokenId);
   if (pad < 0) fail(p.where("pad_token_id"), ": expected an integer >= 0, found ", pad);
-  return std::make_shared<VlmCollator>(pad);
+  // A token budget counts the tokens computed: a padded micro-batch would compute more.
+  return std::make_shared<VlmCollator>(pad, /*pack=*/data.loader.micro_batch_tokens > 0);
 });
 
 }  // namespace

@@ -7,6 +7,10 @@
 // of its row, so under causal attention it changes nothing that is supervised.
 // Packed items (with cu_seqlens) need micro_batch_size 1 and pass through as one row [1, S] with
 // attention_mask = segment ids 1..k (LLaMA-Factory's neat packing) next to cu_seqlens.
+// With `pack` (token-budget micro-batches, data.dataloader_param.micro_batch_tokens) every
+// micro-batch is packed that way, its conversations (or packed items) one after another in one row,
+// so that the budget counts exactly the tokens computed (no padding); each conversation's first
+// label is -100, as it is never predicted in a row of its own.
 // Images of all rows are concatenated in row order, zero-padded to the largest: pixel_values
 // [N, 3, H_max, W_max] and image_sizes [N, 2]; absent when the micro-batch has no image.
 #pragma once
@@ -16,11 +20,12 @@ namespace mmtrain::conversation {
 
 class VlmCollator : public Collator {
  public:
-  explicit VlmCollator(int64_t pad_token_id) : pad_token_id_(pad_token_id) {}
-  Batch collate(const std::vector<Batch>& samples, at::Generator& generator) const override;
+  explicit VlmCollator(int64_t pad_token_id, bool pack = false) : pad_token_id_(pad_token_id), pack_(pack) {}
+  Batch collate(const std::vector<Batch>& samples, std::vector<at::Generator>& generators) const override;
 
  private:
   int64_t pad_token_id_;
+  bool pack_;
 };
 
 }  // namespace mmtrain::conversation

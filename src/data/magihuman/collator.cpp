@@ -46,9 +46,11 @@ at::Tensor sample_coords(const std::array<int64_t, 3>& video_grid, int64_t audio
                   get_coords({nt, 1, 1}, {1, 1, 1}, {-nt, 0, 0})});
 }
 
-Batch MagiHumanCollator::collate(const std::vector<Batch>& samples, at::Generator& generator) const {
+Batch MagiHumanCollator::collate(const std::vector<Batch>& samples, std::vector<at::Generator>& generators) const {
   const auto& o = options_;
   if (samples.empty()) fail("collator magihuman: expected at least one sample, found none");
+  if (generators.size() != samples.size())
+    fail("collator magihuman: ", samples.size(), " samples need as many generators, found ", generators.size());
   struct Parts {
     at::Tensor video, audio, text;
     std::array<int64_t, 3> grid;
@@ -93,6 +95,7 @@ Batch MagiHumanCollator::collate(const std::vector<Batch>& samples, at::Generato
     const auto& p = parts[b];
     const int64_t nv = p.video.size(0), na = p.audio.size(0), nt = p.text.size(0);
     // Fixed draw order (documented in collator.h): sigma, video noise, audio noise.
+    auto& generator = generators[b];
     const auto z = o.sigma_sampling == SigmaSampling::kLogitNormal ? at::randn({1}, generator, at::kFloat)
                                                                    : at::rand({1}, generator, at::kFloat);
     const auto sigma = o.sigma_sampling == SigmaSampling::kLogitNormal

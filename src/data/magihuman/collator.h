@@ -1,6 +1,6 @@
 // The `magihuman` collator: flow-matching noising and packing of precomputed samples into the
 // MindSpeed-MM batch (x, coords_mapping, modality_mapping, target_velocity, loss_mask,
-// cu_seqlens, max_seqlen). All randomness comes from the generator collate() is given, drawn in
+// cu_seqlens, max_seqlen). All randomness comes from the generators collate() is given (one per sample), drawn in
 // a fixed order, so a (seed, step, micro-batch, rank) fixes the batch. docs/magihuman_data.md.
 #pragma once
 #include "data/magihuman/precomputed_dataset.h"
@@ -26,7 +26,7 @@ at::Tensor get_coords(const std::array<int64_t, 3>& shape, const std::array<int6
 // text (Nt,1,1) ref (1,1,1) t offset -Nt], [Nv + Na + Nt, 9] fp32.
 at::Tensor sample_coords(const std::array<int64_t, 3>& video_grid, int64_t audio_tokens, int64_t text_tokens);
 
-// Per sample b, in this order from the generator: sigma_b (logit_normal: one N(0,1) draw z,
+// Per sample b, in this order from its generator generators[b]: sigma_b (logit_normal: one N(0,1) draw z,
 // sigma = sigmoid(z * scale + loc); uniform: one U[0,1) draw), then eps_v [Nv, Cv] ~ N(0,1),
 // then eps_a [Na, Ca] ~ N(0,1). x_t = (1 - sigma) x0 + sigma eps; target = eps - x0, the video
 // target reordered (video_channels_last_within_patch). Output, L = sum of Nv + Na + Nt:
@@ -39,7 +39,7 @@ at::Tensor sample_coords(const std::array<int64_t, 3>& video_grid, int64_t audio
 class MagiHumanCollator : public Collator {
  public:
   explicit MagiHumanCollator(PrecomputedDataOptions options) : options_(std::move(options)) {}
-  Batch collate(const std::vector<Batch>& samples, at::Generator& generator) const override;
+  Batch collate(const std::vector<Batch>& samples, std::vector<at::Generator>& generators) const override;
 
  private:
   PrecomputedDataOptions options_;

@@ -53,6 +53,32 @@ void write_png(const fs::path& path, int64_t height, int64_t width, const uint8_
 
 }  // namespace
 
+// A --mix record: 0 to 4 solid-colour images of random sides and a prompt with up to
+// `filler_words` filler words; the answer lists the colours in order.
+template <typename Draw>
+nlohmann::json mixed_record(const fs::path& root, int64_t i, Draw& draw, int64_t filler_words) {
+  const int64_t images = draw(0, 4), words = draw(0, filler_words);
+  std::string prompt, answer;
+  std::vector<std::string> files;
+  for (int64_t k = 0; k < images; ++k) {
+    const int64_t c = draw(0, static_cast<int64_t>(std::size(kColours)) - 1);
+    const int64_t side = draw(0, 1) ? 8 : 40;  // small and large images: image tokens differ 25x
+    const std::string name = "img_" + std::to_string(i) + "_" + std::to_string(k) + ".png";
+    write_png(root / "images" / name, side, draw(8, 40), kColours[c].rgb);
+    files.push_back("images/" + name);
+    prompt += "<image>";
+    answer += std::string(k ? ", " : "") + kColours[c].name;
+  }
+  prompt += images ? "\nName the colours" : "Say that there is no picture";
+  for (int64_t w = 0; w < words; ++w) prompt += w % 2 ? " please" : " now";
+  answer = images ? "They are " + answer + "." : "There is no picture.";
+  nlohmann::json record = {{"id", "sample_" + std::to_string(i)},
+                           {"conversations", {{{"from", "human"}, {"value", prompt + "."}}, {{"from", "gpt"}, {"value", answer}}}}};
+  if (images == 1) record["image"] = files[0];
+  if (images > 1) record["images"] = files;
+  return record;
+}
+
 void fixture_mistral3_data(const std::string& out_dir, const Mistral3DataFixture& o) {
   if (o.samples < 1) fail("fixture mistral3: --samples must be >= 1, found ", o.samples);
   if (o.min_side < 1 || o.max_side < o.min_side)
@@ -65,6 +91,10 @@ void fixture_mistral3_data(const std::string& out_dir, const Mistral3DataFixture
   const int64_t colours = std::size(kColours);
   nlohmann::json records = nlohmann::json::array();
   for (int64_t i = 0; i < o.samples; ++i) {
+    if (o.mix) {
+      records.push_back(mixed_record(root, i, draw, o.mix_filler_words));
+      continue;
+    }
     const bool two_images = draw(0, 3) == 0;
     std::vector<std::string> files;
     std::vector<int64_t> widths, picked;
@@ -133,6 +163,11 @@ const FixtureRegistration fixture(
                    cmd.add_option("--min-side", o.min_side, "smallest image side in pixels")->capture_default_str();
                    cmd.add_option("--max-side", o.max_side, "largest image side in pixels")->capture_default_str();
                    cmd.add_flag("--bad-records", o.bad_records, "append one record per reason the dataset drops");
+                   cmd.add_flag("--mix", o.mix,
+                                "ragged records: 0-4 images of 8 or 40 px high and prompts of 0 to --filler-words "
+                                "filler words");
+                   cmd.add_option("--filler-words", o.mix_filler_words, "most filler words of a --mix prompt")
+                       ->capture_default_str();
                    return [a] { fixture_mistral3_data(a->out_dir, a->options); };
                  }});
 

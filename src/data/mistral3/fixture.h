@@ -6,7 +6,8 @@
 // model that reads its images can lower the loss well below one that cannot. bad_records appends
 // one record per reason the dataset drops (missing image, corrupt image, no assistant turn,
 // <image> count mismatch, malformed, and an image after a prompt of long_prompt_bytes that
-// truncation cuts).
+// truncation cuts). mix (a ragged set, for token-budget micro-batches): 0 to 4 images per record
+// and a prompt with 0 to mix_filler_words filler words, so that records differ widely in tokens.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -18,6 +19,8 @@ struct Mistral3DataFixture {
   int64_t min_side = 8;
   int64_t max_side = 40;
   bool bad_records = false;
+  bool mix = false;
+  int64_t mix_filler_words = 60;
   int64_t long_prompt_bytes = 600;
   uint64_t seed = 0;
 };

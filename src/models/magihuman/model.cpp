@@ -303,8 +303,8 @@ class MagiHumanModel : public Model, public SplitsSequence {
     }
 
     ModelOutput result;
-    result.loss = seq->is_split() ? split_flow_matching_loss(prediction, target, modality, loss_mask, *seq)
-                                  : flow_matching_loss(prediction, target, modality, loss_mask);
+    result.loss = seq->is_split() ? split_flow_matching_loss(prediction, target, modality, loss_mask, *seq, batch)
+                                  : flow_matching_loss(prediction, target, modality, loss_mask, batch);
     // Under context parallelism every rank must run the whole backward (its attention sends
     // gradients to the other ranks), even when none of its rows reaches the loss.
     if (seq->is_split()) result.loss = result.loss + h.sum() * 0.0;
@@ -313,17 +313,26 @@ class MagiHumanModel : public Model, public SplitsSequence {
     return result;
   }
 
+  // The loss terms, in the order of loss_counts and the batch's loss_normalizer: video, audio.
+  static constexpr int kLossTerms[] = {kVideo, kAudio};
+  int64_t loss_channels(int modality) const {
+    return modality == kVideo ? c_.video_in_channels : c_.audio_in_channels;
+  }
+
   // mean over video rows x video channels + mean over audio rows x audio channels of
-  // (pred - target)^2, rows where loss_mask; a term is skipped when its modality is absent.
+  // (pred - target)^2, rows where loss_mask; a term is skipped when its modality is absent. With
+  // the batch's loss_normalizer (a token-budget step), each term's sum over the global count.
   at::Tensor flow_matching_loss(const at::Tensor& prediction, const at::Tensor& target, const at::Tensor& modality,
-                                const at::Tensor& loss_mask) const {
+                                const at::Tensor& loss_mask, const Batch& batch) const {
     auto diff = (prediction - target.to(at::kFloat)).pow(2);
     at::Tensor loss;
-    const std::pair<int, int64_t> terms[] = {{kVideo, c_.video_in_channels}, {kAudio, c_.audio_in_channels}};
-    for (const auto& [k, channels] : terms) {
+    for (size_t t = 0; t < std::size(kLossTerms); ++t) {
+      const int k = kLossTerms[t];
       auto index = ((modality == k) & loss_mask.to(at::kBool)).nonzero().view(-1);
       if (index.numel() == 0) continue;
-      auto term = diff.index_select(0, index).slice(1, 0, channels).mean();
+      auto elements = diff.index_select(0, index).slice(1, 0, loss_channels(k));
+      const auto normalizer = loss_normalizer(batch, t);
+      auto term = normalizer ? elements.sum() / *normalizer : elements.mean();
       loss = loss.defined() ? loss + term : term;
     }
     return loss.defined() ? loss : diff.sum() * 0.0;
@@ -333,18 +342,30 @@ class MagiHumanModel : public Model, public SplitsSequence {
   // every rank holds the unsplit value (its grads are those of its own rows).
   at::Tensor split_flow_matching_loss(const at::Tensor& prediction, const at::Tensor& target,
                                       const at::Tensor& modality, const at::Tensor& loss_mask,
-                                      const SequenceSplit& seq) const {
+                                      const SequenceSplit& seq, const Batch& batch) const {
     auto diff = (prediction - target.to(at::kFloat)).pow(2);
     at::Tensor loss = diff.sum() * 0.0;
-    const std::pair<int, int64_t> terms[] = {{kVideo, c_.video_in_channels}, {kAudio, c_.audio_in_channels}};
-    for (const auto& [k, channels] : terms) {
+    for (size_t t = 0; t < std::size(kLossTerms); ++t) {
+      const int k = kLossTerms[t];
       auto index = ((modality == k) & loss_mask.to(at::kBool)).nonzero().view(-1);
       const int64_t rows = seq.sum(index.numel());  // the same on every CP rank
       if (rows == 0) continue;
-      auto local = diff.index_select(0, index).slice(1, 0, channels).sum();
-      loss = loss + seq.sum(local / static_cast<double>(rows * channels));
+      auto local = diff.index_select(0, index).slice(1, 0, loss_channels(k)).sum();
+      const double normalizer = loss_normalizer(batch, t).value_or(static_cast<double>(rows * loss_channels(k)));
+      loss = loss + seq.sum(local / normalizer);
     }
     return loss;
+  }
+
+  // Supervised elements per term: rows of the modality where loss_mask, times its channels (what
+  // the loss's means divide by), over the whole batch (every CP rank's rows).
+  std::vector<double> loss_counts(const Batch& batch) const override {
+    const auto& modality = batch_get(batch, "modality_mapping");
+    const auto supervised = batch_get(batch, "loss_mask").to(at::kBool);
+    std::vector<double> counts;
+    for (const int k : kLossTerms)
+      counts.push_back(static_cast<double>(((modality == k) & supervised).sum().item<int64_t>() * loss_channels(k)));
+    return counts;
   }
 
   // The seed's convention (docs/flops.md): 6 x active linear params x tokens + 7 s^2 attention.

@@ -284,8 +284,10 @@ class Mistral3Model : public Model, public SplitsSequence {
     }
     h = rms_norm(h, norm->weight.value, c.rms_norm_eps);
     result.tokens = h.size(0);
+    // A token-budget step divides by the supervised tokens of its whole global batch.
+    const std::optional<double> normalizer = loss_normalizer(batch, 0);
     if (seq->is_split()) {
-      result.loss = split_loss(h, labels, *seq);
+      result.loss = split_loss(h, labels, *seq, normalizer);
       return result;
     }
     h = h.view({B, S, c.hidden_size});
@@ -294,14 +296,20 @@ class Mistral3Model : public Model, public SplitsSequence {
     auto shift_labels = labels.narrow(1, 1, S - 1).reshape({-1}).to(at::kLong);
     if (c.loss_chunk_size > 0) {
       auto shift_h = h.narrow(1, 0, S - 1).reshape({-1, c.hidden_size});
-      result.loss = chunked_linear_cross_entropy(shift_h, lm_head->weight.value, shift_labels, c.loss_chunk_size);
+      result.loss = chunked_linear_cross_entropy(shift_h, lm_head->weight.value, shift_labels, c.loss_chunk_size, -100,
+                                                 normalizer.value_or(0.0));
       return result;
     }
     auto logits = lin(h, lm_head).to(at::kFloat);  // [B, S, V]
     auto shift_logits = logits.narrow(1, 0, S - 1).reshape({-1, c.vocab_size});
     const int64_t supervised = (shift_labels != -100).sum().item<int64_t>();
-    result.loss = supervised > 0 ? at::cross_entropy_loss(shift_logits, shift_labels, {}, at::Reduction::Mean, -100)
-                                 : logits.sum() * 0.0;  // nothing supervised: zero loss and grads
+    if (supervised == 0) {
+      result.loss = logits.sum() * 0.0;  // nothing supervised: zero loss and grads
+    } else if (normalizer) {
+      result.loss = at::cross_entropy_loss(shift_logits, shift_labels, {}, at::Reduction::Sum, -100) / *normalizer;
+    } else {
+      result.loss = at::cross_entropy_loss(shift_logits, shift_labels, {}, at::Reduction::Mean, -100);
+    }
     result.tensors["logits"] = logits;
     return result;
   }
@@ -309,7 +317,8 @@ class Mistral3Model : public Model, public SplitsSequence {
   // The loss over a split stream: local h [T_loc, H], labels [B, S] of the whole batch. Each rank
   // sums the cross-entropy of its supervised rows over the count of all CP ranks' supervised rows;
   // the CP sum of those is the unsplit mean on every rank.
-  at::Tensor split_loss(const at::Tensor& h, const at::Tensor& labels, const SequenceSplit& seq) const {
+  at::Tensor split_loss(const at::Tensor& h, const at::Tensor& labels, const SequenceSplit& seq,
+                        std::optional<double> normalizer) const {
     const int64_t B = labels.size(0), S = labels.size(1);
     auto shifted = at::cat({labels.narrow(1, 1, S - 1), at::full({B, 1}, -100, labels.options())}, 1);
     const auto local_labels = seq.take(shifted.reshape({B * S}).to(at::kLong), -100);
@@ -318,13 +327,13 @@ class Mistral3Model : public Model, public SplitsSequence {
     // even when none of its rows is supervised.
     auto touch = h.sum() * 0.0;
     if (supervised == 0) return touch;
+    const double divisor = normalizer.value_or(static_cast<double>(supervised));
     at::Tensor partial;
     if (c_.loss_chunk_size > 0) {
-      partial = chunked_linear_cross_entropy(h, lm_head->weight.value, local_labels, c_.loss_chunk_size, -100,
-                                             static_cast<double>(supervised));
+      partial = chunked_linear_cross_entropy(h, lm_head->weight.value, local_labels, c_.loss_chunk_size, -100, divisor);
     } else {
       auto logits = lin(h, lm_head).to(at::kFloat);
-      partial = at::cross_entropy_loss(logits, local_labels, {}, at::Reduction::Sum, -100) / static_cast<double>(supervised);
+      partial = at::cross_entropy_loss(logits, local_labels, {}, at::Reduction::Sum, -100) / divisor;
     }
     return seq.sum(partial) + touch.to(at::kFloat);
   }
@@ -334,6 +343,12 @@ class Mistral3Model : public Model, public SplitsSequence {
   std::vector<AttentionHeads> attention_heads() const override {
     return {{c_.num_heads, c_.num_kv_heads, "model.config.text_config.num_attention_heads",
              "model.config.text_config.num_key_value_heads"}};
+  }
+
+  // Supervised tokens: labels[:, 1:] that are not -100 (what the loss's mean divides by).
+  std::vector<double> loss_counts(const Batch& batch) const override {
+    const auto& labels = batch_get(batch, "labels");
+    return {static_cast<double>((labels.narrow(1, 1, labels.size(1) - 1) != -100).sum().item<int64_t>())};
   }
 
   double train_flops(const Batch& batch) const override {

@@ -104,10 +104,18 @@ class TestTransformer : public Model {
     }
     auto logits = lm_head->forward(rms_norm(x, norm->weight.value, config_.rms_norm_eps));
     ModelOutput out;
-    out.loss = at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, config_.vocab_size}),
-                                      labels.reshape({-1}));
+    auto flat_logits = logits.to(at::kFloat).reshape({-1, config_.vocab_size});
+    const auto normalizer = loss_normalizer(batch, 0);  // a token-budget step's global token count
+    out.loss = normalizer ? at::cross_entropy_loss(flat_logits, labels.reshape({-1}), {}, at::Reduction::Sum) / *normalizer
+                          : at::cross_entropy_loss(flat_logits, labels.reshape({-1}));
     out.tokens = inputs.numel();
     return out;
+  }
+
+  // Every predicted token is supervised.
+  std::vector<double> loss_counts(const Batch& batch) const override {
+    const auto& tokens = batch_get(batch, "tokens");
+    return {static_cast<double>(tokens.size(0) * (tokens.size(1) - 1))};
   }
 
   double train_flops(const Batch& batch) const override {

@@ -242,9 +242,9 @@ TEST(PixtralCollator, PadsFourKeysTogetherAndKeepsImagesInOrder) {
   const auto config = data_config();
   conversation::ConversationDataset ds(options_of(config));
   conversation::VlmCollator collator(11);
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
   std::vector<Batch> samples = {ds.get(0), ds.get(1), ds.get(2)};
-  auto batch = collator.collate(samples, gen);
+  std::vector<at::Generator> generators(3, at::make_generator<at::CPUGeneratorImpl>(0));
+  auto batch = collator.collate(samples, generators);
   const auto& ids = batch.at("input_ids");
   ASSERT_EQ(ids.dim(), 2);
   for (const char* key : {"labels", "attention_mask", "position_ids"}) EXPECT_EQ(batch.at(key).sizes(), ids.sizes()) << key;
@@ -267,10 +267,10 @@ TEST(PixtralCollator, PackedRowsRestartPositionsPerSample) {
   EXPECT_LT(ds.size(), 12);  // several samples per row
   EXPECT_CONTAINS(ds.summary(), "packed into");
   conversation::VlmCollator collator(11);
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
+  std::vector<at::Generator> one(1, at::make_generator<at::CPUGeneratorImpl>(0)), two(2, one[0]);
   int64_t samples = 0;
   for (int64_t i = 0; i < ds.size(); ++i) {
-    auto batch = collator.collate({ds.get(i)}, gen);
+    auto batch = collator.collate({ds.get(i)}, one);
     const auto cu = batch.at("cu_seqlens");
     const int64_t length = batch.at("input_ids").size(1);
     EXPECT_LE(length, 128);
@@ -287,7 +287,7 @@ TEST(PixtralCollator, PackedRowsRestartPositionsPerSample) {
       EXPECT_EQ(batch.at("input_ids").eq(kImg).sum().item<int64_t>(), expected_image_tokens(batch.at("image_sizes")));
   }
   EXPECT_EQ(samples, 12);
-  EXPECT_CONTAINS(error_of([&] { collator.collate({ds.get(0), ds.get(1)}, gen); }), "micro_batch_size 1");
+  EXPECT_CONTAINS(error_of([&] { collator.collate({ds.get(0), ds.get(1)}, two); }), "micro_batch_size 1");
 }
 
 // A fixture of 4 samples whose sample 1 has an image with damaged pixel data: its header reads (the

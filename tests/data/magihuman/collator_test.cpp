@@ -31,9 +31,11 @@ Batch make_sample(std::array<int64_t, 3> grid, int64_t na, int64_t nt, uint64_t 
           {"text_embed", at::randn({nt, kCt}, gen, at::kFloat)}};
 }
 
+// Sample b draws from a generator seeded seed + b.
 Batch collate(const PrecomputedDataOptions& o, const std::vector<Batch>& samples, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  return MagiHumanCollator(o).collate(samples, gen);
+  std::vector<at::Generator> generators;
+  for (size_t b = 0; b < samples.size(); ++b) generators.push_back(at::make_generator<at::CPUGeneratorImpl>(seed + b));
+  return MagiHumanCollator(o).collate(samples, generators);
 }
 
 // Inverse of video_channels_last_within_patch: (pT,pH,pW,C) -> (C,pT,pH,pW).
@@ -106,15 +108,17 @@ TEST(MagiHumanCollatorTest, KeysShapesDtypes) {
   EXPECT_EQ(batch.at("max_seqlen").item<int>(), l);
 }
 
-// Replays the documented draw order (sigma, video noise, audio noise per sample) and checks
+// Replays the documented draw order (sigma, video noise, audio noise, from each sample's own
+// generator) and checks
 // every value of x and target_velocity exactly.
 TEST(MagiHumanCollatorTest, NoisingMatchesDocumentedDrawOrder) {
   const auto o = tiny_options();
   const std::vector<Batch> samples = {make_sample({2, 2, 3}, 5, 3, 1), make_sample({1, 2, 2}, 2, 4, 2)};
   const auto batch = collate(o, samples, 11);
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
   int64_t row = 0;
+  uint64_t seed = 11;
   for (const auto& s : samples) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed++);
     const auto& x0v = s.at("video_latent");
     const auto& x0a = s.at("audio_latent");
     const auto& text = s.at("text_embed");
