@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <numeric>
 
 namespace mmtrain {
 namespace {
@@ -222,10 +223,13 @@ LogRecord log_summary(const std::vector<LogRecord>& records, const LogStatsOptio
   if (!tflops.empty()) out["tflops_per_device_median"] = median(tflops);
   const auto mfu = values(steady, "mfu");
   if (!mfu.empty()) out["mfu_median"] = median(mfu);
-  for (const char* key : {"dp_work_imbalance", "dp_compute_imbalance", "dp_work_imbalance_bound"}) {
+  for (const char* key :
+       {"dp_work_imbalance", "dp_compute_imbalance", "dp_work_imbalance_bound", "budget_fill", "micro_batches"}) {
     const auto balance = values(steady, key);
     if (!balance.empty()) out[std::string(key) + "_median"] = median(balance);
   }
+  if (const auto skipped = values(records, "samples_skipped"); !skipped.empty())
+    out["samples_skipped"] = std::accumulate(skipped.begin(), skipped.end(), 0.0);
 
   // The run against its plan (train/run_prediction.h): measured over predicted.
   const auto predicted_step = values(steady, "predicted_step_time_ms");
@@ -342,6 +346,10 @@ void print_summary(const char* label, const std::string& path, const LogRecord& 
       std::printf(" (best possible %.3f)", s["dp_work_imbalance_bound_median"].get<double>());
     std::printf("\n");
   }
+  if (s.contains("budget_fill_median"))  // token-budget micro-batches
+    std::printf("   token budget (median): %.0f micro-batches per rank, %.1f %% full; %.0f samples skipped over it\n",
+                s["micro_batches_median"].get<double>(), 100.0 * s["budget_fill_median"].get<double>(),
+                s.value("samples_skipped", 0.0));
   // The run against its plan, on one line: each measured / predicted figure the summary has.
   const char* lead = "   against its plan:";
   auto against = [&](const std::string& text) {

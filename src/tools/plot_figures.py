@@ -25,6 +25,7 @@ RUN_PANELS = [
     ("mfu", "MFU (%)", 100.0),
     ("peak_rss_mb", "peak RSS per rank (MiB)", 1.0),
     ("dp_compute_imbalance", "rank imbalance (max / mean)", 1.0),
+    ("budget_fill", "token budget fill (%)", 100.0),
 ]
 
 

@@ -23,14 +23,21 @@ std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_
   e->recompute = cfg.features.recompute && !cfg.features.recompute_plan.apply_modules.empty();
   e->seqlen = seqlen > 0 ? seqlen : e->spec->default_seqlen;
   e->micro = cfg.training.micro_batch_size;
+  // Token-budget micro-batches (data.dataloader_param.micro_batch_tokens) hold up to the budget
+  // whatever the samples' lengths: the activations are those of one packed micro-batch of that
+  // many tokens (seqlen still times the samples' FLOPs).
+  const int64_t budget = cfg.data.loader.micro_batch_tokens;
+  const int64_t micro_tokens = budget > 0 ? budget : e->micro * e->seqlen;
   // Context parallelism splits a micro-batch's packed tokens over the CP ranks (padded to a
   // multiple of the degree): the activations are those of the local tokens.
   const int ring = e->dims.ring, ulysses = e->dims.ulysses, cp = e->dims.cp();
-  e->tokens_per_rank = (e->micro * e->seqlen + cp - 1) / cp;
+  e->tokens_per_rank = (micro_tokens + cp - 1) / cp;
   if (!e->spec->activations)
     e->no_activations = "no activation estimator for model '" + id + "'";
   else if (e->seqlen == 0)
     e->no_activations = "pass --seqlen to estimate activations";
+  else if (budget > 0 && cp == 1)
+    e->act = e->spec->activations(ActivationQuery{cfg.model.config, budget, 1, fp.param_dtype, images});
   else if (cp == 1)
     e->act = e->spec->activations(ActivationQuery{cfg.model.config, e->seqlen, e->micro, fp.param_dtype, images});
   else

@@ -25,6 +25,9 @@ RunPrediction predict_run(const Config& config, int world, int devices_per_node,
   p.seqlen = estimate->seqlen;
   p.seqlen_source = seqlens.empty() ? "the first step's tokens per sample"
                                     : "the longest of " + std::to_string(seqlens.size()) + " samples of the data set";
+  if (config.data.loader.micro_batch_tokens > 0)
+    p.seqlen_source += "; memory for micro-batches of data.dataloader_param.micro_batch_tokens " +
+                       std::to_string(config.data.loader.micro_batch_tokens) + " tokens";
   p.baseline_rss_mb = baseline_rss_mb;
   if (cuda)
     p.peak_device_mb = static_cast<double>(step.device + device_peak) / kMB;
