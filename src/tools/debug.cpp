@@ -27,10 +27,12 @@ void debug_collate(const std::string& config_path, const std::vector<std::string
     fail("debug collate: expected 0 <= --rank < --world, found rank ", o.rank, ", world ", o.world);
   const ParallelDims dims = config_resolve_world(c, o.world);
   if (o.step < 0) fail("debug collate: --step must be >= 0, found ", o.step);
-  if (o.micro < 0 || o.micro >= c.training.gradient_accumulation_steps)
-    fail("debug collate: --micro must be in 0..", c.training.gradient_accumulation_steps - 1,
-         " (training.gradient_accumulation_steps), found ", o.micro);
   const auto data = build_data(c, dims.mesh().dp_rank_of(o.rank), dims.dp());
+  const int64_t micro_batches = data.sampler.micro_batches(o.step);  // per step under a token budget
+  if (o.micro < 0 || o.micro >= micro_batches)
+    fail("debug collate: --micro must be in 0..", micro_batches - 1, " (step ", o.step, "'s micro-batches per rank: ",
+         data.sampler.token_budget() ? "data.dataloader_param.micro_batch_tokens" : "training.gradient_accumulation_steps",
+         "), found ", o.micro);
   const auto batch = data.micro_batch(o.step, o.micro);
 
   std::vector<std::pair<std::string, at::Tensor>> tensors(batch.begin(), batch.end());  // std::map: sorted

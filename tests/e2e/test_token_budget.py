@@ -161,3 +161,29 @@ def test_bad_settings_are_refused_by_name(tmp_path, magihuman_data):
     assert "balance_dp: expected true (it applies to micro_batch_tokens" in refused(", balance_dp: false", "")
     small = refused(", micro_batch_tokens: 100", ", global_batch_size: 4")
     assert "tokens, over the budget of 100" in small and "over_budget_samples: skip" in small, small
+
+
+def test_debug_collate_shows_the_same_samples_on_any_world(tmp_path, magihuman_data):
+    """`debug collate` names each micro-batch's samples (header sample_indices): at step 1 the token-budget
+    micro-batches of 2 and of 4 ranks hold exactly the global batch a fixed-size run reads."""
+    from safetensors import safe_open
+
+    def samples(world, loader, step=1):
+        cfg = write_config(tmp_path / f"w{world}{len(loader)}.yaml",
+                           magihuman_config(tmp_path, magihuman_data, loader, ", global_batch_size: 8"))
+        found = []
+        for rank in range(world):
+            for micro in range(8):
+                out = tmp_path / f"b{world}_{rank}_{micro}.safetensors"
+                proc = run_mmtrain(["debug", "collate", str(cfg), "--out", str(out), "--step", str(step),
+                                    "--micro", str(micro), "--rank", str(rank), "--world", str(world)], check=False)
+                if proc.returncode != 0:
+                    assert "--micro must be in" in proc.stderr, proc.stderr
+                    break
+                with safe_open(str(out), "pt") as f:
+                    found += [int(i) for i in f.metadata()["sample_indices"].split(",")]
+        return sorted(found)
+    fixed = samples(1, "")
+    assert len(fixed) == 8
+    assert samples(2, ", micro_batch_tokens: 1024") == fixed
+    assert samples(4, ", micro_batch_tokens: 1024") == fixed
