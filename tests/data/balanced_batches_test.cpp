@@ -1,4 +1,4 @@
-// split_step (data/balanced_batches.h): a hand-worked case, the invariants on a ragged mix (every
+// split_step (data/balanced_batches.h): hand-worked cases (ties, one huge sample), the invariants on a ragged mix (every
 // sample once, no micro-batch over the budget, the same count on every rank, the same split on
 // every call), balance against the stream-order split, and the refusals.
 #include "data/balanced_batches.h"
@@ -56,6 +56,23 @@ TEST(SplitStep, HandWorkedBinFallback) {
   EXPECT_DOUBLE_EQ(balanced.budget_fill(), 20.0 / 32.0);
   const StepSplit in_order = split_step(loads, 2, 8, false);
   EXPECT_EQ(in_order.micro_batches, (Split{{{0}, {1}}, {{3, 4}, {2, 5}}}));
+}
+
+// Ties: 8 equal samples (3 tokens, cost 9), budget 6, 2 ranks. LPT breaks cost ties on the lowest
+// position and load ties on the lowest rank: r0 {0 2 4 6}, r1 {1 3 5 7}, packed in pairs: even.
+TEST(SplitStep, TiesBreakOnPositionThenRank) {
+  const StepSplit split = split_step(quadratic({3, 3, 3, 3, 3, 3, 3, 3}), 2, 6, true);
+  EXPECT_EQ(split.micro_batches, (Split{{{0, 2}, {4, 6}}, {{1, 3}, {5, 7}}}));
+  EXPECT_DOUBLE_EQ(split.imbalance(), 1.0);
+}
+
+// One huge sample (10 tokens, cost 100) among seven of 1: it is a rank's only work, the seven go
+// to the other rank in one micro-batch; the imbalance is the bound, max(mean, 100) / mean.
+TEST(SplitStep, OneHugeSampleSetsTheBound) {
+  const StepSplit split = split_step(quadratic({1, 1, 1, 10, 1, 1, 1, 1}), 2, 10, true);
+  EXPECT_EQ(split.micro_batches, (Split{{{3}}, {{0, 1, 2, 4, 5, 6, 7}}}));
+  EXPECT_DOUBLE_EQ(split.imbalance(), 100.0 / 53.5);
+  EXPECT_DOUBLE_EQ(split.balance_bound(), split.imbalance());
 }
 
 // 50 steps of 16 samples of 100 to 3000 tokens (cost t^2), budget 4096, 4 ranks: both splits keep

@@ -325,7 +325,18 @@ int64_t ConversationDataset::skipped() const {
 }
 
 std::optional<int64_t> ConversationDataset::sample_tokens(int64_t index) const {
-  return batch_get(get(index), "input_ids").numel();
+  if (index < 0 || index >= size()) fail("dataset ", options_.dataset_file, ": index ", index, " out of range [0, ", size(), ")");
+  const std::vector<int64_t> one{index};
+  const auto& members = options_.packing ? bins_[static_cast<size_t>(index)] : one;
+  bool replaced = false;  // a sample found undecodable since the constructor: get() replaces it
+  {
+    std::lock_guard<std::mutex> lock(undecodable_mutex_);  // get() takes it too: not held across
+    for (int64_t s : members) replaced = replaced || undecodable_.count(s) > 0;
+  }
+  if (replaced) return batch_get(get(index), "input_ids").numel();
+  int64_t tokens = 0;  // the constructor's encoding: image sizes from the headers, no pixel decoded
+  for (int64_t s : members) tokens += samples_[static_cast<size_t>(s)].length;
+  return tokens;
 }
 
 Batch ConversationDataset::get(int64_t index) const {

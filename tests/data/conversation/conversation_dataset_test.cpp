@@ -290,6 +290,16 @@ TEST(PixtralCollator, PackedRowsRestartPositionsPerSample) {
   EXPECT_CONTAINS(error_of([&] { collator.collate({ds.get(0), ds.get(1)}, two); }), "micro_batch_size 1");
 }
 
+// A token budget's lengths come from the constructor's encoding (image headers, no decode): the
+// same count as the sample get() builds, packed rows included.
+TEST(ConversationDataset, SampleTokensAreTheBuiltSamplesLength) {
+  for (const char* packing : {"", "      packing: true"}) {
+    conversation::ConversationDataset ds(options_of(data_config(packing, 128)));
+    for (int64_t i = 0; i < ds.size(); ++i)
+      EXPECT_EQ(ds.sample_tokens(i), ds.get(i).at("input_ids").numel()) << "item " << i << packing;
+  }
+}
+
 // A fixture of 4 samples whose sample 1 has an image with damaged pixel data: its header reads (the
 // constructor keeps it), its IDAT chunk fails the CRC check at decode.
 fs::path fixture_with_a_damaged_image() {
@@ -320,6 +330,7 @@ TEST(ConversationDataset, AnImageThatFailsToDecodeIsACountedSkip) {
   const auto dir = fixture_with_a_damaged_image();
   conversation::ConversationDataset ds(options_of(damaged_data_config(dir, false)));
   ASSERT_EQ(ds.size(), 4);  // the header reads: kept
+  EXPECT_GT(*ds.sample_tokens(1), 0);  // from its header: no decode, no warning yet
   ::testing::internal::CaptureStderr();
   const auto second = ds.get(1);
   const auto warning = ::testing::internal::GetCapturedStderr();
@@ -332,6 +343,7 @@ TEST(ConversationDataset, AnImageThatFailsToDecodeIsACountedSkip) {
   EXPECT_TRUE(second.at("input_ids").equal(ds.get(2).at("input_ids")));
   EXPECT_TRUE(ds.get(1).at("pixel_values").equal(second.at("pixel_values")));
   EXPECT_EQ(ds.skipped(), 1);
+  EXPECT_EQ(ds.sample_tokens(1), ds.sample_tokens(2));  // now its replacement's
 
   conversation::ConversationDataset packed(options_of(damaged_data_config(dir, true)));
   ::testing::internal::CaptureStderr();
