@@ -74,3 +74,63 @@ TEST(TrainStep, FiniteStepsPass) {
 
 }  // namespace
 }  // namespace mmtrain
+
+namespace mmtrain {
+namespace {
+
+// One step over the same 8 samples (rows of 9 tokens), returning (loss, grad norm) as the trainer
+// would record them. world 1: one micro-batch of all 8. world 2: ragged micro-batches, rows
+// {0-2}, {3} on rank 0 and {4-5}, {6-7} on rank 1, normalized over the global batch
+// (token-budget steps) or, `per_micro_mean`, each micro-batch's own mean / accumulation.
+std::pair<double, double> ragged_step(int world, bool per_micro_mean) {
+  const auto rows = at::randint(0, 64, {8, 9}, at::make_generator<at::CPUGeneratorImpl>(11), at::kLong);
+  const std::vector<std::vector<std::pair<int64_t, int64_t>>> micro_rows =
+      world == 1 ? std::vector<std::vector<std::pair<int64_t, int64_t>>>{{{0, 8}}}
+                 : std::vector<std::vector<std::pair<int64_t, int64_t>>>{{{0, 3}, {3, 4}}, {{4, 6}, {6, 8}}};
+  std::vector<double> loss_sums(world), norms(world);
+  testing::run_ranks(world, [&](Comm& comm_ref) {
+    std::shared_ptr<Comm> comm(&comm_ref, [](Comm*) {});
+    auto model = make_test_transformer(kModelConfig);
+    ParallelizePlan plan;
+    plan.fsdp.apply_modules = {"layers.{*}"};
+    auto fsdp = parallelize(*model, plan, comm);
+    fsdp->init_params(3);
+    auto adamw = make_fsdp_adamw(*fsdp, AdamWOptions{0.9, 0.95, 1e-8, 0.0});
+    StateFiniteness finiteness;
+    const auto& mine = micro_rows[static_cast<size_t>(comm->rank())];
+    StepSettings settings;
+    settings.lr = 1e-3;
+    settings.accumulation = static_cast<int>(mine.size());
+    if (!per_micro_mean) {
+      settings.sum_over_dp = [&](const std::vector<double>& counts) { return comm->all_reduce_sum(counts); };
+      settings.dp = world;
+    }
+    const auto stats = train_step(*model, *fsdp, *adamw, finiteness, settings, [&](int m) {
+      const auto [begin, end] = mine[static_cast<size_t>(m)];
+      return Batch{{"tokens", rows.slice(0, begin, end)}};
+    });
+    loss_sums[comm->rank()] = stats.loss_sum;
+    norms[comm->rank()] = stats.grad_norm;
+  });
+  double loss = 0;
+  for (double l : loss_sums) loss += l;
+  if (per_micro_mean) loss /= 2.0 * world;
+  return {loss, norms[0]};
+}
+
+// The gradient of a token-budget step is the global batch's whatever the split: ragged
+// micro-batches on 2 ranks equal one micro-batch of all on one rank. Averaging each micro-batch's
+// own mean instead (the fixed-size convention) weighs the lone row of {3} twice as much as a row of
+// {0-2}: a different loss and gradient, which the comparison must catch.
+TEST(TrainStep, GlobalNormalizationMakesRaggedMicroBatchesEqualTheWholeBatch) {
+  const auto [loss_ref, norm_ref] = ragged_step(1, false);
+  const auto [loss, norm] = ragged_step(2, false);
+  EXPECT_NEAR(loss, loss_ref, 1e-6 * loss_ref);
+  EXPECT_NEAR(norm, norm_ref, 1e-6 * norm_ref);
+  const auto [broken_loss, broken_norm] = ragged_step(2, true);
+  EXPECT_GT(std::abs(broken_norm - norm_ref), 1e-3 * norm_ref);
+  EXPECT_GT(std::abs(broken_loss - loss_ref), 1e-4 * loss_ref);
+}
+
+}  // namespace
+}  // namespace mmtrain
