@@ -20,6 +20,16 @@ namespace {
 const nlohmann::json kModelConfig = {{"vocab_size", 64}, {"hidden_size", 16}, {"num_layers", 2},
                                      {"num_heads", 2},   {"num_kv_heads", 1}, {"ffn_hidden_size", 24}};
 
+// The tiny test transformer, each layer an FSDP unit over comm, initialized from seed 3.
+std::pair<std::shared_ptr<Model>, std::unique_ptr<Fsdp>> sharded_test_transformer(const std::shared_ptr<Comm>& comm) {
+  auto model = make_test_transformer(kModelConfig);
+  ParallelizePlan plan;
+  plan.fsdp.apply_modules = {"layers.{*}"};
+  auto fsdp = parallelize(*model, plan, comm);
+  fsdp->init_params(3);
+  return {std::move(model), std::move(fsdp)};
+}
+
 // Two thread ranks take two steps (iterations 4 and 5) at lr with weight_decay over tokens below
 // 32; huge_rank (-1: none) first sets embedding row 63 (a token never read, so forward and grads
 // stay finite; rank 1 holds rows 32-63) to 1e37. Returns each rank's error ("" when none).
@@ -28,11 +38,7 @@ std::vector<std::string> step_errors(double lr, double weight_decay, int huge_ra
   std::mutex mutex;
   testing::run_ranks(2, [&](Comm& comm_ref) {
     std::shared_ptr<Comm> comm(&comm_ref, [](Comm*) {});
-    auto model = make_test_transformer(kModelConfig);
-    ParallelizePlan plan;
-    plan.fsdp.apply_modules = {"layers.{*}"};
-    auto fsdp = parallelize(*model, plan, comm);
-    fsdp->init_params(3);
+    auto [model, fsdp] = sharded_test_transformer(comm);
     if (comm->rank() == huge_rank)
       for (auto& p : fsdp->units().front()->params)
         if (p.name == "embed.weight") p.shard[31][0].fill_(1e37);
@@ -90,11 +96,7 @@ std::pair<double, double> ragged_step(int world, bool per_micro_mean) {
   std::vector<double> loss_sums(world), norms(world);
   testing::run_ranks(world, [&](Comm& comm_ref) {
     std::shared_ptr<Comm> comm(&comm_ref, [](Comm*) {});
-    auto model = make_test_transformer(kModelConfig);
-    ParallelizePlan plan;
-    plan.fsdp.apply_modules = {"layers.{*}"};
-    auto fsdp = parallelize(*model, plan, comm);
-    fsdp->init_params(3);
+    auto [model, fsdp] = sharded_test_transformer(comm);
     auto adamw = make_fsdp_adamw(*fsdp, AdamWOptions{0.9, 0.95, 1e-8, 0.0});
     StateFiniteness finiteness;
     const auto& mine = micro_rows[static_cast<size_t>(comm->rank())];
