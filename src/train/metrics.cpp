@@ -52,6 +52,10 @@ std::vector<std::pair<std::string, double>> tensorboard_scalars(const StepRecord
   if (step.checkpoint_stall_ms) out.emplace_back("checkpoint_stall_ms", *step.checkpoint_stall_ms);
   if (step.dp_work_imbalance) out.emplace_back("dp_work_imbalance", *step.dp_work_imbalance);
   if (step.dp_compute_imbalance) out.emplace_back("dp_compute_imbalance", *step.dp_compute_imbalance);
+  if (step.dp_work_imbalance_bound) out.emplace_back("dp_work_imbalance_bound", *step.dp_work_imbalance_bound);
+  if (step.micro_batches) out.emplace_back("micro_batches", static_cast<double>(*step.micro_batches));
+  if (step.budget_fill) out.emplace_back("budget_fill", *step.budget_fill);
+  if (step.samples_skipped) out.emplace_back("samples_skipped", static_cast<double>(*step.samples_skipped));
   if (step.predicted_step_time_ms) out.emplace_back("predicted_step_time_ms", *step.predicted_step_time_ms);
   if (step.predicted_peak_rss_mb) out.emplace_back("predicted_peak_rss_mb", *step.predicted_peak_rss_mb);
   if (step.peak_device_allocated_mb) out.emplace_back("peak_device_allocated_mb", *step.peak_device_allocated_mb);
