@@ -157,7 +157,11 @@ void plan_memory(const PlanOptions& o) {
   j["cp_size"] = cp;
   const int64_t fixed = plan.sharded_state_bytes() + plan.transient_bytes() + cp_buffer_bytes;
   if (no_activations.empty()) {
-    if (cp == 1)
+    if (cfg.data.loader.micro_batch_tokens > 0)  // plan_estimate sizes one packed micro-batch of the budget
+      std::printf("\n  activations, %lld token(s) per %s (data.dataloader_param.micro_batch_tokens %lld), %lld layers\n",
+                  static_cast<long long>(act.tokens), cp == 1 ? "micro-batch" : "rank",
+                  static_cast<long long>(cfg.data.loader.micro_batch_tokens), static_cast<long long>(act.num_layers));
+    else if (cp == 1)
       std::printf("\n  activations, %lld token(s) per micro-batch (%lld x %lld), %lld layers\n",
                   static_cast<long long>(act.tokens), static_cast<long long>(micro), static_cast<long long>(seqlen),
                   static_cast<long long>(act.num_layers));
