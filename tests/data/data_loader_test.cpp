@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <set>
 #include <thread>
 
 namespace mmtrain {
@@ -113,6 +114,39 @@ TEST(DataLoader, AFailureSurfacesAtItsMicroBatchAndOrderIsChecked) {
 
   DataLoader fresh(data, 0, 10, o);
   EXPECT_CONTAINS(error_of([&] { fresh.next(1, 0); }), "asked for step 1 micro-batch 0, but the next one is step 0");
+}
+
+// Token-budget steps have their own micro-batch counts: the loader follows them, with or without
+// workers, and hands over exactly what the pipeline builds.
+TEST(DataLoader, FollowsTokenBudgetStepsOfVaryingLength) {
+  SamplerOptions o;
+  o.num_samples = 40;
+  o.gradient_accumulation_steps = 4;
+  o.dp_world = 2;
+  o.dp_rank = 1;
+  o.shuffle = true;
+  o.seed = 11;
+  o.micro_batch_tokens = 7;
+  DataPipeline data;
+  data.dataset = std::make_shared<CountingDataset>(40);
+  data.collator = std::make_shared<NoisyCollator>();
+  data.sampler = GlobalBatchSampler(o, [](int64_t index) { return SampleLoad{1 + index % 7, 1.0 + index % 7}; });
+  data.seed = 11;
+  std::set<int64_t> counts;
+  for (int workers : {0, 2}) {
+    LoaderOptions options;
+    options.num_workers = workers;
+    DataLoader loader(data, 1, 7, options);
+    for (int64_t step = 1; step < 7; ++step) {
+      counts.insert(data.sampler.micro_batches(step));
+      for (int64_t micro = 0; micro < data.sampler.micro_batches(step); ++micro) {
+        const auto got = loader.next(step, micro);
+        EXPECT_TRUE(at::equal(got.at("noise"), data.micro_batch(step, micro).at("noise"))) << workers << " " << step;
+      }
+    }
+    EXPECT_CONTAINS(error_of([&] { loader.next(7, 0); }), "(past the last step)");
+  }
+  EXPECT_GT(counts.size(), 1u) << "the steps should differ in micro-batch count";
 }
 
 TEST(Collators, CheckTheirCollateParamKeys) {
