@@ -8,7 +8,7 @@
 #   fixed          micro_batch_size 1, gradient accumulation GLOBAL / WORLD (the control)
 #   fixed_wide     micro_batch_size GLOBAL / WORLD, no accumulation (the fewest micro-batches a fixed
 #                  size allows: Magistral's rows padded to the longest, MagiHuman's packed)
-#   in_order       micro_batch_tokens BUDGET, balance_dp false (packing alone, bins in stream order)
+#   in_order       micro_batch_tokens BUDGET, balance_dp false (packing alone: bins by first-fit decreasing, dealt round-robin)
 #   balanced       micro_batch_tokens BUDGET, balance_dp true
 #   fixed_repeat   the control again: the noise floor of the comparison
 # for MODEL magihuman (a `fixture magihuman --mix` set: 4 durations x 3 resolutions, tokens spanning

@@ -206,7 +206,7 @@ struct Trainer::State {
                        (loader.drop_last ? " (the rest of each epoch dropped)" : " (batches run on into the next epoch)");
     if (loader.micro_batch_tokens > 0)
       text += ", micro-batches of at most " + std::to_string(loader.micro_batch_tokens) + " tokens" +
-              (loader.balance_dp ? " balanced over the data-parallel ranks by predicted FLOPs" : " in stream order") +
+              (loader.balance_dp ? " balanced over the data-parallel ranks by predicted FLOPs" : " packed by tokens, not balanced") +
               " (the loss normalized over each global batch)";
     text += loader.num_workers > 0 ? ", " + std::to_string(loader.num_workers) + " loader threads" : ", loaded inline";
     return text;

@@ -1,6 +1,6 @@
 """Token-budget micro-batches balanced over data-parallel ranks (data.dataloader_param.
 micro_batch_tokens, balance_dp), end to end under torchrun on ragged data:
-  * exactness: on the same global batches, balanced = in stream order = one rank, per-step loss
+  * exactness: on the same global batches, balanced = unbalanced (balance_dp false) = one rank, per-step loss
     within 1e-6 relative (fp32), grad norm within 1e-6 on the same world and 2e-6 against one rank
     (the engine's own floor across world sizes), MagiHuman and Magistral; the loss is normalized
     over each global batch, so the split does not change the gradient;
@@ -96,7 +96,7 @@ def check_exact(tmp_path, make_config, data, budget):
     assert [m["iteration"] for m in balanced] == list(range(1, ITERS + 1))
     # The grad norm's floor across world sizes is the engine's own: fixed-size micro-batches on 1
     # and 2 ranks differ by 1.1e-6 here too (fp32 norms of differently sharded units).
-    for other, name, norm_floor in ((in_order, "in stream order", 1e-6), (one_rank, "one rank", 2e-6)):
+    for other, name, norm_floor in ((in_order, "unbalanced", 1e-6), (one_rank, "one rank", 2e-6)):
         for key, tolerance in (("loss", 1e-6), ("grad_norm", norm_floor)):
             worst = worst_relative(balanced, other, key)
             print(f"[{name}] worst {key} relative difference {worst:.2e}")
@@ -110,7 +110,7 @@ def check_exact(tmp_path, make_config, data, budget):
 def test_magihuman_balanced_equals_stream_order_and_one_rank(tmp_path, magihuman_data):
     balanced, in_order = check_exact(tmp_path, magihuman_config, magihuman_data, 1024)
     mean = lambda runs: sum(m["dp_work_imbalance"] for m in runs) / len(runs)  # noqa: E731
-    print(f"dp_work_imbalance: balanced {mean(balanced):.3f}, stream order {mean(in_order):.3f}")
+    print(f"dp_work_imbalance: balanced {mean(balanced):.3f}, unbalanced {mean(in_order):.3f}")
     assert mean(balanced) <= mean(in_order)
     # What a user reads: the summary's token-budget line, and the plot's budget-fill panel.
     metrics = tmp_path / "balanced" / "run" / "metrics.jsonl"
