@@ -168,6 +168,16 @@ def test_bad_settings_are_refused_by_name(tmp_path, magihuman_data):
     assert "tokens, over the budget of 100" in small and "over_budget_samples: skip" in small, small
 
 
+def test_samples_over_the_budget_are_skipped_and_counted_when_asked(tmp_path, magihuman_data):
+    metrics, _ = train(tmp_path, magihuman_config, magihuman_data, 1,
+                       ", micro_batch_tokens: 300, over_budget_samples: skip", ", global_batch_size: 4")
+    skipped = [m["samples_skipped"] for m in metrics]
+    assert sum(skipped) > 0, skipped  # samples of 302 and more tokens in this data's mix
+    assert all(m["global_batch_size"] == 4 - m["samples_skipped"] for m in metrics), metrics
+    summary = run_mmtrain(["logs", "summary", str(tmp_path / "run" / "metrics.jsonl")]).stdout.splitlines()[-1]
+    assert json.loads(summary)["samples_skipped"] == sum(skipped)
+
+
 def test_debug_collate_shows_the_same_samples_on_any_world(tmp_path, magihuman_data):
     """`debug collate` names each micro-batch's samples (header sample_indices): at step 1 the token-budget
     micro-batches of 2 and of 4 ranks hold exactly the global batch a fixed-size run reads."""
