@@ -281,6 +281,7 @@ def rank_main(rank: int, world: int, port: int, d: str, out: str, dcp_load: str 
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    rt.finish_rank()  # not Python's finalization: see there
 
 
 def main() -> int:
