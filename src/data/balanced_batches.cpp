@@ -117,7 +117,7 @@ double StepSplit::budget_fill() const {
 }
 
 StepSplit split_step(const std::vector<SampleLoad>& samples, int dp_world, int64_t budget_tokens, bool balance,
-                     bool skip_over_budget) {
+                     bool skip_over_budget, const std::function<std::string(int64_t)>& describe) {
   if (budget_tokens < 1) fail("micro_batch_tokens must be >= 1, found ", budget_tokens);
   StepSplit split;
   std::vector<int64_t> kept;
@@ -127,8 +127,10 @@ StepSplit split_step(const std::vector<SampleLoad>& samples, int dp_world, int64
     } else if (skip_over_budget) {
       split.skipped.push_back(p);
     } else {
-      fail("micro_batch_tokens: sample ", p, " of the step has ", samples[p].tokens, " tokens, over the budget of ",
-           budget_tokens, " (raise the budget, or set data.dataloader_param.over_budget_samples: skip)");
+      fail("data.dataloader_param.micro_batch_tokens: ",
+           describe ? describe(p) : "sample " + std::to_string(p) + " of the step", " has ", samples[p].tokens,
+           " tokens, over the budget of ", budget_tokens,
+           ": raise the budget, or set data.dataloader_param.over_budget_samples: skip");
     }
   }
   const auto count = static_cast<int64_t>(kept.size());

@@ -21,6 +21,8 @@
 // computes the same split without communicating.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 namespace mmtrain {
@@ -50,9 +52,10 @@ struct StepSplit {
 };
 
 // A sample whose tokens exceed the budget is skipped (listed in `skipped`) with skip_over_budget,
-// else refused naming its position and both numbers. Throws when fewer samples than ranks remain,
-// or when the remaining ones cannot make the same micro-batch count on every rank.
+// else refused naming it (describe(position), or "sample <position> of the step") and both
+// numbers. Throws when fewer samples than ranks remain, or when the remaining ones cannot make the
+// same micro-batch count on every rank.
 StepSplit split_step(const std::vector<SampleLoad>& samples, int dp_world, int64_t budget_tokens, bool balance,
-                     bool skip_over_budget = false);
+                     bool skip_over_budget = false, const std::function<std::string(int64_t)>& describe = {});
 
 }  // namespace mmtrain

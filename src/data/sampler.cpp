@@ -106,17 +106,14 @@ StepSplit GlobalBatchSampler::split(int64_t step) const {
   if (!token_budget()) fail("sampler: split() asked without a token budget");
   const int64_t begin = step_begin(step);
   std::vector<SampleLoad> loads;
-  for (int64_t i = 0; i < global_batch_size(); ++i) {
-    const int64_t index = sample_at(begin + i);
-    loads.push_back(load_of(index));
-    if (loads.back().tokens > options_.micro_batch_tokens && !options_.skip_over_budget)
-      fail("data.dataloader_param.micro_batch_tokens ", options_.micro_batch_tokens, ": dataset sample ", index,
-           " (stream position ", begin + i, ", iteration ", step + 1, ") has ", loads.back().tokens,
-           " tokens, over the budget of ", options_.micro_batch_tokens,
-           ": raise the budget, or set data.dataloader_param.over_budget_samples: skip");
-  }
+  for (int64_t i = 0; i < global_batch_size(); ++i) loads.push_back(load_of(sample_at(begin + i)));
+  // A refused sample is named by its dataset index, stream position and iteration.
+  auto describe = [&](int64_t p) {
+    return "dataset sample " + std::to_string(sample_at(begin + p)) + " (stream position " + std::to_string(begin + p) +
+           ", iteration " + std::to_string(step + 1) + ")";
+  };
   return split_step(loads, options_.dp_world, options_.micro_batch_tokens, options_.balance_dp,
-                    options_.skip_over_budget);
+                    options_.skip_over_budget, describe);
 }
 
 int64_t GlobalBatchSampler::sample_at(int64_t position) const {

@@ -27,19 +27,17 @@ std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_
   // whatever the samples' lengths: the activations are those of one packed micro-batch of that
   // many tokens (seqlen still times the samples' FLOPs).
   const int64_t budget = cfg.data.loader.micro_batch_tokens;
-  const int64_t micro_tokens = budget > 0 ? budget : e->micro * e->seqlen;
+  const int64_t act_seqlen = budget > 0 ? budget : e->seqlen, act_micro = budget > 0 ? 1 : e->micro;
   // Context parallelism splits a micro-batch's packed tokens over the CP ranks (padded to a
   // multiple of the degree): the activations are those of the local tokens.
   const int ring = e->dims.ring, ulysses = e->dims.ulysses, cp = e->dims.cp();
-  e->tokens_per_rank = (micro_tokens + cp - 1) / cp;
+  e->tokens_per_rank = (act_micro * act_seqlen + cp - 1) / cp;
   if (!e->spec->activations)
     e->no_activations = "no activation estimator for model '" + id + "'";
   else if (e->seqlen == 0)
     e->no_activations = "pass --seqlen to estimate activations";
-  else if (budget > 0 && cp == 1)
-    e->act = e->spec->activations(ActivationQuery{cfg.model.config, budget, 1, fp.param_dtype, images});
   else if (cp == 1)
-    e->act = e->spec->activations(ActivationQuery{cfg.model.config, e->seqlen, e->micro, fp.param_dtype, images});
+    e->act = e->spec->activations(ActivationQuery{cfg.model.config, act_seqlen, act_micro, fp.param_dtype, images});
   else
     e->act = e->spec->activations(ActivationQuery{cfg.model.config, e->tokens_per_rank, 1, fp.param_dtype, images});
   // The context-parallel buffers of one layer's attention (e = param_dtype bytes, T the local

@@ -509,10 +509,10 @@ struct Trainer::State {
       reset_device_memory_peak(comm().device());
       StepSettings settings;
       settings.iteration = step + 1;
-      settings.accumulation = static_cast<int>(data.sampler.micro_batches(step));
       std::optional<StepSplit> split;
-      if (token_budget) {
-        split = data.sampler.split(step);
+      if (token_budget) split = data.sampler.split(step);
+      settings.accumulation = static_cast<int>(split ? split->micro_batches_per_rank() : data.sampler.micro_batches(step));
+      if (split) {
         // Every rank of a context-parallel group holds the same micro-batches: the sum over all
         // ranks counts each data-parallel rank's world / dp times.
         settings.sum_over_dp = [this, world, dp](const std::vector<double>& counts) {

@@ -186,7 +186,8 @@ TEST(GlobalBatchSampler, TokenBudgetRefusesAnOverBudgetSampleNamingIt) {
   auto o = options(40, 1, 4, 2, false, false);
   o.micro_batch_tokens = 300;  // sample 7 has 50 + 259 = 309 tokens
   const GlobalBatchSampler sampler(o, ragged_load);
-  EXPECT_CONTAINS(error_of([&] { sampler.micro_batches(0); }), "309 tokens, over the budget of 300");
+  EXPECT_CONTAINS(error_of([&] { sampler.micro_batches(0); }),
+                  "dataset sample 7 (stream position 7, iteration 1) has 309 tokens, over the budget of 300");
   o.skip_over_budget = true;
   const GlobalBatchSampler skipping(o, ragged_load);
   EXPECT_EQ(skipping.split(0).skipped, (std::vector<int64_t>{7}));

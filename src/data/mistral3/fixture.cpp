@@ -51,8 +51,6 @@ void write_png(const fs::path& path, int64_t height, int64_t width, const uint8_
     fail("fixture mistral3: cannot write ", path.string());
 }
 
-}  // namespace
-
 // A --mix record: 0 to 4 solid-colour images of random sides and a prompt with up to
 // `filler_words` filler words; the answer lists the colours in order.
 template <typename Draw>
@@ -78,6 +76,8 @@ nlohmann::json mixed_record(const fs::path& root, int64_t i, Draw& draw, int64_t
   if (images > 1) record["images"] = files;
   return record;
 }
+
+}  // namespace
 
 void fixture_mistral3_data(const std::string& out_dir, const Mistral3DataFixture& o) {
   if (o.samples < 1) fail("fixture mistral3: --samples must be >= 1, found ", o.samples);
