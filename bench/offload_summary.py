@@ -13,12 +13,11 @@ disk_over_none_step (target <= 1.3).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
 
-from arm_runs import median, metrics, rounds
+from arm_runs import arm_summary_args, median, metrics, rounds
 
 PHASES = ("forward", "backward", "optimizer")
 
@@ -68,11 +67,7 @@ def _params_per_rank(d: str) -> int | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", required=True)
-    parser.add_argument("--arms", nargs="+", required=True)
-    args = parser.parse_args()
-    meta = json.load(open(os.path.join(args.dir, "bench_meta.json")))
+    args, meta = arm_summary_args(__doc__)
     arms = {arm: _arm(args.dir, arm, meta["WARMUP"]) for arm in args.arms}
     result = {"bench": "offload", **meta, "arms": arms, "params_per_rank": _params_per_rank(args.dir)}
     none = arms.get("none")

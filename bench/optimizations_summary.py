@@ -9,13 +9,12 @@ arm's, sum|a-b|/sum|b|.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import sys
 
-from arm_runs import median, metrics, rounds
+from arm_runs import arm_summary_args, median, metrics, rounds
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "parity"))
 
@@ -36,11 +35,7 @@ def _arm(d: str, arm: str, warmup: int, peak: float) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", required=True)
-    parser.add_argument("--arms", nargs="+", required=True)
-    args = parser.parse_args()
-    meta = json.load(open(os.path.join(args.dir, "bench_meta.json")))
+    args, meta = arm_summary_args(__doc__)
     peak = json.load(open(os.path.join(args.dir, "gemm.json")))["gemm_flops"]
     rows = {arm: _arm(args.dir, arm, meta["WARMUP"], peak) for arm in args.arms}
     base_ms, base_losses = rows[args.arms[0]]["step_ms"], rows[args.arms[0]]["losses"]

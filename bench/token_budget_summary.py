@@ -12,12 +12,10 @@ comm_wait and step time reductions of the other arms; fixed_repeat against fixed
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 
-from arm_runs import median, metrics, rounds
+from arm_runs import arm_summary_args, median, metrics, rounds
 
 
 def _median_of(measured: list[dict], key: str) -> float | None:
@@ -46,11 +44,7 @@ def _reduction(control: float, arm: float) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", required=True)
-    parser.add_argument("--arms", nargs="+", required=True)
-    args = parser.parse_args()
-    meta = json.load(open(os.path.join(args.dir, "bench_meta.json")))
+    args, meta = arm_summary_args(__doc__)
     rows = {arm: _arm(args.dir, arm, meta["WARMUP"]) for arm in args.arms}
     gains = {}
     for control_arm in ("fixed", "fixed_wide"):
