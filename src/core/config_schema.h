@@ -1,7 +1,7 @@
 // The generic YAML config reader. A ConfigSchema is a tree of sections whose fields are bound
 // to the members of plain structs; each component declares its own section next to the struct
-// it reads (FsdpConfig's in fsdp/fsdp_config.cpp, TrainingConfig's in train/training_config.cpp,
-// ...), and the run config (train/config.cpp) mounts them under their YAML paths. From that one
+// it reads (FsdpConfig's in fsdp/fsdp_config.cpp, TrainingConfig's in config/training_config.cpp,
+// ...), and the run config (config/config.cpp) mounts them under their YAML paths. From that one
 // declaration the schema reads a YAML file into the struct, applies "a.b.c=value" overrides,
 // reports unknown keys (with a did-you-mean) and wrong types naming the key path, the file and
 // the line, runs each section's checks once everything is applied, and writes the struct back as
@@ -171,7 +171,7 @@ class ConfigSection {
   std::function<S*(void*)> get_;   // the root struct -> this section's struct
 };
 
-// The whole tree. Built once (train/config.cpp), then used to read any number of files.
+// The whole tree. Built once (config/config.cpp), then used to read any number of files.
 class ConfigSchema {
  public:
   // The root section, bound to Root (the struct load() fills).

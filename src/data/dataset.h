@@ -29,7 +29,7 @@ class Dataset {
   // What the trainer logs once at start (e.g. records read and dropped); empty for nothing.
   virtual std::string summary() const { return {}; }
   // The tokens sample `index` puts in the model's sequence (image tokens included), read from the
-  // sample itself; nullopt when this dataset cannot say. The plan's length mix (train/length_mix.h).
+  // sample itself; nullopt when this dataset cannot say. The plan's length mix (plan/length_mix.h).
   virtual std::optional<int64_t> sample_tokens(int64_t index) const { return std::nullopt; }
 };
 

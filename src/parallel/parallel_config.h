@@ -1,6 +1,6 @@
 // ParallelConfig: the `parallel` section, the degrees of every parallel dimension MindSpeed's
 // YAML can name and the FSDP plan. Which degrees mmtrain runs is decided where they are used
-// (train/config.h lists the ones it refuses); the arithmetic between them and the world size is
+// (config/config.h lists the ones it refuses); the arithmetic between them and the world size is
 // parallel/parallel_dims.h's.
 #pragma once
 #include "fsdp/fsdp_config.h"

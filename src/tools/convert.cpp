@@ -6,7 +6,7 @@
 #include "models/model_spec.h"
 #include "tools/command.h"
 #include "tools/conversion_output.h"
-#include "train/config.h"
+#include "config/config.h"
 #include "train/hf_weights.h"
 #include "train/state.h"
 

@@ -15,7 +15,7 @@
 #include "models/model_spec.h"
 #include "optim/lr_schedule.h"
 #include "tools/plots.h"
-#include "train/config.h"
+#include "config/config.h"
 #include "train/state.h"
 
 #include <fnmatch.h>

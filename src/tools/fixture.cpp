@@ -6,7 +6,7 @@
 #include "io/safetensors.h"
 #include "models/model_spec.h"
 #include "tools/command.h"
-#include "train/config.h"
+#include "config/config.h"
 
 #include <CLI/CLI.hpp>
 

@@ -4,7 +4,7 @@
 #include "core/text.h"
 #include "models/model_spec.h"
 #include "tools/command.h"
-#include "train/config.h"
+#include "config/config.h"
 
 #include <CLI/CLI.hpp>
 

@@ -231,7 +231,7 @@ LogRecord log_summary(const std::vector<LogRecord>& records, const LogStatsOptio
   if (const auto skipped = values(records, "samples_skipped"); !skipped.empty())
     out["samples_skipped"] = std::accumulate(skipped.begin(), skipped.end(), 0.0);
 
-  // The run against its plan (train/run_prediction.h): measured over predicted.
+  // The run against its plan (plan/run_prediction.h): measured over predicted.
   const auto predicted_step = values(steady, "predicted_step_time_ms");
   if (!step.empty() && !predicted_step.empty() && median(predicted_step) > 0) {
     out["predicted_step_time_ms"] = median(predicted_step);

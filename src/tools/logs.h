@@ -2,7 +2,7 @@
 // report for a run (steady-state median / mean / P95 step time, last-W averages, loss agreement
 // between two runs). Reads either format, line by line, mixed freely:
 //   mmtrain metrics.jsonl    {"iteration": 3, "loss": ..., "step_time_ms": ..., ...}
-//   Megatron / MindSpeed / mmtrain console lines (train/metrics.cpp):
+//   Megatron / MindSpeed / mmtrain console lines (record/metrics.cpp):
 //     [time] iteration N/M | consumed samples: C | elapsed time per iteration (ms): T |
 //     learning rate: L | global batch size: G | loss: X | grad norm: Y [| TFLOP/s per device: F]
 //     [| MFU: U %] [| other key: value ...]

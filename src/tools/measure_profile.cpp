@@ -7,7 +7,7 @@
 #include "dist/runtime.h"
 #include "offload/disk_store.h"
 #include "tools/gemm_peak.h"
-#include "train/device_profile.h"
+#include "plan/device_profile.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

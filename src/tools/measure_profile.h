@@ -1,4 +1,4 @@
-// `mmtrain measure profile`: a device profile (train/device_profile.h) of this machine, from
+// `mmtrain measure profile`: a device profile (plan/device_profile.h) of this machine, from
 // measurements rather than a datasheet, so that the step-time model of a CPU run here has figures
 // of its own:
 //   peak_bf16_tflops, peak_fp32_tflops   a square GEMM per dtype (measure gemm), median of repeats

@@ -9,11 +9,11 @@
 #include "tools/command.h"
 #include "tools/plan_auto.h"
 #include "tools/plan_calibrate.h"
-#include "train/config.h"
-#include "train/device_profile.h"
-#include "train/offload_plan.h"
-#include "train/plan_estimate.h"
-#include "train/step_time.h"
+#include "config/config.h"
+#include "plan/device_profile.h"
+#include "plan/offload_plan.h"
+#include "plan/plan_estimate.h"
+#include "plan/step_time.h"
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -31,7 +31,7 @@ void row(const std::string& label, int64_t bytes) {
   std::printf("  %-62s %9.3f GiB %17s B\n", label.c_str(), gib(bytes), with_commas(bytes).c_str());
 }
 
-// The step time for this config on the profile's devices (train/step_time.h), printed as a
+// The step time for this config on the profile's devices (plan/step_time.h), printed as a
 // breakdown and added to the JSON.
 void print_step_time(const PlanOptions& o, const PlanEstimate& e, int devices_per_node, nlohmann::ordered_json& j) {
   const DeviceProfile profile = load_device_profile(o.device);
@@ -201,7 +201,7 @@ void plan_memory(const PlanOptions& o) {
     row("= TOTAL per rank without activations", fixed);
     j["total_bytes_without_activations"] = fixed;
   }
-  // The offload features, each and combined (train/offload_plan.h has the rules).
+  // The offload features, each and combined (plan/offload_plan.h has the rules).
   const OffloadPlanInputs offload_in = e.offload_inputs();
   const OffloadSetting chosen = OffloadSetting::of(cfg);
   std::printf("\n  offload features, per rank: device / host tier / disk%s\n",
@@ -214,7 +214,7 @@ void plan_memory(const PlanOptions& o) {
     j["offload"][setting.name()] = {{"device_bytes", t.device}, {"host_bytes", t.host}, {"disk_bytes", t.disk}};
   }
   // Around the step, for this config's setting: what start-up, a checkpoint save and a resume hold
-  // beyond it (train/offload_plan.h), on a GPU; the pre-flight adds the largest to the step.
+  // beyond it (plan/offload_plan.h), on a GPU; the pre-flight adds the largest to the step.
   const PhaseBytes phases = offload_phase_bytes(plan, chosen, /*device_is_host=*/false);
   std::printf("\n  around the step (%s), per rank, beyond it: device / host tier / disk\n", chosen.name().c_str());
   j["phases"] = nlohmann::ordered_json::object();

@@ -16,7 +16,7 @@ struct PlanOptions {
   int world_size = 1;
   int64_t seqlen = 0;                  // tokens per sample; 0 = the model's default
   std::vector<std::string> images;     // --image H,W per image of a sample (a vision-language model)
-  // The hardware (train/step_time.h): with a device profile the plan adds the step time. nodes x
+  // The hardware (plan/step_time.h): with a device profile the plan adds the step time. nodes x
   // devices_per_node, when given, is the world; devices_per_node defaults to the whole world.
   std::string device;                  // h200, h100, a100, 910b3, or a profile's JSON path; "" = none
   int nodes = 0;

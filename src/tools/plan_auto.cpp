@@ -4,11 +4,11 @@
 #include "core/text.h"
 #include "nn/sequence_split.h"
 #include "parallel/context_parallel.h"
-#include "train/plan_estimate.h"
-#include "train/device_profile.h"
-#include "train/length_mix.h"
-#include "train/offload_plan.h"
-#include "train/step_time.h"
+#include "plan/plan_estimate.h"
+#include "plan/device_profile.h"
+#include "plan/length_mix.h"
+#include "plan/offload_plan.h"
+#include "plan/step_time.h"
 
 #include <nlohmann/json.hpp>
 

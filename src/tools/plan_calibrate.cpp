@@ -5,7 +5,7 @@
 #include "core/statistics.h"
 #include "core/text.h"
 #include "tools/logs.h"
-#include "train/device_profile.h"
+#include "plan/device_profile.h"
 
 #include <nlohmann/json.hpp>
 

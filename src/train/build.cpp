@@ -7,10 +7,6 @@
 
 namespace mmtrain {
 
-const ModelSpec& config_model_spec(const Config& config) {
-  return model_spec(config.model.model_id, "config " + config.source_path + ": model.model_id");
-}
-
 std::shared_ptr<Model> build_model(const Config& config) { return config_model_spec(config).build(config.model.config); }
 
 DeviceMesh build_mesh(const ParallelDims& dims, const Runtime& runtime) {
@@ -61,11 +57,6 @@ int64_t load_initial_weights(const Config& config, Model& model, Fsdp& fsdp) {
   }
   const auto adapter = make_hf_adapter(config_model_spec(config), config.model.config);
   return load_hf_weights(model, *adapter, fsdp, WeightSource(path));
-}
-
-std::shared_ptr<Dataset> build_dataset(const Config& c) {
-  return dataset_registry().get(c.data.dataset_type, "config " + c.source_path + ": data.dataset_param.dataset_type")(
-      c.data, c.model);
 }
 
 namespace {

@@ -9,14 +9,13 @@
 #include "fsdp/fully_shard.h"
 #include "models/model_spec.h"
 #include "optim/adamw.h"
-#include "train/config.h"
+#include "config/config.h"
+#include "config/registries.h"
 
 #include <memory>
 
 namespace mmtrain {
 
-// The spec of config's model.model_id (fails naming the key and the known models).
-const ModelSpec& config_model_spec(const Config& config);
 std::shared_ptr<Model> build_model(const Config& config);
 // The device mesh of the run, of the shape dims gives (config_check_world's result for the
 // runtime's world). Collective over the runtime's world (every rank builds its groups).
@@ -36,9 +35,6 @@ std::unique_ptr<AdamW> make_fsdp_adamw(Fsdp& fsdp, const AdamWOptions& options,
 // adapter), else a seeded random init. Returns how many tensors had their layout converted (0 for
 // a random init).
 int64_t load_initial_weights(const Config& config, Model& model, Fsdp& fsdp);
-
-// The config's dataset, from the dataset registry.
-std::shared_ptr<Dataset> build_dataset(const Config& config);
 
 // The data of a run, as one data-parallel rank sees it: the dataset and collator of the config's
 // registries and the sampler (data.dataloader_param's shuffle, drop_last and token budget,

@@ -35,17 +35,6 @@ class PhaseScope {
 
 }  // namespace
 
-const char* step_phase_name(StepPhase phase) {
-  switch (phase) {
-    case StepPhase::data: return "data";
-    case StepPhase::forward: return "forward";
-    case StepPhase::backward: return "backward";
-    case StepPhase::clip: return "clip";
-    case StepPhase::optimizer: return "optimizer";
-    case StepPhase::finite_check: return "finite_check";
-  }
-  return "?";
-}
 
 void PhaseTimer::phase_begins(StepPhase phase) {
   began_[static_cast<size_t>(phase)] = std::chrono::steady_clock::now();

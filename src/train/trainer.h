@@ -1,16 +1,20 @@
-// The training loop: builds the model, FSDP engine, optimizer, data and checkpoints from one
-// Config and runs train_iters optimizer steps (resuming where a checkpoint left off).
-//
-// One step: for each of gradient_accumulation_steps micro-batches, gather the root, forward,
-// backward of loss / accum (units gather, reshard and reduce-scatter on their own), wait for
-// the reductions; then clip by the global grad norm, AdamW on the fp32 shards, log, maybe save.
+// The training loop: builds a run from one Config and takes train_iters optimizer steps (resuming
+// where a checkpoint left off). Its phases are named pieces, each in its own file:
+//   start  train/run_start.h   build the run (train/run.h), resume or load the initial weights
+//   step   train/step_report.h one optimizer step: micro-batches, forward, backward, clip, AdamW
+//   record train/step_report.h the step's record, reduced over ranks, checked against the plan,
+//                              written by record/metrics.h
+//   save   train/run_save.h    the checkpoint of a step, in place or in the background
+// trainer.cpp is the loop that sequences them: when to log, save and stop.
 #pragma once
-#include "train/config.h"
+#include "config/config.h"
 #include "dist/runtime.h"
 
 #include <memory>
 
 namespace mmtrain {
+
+struct Run;
 
 class Trainer {
  public:
@@ -19,8 +23,7 @@ class Trainer {
   void run();
 
  private:
-  struct State;
-  std::unique_ptr<State> state_;
+  std::unique_ptr<Run> run_;
 };
 
 }  // namespace mmtrain

@@ -14,7 +14,7 @@
 #include "data/tokenizer/text_tokenizer.h"
 #include "io/safetensors.h"
 #include "multirank_harness.h"
-#include "train/config.h"
+#include "config/config.h"
 
 #include <caffe2/serialize/in_memory_adapter.h>
 #include <caffe2/serialize/inline_container.h>

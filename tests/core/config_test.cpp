@@ -1,6 +1,6 @@
 // Config: the seed's MagiHuman YAML read field by field, every dtype spelling, overrides, each
 // error naming its key path and file, world-size checks and the config_to_json round trip.
-#include "train/config.h"
+#include "config/config.h"
 
 #include "core/error.h"
 

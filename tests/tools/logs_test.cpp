@@ -3,7 +3,7 @@
 #include "checkpoint/checkpoint_test_util.h"
 #include "core/error.h"
 #include "tools/logs.h"
-#include "train/metrics.h"
+#include "record/metrics.h"
 
 #include <gtest/gtest.h>
 

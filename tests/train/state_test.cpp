@@ -13,7 +13,7 @@
 #include "parallel/parallelize.h"
 #include "test_util.h"
 #include "train/build.h"
-#include "train/memory_profile.h"
+#include "record/memory_profile.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
 // The Magistral data path: chat template + labels, LLaMA-Factory truncation, the image-token check,
 // greedy_knapsack, and the "huggingface" dataset + "pixtral" collator on `fixture mistral3` data
 // (byte-level tekken: an ordinary byte b has id 20 + b).
-#include "train/config.h"
+#include "config/config.h"
 #include "data/chat/mistral_chat.h"
 #include "data/conversation/conversation_dataset.h"
 #include "data/conversation/vlm_collator.h"

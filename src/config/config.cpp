@@ -1,0 +1,150 @@
+// The run config (contract in config.h): the seven sections mounted on one schema, the world-size
+// checks (the degrees themselves are parallel/parallel_dims.h's), and the one list of seed keys mmtrain reads but does not implement.
+#include "config/config.h"
+
+#include "core/config_schema.h"
+#include "core/error.h"
+#include "core/regular_file.h"
+#include "core/suggest.h"
+#include "data/dataset.h"
+#include "models/model_spec.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace mmtrain {
+namespace {
+
+void declare_config(ConfigSection<Config>& root) {
+  root.section("parallel", &Config::parallel, ParallelConfig::declare)
+      .section("model", &Config::model, ModelConfig::declare)
+      .section("data", &Config::data, DataConfig::declare)
+      .section("features", &Config::features, FeaturesConfig::declare)
+      .section("training", &Config::training, TrainingConfig::declare)
+      .section("logging", &Config::logging, LoggingConfig::declare)
+      .section("tools", &Config::tools, ToolsConfig::declare);
+}
+
+const ConfigSchema& schema() {
+  static const ConfigSchema instance = [] {
+    ConfigSchema s;
+    auto root = s.root<Config>();
+    declare_config(root);
+    return s;
+  }();
+  return instance;
+}
+
+// Seed keys mmtrain reads but does not implement. Each must keep the value a default Config
+// holds, or `train` refuses the run naming the key: accepting a key and ignoring it would be a
+// silent lie. docs/config.md marks the same keys.
+struct Unimplemented {
+  const char* path;
+  const char* needs;
+};
+const Unimplemented kUnimplemented[] = {
+    {"parallel.tensor_parallel_size", "tensor parallelism"},
+    {"parallel.expert_parallel_size", "expert parallelism"},
+    {"parallel.expert_fully_shard_parallel_size", "expert FSDP (expert parallelism)"},
+    {"parallel.fsdp_plan.ignored_modules", "unsharded modules"},
+    {"model.enable_gradient_checkpointing", "model-internal checkpointing (features.recompute does this)"},
+    {"features.loss_cfg.loss_type", "a loss reduction other than the model's own ('raw')"},
+    {"features.recompute_plan.use_reentrant",
+     "non-reentrant recompute (mmtrain's recompute is the reentrant form; the gradients are the same)"},
+    {"training.adam_fused", "ATen's fused AdamW kernel"},
+    {"tools.profile.with_stack",
+     "Python stack frames in the trace (mmtrain has none: its phase, FSDP-unit and op scopes nest instead)"},
+};
+
+// A seed plugin path ("mindspeed_mm/fsdp/models/<model>/<model>_fsdp2") is there to register a
+// model or dataset; mmtrain has them built in, so each entry must name one of those.
+void check_plugins(const Config& c) {
+  std::vector<std::string> known = model_spec_registry().names();
+  for (const auto& name : dataset_registry().names()) known.push_back(name);
+  for (size_t i = 0; i < c.training.plugin.size(); ++i) {
+    const auto& entry = c.training.plugin[i];
+    const std::string last = std::filesystem::path(entry).filename().string();
+    bool found = false;
+    for (const auto& name : known) found = found || last.rfind(name, 0) == 0;
+    if (!found)
+      fail("config ", c.source_path, ": training.plugin[", i, "]: '", entry,
+           "' names no model or dataset built into mmtrain (plugins only register them; mmtrain has ",
+           join_names(known), ")");
+  }
+}
+
+}  // namespace
+
+Config config_from_yaml_string(const std::string& text, const std::string& source_name,
+                               const std::vector<std::string>& overrides) {
+  Config config;
+  config.source_path = source_name;
+  schema().load(&config, text, source_name, overrides);
+  return config;
+}
+
+Config config_load(const std::string& path, const std::vector<std::string>& overrides) {
+  require_regular_file(path, "config " + path, "a YAML file");
+  std::ifstream in(path);
+  std::ostringstream text;
+  if (in) text << in.rdbuf();
+  if (!in) fail("config ", path, ": expected a readable YAML file, found one that cannot be read");
+  return config_from_yaml_string(text.str(), path, overrides);
+}
+
+nlohmann::json config_to_json(const Config& config) { return schema().to_json(&config); }
+
+ParallelDims config_check_world(const Config& c, int world_size) {
+  const ParallelDims dims = parallel_dims(c.parallel, world_size, "config " + c.source_path + ": ");
+  config_accumulation(c, dims);
+  return dims;
+}
+
+int config_accumulation(const Config& c, const ParallelDims& dims) {
+  const std::string where = "config " + c.source_path + ": ";
+  const auto& t = c.training;
+  const int64_t per_micro = int64_t{t.micro_batch_size} * dims.dp();  // samples per micro-batch, all ranks
+  if (t.global_batch_size == 0) return t.gradient_accumulation_steps == 0 ? 1 : t.gradient_accumulation_steps;
+  if (t.global_batch_size % per_micro != 0)
+    fail(where, "training.global_batch_size ", t.global_batch_size, " is not a multiple of micro_batch_size * ",
+         "data-parallel size = ", t.micro_batch_size, " * ", dims.dp(), " = ", per_micro, " on this world of ",
+         dims.world, " ranks: no whole number of accumulation steps keeps it");
+  const int64_t derived = t.global_batch_size / per_micro;
+  if (t.gradient_accumulation_steps != 0 && t.gradient_accumulation_steps != derived)
+    fail(where, "training.gradient_accumulation_steps ", t.gradient_accumulation_steps,
+         " disagrees with training.global_batch_size ", t.global_batch_size, " = micro_batch_size * ",
+         "gradient_accumulation_steps * data-parallel size = ", t.micro_batch_size, " * ", derived, " * ", dims.dp(),
+         " on this world: set one of them (gradient_accumulation_steps 0 derives it)");
+  return static_cast<int>(derived);
+}
+
+int64_t config_global_batch(const Config& c, const ParallelDims& dims) {
+  return int64_t{c.training.micro_batch_size} * config_accumulation(c, dims) * dims.dp();
+}
+
+ParallelDims config_resolve_world(Config& c, int world_size) {
+  const ParallelDims dims = parallel_dims(c.parallel, world_size, "config " + c.source_path + ": ");
+  c.training.gradient_accumulation_steps = config_accumulation(c, dims);
+  return dims;
+}
+
+ParallelDims config_check_supported(const Config& c, int world_size) {
+  const ParallelDims dims = config_check_world(c, world_size);
+  const std::string where = "config " + c.source_path + ": ";
+  const Config defaults;
+  for (const auto& key : kUnimplemented) {
+    const auto value = schema().value(&c, key.path), fallback = schema().value(&defaults, key.path);
+    if (value != fallback)
+      fail(where, key.path, ": ", value.dump(), " needs ", key.needs, ", which mmtrain does not implement yet; ",
+           "use the default (", fallback.dump(), ")");
+  }
+  if (!c.training.offload_dir.empty() && c.training.optimizer != "adamw_swap" && !c.parallel.fsdp_plan.cpu_offload)
+    fail(where, "training.offload_dir: expected empty unless training.optimizer is adamw_swap or "
+         "parallel.fsdp_plan.cpu_offload is true (it holds their state on disk), found '", c.training.offload_dir,
+         "' with neither");
+  check_plugins(c);
+  return dims;
+}
+
+}  // namespace mmtrain

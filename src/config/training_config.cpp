@@ -1,0 +1,82 @@
+#include "config/training_config.h"
+
+#include "core/config_schema.h"
+
+namespace mmtrain {
+
+void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
+  using T = TrainingConfig;
+  s.field("micro_batch_size", &T::micro_batch_size)
+      .field("gradient_accumulation_steps", &T::gradient_accumulation_steps)
+      .field("global_batch_size", &T::global_batch_size)
+      .field("seed", &T::seed)
+      .field("lr", &T::lr)
+      .field("lr_min", &T::lr_min)
+      .field("lr_warmup_ratio", &T::lr_warmup_ratio)
+      .field("lr_decay_style", &T::lr_decay_style)
+      .field("weight_decay", &T::weight_decay)
+      .field("adam_beta1", &T::adam_beta1)
+      .field("adam_beta2", &T::adam_beta2)
+      .field("adam_eps", &T::adam_eps)
+      .field("clip_grad", &T::clip_grad)
+      .field("train_iters", &T::train_iters)
+      .field("optimizer", &T::optimizer)
+      .field("mem_fraction_static", &T::mem_fraction_static)
+      .field("offload_dir", &T::offload_dir)
+      .field("adam_fused", &T::adam_fused)
+      .field("init_model_with_meta_device", &T::init_model_with_meta_device)
+      .field("load", &T::load)
+      .field("no_load_optim", &T::no_load_optim)
+      .field("no_load_rng", &T::no_load_rng)
+      .field("save", &T::save)
+      .field("save_interval", &T::save_interval)
+      .field("keep_latest_k", &T::keep_latest_k)
+      .field("archive_newer_checkpoints", &T::archive_newer_checkpoints)
+      .field("async_save", &T::async_save)
+      .field("log_interval", &T::log_interval)
+      .field("exit_interval", &T::exit_interval)
+      .field("use_deter_comp", &T::use_deter_comp)
+      .field("plugin", &T::plugin)
+      .check([](const T& t, const ConfigCheck& check) {
+        const auto number = ConfigCheck::number;
+        check.at_least("micro_batch_size", t.micro_batch_size, 1);
+        check.at_least("gradient_accumulation_steps", t.gradient_accumulation_steps, 0);
+        if (t.global_batch_size < 0)
+          check.invalid("global_batch_size", "0 (derived) or a positive integer", std::to_string(t.global_batch_size));
+        check.at_least("train_iters", t.train_iters, 0);
+        // AdamW moves a weight by about lr per step: far larger values overflow fp32 (1e38 does in
+        // the first step), and are typos rather than schedules.
+        const std::string lr_cap = "at most " + number(kMaxLearningRate) +
+                                   " (AdamW moves a weight by about lr per step; larger values overflow the fp32 "
+                                   "weights)";
+        if (!(t.lr_min >= 0.0)) check.invalid("lr_min", ">= 0", number(t.lr_min));
+        if (t.lr_min > kMaxLearningRate) check.invalid("lr_min", lr_cap, number(t.lr_min));
+        if (t.lr > kMaxLearningRate) check.invalid("lr", lr_cap, number(t.lr));
+        if (!(t.lr >= t.lr_min)) check.invalid("lr", ">= training.lr_min (" + number(t.lr_min) + ")", number(t.lr));
+        check.in_unit("lr_warmup_ratio", t.lr_warmup_ratio, true);
+        check.one_of("lr_decay_style", t.lr_decay_style, {"constant", "linear", "cosine"});
+        if (!(t.weight_decay >= 0.0)) check.invalid("weight_decay", ">= 0", number(t.weight_decay));
+        if (t.lr * t.weight_decay > 1.0)
+          check.invalid("weight_decay", "at most 1 / training.lr (" + number(1.0 / t.lr) +
+                                            "): the decay multiplies every weight by 1 - lr x weight_decay per step, "
+                                            "and below 0 flips and grows them",
+                        number(t.weight_decay));
+        check.in_unit("adam_beta1", t.adam_beta1, false);
+        check.in_unit("adam_beta2", t.adam_beta2, false);
+        if (!(t.adam_eps > 0.0)) check.invalid("adam_eps", "> 0", number(t.adam_eps));
+        if (!(t.clip_grad >= 0.0)) check.invalid("clip_grad", ">= 0 (0 = no clipping)", number(t.clip_grad));
+        check.one_of("optimizer", t.optimizer, {"adamw", "adamw_swap"});
+        if (!(t.mem_fraction_static > 0.0 && t.mem_fraction_static <= 1.0))
+          check.invalid("mem_fraction_static", "in (0, 1]", number(t.mem_fraction_static));
+        check.at_least("save_interval", t.save_interval, 0);
+        check.at_least("keep_latest_k", t.keep_latest_k, 0);
+        check.at_least("exit_interval", t.exit_interval, 0);
+        check.at_least("log_interval", t.log_interval, 1);
+        if (t.async_save && t.save.empty()) check.invalid("async_save", "false when training.save is not set", "true");
+        if (t.load == "auto" && t.save.empty())
+          check.invalid("load", "a checkpoint path, or auto together with training.save (auto resumes from it)",
+                        "auto without training.save");
+      });
+}
+
+}  // namespace mmtrain

@@ -1,0 +1,109 @@
+#include "plan/plan_estimate.h"
+
+#include "optim/swapped_moments.h"
+
+#include <c10/core/ScalarType.h>
+
+#include <algorithm>
+
+namespace mmtrain {
+
+std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_t seqlen, Module& model,
+                                            const std::vector<std::pair<int64_t, int64_t>>& images,
+                                            const std::vector<int64_t>& flops_seqlens) {
+  auto e = std::make_unique<PlanEstimate>();
+  e->images = images;
+  e->flops_seqlens = flops_seqlens;
+  e->cfg = cfg;
+  e->dims = config_check_world(cfg, world);
+  const auto& fp = cfg.parallel.fsdp_plan;
+  const auto& id = cfg.model.model_id;
+  e->spec = &model_spec(id, "config " + cfg.source_path + ": model.model_id");
+  e->plan = fsdp_memory_plan(model, fp, e->dims.fsdp());
+  e->recompute = cfg.features.recompute && !cfg.features.recompute_plan.apply_modules.empty();
+  e->seqlen = seqlen > 0 ? seqlen : e->spec->default_seqlen;
+  e->micro = cfg.training.micro_batch_size;
+  // Token-budget micro-batches (data.dataloader_param.micro_batch_tokens) hold up to the budget
+  // whatever the samples' lengths: the activations are those of one packed micro-batch of that
+  // many tokens (seqlen still times the samples' FLOPs).
+  const int64_t budget = cfg.data.loader.micro_batch_tokens;
+  const int64_t act_seqlen = budget > 0 ? budget : e->seqlen, act_micro = budget > 0 ? 1 : e->micro;
+  // Context parallelism splits a micro-batch's packed tokens over the CP ranks (padded to a
+  // multiple of the degree): the activations are those of the local tokens.
+  const int ring = e->dims.ring, ulysses = e->dims.ulysses, cp = e->dims.cp();
+  e->tokens_per_rank = (act_micro * act_seqlen + cp - 1) / cp;
+  if (!e->spec->activations)
+    e->no_activations = "no activation estimator for model '" + id + "'";
+  else if (e->seqlen == 0)
+    e->no_activations = "pass --seqlen to estimate activations";
+  else if (cp == 1)
+    e->act = e->spec->activations(ActivationQuery{cfg.model.config, act_seqlen, act_micro, fp.param_dtype, images});
+  else
+    e->act = e->spec->activations(ActivationQuery{cfg.model.config, e->tokens_per_rank, 1, fp.param_dtype, images});
+  // The context-parallel buffers of one layer's attention (e = param_dtype bytes, T the local
+  // tokens, T_r = U * T the ring chunk, q/kv widths per Ulysses rank):
+  //   Ulysses: send + receive buffers of the q, k, v and output all-to-alls, 2 e T (2 q + 2 kv)
+  //   ring forward: the k/v block held and the one arriving, 2 x 2 e T_r kv, and the fp32
+  //     output accumulator 4 T_r q; backward: the same k/v pair, the fp32 dK/dV travelling
+  //     (held and arriving, 2 x 2 x 4 T_r kv) and the fp32 dQ (4 T_r q): the larger of the two.
+  if (cp > 1 && e->no_activations.empty()) {
+    const int64_t bytes = static_cast<int64_t>(c10::elementSize(fp.param_dtype)), t = e->tokens_per_rank;
+    const auto& act = e->act;
+    if (ulysses > 1) e->cp_buffer_bytes += 2 * bytes * t * (2 * act.q_width + 2 * act.kv_width);
+    if (ring > 1) {
+      const int64_t tr = ulysses * t, q = act.q_width / ulysses, kv = std::max<int64_t>(act.kv_width / ulysses, 1);
+      const int64_t forward = 2 * 2 * bytes * tr * kv + 4 * tr * q;
+      const int64_t backward = 2 * 2 * bytes * tr * kv + 2 * 2 * 4 * tr * kv + 4 * tr * q;
+      e->cp_buffer_bytes += std::max(forward, backward);
+    }
+  }
+  return e;
+}
+
+OffloadPlanInputs PlanEstimate::offload_inputs() const {
+  // The windows are those of the largest chunk; at run time training.mem_fraction_static of the
+  // free memory may make them smaller.
+  OffloadPlanInputs in;
+  in.fsdp = &plan;
+  in.other_device_bytes = cp_buffer_bytes;
+  if (no_activations.empty()) {
+    in.activation_bytes = recompute ? act.with_recompute_bytes() : act.without_recompute_bytes();
+    in.layers_kept_bytes = recompute ? act.layer_inputs_bytes : act.layers_full_bytes;
+    in.num_layers = act.num_layers;
+  }
+  in.window_bytes =
+      SwappedMoments::window_bytes_for(SwappedMoments::chunk_numel_for(1.0, std::nullopt, plan.largest_shard_numel()));
+  return in;
+}
+
+StepTimeInputs PlanEstimate::step_inputs(int devices_per_node, bool* flops) const {
+  StepTimeInputs in;
+  in.fsdp = &plan;
+  in.dims = dims;
+  in.devices_per_node = devices_per_node;
+  in.micro_batch_size = micro;
+  in.accumulation = config_accumulation(cfg, dims);
+  in.recompute = recompute;
+  in.offload = OffloadSetting::of(cfg);
+  *flops = spec->flops && seqlen > 0;
+  if (*flops) {
+    FlopsQuery query;
+    query.seqlens = flops_seqlens.empty() ? std::vector<int64_t>{seqlen} : flops_seqlens;
+    if (flops_seqlens.empty()) query.images = images;  // the images of one sample
+    const FlopsReport report = spec->flops(cfg.model.config, query);
+    in.attention_flops_per_sample = report.attention_flops_per_sample;
+    in.gemm_flops_per_sample = report.flops_per_sample - report.attention_flops_per_sample;
+  }
+  if (act.num_layers > 0) {
+    in.tokens_per_rank = act.tokens;
+    in.q_width = act.q_width;
+    in.kv_width = act.kv_width;
+    in.num_layers = act.num_layers;
+    // Activation offload sends n - 1 of the n layers' kept tensors (plan/offload_plan.h).
+    const int64_t kept = recompute ? act.layer_inputs_bytes : act.layers_full_bytes;
+    in.offloaded_activation_bytes = kept / act.num_layers * std::max<int64_t>(0, act.num_layers - 1);
+  }
+  return in;
+}
+
+}  // namespace mmtrain

@@ -1,0 +1,51 @@
+// What `mmtrain plan` works out for one config on one world, shared by the printed plan
+// (tools/plan.cpp), the search over configurations (tools/plan_auto.cpp) and the run's own
+// prediction (plan/run_prediction.h): the FSDP memory
+// plan, the activation estimate of the tokens each rank holds, the context-parallel buffers,
+// the inputs of the offload tiers' rules and of the step-time model.
+#pragma once
+#include "fsdp/plan.h"
+#include "models/activation_estimate.h"
+#include "models/model_spec.h"
+#include "parallel/parallel_dims.h"
+#include "config/config.h"
+#include "plan/offload_plan.h"
+#include "plan/step_time.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace mmtrain {
+
+struct PlanEstimate {
+  Config cfg;
+  ParallelDims dims;
+  const ModelSpec* spec = nullptr;
+  FsdpMemoryPlan plan;
+  bool recompute = false;
+  int64_t seqlen = 0, micro = 1, tokens_per_rank = 0;
+  std::vector<std::pair<int64_t, int64_t>> images;  // (H, W) of each image of one sample
+  std::vector<int64_t> flops_seqlens;  // the samples the step time averages over; empty: {seqlen}
+  ActivationEstimate act;
+  std::string no_activations;     // why there is no activation estimate; "" when there is one
+  int64_t cp_buffer_bytes = 0;    // one layer's context-parallel attention buffers
+
+  // offload_tier_bytes' inputs (they point into this estimate: do not copy it after asking).
+  OffloadPlanInputs offload_inputs() const;
+  // The step-time model's inputs, without the FLOPs when the model has no formula (flops false).
+  StepTimeInputs step_inputs(int devices_per_node, bool* flops) const;
+};
+
+// The estimate for cfg on `world` ranks; seqlen 0 = the model's default; images: (H, W) in pixels
+// of each image of one sample (its tokens are in seqlen), for a model with a vision tower;
+// flops_seqlens: the lengths of a data set's samples (plan/length_mix.h), whose mean FLOPs time
+// the step while seqlen (their longest) sizes the memory. model: built from cfg.model (shapes
+// only), reused across estimates of one model.
+std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_t seqlen, Module& model,
+                                            const std::vector<std::pair<int64_t, int64_t>>& images = {},
+                                            const std::vector<int64_t>& flops_seqlens = {});
+
+}  // namespace mmtrain

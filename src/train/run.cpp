@@ -1,0 +1,144 @@
+#include "train/run.h"
+
+#include "core/error.h"
+#include "core/text.h"
+#include "offload/host_store.h"
+#include "plan/device_profile.h"
+#include "plan/offload_plan.h"
+#include "plan/preflight.h"
+#include "record/metrics.h"
+#include "train/build.h"
+#include "train/run_save.h"
+
+#include <ATen/Context.h>
+
+#include <algorithm>
+#include <cstdio>
+
+namespace mmtrain {
+
+void Run::log(const std::string& message) const {
+  if (is_rank0()) std::printf("[mmtrain] %s\n", message.c_str());
+  std::fflush(stdout);
+}
+
+// The copies and the shard pager count themselves (OffloadStats); the disk tier's bytes are its
+// store's, and the moments' waits for it are theirs.
+OffloadCounts Run::offload_counts() const {
+  tiers->stats->settle_device_waits();
+  OffloadCounts counts = tiers->stats->snapshot();
+  if (tiers->disk) {
+    counts.disk_read_bytes = tiers->disk->bytes_read();
+    counts.disk_written_bytes = tiers->disk->bytes_written();
+    if (const auto* swapped = adamw->swapped_moments())
+      counts.disk_wait_us += static_cast<int64_t>(swapped->wait_ms() * 1000.0);
+  }
+  return counts;
+}
+
+std::string Run::describe_data_order() const {
+  const auto& sampler = data.sampler;
+  const auto& loader = config.data.loader;
+  std::string text = "data: " + std::to_string(sampler.options().num_samples) + " samples, global batch " +
+                     std::to_string(sampler.global_batch_size()) + ", " +
+                     (loader.shuffle ? "shuffled every epoch" : "in dataset order") + ", " +
+                     std::to_string(sampler.steps_per_epoch()) + " full steps per epoch" +
+                     (loader.drop_last ? " (the rest of each epoch dropped)" : " (batches run on into the next epoch)");
+  if (loader.micro_batch_tokens > 0)
+    text += ", micro-batches of at most " + std::to_string(loader.micro_batch_tokens) + " tokens" +
+            (loader.balance_dp ? " balanced over the data-parallel ranks by predicted FLOPs" : " packed by tokens, not balanced") +
+            " (the loss normalized over each global batch)";
+  text += loader.num_workers > 0 ? ", " + std::to_string(loader.num_workers) + " loader threads" : ", loaded inline";
+  return text;
+}
+
+std::string Run::describe_step_samples(int64_t step) const {
+  const auto& sampler = data.sampler;
+  const int64_t first = sampler.step_begin(step), count = sampler.global_batch_size();
+  std::string text = "stream positions " + std::to_string(first) + "-" + std::to_string(first + count - 1) +
+                     " (epoch " + std::to_string(sampler.epoch_of_step(step)) + "; `mmtrain debug collate --step " +
+                     std::to_string(step) + "` reads them):";
+  constexpr int64_t kShown = 8;
+  for (int64_t i = 0; i < std::min(count, kShown); ++i)
+    text += (i ? ", " : " ") + data.dataset->describe(sampler.sample_at(first + i));
+  if (count > kShown) text += ", and " + std::to_string(count - kShown) + " more";
+  return text;
+}
+
+namespace {
+
+// training.optimizer adamw_swap: the AdamW moments go to the host tier, or to this rank's file
+// under offload_dir (which cpu_offload uses for them too), and pass through windows where the
+// update runs (the shards' device).
+void offload_moments(Run& run) {
+  std::shared_ptr<TierStore> store = run.tiers->disk;
+  if (!store)
+    store = std::make_shared<HostStore>(
+        run.tiers->host_pool, std::make_shared<CopyStream>(run.fsdp->shard_device(), run.tiers->stats, run.tiers->host_pool));
+  int64_t largest = 0;
+  for (const auto* unit : run.fsdp->units()) largest = std::max(largest, unit->shard_flat.numel());
+  // Never in memory first.
+  run.adamw->offload_moments(store, adamw_offload_chunk_numel(run.config.training, run.runtime.device, largest));
+  const auto* swapped = run.adamw->swapped_moments();
+  run.log(format("AdamW moments %s (%.1f MiB per rank), through %.1f MiB of windows "
+                 "(chunks of %lld elements)",
+                 store->describe().c_str(), store->size() / 1048576.0, swapped->window_bytes() / 1048576.0,
+                 static_cast<long long>(swapped->chunk_numel())));
+}
+
+}  // namespace
+
+void build_run(Run& r) {
+  Comm& comm = r.comm();
+  config_resolve_world(r.config, comm.world_size());  // accumulation derived from a pinned global batch
+  const auto& c = r.config;
+  const ParallelDims dims = config_check_supported(c, comm.world_size());
+  // Before any model tensor exists, so that the counting allocator sees all of them.
+  if (c.tools.memory_profile.enable && comm.device().is_cuda())
+    fail("config ", c.source_path, ": tools.memory_profile counts CPU tensor memory; on CUDA use "
+         "tools.profile.with_memory (the caching allocator's events) instead");
+  r.memory_profile = std::make_unique<MemoryProfile>(c.tools.memory_profile);
+  // Deterministic kernels only (an op without one raises); the CPU kernels and the Gloo sums
+  // used here are deterministic anyway, this matters on CUDA.
+  if (c.training.use_deter_comp) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  // The process's default generators (CPU, and CUDA's): mmtrain's own randomness takes explicit
+  // generators, but a plugin or an op called without one draws from these, and a checkpoint saves
+  // their state (cpu_rng_state): a function of training.seed and the rank, never of the process.
+  // A resume restores the saved state over it.
+  at::manual_seed(c.training.seed * 1000003ULL + static_cast<uint64_t>(comm.rank()));
+  preflight_paths(c, comm.rank());
+  lock_save_root(r);
+  if (c.training.async_save) r.async_saver = std::make_unique<AsyncCheckpointSaver>(comm);
+  r.mesh = std::make_unique<DeviceMesh>(build_mesh(dims, r.runtime));
+  if (r.mesh->shape().world() > 1) r.log("device mesh " + r.mesh->describe());
+  // The data first (a bad path or file fails in seconds), then the model as shapes, checked
+  // against the memory there is before its shards are allocated.
+  r.data = build_data(c, r.mesh->dp_rank(), r.mesh->dp_size());
+  if (const auto summary = r.data.dataset->summary(); !summary.empty()) r.log(summary);
+  if (!c.logging.device_profile.empty()) load_device_profile(c.logging.device_profile);  // a bad one fails now
+  r.baseline_rss_mb = current_rss_mb();
+  r.model = build_model(c);
+  preflight_memory(c, *r.model, r.runtime.env, r.runtime.device, dims.fsdp());
+  r.tiers = OffloadTiers::make(comm.device());
+  if (!c.training.offload_dir.empty())  // the disk tier: moments, and with cpu_offload the shards
+    r.tiers->disk = std::make_shared<DiskStore>(c.training.offload_dir, comm.rank(), r.tiers->host_pool);
+  r.fsdp = parallelize_model(c, *r.model, *r.mesh, r.tiers);
+  r.adamw = make_fsdp_adamw(*r.fsdp, adamw_options(c.training), r.tiers);
+  if (OffloadSetting::of(c).swap) offload_moments(r);
+  r.schedule = LrSchedule::make(c.training.lr, c.training.lr_min, c.training.lr_warmup_ratio, c.training.train_iters,
+                                c.training.lr_decay_style);
+  const std::string trace_dir =
+      c.tools.profile.save_path.empty() ? c.logging.output_dir + "/profile" : c.tools.profile.save_path;
+  r.profiler = std::make_unique<StepProfiler>(c.tools.profile, comm.rank(), trace_dir, comm.device().is_cuda());
+  r.log(r.describe_data_order());
+  if (c.data.loader.pin_memory && !comm.device().is_cuda())
+    r.log("data.dataloader_param.pin_memory: no effect on " + comm.device().str() + " (batches are not copied)");
+
+  const auto stats = r.fsdp->memory_stats();
+  r.log(format("rank %d holds params %.2f MiB, grads %.2f MiB, optimizer state %.2f MiB (full model in param_dtype: "
+               "%.2f MiB, %zu FSDP units)",
+               comm.rank(), stats.param_bytes / 1048576.0, stats.grad_bytes / 1048576.0,
+               r.adamw->state_bytes() / 1048576.0, stats.unsharded_param_bytes / 1048576.0, r.fsdp->units().size()));
+}
+
+}  // namespace mmtrain

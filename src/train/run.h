@@ -1,0 +1,70 @@
+// Run: the pieces of one training run, built from its Config (the build phase), and the small
+// questions every phase asks of them (this rank, the log, what the offload tiers moved, which
+// samples a step reads). The trainer (train/trainer.h) owns one and passes it to each phase:
+//   build (here), start and resume (train/run_start.h), the step and its record
+//   (train/step_report.h), saving (train/run_save.h).
+#pragma once
+#include "checkpoint/async_checkpoint.h"
+#include "config/config.h"
+#include "data/data_loader.h"
+#include "dist/device_mesh.h"
+#include "dist/runtime.h"
+#include "fsdp/fully_shard.h"
+#include "models/model.h"
+#include "offload/offload_tiers.h"
+#include "optim/adamw.h"
+#include "optim/lr_schedule.h"
+#include "record/memory_profile.h"
+#include "record/profiler.h"
+#include "train/save_root_lock.h"
+#include "train/state_finite.h"
+#include "train/train_step.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace mmtrain {
+
+struct Run {
+  Config config;
+  Runtime runtime;
+  std::unique_ptr<DeviceMesh> mesh;
+  std::shared_ptr<Model> model;
+  std::shared_ptr<OffloadTiers> tiers;  // the offload features' host pool, copy stream and counters
+  std::unique_ptr<Fsdp> fsdp;
+  std::unique_ptr<AdamW> adamw;
+  LrSchedule schedule;
+  DataPipeline data;
+  std::unique_ptr<MemoryProfile> memory_profile;
+  PhaseTimer phase_timer;  // every step: metrics.jsonl phases_ms
+  std::unique_ptr<StepProfiler> profiler;
+  std::unique_ptr<SaveRootLock> save_lock;  // rank 0, while training.save is set
+  std::unique_ptr<AsyncCheckpointSaver> async_saver;  // training.async_save
+  int64_t start_step = 0;  // optimizer steps already taken
+  std::string lineage;     // this run's line of checkpoints (sharded_checkpoint.h): continued on resume
+  StateFiniteness finiteness;  // whether a step made a weight NaN/Inf (train/state_finite.h)
+  double baseline_rss_mb = 0;  // before the model is built: the runtime and the data pipeline
+
+  Comm& comm() const { return *runtime.comm; }
+  bool is_rank0() const { return runtime.env.rank == 0; }
+  // A line on rank 0's console, "[mmtrain] message".
+  void log(const std::string& message) const;
+
+  // What the offload tiers have moved so far, and the time waited on them.
+  OffloadCounts offload_counts() const;
+  // The run's data order in one line (samples, global batch, shuffle, token budget, loader).
+  std::string describe_data_order() const;
+  // The samples of step `step` (0-based) over all ranks, for a failure's message: their stream
+  // positions and the first few samples by what the dataset calls them (a file, a record).
+  std::string describe_step_samples(int64_t step) const;
+};
+
+// The build phase: the world resolved and checked, the pre-flight, the save root locked, the mesh,
+// the data (first: a bad path fails in seconds), the model as shapes checked against the memory
+// there is, the offload tiers, the parallelize chain, AdamW, the schedule and the profilers.
+// Weights are not loaded yet (train/run_start.h decides between a resume and initial weights).
+// run.config and run.runtime are set; fills in the rest.
+void build_run(Run& run);
+
+}  // namespace mmtrain
