@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/regular_file.h"
 #include "core/suggest.h"
+#include "io/user_file.h"
 #include "data/dataset.h"
 #include "models/model_spec.h"
 
@@ -86,11 +87,7 @@ Config config_from_yaml_string(const std::string& text, const std::string& sourc
 
 Config config_load(const std::string& path, const std::vector<std::string>& overrides) {
   require_regular_file(path, "config " + path, "a YAML file");
-  std::ifstream in(path);
-  std::ostringstream text;
-  if (in) text << in.rdbuf();
-  if (!in) fail("config ", path, ": expected a readable YAML file, found one that cannot be read");
-  return config_from_yaml_string(text.str(), path, overrides);
+  return config_from_yaml_string(read_user_file(path, "config " + path, kMaxConfigFileBytes), path, overrides);
 }
 
 nlohmann::json config_to_json(const Config& config) { return schema().to_json(&config); }
@@ -143,8 +140,22 @@ ParallelDims config_check_supported(const Config& c, int world_size) {
     fail(where, "training.offload_dir: expected empty unless training.optimizer is adamw_swap or "
          "parallel.fsdp_plan.cpu_offload is true (it holds their state on disk), found '", c.training.offload_dir,
          "' with neither");
+  config_check_token_budget(c);
+  const auto& t = c.training;
+  if ((t.eval_interval > 0 || t.eval_at_start) && c.data.validation.empty() && c.data.validation_split == 0.0)
+    fail(where, "training.eval_interval ", t.eval_interval, t.eval_at_start ? " with eval_at_start" : "",
+         " needs a validation set: set data.validation (a data set section) or data.validation_split (a fraction "
+         "held out of the training set)");
   check_plugins(c);
   return dims;
+}
+
+void config_check_token_budget(const Config& c) {
+  const auto& loader = c.data.loader;
+  if (loader.micro_batch_tokens > 0 && c.training.micro_batch_size != 1)
+    fail("config ", c.source_path, ": data.dataloader_param.micro_batch_tokens ", loader.micro_batch_tokens,
+         " and training.micro_batch_size ", c.training.micro_batch_size, " both size the micro-batches: with a token "
+         "budget leave micro_batch_size at 1 and give the samples per step as training.global_batch_size");
 }
 
 }  // namespace mmtrain

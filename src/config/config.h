@@ -68,5 +68,8 @@ ParallelDims config_resolve_world(Config& config, int world_size);
 // training.plugin against the built-in models and datasets. `train` and `debug step` call it;
 // `plan` does not (it can plan layouts mmtrain cannot run). Returns the degrees.
 ParallelDims config_check_supported(const Config& config, int world_size);
+// A token budget (data.dataloader_param.micro_batch_tokens) sizes the micro-batches itself:
+// training.micro_batch_size must stay 1 (an error naming both keys otherwise).
+void config_check_token_budget(const Config& config);
 
 }  // namespace mmtrain

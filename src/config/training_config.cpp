@@ -37,6 +37,11 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
       .field("exit_interval", &T::exit_interval)
       .field("use_deter_comp", &T::use_deter_comp)
       .field("plugin", &T::plugin)
+      .field("eval_interval", &T::eval_interval)
+      .field("eval_iters", &T::eval_iters)
+      .field("eval_at_start", &T::eval_at_start)
+      .field("eval_batch_size", &T::eval_batch_size)
+      .field("eval_timesteps", &T::eval_timesteps)
       .check([](const T& t, const ConfigCheck& check) {
         const auto number = ConfigCheck::number;
         check.at_least("micro_batch_size", t.micro_batch_size, 1);
@@ -72,6 +77,20 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
         check.at_least("keep_latest_k", t.keep_latest_k, 0);
         check.at_least("exit_interval", t.exit_interval, 0);
         check.at_least("log_interval", t.log_interval, 1);
+        check.at_least("eval_interval", t.eval_interval, 0);
+        if (t.eval_iters != -1 && t.eval_iters < 1)
+          check.invalid("eval_iters", "a number of global batches >= 1, or -1 (one full pass over the validation set)",
+                        std::to_string(t.eval_iters));
+        check.at_least("eval_batch_size", t.eval_batch_size, 0);
+        if (t.eval_timesteps.empty()) check.invalid("eval_timesteps", "at least one quantile in (0, 1)", "[]");
+        for (size_t i = 0; i < t.eval_timesteps.size(); ++i) {
+          const double q = t.eval_timesteps[i];
+          if (!(q > 0.0 && q < 1.0))
+            check.invalid("eval_timesteps", "quantiles in (0, 1) of the training timestep distribution", number(q));
+          if (i > 0 && !(q > t.eval_timesteps[i - 1]))
+            check.invalid("eval_timesteps", "increasing quantiles without duplicates", number(q) + " after " +
+                                                                                        number(t.eval_timesteps[i - 1]));
+        }
         if (t.async_save && t.save.empty()) check.invalid("async_save", "false when training.save is not set", "true");
         if (t.load == "auto" && t.save.empty())
           check.invalid("load", "a checkpoint path, or auto together with training.save (auto resumes from it)",

@@ -47,6 +47,13 @@ struct TrainingConfig {
   int64_t exit_interval = 0;                   // stop (after saving) once iteration % this == 0; 0 = never
   bool use_deter_comp = false;                 // deterministic kernels only
   std::vector<std::string> plugin;             // seed plugin paths: each must name a built-in model or dataset
+  // Held-out evaluation (train/evaluate.h; data.validation or data.validation_split):
+  int64_t eval_interval = 0;                   // evaluate after every N steps; 0 = never (Megatron --eval-interval)
+  int64_t eval_iters = -1;                     // global batches per evaluation; -1 = one full pass (Megatron --eval-iters)
+  bool eval_at_start = false;                  // also evaluate before the first step
+  int eval_batch_size = 0;                     // samples per rank per micro-batch; 0 = micro_batch_size
+  // A diffusion model's fixed timesteps, as quantiles of the training distribution (sorted, in (0, 1)).
+  std::vector<double> eval_timesteps = {0.1, 0.3, 0.5, 0.7, 0.9};
 
   static void declare(ConfigSection<TrainingConfig>& section);
 };

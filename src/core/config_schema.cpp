@@ -296,6 +296,15 @@ std::vector<int> IntListCodec::read(const YAML::Node& n, const ConfigPlace& at) 
   return items;
 }
 
+std::vector<double> DoubleListCodec::read(const YAML::Node& n, const ConfigPlace& at) {
+  if (!n.IsDefined() || n.IsNull()) return {};
+  if (!n.IsSequence()) type_error(at, n, "a list of numbers");
+  std::vector<double> items;
+  for (std::size_t k = 0; k < n.size(); ++k)
+    items.push_back(DoubleCodec::read(n[k], at.at(at.path + "[" + std::to_string(k) + "]")));
+  return items;
+}
+
 at::ScalarType DtypeCodec::read(const YAML::Node& n, const ConfigPlace& at) {
   const auto dtype = n.IsScalar() ? dtype_parse(n.Scalar()) : std::nullopt;
   if (!dtype) type_error(at, n, "a dtype: fp32, float32, bf16, bfloat16, fp16 or float16");

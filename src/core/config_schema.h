@@ -86,6 +86,10 @@ struct IntListCodec {
   static std::vector<int> read(const YAML::Node& node, const ConfigPlace& at);
   static nlohmann::json write(const std::vector<int>& value) { return value; }
 };
+struct DoubleListCodec {
+  static std::vector<double> read(const YAML::Node& node, const ConfigPlace& at);
+  static nlohmann::json write(const std::vector<double>& value) { return value; }
+};
 // fp32|float32|bf16|bfloat16|fp16|float16, written back as fp32 / bf16 / fp16.
 struct DtypeCodec {
   static at::ScalarType read(const YAML::Node& node, const ConfigPlace& at);
@@ -107,6 +111,7 @@ template <> struct DefaultCodec<bool> { using type = BoolCodec; };
 template <> struct DefaultCodec<std::string> { using type = StringCodec; };
 template <> struct DefaultCodec<std::vector<std::string>> { using type = StringListCodec; };
 template <> struct DefaultCodec<std::vector<int>> { using type = IntListCodec; };
+template <> struct DefaultCodec<std::vector<double>> { using type = DoubleListCodec; };
 template <> struct DefaultCodec<at::ScalarType> { using type = DtypeCodec; };
 template <> struct DefaultCodec<nlohmann::json> { using type = JsonMapCodec; };
 

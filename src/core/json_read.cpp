@@ -2,6 +2,8 @@
 
 #include "core/error.h"
 
+#include <cmath>
+
 namespace mmtrain {
 namespace {
 
@@ -50,6 +52,22 @@ nlohmann::json json_parse_checked(const std::string& text, const std::string& so
 
 nlohmann::ordered_json ordered_json_parse_checked(const std::string& text, const std::string& source) {
   return parse_checked<nlohmann::ordered_json>(text, source);
+}
+
+std::string json_string(const nlohmann::json& object, const std::string& key, const std::string& where) {
+  if (!object.is_object() || !object.contains(key)) fail(where, ": '", key, "' is missing");
+  const auto& value = object[key];
+  if (!value.is_string()) fail(where, ": '", key, "' must be a string, found ", value.dump());
+  return value.get<std::string>();
+}
+
+double json_finite(const nlohmann::json& object, const std::string& key, const std::string& where) {
+  if (!object.is_object() || !object.contains(key)) fail(where, ": '", key, "' is missing");
+  const auto& value = object[key];
+  if (!value.is_number()) fail(where, ": '", key, "' must be a number, found ", value.dump());
+  const double x = value.get<double>();
+  if (!std::isfinite(x)) fail(where, ": '", key, "' must be finite, found ", value.dump());
+  return x;
 }
 
 }  // namespace mmtrain

@@ -20,4 +20,10 @@ int json_nesting_depth(const std::string& text, int limit = kMaxJsonDepth);
 nlohmann::json json_parse_checked(const std::string& text, const std::string& source);
 nlohmann::ordered_json ordered_json_parse_checked(const std::string& text, const std::string& source);
 
+// Typed fields of an object read from elsewhere: a missing key or a value of the wrong type is an
+// Error naming where and the key ("<where>: 'name' must be a string, found 5"), never nlohmann's
+// type_error. json_finite also refuses NaN/Inf (JSON has none, but a parser extension might).
+std::string json_string(const nlohmann::json& object, const std::string& key, const std::string& where);
+double json_finite(const nlohmann::json& object, const std::string& key, const std::string& where);
+
 }  // namespace mmtrain

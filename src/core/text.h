@@ -16,6 +16,10 @@ std::string shape_str(const std::vector<int64_t>& shape);
 std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 // {50, 70} -> "50,70" (separator ","): lists of lengths in tool output.
 std::string join_ints(const std::vector<int64_t>& values, const std::string& separator = ",");
+// s with control characters other than newline and tab escaped ("\x1b", "\r"): a message that
+// quotes names from a file (keys, paths) prints them without letting them move the cursor, clear
+// the screen or forge a line of the log.
+std::string printable(const std::string& s);
 // {"a", "b"} -> "a, b" (separator ", ").
 std::string join(const std::vector<std::string>& values, const std::string& separator = ", ");
 

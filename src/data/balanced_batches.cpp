@@ -1,5 +1,6 @@
 #include "data/balanced_batches.h"
 
+#include "core/checked_math.h"
 #include "core/error.h"
 #include "core/statistics.h"
 
@@ -117,8 +118,10 @@ double StepSplit::budget_fill() const {
 }
 
 StepSplit split_step(const std::vector<SampleLoad>& samples, int dp_world, int64_t budget_tokens, bool balance,
-                     bool skip_over_budget, const std::function<std::string(int64_t)>& describe) {
+                     bool skip_over_budget, const std::function<std::string(int64_t)>& describe,
+                     const std::string& step_name) {
   if (budget_tokens < 1) fail("micro_batch_tokens must be >= 1, found ", budget_tokens);
+  const std::string step = step_name.empty() ? "the step" : step_name;
   StepSplit split;
   std::vector<int64_t> kept;
   for (int64_t p = 0; p < static_cast<int64_t>(samples.size()); ++p) {
@@ -135,11 +138,12 @@ StepSplit split_step(const std::vector<SampleLoad>& samples, int dp_world, int64
   }
   const auto count = static_cast<int64_t>(kept.size());
   if (dp_world < 1 || count < dp_world)
-    fail("micro_batch_tokens: a step's ", count, " samples", split.skipped.empty() ? "" : " (after skipping those over the budget)",
+    fail("micro_batch_tokens: ", step, ": its ", count, " samples",
+         split.skipped.empty() ? "" : " (after skipping " + std::to_string(split.skipped.size()) + " over the budget)",
          " cannot give each of ", dp_world, " data-parallel rank(s) a micro-batch");
   split.budget_tokens = budget_tokens;
   for (int64_t p : kept) {
-    split.tokens += samples[p].tokens;
+    split.tokens = checked_add(split.tokens, samples[p].tokens, "micro_batch_tokens: " + step + "'s tokens");
     split.max_sample_cost = std::max(split.max_sample_cost, samples[p].cost);
   }
   split.micro_batches.assign(dp_world, {});
@@ -156,7 +160,7 @@ StepSplit split_step(const std::vector<SampleLoad>& samples, int dp_world, int64
   std::vector<Bin> bins = first_fit_decreasing(samples, kept, budget_tokens);
   while (bins.size() % static_cast<size_t>(dp_world) != 0)
     if (!split_one(bins, samples))  // only with skipped samples: G itself is a multiple of the world
-      fail("micro_batch_tokens: the step's ", count, " samples left after skipping ", split.skipped.size(),
+      fail("micro_batch_tokens: ", step, ": its ", count, " samples left after skipping ", split.skipped.size(),
            " over the budget each need a micro-batch of their own, and ", count, " micro-batches do not split evenly "
            "over ", dp_world, " data-parallel ranks (raise the budget)");
   const size_t per_rank = bins.size() / static_cast<size_t>(dp_world);

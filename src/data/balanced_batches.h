@@ -54,8 +54,10 @@ struct StepSplit {
 // A sample whose tokens exceed the budget is skipped (listed in `skipped`) with skip_over_budget,
 // else refused naming it (describe(position), or "sample <position> of the step") and both
 // numbers. Throws when fewer samples than ranks remain, or when the remaining ones cannot make the
-// same micro-batch count on every rank.
+// same micro-batch count on every rank, naming the step as step_name says ("iteration 5 (stream
+// positions 64-95)"; "the step" when empty).
 StepSplit split_step(const std::vector<SampleLoad>& samples, int dp_world, int64_t budget_tokens, bool balance,
-                     bool skip_over_budget = false, const std::function<std::string(int64_t)>& describe = {});
+                     bool skip_over_budget = false, const std::function<std::string(int64_t)>& describe = {},
+                     const std::string& step_name = "");
 
 }  // namespace mmtrain

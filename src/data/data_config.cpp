@@ -1,5 +1,6 @@
 #include "data/data_config.h"
 
+#include "core/checked_math.h"
 #include "core/config_schema.h"
 #include "core/error.h"
 
@@ -49,6 +50,9 @@ void LoaderConfig::declare(ConfigSection<LoaderConfig>& s) {
         check.at_least("num_workers", l.num_workers, 0);
         check.at_least("prefetch_factor", l.prefetch_factor, 1);
         check.at_least("micro_batch_tokens", l.micro_batch_tokens, 0);
+        if (l.micro_batch_tokens > kMaxTokens)
+          check.invalid("micro_batch_tokens", "at most 2^32 (" + std::to_string(kMaxTokens) + ") tokens",
+                        std::to_string(l.micro_batch_tokens));
         check.one_of("over_budget_samples", l.over_budget_samples, {"error", "skip"});
         // Both shape token-budget micro-batches only: without a budget they would mean nothing.
         if (l.micro_batch_tokens == 0 && !l.balance_dp)
@@ -65,7 +69,30 @@ void LoaderConfig::declare(ConfigSection<LoaderConfig>& s) {
 void DataConfig::declare(ConfigSection<DataConfig>& s) {
   s.field("dataset_param", &DataConfig::dataset_param)
       .section("dataloader_param", &DataConfig::loader, LoaderConfig::declare)
-      .derive(derive_names);
+      .field("validation", &DataConfig::validation)
+      .field("validation_split", &DataConfig::validation_split)
+      .derive(derive_names)
+      .check([](const DataConfig& d, const ConfigCheck& check) {
+        if (!d.validation.is_object()) check.invalid("validation", "a data set section (a map)", d.validation.dump());
+        if (!(d.validation_split >= 0.0 && d.validation_split < 1.0))
+          check.invalid("validation_split", "a fraction in (0, 1) held out of the training set (0: none)",
+                        ConfigCheck::number(d.validation_split));
+        if (!d.validation.empty() && d.validation_split > 0.0)
+          check.invalid("validation_split", "0 when data.validation names a validation set (one or the other)",
+                        ConfigCheck::number(d.validation_split));
+        if (d.validation.contains("dataset_type") && !d.validation["dataset_type"].is_string())
+          check.invalid("validation.dataset_type", "a data set type (a string)", d.validation["dataset_type"].dump());
+      });
+}
+
+DataConfig DataConfig::validation_data() const {
+  DataConfig out = *this;
+  out.dataset_param = validation;
+  if (!out.dataset_param.contains("dataset_type")) out.dataset_param["dataset_type"] = dataset_type;
+  out.dataset_type = out.dataset_param["dataset_type"].get<std::string>();
+  out.validation = nlohmann::json::object();
+  out.validation_split = 0.0;
+  return out;
 }
 
 }  // namespace mmtrain

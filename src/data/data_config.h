@@ -39,6 +39,16 @@ struct DataConfig {
   nlohmann::json dataset_param = nlohmann::json::object();  // the whole dataset_param map
   std::string collate_model_name;  // collate_param.model_name or collator_id (collator registry name)
   LoaderConfig loader;             // data.dataloader_param
+  // The held-out set evaluation reads (train/evaluate.h), one of:
+  //   validation        a data set section like dataset_param (its own path; dataset_type defaults
+  //                     to the training set's); empty: none
+  //   validation_split  0 < F < 1: the fraction of the training set held out, chosen from
+  //                     training.seed, which training then never reads; 0: none
+  nlohmann::json validation = nlohmann::json::object();
+  double validation_split = 0.0;
+
+  // data with dataset_type / dataset_param replaced by the validation section's (validation set).
+  DataConfig validation_data() const;
 
   static void declare(ConfigSection<DataConfig>& section);
 };

@@ -1,5 +1,7 @@
 #include "data/dataset.h"
 
+#include "core/error.h"
+
 namespace mmtrain {
 
 Registry<DatasetFactory>& dataset_registry() {
@@ -18,6 +20,10 @@ DatasetRegistration::DatasetRegistration(const std::string& name, DatasetFactory
 
 CollatorRegistration::CollatorRegistration(const std::string& name, CollatorFactory factory) {
   collator_registry().add(name, std::move(factory));
+}
+
+Batch Collator::collate_at_timestep(const std::vector<Batch>&, std::vector<at::Generator>&, double) const {
+  fail("this collator draws no timestep: it cannot collate at a fixed one (evaluation asks timestep_quantile first)");
 }
 
 }  // namespace mmtrain

@@ -39,6 +39,15 @@ class Collator {
   // Called from loader workers too; all randomness of sample b comes from generators[b] (one per
   // sample: a sample draws the same whichever micro-batch it is collated in).
   virtual Batch collate(const std::vector<Batch>& samples, std::vector<at::Generator>& generators) const = 0;
+
+  // Evaluation at fixed timesteps (a diffusion collator; train/evaluate.h). The timestep at
+  // quantile q in (0, 1) of the distribution training draws from (its shift included); nullopt
+  // when the collator draws no timestep (a language model's: evaluation is one pass).
+  virtual std::optional<double> timestep_quantile(double q) const { return std::nullopt; }
+  // collate(), every sample noised at `timestep` instead of a drawn one; its noise still comes
+  // from generators[b]. Only called when timestep_quantile gives a value.
+  virtual Batch collate_at_timestep(const std::vector<Batch>& samples, std::vector<at::Generator>& generators,
+                                    double timestep) const;
 };
 
 // Factories see the data section and the model section: a dataset may take shapes from

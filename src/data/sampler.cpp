@@ -73,15 +73,15 @@ int64_t GlobalBatchSampler::step_begin(int64_t step) const {
 }
 
 int64_t GlobalBatchSampler::micro_batches(int64_t step) const {
-  return token_budget() ? split(step).micro_batches_per_rank() : options_.gradient_accumulation_steps;
+  return token_budget() ? cached_split(step)->micro_batches_per_rank() : options_.gradient_accumulation_steps;
 }
 
 std::vector<int64_t> GlobalBatchSampler::positions(int64_t step, int64_t micro) const {
   const int64_t begin = step_begin(step);
   std::vector<int64_t> out;
   if (token_budget()) {
-    const StepSplit step_split = split(step);
-    const auto& mine = step_split.micro_batches.at(static_cast<size_t>(options_.dp_rank));
+    const auto step_split = cached_split(step);
+    const auto& mine = step_split->micro_batches.at(static_cast<size_t>(options_.dp_rank));
     if (micro < 0 || micro >= static_cast<int64_t>(mine.size()))
       fail("sampler: step ", step, " has ", mine.size(), " micro-batches per rank, asked for ", micro);
     for (int64_t p : mine[static_cast<size_t>(micro)]) out.push_back(begin + p);
@@ -102,8 +102,34 @@ SampleLoad GlobalBatchSampler::load_of(int64_t index) const {
   return load_cache_->loads.emplace(index, load).first->second;
 }
 
-StepSplit GlobalBatchSampler::split(int64_t step) const {
+StepSplit GlobalBatchSampler::split(int64_t step) const { return *cached_split(step); }
+
+int64_t GlobalBatchSampler::splits_computed() const {
+  std::lock_guard<std::mutex> lock(split_cache_->mutex);
+  return split_cache_->computed;
+}
+
+std::shared_ptr<const StepSplit> GlobalBatchSampler::cached_split(int64_t step) const {
   if (!token_budget()) fail("sampler: split() asked without a token budget");
+  auto& cache = *split_cache_;
+  {
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    for (const auto& [cached_step, split] : cache.splits)
+      if (cached_step == step) return split;
+  }
+  // Outside the lock: it may read the samples' files. Two threads asking for the same new step
+  // both compute it (the same pure function), and one copy is kept.
+  auto split = std::make_shared<const StepSplit>(compute_split(step));
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  ++cache.computed;
+  for (const auto& [cached_step, kept] : cache.splits)
+    if (cached_step == step) return kept;
+  cache.splits.emplace_back(step, split);
+  if (cache.splits.size() > kSplitsKept) cache.splits.pop_front();
+  return split;
+}
+
+StepSplit GlobalBatchSampler::compute_split(int64_t step) const {
   const int64_t begin = step_begin(step);
   std::vector<SampleLoad> loads;
   for (int64_t i = 0; i < global_batch_size(); ++i) loads.push_back(load_of(sample_at(begin + i)));
@@ -112,8 +138,10 @@ StepSplit GlobalBatchSampler::split(int64_t step) const {
     return "dataset sample " + std::to_string(sample_at(begin + p)) + " (stream position " + std::to_string(begin + p) +
            ", iteration " + std::to_string(step + 1) + ")";
   };
+  const std::string step_name = "iteration " + std::to_string(step + 1) + " (stream positions " +
+                                std::to_string(begin) + "-" + std::to_string(begin + global_batch_size() - 1) + ")";
   return split_step(loads, options_.dp_world, options_.micro_batch_tokens, options_.balance_dp,
-                    options_.skip_over_budget, describe);
+                    options_.skip_over_budget, describe, step_name);
 }
 
 int64_t GlobalBatchSampler::sample_at(int64_t position) const {

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <deque>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -77,8 +78,11 @@ class GlobalBatchSampler {
   // Dataset indices of those positions.
   std::vector<int64_t> indices(int64_t step, int64_t micro) const;
   // Under a token budget, the split of step `step` (positions relative to step_begin); fails
-  // otherwise.
+  // otherwise. Computed once per step and kept for the last kSplitsKept steps asked (the loader's
+  // workers run ahead of the trainer), so that a step's micro-batches cost one split, not one each.
   StepSplit split(int64_t step) const;
+  // How many splits were computed so far (tests: one per step).
+  int64_t splits_computed() const;
   // The dataset index at a stream position.
   int64_t sample_at(int64_t position) const;
 
@@ -92,6 +96,16 @@ class GlobalBatchSampler {
   };
   std::shared_ptr<LoadCache> load_cache_ = std::make_shared<LoadCache>();
   SampleLoad load_of(int64_t index) const;
+  // The splits of the last steps asked for, newest last.
+  static constexpr size_t kSplitsKept = 8;
+  struct SplitCache {
+    std::mutex mutex;
+    std::deque<std::pair<int64_t, std::shared_ptr<const StepSplit>>> splits;
+    int64_t computed = 0;
+  };
+  std::shared_ptr<SplitCache> split_cache_ = std::make_shared<SplitCache>();
+  std::shared_ptr<const StepSplit> cached_split(int64_t step) const;
+  StepSplit compute_split(int64_t step) const;
   // The permutations of the last epochs asked for (a step touches at most two). Guarded, so
   // that tools may share a sampler across threads.
   struct EpochOrder {

@@ -471,6 +471,11 @@ void Fsdp::finish_backward() {
   for (auto& unit : units_) reshard(*unit);
 }
 
+void Fsdp::finish_forward_only() {
+  if (in_backward_) fail("fsdp: finish_forward_only() inside a backward (it is for forwards without one)");
+  for (auto& unit : units_) reshard(*unit);
+}
+
 void Fsdp::zero_grad() {
   for (auto& unit : units_) {
     if (!unit->grad_is_zero) unit->grad_flat.zero_();

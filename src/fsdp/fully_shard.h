@@ -120,6 +120,9 @@ class Fsdp {
   // Waits for outstanding reduce-scatters (and the replica all-reduce) and accumulates them,
   // divided by the data-parallel size, into grad_flat; call after each micro-batch's backward.
   void finish_backward();
+  // After forwards without a backward (evaluation, under no-grad): every unit lets go of its
+  // gathered params, the root included.
+  void finish_forward_only();
   void zero_grad();
   // Global L2 norm of the grads across all shards; scales them by max_norm / (norm + 1e-6)
   // when that is below 1 (torch.nn.utils.clip_grad_norm_). max_norm <= 0: only measures.

@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/regular_file.h"
 #include "io/direct_io.h"
+#include "io/user_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -25,7 +26,10 @@ constexpr size_t kBounceBytes = size_t{8} << 20;
 }  // namespace
 
 AtomicFile::AtomicFile(std::string path, Direct direct) : path_(std::move(path)), tmp_path_(path_ + ".tmp") {
-  const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+  // A stale .tmp (an interrupted write) goes first; then the file is created new, never through a
+  // symlink someone planted at its name.
+  ::unlink(tmp_path_.c_str());
+  const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
   bool took_direct = false;
   if (direct == Direct::when_supported) {
     fd_ = open_direct_when_supported(tmp_path_, flags, 0644, &took_direct);
@@ -113,13 +117,8 @@ void file_write_atomic(const std::string& path, const std::string& content) {
 }
 
 std::string file_read_text(const std::string& path) {
-  require_regular_file(path, path, "a file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot open ", path, ": ", std::strerror(errno));
-  std::ostringstream content;
-  content << in.rdbuf();
-  if (in.bad()) fail("cannot read ", path);
-  return content.str();
+  require_regular_file(path, path, "a file");  // its messages name what was expected
+  return read_user_file(path, path, kMaxTextFileBytes);  // checked again on the opened descriptor
 }
 
 void dir_fsync(const std::string& path) {

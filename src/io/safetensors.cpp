@@ -132,7 +132,9 @@ void safetensors_write_streamed(const std::string& path, const std::vector<Safet
 SafetensorsFile::SafetensorsFile(const std::string& path, Symlinks symlinks) : path_(path) {
   // Before open(): opening a FIFO would block until something writes to it.
   require_regular_file(path, "safetensors file " + path, "a .safetensors file");
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (symlinks == Symlinks::refuse ? O_NOFOLLOW : 0));
+  // O_NONBLOCK: a FIFO swapped in after that check does not block the open either (reads of a
+  // regular file ignore the flag).
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (symlinks == Symlinks::refuse ? O_NOFOLLOW : 0));
   if (fd_ < 0 && errno == ELOOP)
     fail("safetensors file ", path, ": refused: a symlink (a checkpoint's files must be plain files in its directory)");
   if (fd_ < 0) fail("safetensors file ", path, ": cannot open: ", std::strerror(errno));

@@ -27,6 +27,10 @@ struct ModelOutput {
   int64_t tokens = 0;                     // tokens processed (for throughput)
   std::map<std::string, double> metrics;  // extra loss terms for the log line
   std::map<std::string, at::Tensor> tensors;  // named outputs for debugging ("prediction")
+  // A model of several loss terms (MagiHuman: video, audio): each term's part of `loss`, in the
+  // order of loss_counts (its mean, or its sum / normalizer). Evaluation reads the terms' sums
+  // from it (train/evaluate.h); empty for a one-term model, whose term is `loss`.
+  std::vector<at::Tensor> term_losses;
 };
 
 class Model : public Module {
@@ -38,6 +42,9 @@ class Model : public Module {
   // (MagiHuman: supervised video and audio elements; a language model: supervised tokens).
   // Empty: the model cannot normalize over a global batch, and token-budget steps refuse it.
   virtual std::vector<double> loss_counts(const Batch& batch) const { return {}; }
+  // The names of the loss terms, in that order, for a model of several (MagiHuman: "video",
+  // "audio"; the evaluation records eval_loss_<name>); empty for one.
+  virtual std::vector<std::string> loss_term_names() const { return {}; }
 };
 
 }  // namespace mmtrain

@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/json_read.h"
 #include "core/subprocess.h"
+#include "io/user_file.h"
 
 #include <nlohmann/json.hpp>
 
@@ -36,9 +37,9 @@ DeviceProfile device_profile_from_json(const std::string& text, const std::strin
   if (!j.is_object()) fail(where, ": expected a JSON object");
   constexpr double kAny = 1e12;
   DeviceProfile p;
-  p.name = j.value("name", std::string());
-  if (p.name.empty()) fail(where, ": 'name' is missing");
-  p.description = j.value("description", std::string());
+  p.name = json_string(j, "name", where);
+  if (p.name.empty()) fail(where, ": 'name' is empty");
+  if (j.contains("description")) p.description = json_string(j, "description", where);
   p.peak_bf16_tflops = positive(j, "peak_bf16_tflops", where, kAny);
   p.peak_fp32_tflops = positive(j, "peak_fp32_tflops", where, kAny);
   p.memory_gb = positive(j, "memory_gb", where, kAny);
@@ -77,11 +78,8 @@ std::string device_profile_path(const std::string& name_or_path) {
 
 DeviceProfile load_device_profile(const std::string& name_or_path) {
   const std::string path = device_profile_path(name_or_path);
-  std::ifstream in(path);
-  if (!in) fail("device profile ", path, ": cannot be read");
-  std::stringstream text;
-  text << in.rdbuf();
-  return device_profile_from_json(text.str(), "device profile " + path);
+  return device_profile_from_json(read_user_file(path, "device profile " + path, kMaxSmallJsonBytes),
+                                  "device profile " + path);
 }
 
 }  // namespace mmtrain

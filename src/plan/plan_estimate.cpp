@@ -1,5 +1,7 @@
 #include "plan/plan_estimate.h"
 
+#include "core/checked_math.h"
+#include "core/error.h"
 #include "optim/swapped_moments.h"
 
 #include <c10/core/ScalarType.h>
@@ -7,6 +9,22 @@
 #include <algorithm>
 
 namespace mmtrain {
+
+namespace {
+
+// A model's estimate multiplies tokens by widths in int64: with the tokens bounded (kMaxTokens) a
+// real model stays far inside it, and an absurd model.config that still wraps shows as a negative
+// size here, named instead of planned.
+void require_sane_estimate(const ActivationEstimate& a, const std::string& what) {
+  for (const int64_t bytes : {a.layers_full_bytes, a.max_layer_full_bytes, a.layer_inputs_bytes, a.outside_bytes,
+                              a.backward_bytes})
+    if (bytes < 0) fail(what, ": the model's activation estimate overflows int64 (model.config's sizes are too large)");
+  checked_add(checked_add(a.layers_full_bytes, a.outside_bytes, what), a.backward_bytes, what);
+  checked_add(checked_add(a.layer_inputs_bytes, a.max_layer_full_bytes, what),
+              checked_add(a.outside_bytes, a.backward_bytes, what), what);
+}
+
+}  // namespace
 
 std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_t seqlen, Module& model,
                                             const std::vector<std::pair<int64_t, int64_t>>& images,
@@ -21,8 +39,9 @@ std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_
   e->spec = &model_spec(id, "config " + cfg.source_path + ": model.model_id");
   e->plan = fsdp_memory_plan(model, fp, e->dims.fsdp());
   e->recompute = cfg.features.recompute && !cfg.features.recompute_plan.apply_modules.empty();
-  e->seqlen = seqlen > 0 ? seqlen : e->spec->default_seqlen;
+  e->seqlen = checked_tokens(seqlen > 0 ? seqlen : e->spec->default_seqlen, "plan: the sequence length");
   e->micro = cfg.training.micro_batch_size;
+  for (const int64_t s : flops_seqlens) checked_tokens(s, "plan: a sample's length");
   // Token-budget micro-batches (data.dataloader_param.micro_batch_tokens) hold up to the budget
   // whatever the samples' lengths: the activations are those of one packed micro-batch of that
   // many tokens (seqlen still times the samples' FLOPs).
@@ -31,7 +50,10 @@ std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_
   // Context parallelism splits a micro-batch's packed tokens over the CP ranks (padded to a
   // multiple of the degree): the activations are those of the local tokens.
   const int ring = e->dims.ring, ulysses = e->dims.ulysses, cp = e->dims.cp();
-  e->tokens_per_rank = (act_micro * act_seqlen + cp - 1) / cp;
+  const std::string sizing = "plan: the activations of " + std::to_string(act_micro) + " x " +
+                             std::to_string(act_seqlen) + " tokens";
+  e->tokens_per_rank = checked_tokens(checked_mul(act_micro, act_seqlen, sizing), sizing + " per micro-batch");
+  e->tokens_per_rank = (e->tokens_per_rank + cp - 1) / cp;
   if (!e->spec->activations)
     e->no_activations = "no activation estimator for model '" + id + "'";
   else if (e->seqlen == 0)
@@ -40,6 +62,7 @@ std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_
     e->act = e->spec->activations(ActivationQuery{cfg.model.config, act_seqlen, act_micro, fp.param_dtype, images});
   else
     e->act = e->spec->activations(ActivationQuery{cfg.model.config, e->tokens_per_rank, 1, fp.param_dtype, images});
+  if (e->no_activations.empty()) require_sane_estimate(e->act, sizing);
   // The context-parallel buffers of one layer's attention (e = param_dtype bytes, T the local
   // tokens, T_r = U * T the ring chunk, q/kv widths per Ulysses rank):
   //   Ulysses: send + receive buffers of the q, k, v and output all-to-alls, 2 e T (2 q + 2 kv)
@@ -49,12 +72,19 @@ std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_
   if (cp > 1 && e->no_activations.empty()) {
     const int64_t bytes = static_cast<int64_t>(c10::elementSize(fp.param_dtype)), t = e->tokens_per_rank;
     const auto& act = e->act;
-    if (ulysses > 1) e->cp_buffer_bytes += 2 * bytes * t * (2 * act.q_width + 2 * act.kv_width);
+    const std::string what = "plan: the context-parallel buffers of " + std::to_string(t) + " tokens per rank";
+    auto mul = [&](std::initializer_list<int64_t> factors) {
+      int64_t product = 1;
+      for (const int64_t f : factors) product = checked_mul(product, f, what);
+      return product;
+    };
+    auto add = [&](int64_t a, int64_t b) { return checked_add(a, b, what); };
+    if (ulysses > 1) e->cp_buffer_bytes = add(e->cp_buffer_bytes, mul({2, bytes, t, add(2 * act.q_width, 2 * act.kv_width)}));
     if (ring > 1) {
-      const int64_t tr = ulysses * t, q = act.q_width / ulysses, kv = std::max<int64_t>(act.kv_width / ulysses, 1);
-      const int64_t forward = 2 * 2 * bytes * tr * kv + 4 * tr * q;
-      const int64_t backward = 2 * 2 * bytes * tr * kv + 2 * 2 * 4 * tr * kv + 4 * tr * q;
-      e->cp_buffer_bytes += std::max(forward, backward);
+      const int64_t tr = mul({ulysses, t}), q = act.q_width / ulysses, kv = std::max<int64_t>(act.kv_width / ulysses, 1);
+      const int64_t forward = add(mul({2, 2, bytes, tr, kv}), mul({4, tr, q}));
+      const int64_t backward = add(add(mul({2, 2, bytes, tr, kv}), mul({2, 2, 4, tr, kv})), mul({4, tr, q}));
+      e->cp_buffer_bytes = add(e->cp_buffer_bytes, std::max(forward, backward));
     }
   }
   return e;

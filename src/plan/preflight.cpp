@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "fsdp/plan.h"
+#include "io/user_file.h"
 #include "optim/swapped_moments.h"
 #include "plan/offload_plan.h"
 
@@ -35,10 +36,13 @@ void require_writable_dir(const Config& config, const std::string& key, const st
     fail("config ", config.source_path, ": ", key, " '", dir, "' cannot be created: ", error.message(),
          " (checked before training, not when it is first written)");
   const auto probe = (fs::path(dir) / (".mmtrain_write_probe_rank" + std::to_string(rank))).string();
-  std::FILE* file = std::fopen(probe.c_str(), "w");
-  const bool written = file && std::fputs("probe\n", file) >= 0;
+  // A probe left by a killed run, or a symlink planted at its name, is removed (unlink removes a
+  // link, never its target); the probe is then created new, never through a link.
+  ::unlink(probe.c_str());
+  const int fd = create_new_file(probe);
+  const bool written = fd >= 0 && ::write(fd, "probe\n", 6) == 6;
   const int saved_errno = errno;
-  if (file) std::fclose(file);
+  if (fd >= 0) ::close(fd);
   fs::remove(probe, error);
   if (!written)
     fail("config ", config.source_path, ": ", key, " '", dir, "' is not writable by rank ", rank, ": ",

@@ -3,10 +3,13 @@
 #include "core/config_schema.h"
 #include "core/error.h"
 #include "core/json_read.h"
+#include "core/text.h"
 #include "io/atomic_file.h"
+#include "io/user_file.h"
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -19,8 +22,7 @@ MetricsLog::MetricsLog(const std::string& output_dir, bool is_writer, bool progr
   if (!is_writer_) return;
   std::filesystem::create_directories(output_dir);
   const auto path = output_dir + "/metrics.jsonl";
-  file_ = std::fopen(path.c_str(), "a");
-  if (!file_) fail("cannot open ", path, " for writing: ", std::strerror(errno));
+  file_ = open_append_no_follow(path, "metrics.jsonl");
   if (tensorboard) tensorboard_ = std::make_unique<TensorBoardWriter>(output_dir + "/tensorboard");
 }
 
@@ -90,6 +92,25 @@ void MetricsLog::record(const StepRecord& step, int64_t train_iters) {
     std::printf(" | ETA %.0f s", remaining);
   }
   std::printf("\n");
+  std::fflush(stdout);
+}
+
+void MetricsLog::record(const EvalRecord& eval) {
+  if (!is_writer_) return;
+  std::fprintf(file_, "%s\n", eval.to_json().dump().c_str());
+  std::fflush(file_);
+  std::vector<std::pair<std::string, double>> scalars = {{"eval/loss", eval.loss}, {"eval/time_ms", eval.time_ms}};
+  for (const auto& [name, value] : eval.terms) scalars.emplace_back("eval/loss_" + name, value);
+  for (const auto& [name, value] : eval.timesteps) scalars.emplace_back("eval/loss_" + name, value);
+  if (eval.ppl) scalars.emplace_back("eval/ppl", *eval.ppl);
+  if (tensorboard_) tensorboard_->scalars(eval.iteration, scalars);
+  std::string line = format(" evaluation after iteration %8lld | eval loss: %.6E", static_cast<long long>(eval.iteration),
+                            eval.loss);
+  if (eval.ppl) line += format(" | eval ppl: %.4f", *eval.ppl);
+  for (const auto& [name, value] : eval.terms) line += format(" | %s: %.6E", name.c_str(), value);
+  line += format(" | samples: %lld | time (ms): %.1f", static_cast<long long>(eval.samples), eval.time_ms);
+  if (!std::isfinite(eval.loss)) line += " | warning: the validation loss is not finite";
+  std::printf("%s\n", line.c_str());
   std::fflush(stdout);
 }
 

@@ -4,6 +4,7 @@
 //   iteration N/M | consumed samples: C | elapsed time per iteration (ms): T | learning rate: L |
 //   global batch size: G | loss: X | grad norm: Y | TFLOP/s per device: F | MFU: U %
 #pragma once
+#include "record/eval_record.h"
 #include "record/logging_config.h"
 #include "record/step_record.h"
 #include "record/tensorboard.h"
@@ -24,6 +25,8 @@ class MetricsLog {
   MetricsLog(const std::string& output_dir, bool is_writer, bool progress, bool tensorboard = false);
   ~MetricsLog();
   void record(const StepRecord& step, int64_t train_iters);
+  // An evaluation: its line in metrics.jsonl, eval/... TensorBoard scalars, a console line.
+  void record(const EvalRecord& eval);
 
  private:
   std::FILE* file_ = nullptr;

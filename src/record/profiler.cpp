@@ -1,10 +1,15 @@
 #include "record/profiler.h"
 
 #include "core/error.h"
+#include "io/user_file.h"
 
 #include <torch/csrc/autograd/profiler_kineto.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <set>
@@ -77,8 +82,20 @@ void StepProfiler::stop_and_save() {
   step_scope_.reset();
   active_ = false;
   auto result = torch::autograd::profiler::disableProfiler();
+  // Kineto writes the trace by name: into a file of its own, created new here (never through a
+  // link), then renamed over the trace's path (a rename replaces a link, never writes through it).
   const auto path = trace_path();
-  result->save(path);
+  const auto tmp = path + ".tmp-" + std::to_string(::getpid());
+  ::unlink(tmp.c_str());
+  const int fd = create_new_file(tmp);
+  if (fd < 0) fail("tools.profile: cannot create ", tmp, ": ", std::strerror(errno));
+  ::close(fd);
+  result->save(tmp);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    fail("tools.profile: cannot write ", path, ": ", std::strerror(err));
+  }
   std::printf("[mmtrain] rank %d wrote profiler trace %s (iterations %lld-%lld; open it in ui.perfetto.dev)\n",
               rank_, path.c_str(), static_cast<long long>(config_.start_step),
               static_cast<long long>(config_.end_step));

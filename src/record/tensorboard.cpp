@@ -2,6 +2,7 @@
 
 #include "core/crc32c.h"
 #include "core/error.h"
+#include "io/user_file.h"
 
 #include <unistd.h>
 
@@ -61,8 +62,7 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   ::gethostname(host, sizeof host - 1);
   path_ = dir + "/events.out.tfevents." + std::to_string(std::time(nullptr)) + "." + host + "." +
           std::to_string(::getpid());
-  file_ = std::fopen(path_.c_str(), "ab");
-  if (!file_) fail("logging.tensorboard: cannot open ", path_, " for writing: ", std::strerror(errno));
+  file_ = open_append_no_follow(path_, "logging.tensorboard", /*binary=*/true);
   write_record(event(0, "brain.Event:2", ""));
 }
 

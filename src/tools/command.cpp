@@ -1,16 +1,16 @@
 #include "tools/command.h"
 
 #include "core/error.h"
+#include "io/user_file.h"
 
 #include <CLI/CLI.hpp>
 
-#include <fstream>
+#include <sstream>
 
 namespace mmtrain {
 
 std::vector<std::string> read_set_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) fail("--set-file ", path, ": cannot be read");
+  std::istringstream in(read_user_file(path, "--set-file " + path, kMaxConfigFileBytes));
   std::vector<std::string> sets;
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {

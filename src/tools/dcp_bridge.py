@@ -8,8 +8,11 @@ train_state.step) travel as JSON in its metadata under "dcp_objects". Memory sta
 largest tensor: `read` loads one key at a time with dcp.load and appends its bytes; `write` hands
 DCP's writer a planner that fetches each tensor from the flat file only when it is written.
 
-  python dcp_bridge.py read DCP_DIR OUT.safetensors
+  python dcp_bridge.py list DCP_DIR OUT.json                 what the DCP holds, from its metadata alone
+  python dcp_bridge.py read DCP_DIR OUT.safetensors [KEYS.json]  only the keys listed, when given
   python dcp_bridge.py write IN.safetensors DCP_DIR
+
+`list` lets the caller refuse keys it cannot place before any of their data is read.
 
 Errors (a missing or truncated .distcp file, a key DCP cannot load) exit 1 with one line on stderr
 that names the file and the key.
@@ -18,8 +21,14 @@ A DCP directory is foreign data, never code. Its `.metadata` is a pickle: it is 
 that builds only the classes DCP's metadata is made of (SAFE_METADATA_GLOBALS) and refuses any other
 global by name, so a crafted pickle cannot call anything. Bytes entries (optimizer hyperparameters,
 train_state.step) are read with torch.load(weights_only=True). The data file names the metadata
-lists must be plain names inside the directory (no separator, no "..", not a symlink), and every
-file is opened with O_NOFOLLOW.
+lists must be plain names inside the directory (no separator, no "..", not a symlink): a path in the
+pickle is rebuilt here as a plain string from its parts (never trusting a path object's own idea of
+its string), checked in that form, and opened in that form relative to the directory's descriptor
+with O_NOFOLLOW and O_NONBLOCK (a FIFO is refused, never waited on). A bytes entry's value is walked
+within a budget (nodes, depth): a pickle of shared references cannot expand without bound. A tensor
+is read only when the bytes that back it can hold what it declares (a stride-0 tensor declaring
+2^27 elements over 1.6 KB is refused before anything is allocated). Offsets and lengths must be
+non-negative integers inside the file.
 """
 from __future__ import annotations
 
@@ -53,13 +62,21 @@ class BridgeError(Exception):
     pass
 
 
-def _jsonable(value):
+def _jsonable(value, budget=None, depth=0):
+    """value as JSON, visiting at most MAX_OBJECT_NODES nodes and MAX_OBJECT_DEPTH levels (shared
+    references count each time they are reached: that is what the JSON would hold)."""
+    budget = budget if budget is not None else [MAX_OBJECT_NODES]
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise BridgeError(f"refused: the value has more than {MAX_OBJECT_NODES} elements (a plain setting has a few)")
+    if depth > MAX_OBJECT_DEPTH:
+        raise BridgeError(f"refused: the value nests deeper than {MAX_OBJECT_DEPTH} levels")
     if isinstance(value, (bool, int, float, str)) or value is None:
         return value
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [_jsonable(v, budget, depth + 1) for v in value]
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): _jsonable(v, budget, depth + 1) for k, v in value.items()}
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         return value.item()
     raise BridgeError(f"a value of type {type(value).__name__} cannot be carried as JSON")
@@ -76,10 +93,27 @@ SAFE_METADATA_GLOBALS = {
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("torch", "Size"),
     ("torch.serialization", "_get_layout"),
-    ("pathlib", "PosixPath"),
-    ("pathlib", "PurePosixPath"),
     ("collections", "OrderedDict"),
 }
+# Path classes a checkpoint_id or relative_path may be pickled as: rebuilt as plain strings from
+# their parts (_path_from_parts), so that no state the pickle attaches (a cached `_str`) survives.
+PATH_GLOBALS = {("pathlib", "PosixPath"), ("pathlib", "PurePosixPath")}
+
+# A bytes entry (optimizer hyperparameters, a step counter) is a small plain value; a walk past
+# these is a crafted pickle of shared references.
+MAX_OBJECT_NODES = 100_000
+MAX_OBJECT_DEPTH = 64
+
+
+def _path_from_parts(*parts):
+    if not all(type(part) is str for part in parts):
+        raise BridgeError("refused: a pickled path whose parts are not strings")
+    return os.path.join(*parts) if parts else ""
+
+
+def _printable(name) -> str:
+    """A name from the file, safe to print: control characters escaped."""
+    return repr(str(name))[1:-1] if not str(name).isprintable() else str(name)
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -90,33 +124,55 @@ class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)  # torch.float32 and the other dtypes are values, not code
+        if (module, name) in PATH_GLOBALS:
+            return _path_from_parts
         if (module, name) not in SAFE_METADATA_GLOBALS:
             raise BridgeError(f"{self.path}: refused: the pickle names {module}.{name}, which is not one of the "
                               f"classes DCP metadata is made of (a DCP directory is data; this one would run code)")
         return super().find_class(module, name)
 
 
-def _open_no_follow(path: str):
-    """A regular file opened for reading without following a symlink at its last component."""
+def _open_no_follow(path: str, dir_fd=None):
+    """A regular file opened for reading without following a symlink at its last component, and
+    without blocking (a FIFO's open would wait for a writer); relative to dir_fd when given."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError as e:
         if e.errno == errno.ELOOP:  # the name is a symlink
-            raise BridgeError(f"{path}: refused: a symlink (a DCP's files must be plain files in its directory)") from None
-        raise BridgeError(f"{path}: cannot open: {e.strerror}") from None
+            raise BridgeError(f"{_printable(path)}: refused: a symlink (a DCP's files must be plain files in its "
+                              f"directory)") from None
+        raise BridgeError(f"{_printable(path)}: cannot open: {e.strerror}") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise BridgeError(f"{path}: not a regular file")
+        raise BridgeError(f"{_printable(path)}: not a regular file (a DCP's files are plain files)")
+    os.set_blocking(fd, True)
     return os.fdopen(fd, "rb")
 
 
-class _NoFollowFileSystem(FileSystem):
+class _ConfinedFileSystem(FileSystem):
+    """Opens only plain names directly inside dcp_dir, relative to the directory's descriptor: what
+    is opened is the name that was checked, whatever string DCP hands over."""
+
+    def __init__(self, dcp_dir: str):
+        super().__init__()
+        self.dcp_dir = os.path.abspath(dcp_dir)
+
     @contextmanager
     def create_stream(self, path, mode: str):
         if mode != "rb":
-            raise BridgeError(f"{path}: the DCP reader opens files for reading only, asked for mode {mode!r}")
-        with _open_no_follow(str(path)) as stream:
-            yield stream
+            raise BridgeError(f"{_printable(path)}: the DCP reader opens files for reading only, asked for mode {mode!r}")
+        if type(path) is not str and not isinstance(path, os.PathLike):
+            raise BridgeError(f"refused: a file path of type {type(path).__name__}")
+        directory, name = os.path.split(os.fspath(path))
+        if os.path.abspath(directory) != self.dcp_dir:
+            raise BridgeError(f"{_printable(path)}: refused: outside the checkpoint directory {self.dcp_dir}")
+        _require_plain_name(self.dcp_dir, name, "a data file")
+        dir_fd = os.open(self.dcp_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            with _open_no_follow(name, dir_fd=dir_fd) as stream:
+                yield stream
+        finally:
+            os.close(dir_fd)
 
 
 class _SafeReader(dcp.FileSystemReader):
@@ -124,7 +180,7 @@ class _SafeReader(dcp.FileSystemReader):
 
     def __init__(self, dcp_dir: str):
         super().__init__(dcp_dir)
-        self.fs = _NoFollowFileSystem()
+        self.fs = _ConfinedFileSystem(dcp_dir)
 
     def read_metadata(self, *args, **kwargs) -> Metadata:
         path = os.path.join(str(self.path), ".metadata")
@@ -158,12 +214,17 @@ class _WeightsOnlyLoadPlanner(DefaultLoadPlanner):
                               f"(torch.load weights_only: {str(e).splitlines()[0][:200]})") from None
 
 
+def _require_plain_name(dcp_dir: str, name, fqn: str) -> None:
+    """name is a plain str (not a subclass or a path object with a string of its own), a file name
+    directly inside dcp_dir: no separator, not "." or "..", no NUL."""
+    if type(name) is not str or not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise BridgeError(f"{dcp_dir}/.metadata: refused: '{_printable(fqn)}' is stored in {name!r}, which is not a "
+                          f"plain file name inside the checkpoint directory")
+
+
 def _plain_file_name(dcp_dir: str, name, fqn: str) -> str:
     """The path of a data file the metadata names: a plain name inside dcp_dir, nothing else."""
-    name = str(name)
-    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
-        raise BridgeError(f"{dcp_dir}/.metadata: refused: '{fqn}' is stored in {name!r}, which is not a plain file "
-                          f"name inside the checkpoint directory")
+    _require_plain_name(dcp_dir, name, fqn)
     return os.path.join(dcp_dir, name)
 
 
@@ -178,12 +239,30 @@ def _check_files(dcp_dir: str, metadata) -> None:
                               f"which this bridge does not read")
         if path not in sizes:
             if not os.path.lexists(path):
-                raise BridgeError(f"{path}: missing (the DCP's .metadata names it for '{index.fqn}')")
+                raise BridgeError(f"{_printable(path)}: missing (the DCP's .metadata names it for "
+                                  f"'{_printable(index.fqn)}')")
             with _open_no_follow(path) as f:
                 sizes[path] = os.fstat(f.fileno()).st_size
-        if info.offset + info.length > sizes[path]:
-            raise BridgeError(f"{path}: truncated: {sizes[path]} bytes, but '{index.fqn}' is stored at bytes "
-                              f"[{info.offset}, {info.offset + info.length})")
+        offset, length = info.offset, info.length
+        if type(offset) is not int or type(length) is not int or offset < 0 or length < 0:
+            raise BridgeError(f"{_printable(path)}: refused: '{_printable(index.fqn)}' is stored at offset {offset!r} "
+                              f"length {length!r} (non-negative integers expected)")
+        if offset + length > sizes[path]:
+            raise BridgeError(f"{_printable(path)}: truncated: {sizes[path]} bytes, but '{_printable(index.fqn)}' is "
+                              f"stored at bytes [{offset}, {offset + length})")
+
+
+def _check_tensor_backed(dcp_dir: str, metadata, key: str, entry, nbytes: int) -> None:
+    """A tensor's stored chunks must be able to hold what it declares: every chunk's bytes in the
+    file at least its elements' (torch.save adds a header, never compresses), so that a few stored
+    bytes cannot declare gigabytes (a stride-0 tensor) and be materialized before anything else."""
+    stored = 0
+    for index, info in metadata.storage_data.items():
+        if index.fqn == key:
+            stored += info.length
+    if stored < nbytes:
+        raise BridgeError(f"{dcp_dir}: refused: '{_printable(key)}' declares shape {list(entry.size)} "
+                          f"({nbytes} bytes of {entry.properties.dtype}) but its stored data is {stored} bytes")
 
 
 def _load(dcp_dir: str, state: dict, key: str) -> None:
@@ -194,24 +273,62 @@ def _load(dcp_dir: str, state: dict, key: str) -> None:
         raise BridgeError(f"{dcp_dir}: cannot load '{key}': {str(e).strip().splitlines()[-1][:300]}") from None
 
 
-def read(dcp_dir: str, out_path: str) -> None:
+def _declared_bytes(dcp_dir: str, key: str, shape, dtype) -> int:
+    if not all(type(d) is int and 0 <= d < 2**62 for d in shape):
+        raise BridgeError(f"{dcp_dir}: refused: '{_printable(key)}' has shape {shape!r} (sizes must be non-negative integers)")
+    nbytes = torch.empty((), dtype=dtype).element_size()
+    for d in shape:
+        nbytes *= d
+    if nbytes >= 2**62:
+        raise BridgeError(f"{dcp_dir}: refused: '{_printable(key)}' of shape {shape} is {nbytes} bytes")
+    return nbytes
+
+
+def _checked_entries(dcp_dir: str):
+    """The DCP's metadata, every file and tensor checked, as ([(key, dtype, shape)], [bytes keys])."""
     if not os.path.isfile(os.path.join(dcp_dir, ".metadata")):
         raise BridgeError(f"{dcp_dir}: not a DCP checkpoint (no .metadata file)")
     metadata = _SafeReader(dcp_dir).read_metadata()
     _check_files(dcp_dir, metadata)
-    tensors, objects = [], {}
+    tensors, objects = [], []
     for key, entry in metadata.state_dict_metadata.items():
+        if type(key) is not str:
+            raise BridgeError(f"{dcp_dir}/.metadata: refused: a key of type {type(key).__name__}")
         if isinstance(entry, TensorStorageMetadata):
             if entry.properties.dtype not in SAFETENSORS_DTYPES:
-                raise BridgeError(f"{dcp_dir}: '{key}' has dtype {entry.properties.dtype}, which safetensors cannot hold")
-            tensors.append((key, entry.properties.dtype, list(entry.size)))
+                raise BridgeError(f"{dcp_dir}: '{_printable(key)}' has dtype {entry.properties.dtype}, which "
+                                  f"safetensors cannot hold")
+            shape = list(entry.size)
+            _check_tensor_backed(dcp_dir, metadata, key, entry, _declared_bytes(dcp_dir, key, shape, entry.properties.dtype))
+            tensors.append((key, entry.properties.dtype, shape))
         elif isinstance(entry, BytesStorageMetadata):
-            state = {key: None}
-            _load(dcp_dir, state, key)
-            try:
-                objects[key] = _jsonable(state[key])
-            except BridgeError as e:
-                raise BridgeError(f"{dcp_dir}: '{key}': {e}") from None
+            objects.append(key)
+    return tensors, objects
+
+
+def list_keys(dcp_dir: str, out_path: str) -> None:
+    tensors, objects = _checked_entries(dcp_dir)
+    listing = {"tensors": {key: {"dtype": SAFETENSORS_DTYPES[dtype], "shape": shape} for key, dtype, shape in tensors},
+               "objects": objects}
+    with open(os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644), "w") as f:
+        json.dump(listing, f)
+
+
+def read(dcp_dir: str, out_path: str, keys_path: str | None = None) -> None:
+    tensors, object_keys = _checked_entries(dcp_dir)
+    if keys_path is not None:  # the caller placed these; nothing else is read
+        with _open_no_follow(keys_path) as f:
+            wanted = set(json.load(f))
+        tensors = [t for t in tensors if t[0] in wanted]
+        object_keys = [k for k in object_keys if k in wanted]
+    objects = {}
+    for key in object_keys:
+        state = {key: None}
+        _load(dcp_dir, state, key)
+        try:
+            objects[key] = _jsonable(state[key])
+        except BridgeError as e:
+            raise BridgeError(f"{dcp_dir}: '{_printable(key)}': {e}") from None
     header, offset = {}, 0
     for key, dtype, shape in tensors:
         nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
@@ -221,15 +338,21 @@ def read(dcp_dir: str, out_path: str) -> None:
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
     tmp = out_path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
-        for key, dtype, shape in tensors:
-            t = torch.empty(shape, dtype=dtype)
-            _load(dcp_dir, {key: t}, key)
-            f.write(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-            del t
-    os.replace(tmp, out_path)
+    if os.path.lexists(tmp):  # an interrupted earlier read's
+        os.unlink(tmp)
+    try:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644), "wb") as f:
+            f.write(struct.pack("<Q", len(blob)))
+            f.write(blob)
+            for key, dtype, shape in tensors:
+                t = torch.empty(shape, dtype=dtype)
+                _load(dcp_dir, {key: t}, key)
+                f.write(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+                del t
+        os.replace(tmp, out_path)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
     print(f"dcp_bridge: read {len(tensors)} tensors and {len(objects)} objects from {dcp_dir}", file=sys.stderr)
 
 
@@ -283,13 +406,19 @@ def write(in_path: str, dcp_dir: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[0] not in ("read", "write"):
+    verbs = {"list": (list_keys, 3), "read": (read, 4), "write": (write, 3)}
+    if not argv or argv[0] not in verbs or not 3 <= len(argv) <= verbs[argv[0]][1]:
         print(__doc__, file=sys.stderr)
         return 2
     try:
-        (read if argv[0] == "read" else write)(argv[1], argv[2])
+        verbs[argv[0]][0](*argv[1:])
     except BridgeError as e:
         print(f"dcp_bridge: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # PyTorch's own error on a malformed entry: one line naming it, no traceback
+        message = str(e).strip().splitlines()[-1][:300] if str(e).strip() else ""
+        print(f"dcp_bridge: {_printable(argv[1])}: cannot be read: {type(e).__name__}: {_printable(message)}",
+              file=sys.stderr)
         return 1
     return 0
 

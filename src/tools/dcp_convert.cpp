@@ -8,6 +8,7 @@
 #include "checkpoint/sharded_checkpoint.h"
 #include "core/error.h"
 #include "core/finite.h"
+#include "core/json_read.h"
 #include "core/subprocess.h"
 #include "core/text.h"
 #include "io/atomic_file.h"
@@ -36,13 +37,15 @@ constexpr const char* kParamGroupPrefixes[] = {"optim.param_groups.", "optimizer
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 
-// Runs the bridge ("read" or "write"); on failure, fails with what it printed.
-void run_bridge(const std::string& verb, const std::string& from, const std::string& to, const std::string& what) {
+// Runs the bridge ("list", "read" or "write", then its paths); on failure, fails with what it printed.
+void run_bridge(const std::string& verb, const std::string& from, const std::string& to, const std::string& what,
+                const std::vector<std::string>& more = {}) {
   const std::string log = to + ".bridge.log";
   ProcessOptions options;
   options.output_path = log;
-  const int status = run_process({tools_python(), tools_script("dcp_bridge.py", "MMTRAIN_DCP_BRIDGE"), verb, from, to},
-                                 options);
+  std::vector<std::string> argv = {tools_python(), tools_script("dcp_bridge.py", "MMTRAIN_DCP_BRIDGE"), verb, from, to};
+  argv.insert(argv.end(), more.begin(), more.end());
+  const int status = run_process(argv, options);
   const std::string printed = file_read_text(log);
   fs::remove(log);
   if (status != 0) fail(what, ": ", trim(printed));
@@ -120,7 +123,7 @@ void check_hyperparameter(const std::string& key, const nlohmann::json& value, c
       fail("dcp-to-ckpt: '", key, "' is ", dcp_value, " but ", config_path, " sets training.", config_key, " ",
            config_value, " (the run would step with different hyperparameters)");
   };
-  if (name == "betas" && value.is_array() && value.size() == 2) {
+  if (name == "betas" && value.is_array() && value.size() == 2 && value[0].is_number() && value[1].is_number()) {
     differs(value[0].get<double>(), t.adam_beta1, "adam_beta1");
     differs(value[1].get<double>(), t.adam_beta2, "adam_beta2");
   } else if (name == "eps" && value.is_number()) {
@@ -164,58 +167,64 @@ std::string dcp_to_checkpoint(const Config& config, const std::string& load_dir,
   const auto names = param_of_fqn(*model, *adapter);
 
   FlatFile flat_file(save_dir);
-  run_bridge("read", load_dir, flat_file.path, "dcp-to-ckpt: reading " + load_dir);
-  SafetensorsFile flat(flat_file.path);
-  const auto meta = flat.metadata().find("dcp_objects");
-  const auto objects = nlohmann::json::parse(meta == flat.metadata().end() ? std::string("{}") : meta->second);
-
-  // Every key placed, dropped by a pattern, or listed as unknown.
+  // What the DCP holds, from its metadata alone: every key is placed, dropped by a pattern, or
+  // listed as unknown (and the conversion refused) before any of its data is read.
+  const std::string listing_path = flat_file.path + ".keys.json";
+  struct RemoveListing {
+    std::string path;
+    ~RemoveListing() {
+      std::error_code ignored;
+      fs::remove(path, ignored);
+    }
+  } remove_listing{listing_path};
+  fs::remove(listing_path);  // an interrupted conversion's
+  run_bridge("list", load_dir, listing_path, "dcp-to-ckpt: reading " + load_dir);
+  const auto listing = json_parse_checked(file_read_text(listing_path), "dcp-to-ckpt: the listing of " + load_dir);
   std::map<std::string, std::string> weight_key;                        // param -> key
   std::map<std::string, std::map<std::string, std::string>> moment_key;  // param -> moment -> key
-  std::optional<double> optimizer_step;
-  std::optional<int64_t> iteration;
+  std::vector<std::string> step_keys;                                   // the moments' step counters
+  std::optional<std::string> iteration_key;                             // torchtitan's train_state.step tensor
   std::vector<std::string> unknown, dropped_keys;
-  for (const auto& key : flat.names()) {
+  nlohmann::json wanted = nlohmann::json::array();
+  for (const auto& [key, entry] : listing.at("tensors").items()) {
     if (dropped(key, drop_patterns)) {
       if (!weights_only) dropped_keys.push_back(key);
       continue;
     }
-    if (key == "train_state.step" && flat.info(key).shape.empty()) {  // torchtitan keeps it as a tensor
-      iteration = flat.read(key).to(at::kLong).item<int64_t>();
+    const auto shape = entry.at("shape").get<std::vector<int64_t>>();
+    if (key == "train_state.step" && shape.empty()) {  // torchtitan keeps it as a tensor
+      iteration_key = key;
+      wanted.push_back(key);
       continue;
     }
     const auto placement = place(key, names);
-    const auto& info = flat.info(key);
     switch (placement.kind) {
       case Placement::weight:
       case Placement::moment:
-        if (info.shape != params.at(placement.param)->shape)
-          fail("dcp-to-ckpt: '", key, "' has shape ", shape_str(info.shape), ", the model's '", placement.param,
+        if (shape != params.at(placement.param)->shape)
+          fail("dcp-to-ckpt: '", key, "' has shape ", shape_str(shape), ", the model's '", placement.param,
                "' is ", shape_str(params.at(placement.param)->shape));
         if (placement.kind == Placement::weight)
           weight_key[placement.param] = key;
         else
           moment_key[placement.param][placement.field] = key;
+        wanted.push_back(key);
         break;
-      case Placement::step: {
-        const double step = flat.read(key).to(at::kDouble).item<double>();
-        if (optimizer_step && *optimizer_step != step)
-          fail("dcp-to-ckpt: '", key, "' is step ", step, ", other parameters' are at step ", *optimizer_step);
-        optimizer_step = step;
+      case Placement::step:
+        step_keys.push_back(key);
+        wanted.push_back(key);
         break;
-      }
       case Placement::unknown:
         unknown.push_back(key);
     }
   }
-  for (const auto& [key, value] : objects.items()) {
+  for (const auto& key : listing.at("objects").get<std::vector<std::string>>()) {
     if (dropped(key, drop_patterns)) {
       if (!weights_only) dropped_keys.push_back(key);
-    } else if (key == "train_state.step" && value.is_number_integer()) {
-      iteration = value.get<int64_t>();
-    } else if (starts_with(key, kParamGroupPrefixes[0]) || starts_with(key, kParamGroupPrefixes[1])) {
-      check_hyperparameter(key, value, config.training, config_path);
-    } else if (!starts_with(key, "lr_scheduler.")) {  // mmtrain's schedule is a function of the iteration
+    } else if (key == "train_state.step" || starts_with(key, kParamGroupPrefixes[0]) ||
+               starts_with(key, kParamGroupPrefixes[1]) || starts_with(key, "lr_scheduler.")) {
+      wanted.push_back(key);  // lr_scheduler: read and ignored (mmtrain's schedule is a function of the iteration)
+    } else {
       unknown.push_back(key);
     }
   }
@@ -225,6 +234,30 @@ std::string dcp_to_checkpoint(const Config& config, const std::string& load_dir,
     fail("dcp-to-ckpt: ", load_dir, " holds ", unknown.size(), " key(s) model '", model_id,
          "' cannot place (nothing written):", listed, unknown.size() > 20 ? "\n  ..." : "",
          "\npass --drop PATTERN (shell-style, repeatable) to leave keys out on purpose");
+  }
+  // Only the placed keys are read.
+  const std::string wanted_path = flat_file.path + ".wanted.json";
+  RemoveListing remove_wanted{wanted_path};
+  file_write_atomic(wanted_path, wanted.dump());
+  run_bridge("read", load_dir, flat_file.path, "dcp-to-ckpt: reading " + load_dir, {wanted_path});
+  SafetensorsFile flat(flat_file.path);
+  const auto meta = flat.metadata().find("dcp_objects");
+  const auto objects = json_parse_checked(meta == flat.metadata().end() ? std::string("{}") : meta->second,
+                                          "dcp-to-ckpt: the objects of " + load_dir);
+  std::optional<int64_t> iteration;
+  if (iteration_key) iteration = flat.read(*iteration_key).to(at::kLong).item<int64_t>();
+  std::optional<double> optimizer_step;
+  for (const auto& key : step_keys) {
+    const double step = flat.read(key).to(at::kDouble).item<double>();
+    if (optimizer_step && *optimizer_step != step)
+      fail("dcp-to-ckpt: '", key, "' is step ", step, ", other parameters' are at step ", *optimizer_step);
+    optimizer_step = step;
+  }
+  for (const auto& [key, value] : objects.items()) {
+    if (key == "train_state.step" && value.is_number_integer())
+      iteration = value.get<int64_t>();
+    else if (starts_with(key, kParamGroupPrefixes[0]) || starts_with(key, kParamGroupPrefixes[1]))
+      check_hyperparameter(key, value, config.training, config_path);
   }
   for (const auto& [name, param] : params)
     if (param->trainable && !weight_key.count(name))

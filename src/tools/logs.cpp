@@ -5,6 +5,8 @@
 #include "core/regular_file.h"
 #include "core/statistics.h"
 #include "core/text.h"
+#include "io/user_file.h"
+#include "record/eval_record.h"
 #include "tools/command.h"
 #include "tools/plots.h"
 
@@ -18,6 +20,7 @@
 #include <fstream>
 #include <map>
 #include <numeric>
+#include <sstream>
 
 namespace mmtrain {
 namespace {
@@ -159,6 +162,46 @@ std::optional<LogRecord> parse_log_line(const std::string& line) {
   return r;
 }
 
+bool is_eval_record(const LogRecord& record) {
+  return record.contains("kind") && record["kind"] == kEvalRecordKind;
+}
+
+std::vector<LogRecord> parse_eval_records_file(const std::string& path) {
+  require_regular_file(path, "training log '" + path + "'", "a metrics.jsonl");
+  std::istringstream in(read_user_file(path, "training log '" + path + "'", kMaxTextFileBytes));
+  std::map<int64_t, LogRecord> by_iteration;
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    const auto text = trim(line);
+    if (text.empty() || text.front() != '{') continue;
+    auto parsed = ordered_json_parse_checked(text, path + ":" + std::to_string(number) + ": a metrics record");
+    if (parsed.is_object() && is_eval_record(parsed) && parsed.contains("iteration") &&
+        parsed["iteration"].is_number_integer() && parsed.contains("eval_loss") && parsed["eval_loss"].is_number())
+      by_iteration[parsed["iteration"].get<int64_t>()] = std::move(parsed);
+  }
+  std::vector<LogRecord> out;
+  for (auto& [iteration, record] : by_iteration) out.push_back(std::move(record));
+  return out;
+}
+
+LogRecord eval_summary(const std::vector<LogRecord>& evals) {
+  LogRecord out;
+  out["evaluations"] = evals.size();
+  if (evals.empty()) return out;
+  out["last_eval_loss"] = evals.back()["eval_loss"];
+  out["last_eval_iteration"] = evals.back()["iteration"];
+  const LogRecord* best = nullptr;  // the lowest finite loss; a NaN/Inf one is never the best
+  for (const auto& e : evals) {
+    const double loss = e["eval_loss"].get<double>();
+    if (std::isfinite(loss) && (!best || loss < (*best)["eval_loss"].get<double>())) best = &e;
+  }
+  if (best) {
+    out["best_eval_loss"] = (*best)["eval_loss"];
+    out["best_eval_iteration"] = (*best)["iteration"];
+  }
+  return out;
+}
+
 std::vector<LogRecord> parse_training_log(std::istream& in, const std::string& source) {
   std::map<int64_t, LogRecord> by_iteration;
   std::string line;
@@ -170,7 +213,8 @@ std::vector<LogRecord> parse_training_log(std::istream& in, const std::string& s
     std::optional<LogRecord> record;
     if (text.front() == '{') {
       auto parsed = ordered_json_parse_checked(text, source + ":" + std::to_string(line_number) + ": a metrics record");
-      if (parsed.is_object() && parsed.contains("iteration") && parsed["iteration"].is_number_integer())
+      if (parsed.is_object() && parsed.contains("iteration") && parsed["iteration"].is_number_integer() &&
+          !is_eval_record(parsed))
         record = std::move(parsed);
     } else {
       record = parse_log_line(text);
@@ -375,8 +419,19 @@ void print_summary(const char* label, const std::string& path, const LogRecord& 
 }
 
 void logs_summary(const std::string& path, const LogStatsOptions& options) {
-  const auto summary = log_summary(parse_training_log_file(path), options);
+  auto summary = log_summary(parse_training_log_file(path), options);
   print_summary("run", path, summary);
+  if (const auto evals = parse_eval_records_file(path); !evals.empty()) {
+    summary["eval"] = eval_summary(evals);
+    const auto& e = summary["eval"];
+    std::printf("   validation (%lld evaluations): last eval_loss %.6f after iteration %lld",
+                static_cast<long long>(e["evaluations"].get<int64_t>()), e["last_eval_loss"].get<double>(),
+                static_cast<long long>(e["last_eval_iteration"].get<int64_t>()));
+    if (e.contains("best_eval_loss"))
+      std::printf("; best %.6f after iteration %lld", e["best_eval_loss"].get<double>(),
+                  static_cast<long long>(e["best_eval_iteration"].get<int64_t>()));
+    std::printf("\n");
+  }
   std::printf("%s\n", summary.dump().c_str());
 }
 

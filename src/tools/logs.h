@@ -30,6 +30,13 @@ std::optional<LogRecord> parse_log_line(const std::string& line);
 // source names the input in error messages (a malformed JSON line is an error).
 std::vector<LogRecord> parse_training_log(std::istream& in, const std::string& source);
 std::vector<LogRecord> parse_training_log_file(const std::string& path);
+// Evaluation records (record/eval_record.h, "kind": "eval") are not iteration records: the parse
+// above skips them; these read them, by iteration (later wins).
+bool is_eval_record(const LogRecord& record);
+std::vector<LogRecord> parse_eval_records_file(const std::string& path);
+// {"evaluations", "last_eval_loss", "last_eval_iteration", "best_eval_loss", "best_eval_iteration"}:
+// the best is the lowest finite eval_loss.
+LogRecord eval_summary(const std::vector<LogRecord>& evals);
 
 struct LogStatsOptions {
   int64_t skip_first = 1;  // warm-up iterations left out of step-time statistics (seed: the first)

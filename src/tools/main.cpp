@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/fatal_signal.h"
 #include "core/suggest.h"
+#include "core/text.h"
 #include "dist/failure_report.h"
 #include "tools/command.h"
 
@@ -85,17 +86,17 @@ int main(int argc, char** argv) {
   try {
     commands.run_parsed();
   } catch (const Error& e) {
-    std::fprintf(stderr, "mmtrain: error: %s\n", e.what());
+    std::fprintf(stderr, "mmtrain: error: %s\n", printable(e.what()).c_str());
     report_failure_to_launcher(e.what());
     return 1;
   } catch (const c10::Error& e) {
     // From LibTorch or c10d (e.g. a peer rank died): the message without LibTorch's C++ frames.
     const std::string message = e.what_without_backtrace();
-    std::fprintf(stderr, "mmtrain: error: %s\n", with_peer_failure_hint(message).c_str());
+    std::fprintf(stderr, "mmtrain: error: %s\n", printable(with_peer_failure_hint(message)).c_str());
     report_failure_to_launcher(message);
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "mmtrain: internal error: %s\n", e.what());
+    std::fprintf(stderr, "mmtrain: internal error: %s\n", printable(e.what()).c_str());
     report_failure_to_launcher(std::string("internal error: ") + e.what());
     return 2;
   }

@@ -1,6 +1,7 @@
 #include "tools/measure_profile.h"
 
 #include "core/error.h"
+#include "io/user_file.h"
 #include "core/statistics.h"
 #include "core/text.h"
 #include "dist/comm.h"
@@ -120,9 +121,21 @@ double memory_total_gb() {
 
 void measure_profile(const MeasureProfileOptions& o) {
   if (o.out.empty()) fail("measure profile: --out FILE is required");
-  if (std::filesystem::exists(o.out) && !o.overwrite)
+  // Every argument is checked before a minute of measuring.
+  const auto out_status = std::filesystem::symlink_status(o.out);
+  if (std::filesystem::is_symlink(out_status))
+    fail("measure profile: ", o.out, " is a symlink (the profile is written in place, never through a link)");
+  if (std::filesystem::exists(out_status) && !o.overwrite)
     fail("measure profile: ", o.out, " exists (pass --overwrite to replace it)");
+  if (o.name.empty()) fail("measure profile: --name must not be empty");
   if (o.threads < 1) fail("measure profile: --threads must be >= 1, found ", o.threads);
+  if (o.ranks < 1) fail("measure profile: --ranks must be >= 1, found ", o.ranks);
+  if (o.gemm_size < 1 || o.gemm_size > 65536) fail("measure profile: --gemm-size must be in [1, 65536], found ", o.gemm_size);
+  for (const auto& [flag, mb] : {std::pair<const char*, int64_t>{"--copy-mb", o.copy_mb}, {"--allreduce-mb", o.allreduce_mb},
+                                 {"--disk-mb", o.disk_mb}})
+    if (mb < 1 || mb > (int64_t{1} << 20)) fail("measure profile: ", flag, " must be in [1, 1048576], found ", mb);
+  if (!std::filesystem::is_directory(o.disk_dir))
+    fail("measure profile: --disk-dir ", o.disk_dir, " is not a directory");
   at::set_num_threads(o.threads);
   char host[256] = "";
   ::gethostname(host, sizeof host - 1);
@@ -175,9 +188,7 @@ void measure_profile(const MeasureProfileOptions& o) {
       {"efficiency", how + "attention: bf16 attention forward + backward over the bf16 GEMM; gemm and comm 1 (measured "
                            "peaks); overlap 0.5 assumed (Gloo takes cores from compute)"}};
   device_profile_from_json(j.dump(), o.out);  // the file must load as a profile
-  std::ofstream file(o.out);
-  file << j.dump(2) << "\n";
-  if (!file) fail("measure profile: cannot write ", o.out);
+  write_file_no_follow(o.out, j.dump(2) + "\n", "measure profile --out");
   std::printf("%s\n", j.dump().c_str());
 }
 

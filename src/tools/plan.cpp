@@ -1,6 +1,7 @@
 #include "tools/plan.h"
 
 #include "core/dtype.h"
+#include "core/checked_math.h"
 #include "core/error.h"
 #include "core/text.h"
 #include "fsdp/plan.h"
@@ -79,7 +80,7 @@ std::vector<std::pair<int64_t, int64_t>> plan_images(const PlanOptions& o) {
 
 void plan_memory(const PlanOptions& o) {
   if (o.world_size < 1) fail("plan: --world-size must be >= 1, found ", o.world_size);
-  if (o.seqlen < 0) fail("plan: --seqlen must be >= 0, found ", o.seqlen);
+  checked_tokens(o.seqlen, "plan: --seqlen");
   int world = o.world_size, devices_per_node = o.devices_per_node;
   if (o.nodes > 0 || o.devices_per_node > 0) {
     if (o.nodes < 1 || o.devices_per_node < 1)

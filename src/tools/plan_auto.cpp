@@ -1,6 +1,8 @@
 #include "tools/plan_auto.h"
 
+#include "core/checked_math.h"
 #include "core/error.h"
+#include "io/user_file.h"
 #include "core/text.h"
 #include "nn/sequence_split.h"
 #include "parallel/context_parallel.h"
@@ -85,7 +87,7 @@ void plan_auto(const PlanOptions& o) {
   auto model = spec.build(base.model.config);
   // The sequence lengths: --seqlen, else the data set's own (its longest sizes the memory, all of
   // them time the step), else the model's default.
-  int64_t seqlen = o.seqlen;
+  int64_t seqlen = checked_tokens(o.seqlen, "plan --auto: --seqlen");
   LengthMix mix;
   if (seqlen == 0) {
     mix = read_length_mix(base);
@@ -128,7 +130,9 @@ void plan_auto(const PlanOptions& o) {
       if (!cp_runs(ulysses, ring)) continue;
       for (int shard : divisors(world / cp)) {
         const int fsdp = shard * cp, dp = world / cp;
-        for (int64_t micro = 1; micro <= global_batch / dp; micro *= 2) {
+        // A token budget sizes the micro-batches itself (micro_batch_size stays 1).
+        const int64_t max_micro = base.data.loader.micro_batch_tokens > 0 ? 1 : global_batch / dp;
+        for (int64_t micro = 1; micro <= max_micro; micro *= 2) {
           if (global_batch % (micro * dp) != 0) continue;
           for (bool recompute : recomputes)
             for (const auto& s : settings) {
@@ -219,12 +223,12 @@ void plan_auto(const PlanOptions& o) {
                     {"step_time", entry}});
   }
   if (!o.out.empty()) {
-    if (std::filesystem::exists(o.out)) fail("plan --auto: ", o.out, " exists (remove it first)");
-    std::ofstream file(o.out);
-    file << "# mmtrain plan --auto's choice for " << base.source_path << " on " << o.nodes << " x " << per_node << " "
-         << profile.name << ": " << fitting[0].summary << "\n";
-    for (const auto& set : fitting[0].sets) file << set << "\n";
-    if (!file) fail("plan --auto: cannot write ", o.out);
+    if (std::filesystem::exists(std::filesystem::symlink_status(o.out)))
+      fail("plan --auto: ", o.out, " exists (remove it first)");
+    std::string text = "# mmtrain plan --auto's choice for " + base.source_path + " on " + std::to_string(o.nodes) +
+                       " x " + std::to_string(per_node) + " " + profile.name + ": " + fitting[0].summary + "\n";
+    for (const auto& set : fitting[0].sets) text += set + "\n";
+    write_file_no_follow(o.out, text, "plan --auto --out");
     std::printf("  wrote the winner's settings to %s (mmtrain train %s --set-file %s)\n", o.out.c_str(),
                 base.source_path.c_str(), o.out.c_str());
   }

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/json_read.h"
+#include "io/user_file.h"
 #include "core/statistics.h"
 #include "core/text.h"
 #include "tools/logs.h"
@@ -26,11 +27,7 @@ struct Run {
 
 // A run's plan.json or a profile: files from elsewhere, parsed depth-checked.
 nlohmann::json read_json(const std::string& path, const std::string& what) {
-  std::ifstream in(path);
-  if (!in) fail(what, ": ", path, " cannot be read");
-  std::stringstream text;
-  text << in.rdbuf();
-  return json_parse_checked(text.str(), what + ": " + path);
+  return json_parse_checked(read_user_file(path, what + ": " + path, kMaxSmallJsonBytes), what + ": " + path);
 }
 
 Run read_run(const std::string& dir, const std::string& profile, int skip_first) {
@@ -39,19 +36,36 @@ Run read_run(const std::string& dir, const std::string& profile, int skip_first)
   if (!std::filesystem::exists(plan_path))
     fail(where, ": no plan.json (a run writes it when logging.device_profile is set)");
   const auto plan = read_json(plan_path, where);
-  if (!plan.contains("step_time") || !plan.contains("device_profile"))
+  if (!plan.is_object() || !plan.contains("step_time") || !plan.contains("device_profile"))
     fail(where, ": plan.json has no step time (the run had no logging.device_profile)");
-  if (plan["device_profile"] != profile)
-    fail(where, ": it was predicted on profile '", plan["device_profile"].get<std::string>(), "', not '", profile, "'");
+  const std::string predicted_on = json_string(plan, "device_profile", where + ": plan.json");
+  if (predicted_on != profile) fail(where, ": it was predicted on profile '", predicted_on, "', not '", profile, "'");
   const auto& t = plan["step_time"];
+  const std::string in_step = where + ": plan.json step_time";
+  // The fit's inputs: times are finite and not negative, and the whole covers its compute part.
+  auto time_ms = [&](const char* key) {
+    const double ms = t.is_object() && t.contains(key) ? json_finite(t, key, in_step) : 0.0;
+    if (ms < 0) fail(in_step, ": '", key, "' must be >= 0 ms, found ", ms);
+    return ms;
+  };
   Run run;
   run.dir = dir;
-  run.compute_ms = t.value("gemm_ms", 0.0) + t.value("attention_ms", 0.0) + t.value("recompute_ms", 0.0);
-  run.rest_ms = t.value("total_ms", 0.0) - run.compute_ms;
+  run.compute_ms = time_ms("gemm_ms") + time_ms("attention_ms") + time_ms("recompute_ms");
+  const double total_ms = json_finite(t, "total_ms", in_step);
+  if (total_ms < run.compute_ms)
+    fail(in_step, ": 'total_ms' ", total_ms, " is less than its compute part ", run.compute_ms, " ms");
+  run.rest_ms = total_ms - run.compute_ms;
   std::vector<double> steps;
   const auto records = parse_training_log_file(dir + "/metrics.jsonl");
-  for (const auto& r : records)
-    if (r.value("iteration", 0) > skip_first && r.contains("step_time_ms")) steps.push_back(r["step_time_ms"].get<double>());
+  for (const auto& r : records) {
+    if (!r.contains("iteration") || !r["iteration"].is_number_integer() || r["iteration"].get<int64_t>() <= skip_first ||
+        !r.contains("step_time_ms"))
+      continue;
+    const std::string in_record = where + ": metrics.jsonl iteration " + std::to_string(r["iteration"].get<int64_t>());
+    const double ms = json_finite(r, "step_time_ms", in_record);
+    if (!(ms > 0)) fail(in_record, ": 'step_time_ms' must be > 0, found ", ms);
+    steps.push_back(ms);
+  }
   if (steps.empty()) fail(where, ": no iterations after the ", skip_first, " warm-up ones (--skip-first)");
   run.measured_ms = median(steps);
   return run;
@@ -69,7 +83,8 @@ void plan_calibrate(const CalibrateOptions& o) {
   if (o.runs.empty()) fail("plan --calibrate: name at least one run directory");
   if (o.device.empty()) fail("plan --calibrate: needs --device (the profile the runs were predicted on)");
   if (o.out.empty()) fail("plan --calibrate: needs --out (the calibrated profile to write)");
-  if (std::filesystem::exists(o.out)) fail("plan --calibrate: ", o.out, " exists (remove it first)");
+  if (std::filesystem::exists(std::filesystem::symlink_status(o.out)))
+    fail("plan --calibrate: ", o.out, " exists (remove it first)");
   const DeviceProfile profile = load_device_profile(o.device);
   std::vector<Run> runs;
   for (const auto& dir : o.runs) runs.push_back(read_run(dir, profile.name, o.skip_first));
@@ -105,10 +120,8 @@ void plan_calibrate(const CalibrateOptions& o) {
                                       "the prediction of '%s', median absolute error %.1f %% -> %.1f %%",
                                       runs.size(), dirs.c_str(), k, o.device.c_str(), 100 * before, 100 * after);
   device_profile_from_json(j.dump(), o.out);  // it must load as a profile
-  std::ofstream file(o.out);
-  file << j.dump(2) << "\n";
-  if (!file) fail("plan --calibrate: cannot write ", o.out);
-  std::printf("  wrote %s (efficiency gemm %.3f, attention %.3f)\n", o.out.c_str(), gemm, attention);
+  write_file_no_follow(o.out, j.dump(2) + "\n", "plan --calibrate --out");
+  std::printf("  wrote %s (efficiency gemm %.3g, attention %.3g)\n", o.out.c_str(), gemm, attention);
   std::printf("%s\n", nlohmann::json({{"runs", runs.size()}, {"compute_scale", k}, {"median_abs_error_before", before},
                                       {"median_abs_error_after", after}, {"gemm_efficiency", gemm},
                                       {"attention_efficiency", attention}})

@@ -9,7 +9,9 @@ a message on stderr if the figure cannot be drawn.
 """
 import json
 import math
+import os
 import sys
+import tempfile
 
 import matplotlib
 
@@ -162,7 +164,24 @@ def finish(fig, spec):
     if spec.get("title"):
         fig.suptitle(spec["title"], fontsize=11)
     fig.tight_layout()
-    fig.savefig(spec["out"], dpi=110)
+    save_no_follow(fig, spec["out"])
+
+
+def save_no_follow(fig, out):
+    """The figure goes to a file of its own, created new beside `out` (never through a link), then
+    renamed over `out`; a symlink at `out` is refused (it would write where the link points)."""
+    if os.path.islink(out):
+        sys.exit(f"plot: refused: {out} is a symlink (figures are written in place, never through a link)")
+    directory, name = os.path.split(os.path.abspath(out))
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=os.path.splitext(name)[1], dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as stream:
+            fig.savefig(stream, dpi=110, format=os.path.splitext(name)[1][1:] or "png")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 FIGURES = {"runs": figure_runs, "compare": figure_compare, "ablation": figure_ablation}

@@ -1,6 +1,7 @@
 #include "train/build.h"
 
 #include "core/error.h"
+#include "data/held_out.h"
 #include "fsdp/shard_pager.h"
 #include "parallel/parallelize.h"
 #include "train/hf_weights.h"
@@ -89,12 +90,14 @@ SampleLoadFn sample_loads(const Config& c, std::shared_ptr<const Dataset> datase
 
 DataPipeline build_data(const Config& c, int dp_rank, int dp_world) {
   const auto& loader = c.data.loader;
-  if (loader.micro_batch_tokens > 0 && c.training.micro_batch_size != 1)
-    fail("config ", c.source_path, ": data.dataloader_param.micro_batch_tokens ", loader.micro_batch_tokens,
-         " and training.micro_batch_size ", c.training.micro_batch_size, " both size the micro-batches: with a token "
-         "budget leave micro_batch_size at 1 and give the samples per step as training.global_batch_size");
+  config_check_token_budget(c);
   DataPipeline data;
   data.dataset = build_dataset(c);
+  if (c.data.validation_split > 0.0) {  // the held-out samples are not the training set's
+    const int64_t n = data.dataset->size();
+    auto kept = remaining_indices(n, held_out_indices(n, c.data.validation_split, c.training.seed));
+    data.dataset = std::make_shared<SubsetDataset>(data.dataset, std::move(kept));
+  }
   data.collator = collator_registry().get(c.data.collate_model_name,
                                           "config " + c.source_path + ": data.dataloader_param.collate_param.model_name")(
       c.data, c.model);
@@ -110,10 +113,35 @@ DataPipeline build_data(const Config& c, int dp_rank, int dp_world) {
   sampling.micro_batch_tokens = loader.micro_batch_tokens;
   sampling.balance_dp = loader.balance_dp;
   sampling.skip_over_budget = loader.over_budget_samples == "skip";
+  const int64_t global_batch = int64_t{sampling.micro_batch_size} * sampling.gradient_accumulation_steps * dp_world;
+  if (c.data.validation_split > 0.0 && sampling.num_samples < global_batch)
+    fail("config ", c.source_path, ": data.validation_split ", c.data.validation_split, " leaves ", sampling.num_samples,
+         " training samples, fewer than one global batch of ", global_batch, ": hold out less, or use data.validation");
   data.sampler = GlobalBatchSampler(
       sampling, loader.micro_batch_tokens > 0 ? sample_loads(c, data.dataset) : SampleLoadFn{});
   data.seed = c.training.seed;
   return data;
+}
+
+std::shared_ptr<Dataset> build_validation_dataset(const Config& c) {
+  if (!c.data.validation.empty()) {
+    Config validation = c;
+    validation.data = c.data.validation_data();
+    const std::string where = "config " + c.source_path + ": data.validation";
+    std::shared_ptr<Dataset> dataset;
+    try {
+      dataset = build_dataset(validation);
+    } catch (const Error& e) {
+      fail(where, ": ", e.what());
+    }
+    if (dataset->size() == 0) fail(where, ": the validation set is empty");
+    return dataset;
+  }
+  if (c.data.validation_split > 0.0) {
+    auto base = build_dataset(c);
+    return std::make_shared<SubsetDataset>(base, held_out_indices(base->size(), c.data.validation_split, c.training.seed));
+  }
+  return nullptr;
 }
 
 }  // namespace mmtrain

@@ -39,6 +39,11 @@ int64_t load_initial_weights(const Config& config, Model& model, Fsdp& fsdp);
 // The data of a run, as one data-parallel rank sees it: the dataset and collator of the config's
 // registries and the sampler (data.dataloader_param's shuffle, drop_last and token budget,
 // training.seed).
+// With data.validation_split, the dataset is the training part (data/held_out.h).
 DataPipeline build_data(const Config& config, int dp_rank, int dp_world);
+
+// The held-out set evaluation reads: data.validation's data set, or the samples
+// data.validation_split holds out of the training set; null when the config names neither.
+std::shared_ptr<Dataset> build_validation_dataset(const Config& config);
 
 }  // namespace mmtrain

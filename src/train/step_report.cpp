@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/text.h"
+#include "io/user_file.h"
 #include "models/flops_report.h"
 #include "plan/length_mix.h"
 #include "plan/offload_plan.h"
@@ -10,7 +11,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 
 namespace mmtrain {
 
@@ -67,16 +67,26 @@ StepOutcome run_step(Run& run, DataLoader& loader, int64_t step) {
 void PlanWatch::check(const Run& run, StepRecord& record) {
   if (!run.is_rank0()) return;  // its samples' reads and the plan are wanted once, not per rank
   const Config& config = run.config;
-  if (!prediction_) {
+  if (!asked_) {
+    asked_ = true;
     // Ragged data peaks at its longest sample: the data set's lengths when it can say them.
     const LengthMix mix = read_length_mix(*run.data.dataset, kPredictionSamples);
     const int64_t first_step_seqlen = record.tokens / std::max<int64_t>(1, record.global_batch_size);
-    prediction_ = predict_run(config, run.comm().world_size(), run.runtime.env.local_world_size, *run.model,
-                              mix.seqlens, first_step_seqlen, run.baseline_rss_mb, run.comm().device().is_cuda());
-    std::ofstream file(config.logging.output_dir + "/plan.json");
-    file << prediction_->to_json().dump(2) << "\n";
-    if (!file) run.log("warning: cannot write " + config.logging.output_dir + "/plan.json");
+    try {
+      prediction_ = predict_run(config, run.comm().world_size(), run.runtime.env.local_world_size, *run.model,
+                                mix.seqlens, first_step_seqlen, run.baseline_rss_mb, run.comm().device().is_cuda());
+    } catch (const Error& e) {  // the run goes on: the plan is advice
+      run.log(std::string("warning: the plan cannot predict this run: ") + e.what());
+      return;
+    }
+    const std::string path = config.logging.output_dir + "/plan.json";
+    try {
+      write_file_no_follow(path, prediction_->to_json().dump(2) + "\n", "plan.json");
+    } catch (const Error& e) {
+      run.log(std::string("warning: ") + e.what());
+    }
   }
+  if (!prediction_) return;
   if (prediction_->step_time) record.predicted_step_time_ms = prediction_->step_time->total_ms;
   record.predicted_peak_rss_mb = prediction_->peak_rss_mb;
   record.predicted_peak_device_mb = prediction_->peak_device_mb;

@@ -47,6 +47,7 @@ class PlanWatch {
 
  private:
   static constexpr int64_t kPredictionSamples = 256;
+  bool asked_ = false;  // the prediction is made once; it may be unavailable (said as a warning)
   std::optional<RunPrediction> prediction_;
   bool peak_over_prediction_said_ = false;
 };

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "record/metrics.h"
+#include "train/evaluate.h"
 #include "train/run.h"
 #include "train/run_save.h"
 #include "train/run_start.h"
@@ -48,6 +49,12 @@ void Trainer::run() {
                                ? std::min(t.train_iters, (run.start_step / t.exit_interval + 1) * t.exit_interval)
                                : t.train_iters;
   const auto loader = open_loader(run, end_step);
+  std::unique_ptr<Evaluator> evaluator;
+  if (t.eval_interval > 0 || t.eval_at_start) evaluator = std::make_unique<Evaluator>(run);
+  auto evaluate_if_due = [&](int64_t iteration) {
+    if (evaluator && evaluator->due(iteration)) metrics.record(evaluator->evaluate(run, iteration));
+  };
+  if (run.start_step == 0) evaluate_if_due(0);  // eval_at_start: the weights before any step
   for (int64_t step = run.start_step; step < t.train_iters; ++step) {
     const int64_t iteration = step + 1;
     if (step > run.start_step && run.data.sampler.epoch_of_step(step) != run.data.sampler.epoch_of_step(step - 1))
@@ -72,6 +79,7 @@ void Trainer::run() {
       });
     else
       write_record();
+    evaluate_if_due(iteration);
     if (exiting) {
       run.log("exit_interval " + std::to_string(t.exit_interval) + " reached at iteration " + std::to_string(iteration));
       break;

@@ -5,6 +5,7 @@
 //   record train/step_report.h the step's record, reduced over ranks, checked against the plan,
 //                              written by record/metrics.h
 //   save   train/run_save.h    the checkpoint of a step, in place or in the background
+//   evaluate train/evaluate.h  the held-out loss, after the steps training.eval_interval names
 // trainer.cpp is the loop that sequences them: when to log, save and stop.
 #pragma once
 #include "config/config.h"

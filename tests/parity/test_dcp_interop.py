@@ -327,3 +327,117 @@ def test_a_torchtitan_layout_converts(mmtrain_bin, setup, tmp_path):
                    "--save_dir", str(tmp_path / "ckpt"))
     assert "AdamW moments and step, iteration 5" in proc.stdout
     assert (tmp_path / "ckpt" / "latest").read_text() == "iter_0000005\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 47: what the .metadata claims is checked in the form it is opened in; no FIFO is waited on;
+# no bytes entry or tensor expands past what backs it.
+
+def _convert_refused(mmtrain_bin, cfg_path, dcp_dir, out):
+    proc = subprocess.run([mmtrain_bin, "convert", "test_transformer", "dcp-to-ckpt", "--config", cfg_path,
+                           "--load_dir", str(dcp_dir), "--save_dir", str(out)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert not out.exists()  # no lock, no staging directory, nothing of a conversion left
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".convert-")]
+    return proc
+
+
+class _LyingPath:
+    """Pickles as pathlib.PosixPath('/elsewhere/...') carrying a cached string of a plain name:
+    str() of the object PyTorch's unpickler would build says 'name', opening it reads 'target'."""
+
+    def __init__(self, target, name):
+        self.target, self.name = target, name
+
+    def __reduce__(self):
+        import pathlib
+        return (pathlib.PosixPath, (self.target,), (None, {"_str": self.name}))
+
+
+def test_a_path_object_cannot_say_one_name_and_open_another(mmtrain_bin, setup, tmp_path):
+    _, _, cfg_path, torch_dcp, _ = setup
+    import shutil
+    lying = tmp_path / "lying"
+    shutil.copytree(torch_dcp, lying)
+    first = sorted(p for p in lying.iterdir() if p.suffix == ".distcp")[0]
+    secret = tmp_path / "elsewhere" / "secret.distcp"
+    secret.parent.mkdir()
+    shutil.copy(first, secret)
+
+    def lie(metadata):
+        for info in metadata.storage_data.values():
+            if info.relative_path == first.name:
+                info.relative_path = _LyingPath(str(secret), first.name)
+    _edited_metadata(lying, lie)
+    proc = _convert_refused(mmtrain_bin, cfg_path, lying, tmp_path / "ckpt")
+    assert "refused" in proc.stderr or "not a DCP metadata pickle" in proc.stderr, proc.stderr
+
+    # A path object without a cached string is rebuilt from its parts, and the absolute name refused.
+    plain = tmp_path / "plain_path"
+    shutil.copytree(torch_dcp, plain)
+
+    def absolute(metadata):
+        import pathlib
+        for info in metadata.storage_data.values():
+            if info.relative_path == first.name:
+                info.relative_path = pathlib.PosixPath(str(secret))
+    _edited_metadata(plain, absolute)
+    proc = _convert_refused(mmtrain_bin, cfg_path, plain, tmp_path / "ckpt")
+    assert f"is stored in '{secret}', which is not a plain file name" in proc.stderr, proc.stderr
+
+
+def test_a_fifo_as_a_data_file_is_refused_not_waited_on(mmtrain_bin, setup, tmp_path):
+    _, _, cfg_path, torch_dcp, _ = setup
+    import shutil
+    with_fifo = tmp_path / "fifo"
+    shutil.copytree(torch_dcp, with_fifo)
+    first = sorted(p for p in with_fifo.iterdir() if p.suffix == ".distcp")[0]
+    first.unlink()
+    os.mkfifo(first)
+    proc = _convert_refused(mmtrain_bin, cfg_path, with_fifo, tmp_path / "ckpt")
+    assert f"{first}: not a regular file" in proc.stderr, proc.stderr
+
+
+def test_a_bytes_entry_of_shared_references_does_not_expand(mmtrain_bin, setup, tmp_path):
+    _, _, cfg_path, _, _ = setup
+    laughs = [1]
+    for _ in range(22):  # 1.4 KB pickled, 4 million leaves walked
+        laughs = [laughs, laughs]
+    bad = tmp_path / "laughs"
+    _torch_dcp_with(bad, lambda s: s["train_state"].update(step=laughs))
+    import time
+    began = time.monotonic()
+    proc = _convert_refused(mmtrain_bin, cfg_path, bad, tmp_path / "ckpt")
+    assert "refused: the value has more than 100000 elements" in proc.stderr, proc.stderr
+    assert time.monotonic() - began < 60
+
+
+def test_a_tensor_declaring_more_than_its_bytes_is_refused_before_it_is_built(mmtrain_bin, setup, tmp_path):
+    _, _, cfg_path, torch_dcp, _ = setup
+    import shutil
+    big = tmp_path / "amplified"
+    shutil.copytree(torch_dcp, big)
+
+    def amplify(metadata):
+        entry = metadata.state_dict_metadata["model.norm.weight"]
+        entry.size = torch.Size([2 ** 27])
+        for chunk in entry.chunks:
+            chunk.sizes = torch.Size([2 ** 27])
+    _edited_metadata(big, amplify)
+    proc = _convert_refused(mmtrain_bin, cfg_path, big, tmp_path / "ckpt")
+    assert "refused: 'model.norm.weight' declares shape [134217728] (536870912 bytes of torch.float32) but its " \
+           "stored data is" in proc.stderr, proc.stderr
+
+
+def test_negative_offsets_are_named_without_a_traceback(mmtrain_bin, setup, tmp_path):
+    _, _, cfg_path, torch_dcp, _ = setup
+    import shutil
+    bad = tmp_path / "negative"
+    shutil.copytree(torch_dcp, bad)
+
+    def negative(metadata):
+        next(iter(metadata.storage_data.values())).offset = -5
+    _edited_metadata(bad, negative)
+    proc = _convert_refused(mmtrain_bin, cfg_path, bad, tmp_path / "ckpt")
+    assert "(non-negative integers expected)" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/regular_file.h"
+#include "io/user_file.h"
 
 #include <stb/stb_image.h>
 
@@ -134,12 +135,9 @@ at::Tensor decode_image_bytes(const uint8_t* data, size_t size, const std::strin
 }
 
 at::Tensor decode_image_file(const std::string& path, int64_t max_pixels) {
-  require_regular_file(path, "image " + path, "an image file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("image ", path, ": cannot open for reading");
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) fail("image ", path, ": read error");
-  return decode_image_bytes(bytes.data(), bytes.size(), path, max_pixels);
+  require_regular_file(path, "image " + path, "an image file");  // its messages name what was expected
+  const std::string bytes = read_user_file(path, "image " + path, kMaxImageFileBytes);
+  return decode_image_bytes(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), path, max_pixels);
 }
 
 ImageDims read_image_dims(const std::string& path, int64_t max_pixels) {

@@ -8,6 +8,8 @@
 #include "models/magihuman/config.h"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 #include <array>
 #include <limits>
 
@@ -47,6 +49,25 @@ at::Tensor sample_coords(const std::array<int64_t, 3>& video_grid, int64_t audio
 }
 
 Batch MagiHumanCollator::collate(const std::vector<Batch>& samples, std::vector<at::Generator>& generators) const {
+  return collate_with(samples, generators, std::nullopt);
+}
+
+Batch MagiHumanCollator::collate_at_timestep(const std::vector<Batch>& samples, std::vector<at::Generator>& generators,
+                                             double timestep) const {
+  return collate_with(samples, generators, timestep);
+}
+
+// logit_normal: sigmoid(loc + scale x Phi^-1(q)), Phi^-1(q) = sqrt(2) erfinv(2q - 1); uniform: q.
+std::optional<double> MagiHumanCollator::timestep_quantile(double q) const {
+  if (!(q > 0.0 && q < 1.0)) fail("collator magihuman: a timestep quantile must be in (0, 1), found ", q);
+  const auto& o = options_;
+  if (o.sigma_sampling != SigmaSampling::kLogitNormal) return q;
+  const double z = std::sqrt(2.0) * at::erfinv(at::scalar_tensor(2.0 * q - 1.0, at::kDouble)).item<double>();
+  return 1.0 / (1.0 + std::exp(-(z * o.logit_normal_scale + o.logit_normal_loc)));
+}
+
+Batch MagiHumanCollator::collate_with(const std::vector<Batch>& samples, std::vector<at::Generator>& generators,
+                                      std::optional<double> timestep) const {
   const auto& o = options_;
   if (samples.empty()) fail("collator magihuman: expected at least one sample, found none");
   if (generators.size() != samples.size())
@@ -94,13 +115,18 @@ Batch MagiHumanCollator::collate(const std::vector<Batch>& samples, std::vector<
   for (size_t b = 0; b < parts.size(); ++b) {
     const auto& p = parts[b];
     const int64_t nv = p.video.size(0), na = p.audio.size(0), nt = p.text.size(0);
-    // Fixed draw order (documented in collator.h): sigma, video noise, audio noise.
+    // Fixed draw order (documented in collator.h): sigma, video noise, audio noise. A fixed
+    // timestep (evaluation) draws no sigma: the noise is then the generator's first draws.
     auto& generator = generators[b];
-    const auto z = o.sigma_sampling == SigmaSampling::kLogitNormal ? at::randn({1}, generator, at::kFloat)
-                                                                   : at::rand({1}, generator, at::kFloat);
-    const auto sigma = o.sigma_sampling == SigmaSampling::kLogitNormal
-                           ? at::sigmoid(z * o.logit_normal_scale + o.logit_normal_loc)
-                           : z;
+    at::Tensor sigma;
+    if (timestep) {
+      sigma = at::full({1}, *timestep, at::kFloat);
+    } else {
+      const auto z = o.sigma_sampling == SigmaSampling::kLogitNormal ? at::randn({1}, generator, at::kFloat)
+                                                                     : at::rand({1}, generator, at::kFloat);
+      sigma = o.sigma_sampling == SigmaSampling::kLogitNormal ? at::sigmoid(z * o.logit_normal_scale + o.logit_normal_loc)
+                                                              : z;
+    }
     const auto eps_v = at::randn({nv, o.video_in_channels}, generator, at::kFloat);
     const auto eps_a = at::randn({na, o.audio_in_channels}, generator, at::kFloat);
     const auto keep = 1 - sigma;  // [1], broadcasts over rows and channels

@@ -40,8 +40,16 @@ class MagiHumanCollator : public Collator {
  public:
   explicit MagiHumanCollator(PrecomputedDataOptions options) : options_(std::move(options)) {}
   Batch collate(const std::vector<Batch>& samples, std::vector<at::Generator>& generators) const override;
+  // The training distribution's quantile q (sigma_sampling with its loc and scale: the shift).
+  std::optional<double> timestep_quantile(double q) const override;
+  // Evaluation: every sample at sigma = timestep; no sigma drawn, so eps_v, eps_a are the
+  // generator's first draws.
+  Batch collate_at_timestep(const std::vector<Batch>& samples, std::vector<at::Generator>& generators,
+                            double timestep) const override;
 
  private:
+  Batch collate_with(const std::vector<Batch>& samples, std::vector<at::Generator>& generators,
+                     std::optional<double> timestep) const;
   PrecomputedDataOptions options_;
 };
 

@@ -3,6 +3,7 @@
 // three; shapes are checked per sample on read, each error naming the file.
 #include "data/magihuman/precomputed_dataset.h"
 
+#include "core/checked_math.h"
 #include "core/error.h"
 #include "core/param_map.h"
 #include "core/pickle_scan.h"
@@ -10,6 +11,7 @@
 #include "core/suggest.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
+#include "io/user_file.h"
 
 #include <caffe2/serialize/in_memory_adapter.h>
 #include <caffe2/serialize/inline_container.h>
@@ -108,11 +110,9 @@ std::map<std::string, std::string> list_dir(const fs::path& dir) {
   return out;
 }
 
-std::vector<char> read_bytes(const std::string& path) {
-  require_regular_file(path, path, "a sample file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, ": cannot open for reading");
-  return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+std::string read_bytes(const std::string& path) {
+  require_regular_file(path, path, "a sample file");  // its messages name what was expected
+  return read_user_file(path, path, kMaxDataFileBytes);
 }
 
 // A list/tuple of numbers -> 1-D tensor (int64 if every element is an int); else undefined.
@@ -311,7 +311,12 @@ std::optional<int64_t> PrecomputedDataset::sample_tokens(int64_t index) const {
     const auto video = header_rows(s.latents, kVideoKeys);
     const auto audio = header_rows(s.audio_latents, kAudioKeys);
     const auto text = header_rows(s.conditions, kTextKeys);
-    if (video && audio && text) return *video + *audio + *text;
+    if (video && audio && text) {
+      // Header row counts are claims: checked before they are summed (a [2^62, 0] tensor holds no bytes).
+      const std::string what = "sample " + s.latents + " (with its audio and text files)";
+      const int64_t total = checked_add(checked_add(*video, *audio, what), *text, what);
+      return checked_tokens(total, what);
+    }
   }
   const Batch sample = get(index);
   return batch_get(sample, "video_latent").size(0) + batch_get(sample, "audio_latent").size(0) +

@@ -303,8 +303,9 @@ class MagiHumanModel : public Model, public SplitsSequence {
     }
 
     ModelOutput result;
-    result.loss = seq->is_split() ? split_flow_matching_loss(prediction, target, modality, loss_mask, *seq, batch)
-                                  : flow_matching_loss(prediction, target, modality, loss_mask, batch);
+    result.loss = seq->is_split()
+                      ? split_flow_matching_loss(prediction, target, modality, loss_mask, *seq, batch, &result.term_losses)
+                      : flow_matching_loss(prediction, target, modality, loss_mask, batch, &result.term_losses);
     // Under context parallelism every rank must run the whole backward (its attention sends
     // gradients to the other ranks), even when none of its rows reaches the loss.
     if (seq->is_split()) result.loss = result.loss + h.sum() * 0.0;
@@ -322,17 +323,22 @@ class MagiHumanModel : public Model, public SplitsSequence {
   // mean over video rows x video channels + mean over audio rows x audio channels of
   // (pred - target)^2, rows where loss_mask; a term is skipped when its modality is absent. With
   // the batch's loss_normalizer (a token-budget step), each term's sum over the global count.
+  // terms: each term's part of the loss, in kLossTerms order (0 for an absent modality).
   at::Tensor flow_matching_loss(const at::Tensor& prediction, const at::Tensor& target, const at::Tensor& modality,
-                                const at::Tensor& loss_mask, const Batch& batch) const {
+                                const at::Tensor& loss_mask, const Batch& batch, std::vector<at::Tensor>* terms) const {
     auto diff = (prediction - target.to(at::kFloat)).pow(2);
     at::Tensor loss;
     for (size_t t = 0; t < std::size(kLossTerms); ++t) {
       const int k = kLossTerms[t];
       auto index = ((modality == k) & loss_mask.to(at::kBool)).nonzero().view(-1);
-      if (index.numel() == 0) continue;
+      if (index.numel() == 0) {
+        terms->push_back(at::zeros({}, at::kFloat));
+        continue;
+      }
       auto elements = diff.index_select(0, index).slice(1, 0, loss_channels(k));
       const auto normalizer = loss_normalizer(batch, t);
       auto term = normalizer ? elements.sum() / *normalizer : elements.mean();
+      terms->push_back(term.detach());
       loss = loss.defined() ? loss + term : term;
     }
     return loss.defined() ? loss : diff.sum() * 0.0;
@@ -342,23 +348,31 @@ class MagiHumanModel : public Model, public SplitsSequence {
   // every rank holds the unsplit value (its grads are those of its own rows).
   at::Tensor split_flow_matching_loss(const at::Tensor& prediction, const at::Tensor& target,
                                       const at::Tensor& modality, const at::Tensor& loss_mask,
-                                      const SequenceSplit& seq, const Batch& batch) const {
+                                      const SequenceSplit& seq, const Batch& batch,
+                                      std::vector<at::Tensor>* terms) const {
     auto diff = (prediction - target.to(at::kFloat)).pow(2);
     at::Tensor loss = diff.sum() * 0.0;
     for (size_t t = 0; t < std::size(kLossTerms); ++t) {
       const int k = kLossTerms[t];
       auto index = ((modality == k) & loss_mask.to(at::kBool)).nonzero().view(-1);
       const int64_t rows = seq.sum(index.numel());  // the same on every CP rank
-      if (rows == 0) continue;
+      if (rows == 0) {
+        terms->push_back(at::zeros({}, at::kFloat));
+        continue;
+      }
       auto local = diff.index_select(0, index).slice(1, 0, loss_channels(k)).sum();
       const double normalizer = loss_normalizer(batch, t).value_or(static_cast<double>(rows * loss_channels(k)));
-      loss = loss + seq.sum(local / normalizer);
+      auto term = seq.sum(local / normalizer);
+      terms->push_back(term.detach());
+      loss = loss + term;
     }
     return loss;
   }
 
   // Supervised elements per term: rows of the modality where loss_mask, times its channels (what
   // the loss's means divide by), over the whole batch (every CP rank's rows).
+  std::vector<std::string> loss_term_names() const override { return {"video", "audio"}; }
+
   std::vector<double> loss_counts(const Batch& batch) const override {
     const auto& modality = batch_get(batch, "modality_mapping");
     const auto supervised = batch_get(batch, "loss_mask").to(at::kBool);

@@ -80,6 +80,26 @@ TEST(MagiHumanDatasetTest, ReadsPtAndSafetensorsSortedByStem) {
   for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(ds.sample_tokens(i), 15);
 }
 
+// Issue 47: header row counts are claims. A [2^62, 0] tensor holds no bytes, so three of them
+// summed wrapped to a negative length; the sum is checked and the sample named.
+TEST(MagiHumanDatasetTest, HeaderRowCountsThatOverflowNameTheSample) {
+  Fixture f;
+  auto write_header = [](const fs::path& path, const std::string& key, const std::string& extra = "") {
+    const std::string header = "{\"" + key + "\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,0],"
+                               "\"data_offsets\":[0,0]}" + extra + "}";
+    const uint64_t length = header.size();
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(&length), 8);
+    out << header;
+  };
+  write_header(f.file("latents", "s", ".safetensors"), "video_latent");
+  write_header(f.file("audio_latents", "s", ".safetensors"), "audio_latent");
+  write_header(f.file("conditions", "s", ".safetensors"), "prompt_embeds");
+  const auto ds = f.open();
+  const std::string message = error_of([&] { ds.sample_tokens(0); });
+  EXPECT_CONTAINS(message, f.file("latents", "s", ".safetensors").string());
+}
+
 TEST(MagiHumanDatasetTest, AlternativeKeysListGridAndLeadingOne) {
   Fixture f;
   // grid as a Python-style tuple, video under `latents`, text [1, Nt, C] bf16 under `text_embed`.
