@@ -177,7 +177,11 @@ std::vector<LogRecord> parse_eval_records_file(const std::string& path) {
     auto parsed = ordered_json_parse_checked(text, path + ":" + std::to_string(number) + ": a metrics record");
     if (parsed.is_object() && is_eval_record(parsed) && parsed.contains("iteration") &&
         parsed["iteration"].is_number_integer() && parsed.contains("eval_loss") && parsed["eval_loss"].is_number())
-      by_iteration[parsed["iteration"].get<int64_t>()] = std::move(parsed);
+    {
+      // The key first: json's operator= takes its argument by value, built before the left side.
+      const int64_t iteration = parsed["iteration"].get<int64_t>();
+      by_iteration[iteration] = std::move(parsed);
+    }
   }
   std::vector<LogRecord> out;
   for (auto& [iteration, record] : by_iteration) out.push_back(std::move(record));

@@ -112,6 +112,8 @@ def test_evaluation_is_stable_and_leaves_training_untouched(tmp_path, magihuman_
     _, evals_resumed = records(resumed)
     assert [(e["iteration"], e["eval_loss"]) for e in evals_resumed] == \
         [(e["iteration"], e["eval_loss"]) for e in evals_with]
+    summary = run_mmtrain(["logs", "summary", str(with_eval / "run" / "metrics.jsonl")]).stdout
+    assert "validation (3 evaluations): last eval_loss" in summary and "; best " in summary, summary
 
 
 @pytest.mark.parametrize("setting,message", [
