@@ -1,5 +1,7 @@
 #include "checkpoint/sharded_checkpoint.h"
 
+#include "checkpoint/best_checkpoints.h"
+
 #include "core/crc32c.h"
 #include "core/error.h"
 #include "core/json_read.h"
@@ -335,10 +337,12 @@ CheckpointPruned checkpoint_prune(const std::string& save_root, int keep, const 
     std::vector<std::string> ours;
     for (const auto& [iteration, name] : complete_checkpoints(root))
       if (lineage_of(root / name) == lineage) ours.push_back(name);
+    // training.keep_best's checkpoints are kept for their held-out loss, whatever their age.
+    const auto best = best_checkpoint_names(save_root);
     const size_t doomed = ours.size() > static_cast<size_t>(keep) ? ours.size() - keep : 0;
     for (size_t i = 0; i < doomed; ++i) {
       const std::string& name = ours[i];
-      if (name == latest) continue;
+      if (name == latest || std::find(best.begin(), best.end(), name) != best.end()) continue;
       const fs::path pruned = root / (name + kTmpSuffix + ".pruned");
       std::error_code error;
       fs::path failed = root / name;

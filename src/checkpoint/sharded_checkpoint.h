@@ -52,7 +52,8 @@ std::string checkpoint_archive(const std::string& save_root, const std::vector<s
                                const std::string& archive_name);
 
 // training.keep_latest_k: removes the complete iter_N directories under save_root of `lineage`
-// beyond its newest `keep` (keep >= 1), never the one `latest` names; another lineage's
+// beyond its newest `keep` (keep >= 1), never the one `latest` names nor those its
+// trainer_state.json keeps for their held-out loss (checkpoint/best_checkpoints.h); another lineage's
 // checkpoints and unfinished saves (*.tmp) are not touched. A directory is renamed to
 // iter_N.tmp.pruned before it is removed, so a crash midway leaves a stale save that the next save
 // clears, never a half-deleted checkpoint. Rank 0 calls it after a save commits. It never throws:

@@ -31,6 +31,7 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
       .field("save", &T::save)
       .field("save_interval", &T::save_interval)
       .field("keep_latest_k", &T::keep_latest_k)
+      .field("keep_best", &T::keep_best)
       .field("archive_newer_checkpoints", &T::archive_newer_checkpoints)
       .field("async_save", &T::async_save)
       .field("log_interval", &T::log_interval)
@@ -75,6 +76,11 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
           check.invalid("mem_fraction_static", "in (0, 1]", number(t.mem_fraction_static));
         check.at_least("save_interval", t.save_interval, 0);
         check.at_least("keep_latest_k", t.keep_latest_k, 0);
+        check.at_least("keep_best", t.keep_best, 0);
+        if (t.keep_best > 0 && (t.save.empty() || t.eval_interval == 0))
+          check.invalid("keep_best", "0 unless training.save and training.eval_interval are set (it keeps the "
+                        "checkpoints of the evaluations with the lowest eval_loss)",
+                        std::to_string(t.keep_best) + (t.save.empty() ? " without training.save" : " without training.eval_interval"));
         check.at_least("exit_interval", t.exit_interval, 0);
         check.at_least("log_interval", t.log_interval, 1);
         check.at_least("eval_interval", t.eval_interval, 0);

@@ -40,6 +40,8 @@ struct TrainingConfig {
   std::string save;                            // save root; empty = never save
   int64_t save_interval = 0;                   // 0 = only at the end (when save is set)
   int keep_latest_k = 0;                       // complete checkpoints of this run's lineage kept under save (the newest k); 0 = all
+  int keep_best = 0;                           // also keep the N checkpoints of lowest eval_loss (a save at each
+                                               // evaluation; checkpoint/best_checkpoints.h); 0 = off
   bool archive_newer_checkpoints = false;      // a run starting at iteration i in a save holding newer checkpoints
                                                // moves them to save/archived_<time>_branch_at_iter_<i>/ (else it is refused)
   bool async_save = false;                     // write checkpoints in the background (checkpoint/async_checkpoint.h)

@@ -29,6 +29,7 @@ class Commands {
 std::vector<std::string> read_set_file(const std::string& path);
 
 void add_train_commands(CLI::App& app, Commands& commands);    // train (tools/train.cpp)
+void add_eval_commands(CLI::App& app, Commands& commands);     // eval CONFIG --load DIR
 void add_fixture_commands(CLI::App& app, Commands& commands);  // fixture NAME, fixture MODEL-weights
 void add_convert_commands(CLI::App& app, Commands& commands);  // convert MODEL hf-to-ckpt | ckpt-to-hf
 void add_flops_commands(CLI::App& app, Commands& commands);    // flops MODEL

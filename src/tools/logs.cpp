@@ -176,7 +176,8 @@ std::vector<LogRecord> parse_eval_records_file(const std::string& path) {
     if (text.empty() || text.front() != '{') continue;
     auto parsed = ordered_json_parse_checked(text, path + ":" + std::to_string(number) + ": a metrics record");
     if (parsed.is_object() && is_eval_record(parsed) && parsed.contains("iteration") &&
-        parsed["iteration"].is_number_integer() && parsed.contains("eval_loss") && parsed["eval_loss"].is_number())
+        parsed["iteration"].is_number_integer() && parsed.contains("eval_loss") &&
+        (parsed["eval_loss"].is_number() || parsed["eval_loss"].is_null()))  // null: a NaN/Inf loss
     {
       // The key first: json's operator= takes its argument by value, built before the left side.
       const int64_t iteration = parsed["iteration"].get<int64_t>();
@@ -195,10 +196,13 @@ LogRecord eval_summary(const std::vector<LogRecord>& evals) {
   out["last_eval_loss"] = evals.back()["eval_loss"];
   out["last_eval_iteration"] = evals.back()["iteration"];
   const LogRecord* best = nullptr;  // the lowest finite loss; a NaN/Inf one is never the best
+  int64_t non_finite = 0;
   for (const auto& e : evals) {
-    const double loss = e["eval_loss"].get<double>();
+    const double loss = e["eval_loss"].is_number() ? e["eval_loss"].get<double>() : NAN;
+    if (!std::isfinite(loss)) ++non_finite;
     if (std::isfinite(loss) && (!best || loss < (*best)["eval_loss"].get<double>())) best = &e;
   }
+  out["non_finite_evaluations"] = non_finite;
   if (best) {
     out["best_eval_loss"] = (*best)["eval_loss"];
     out["best_eval_iteration"] = (*best)["iteration"];
@@ -422,19 +426,62 @@ void print_summary(const char* label, const std::string& path, const LogRecord& 
                 s["last_window"]["loss_mean"].get<double>());
 }
 
+namespace {
+
+std::string loss_text(const nlohmann::ordered_json& value) {
+  return value.is_number() ? format("%.6f", value.get<double>()) : std::string("NaN/Inf");
+}
+
+// "   validation (N evaluations): last eval_loss X after iteration I; best Y after iteration J"
+void print_eval_summary(const LogRecord& e) {
+  std::printf("   validation (%lld evaluations): last eval_loss %s after iteration %lld",
+              static_cast<long long>(e["evaluations"].get<int64_t>()), loss_text(e["last_eval_loss"]).c_str(),
+              static_cast<long long>(e["last_eval_iteration"].get<int64_t>()));
+  if (e.contains("best_eval_loss"))
+    std::printf("; best %.6f after iteration %lld", e["best_eval_loss"].get<double>(),
+                static_cast<long long>(e["best_eval_iteration"].get<int64_t>()));
+  if (e["non_finite_evaluations"].get<int64_t>() > 0)
+    std::printf("; %lld NaN/Inf", static_cast<long long>(e["non_finite_evaluations"].get<int64_t>()));
+  std::printf("\n");
+}
+
+// Two runs' validation curves at the iterations both evaluated: sum|a-b| / sum|b| of eval_loss,
+// and the largest difference.
+LogRecord compare_evals(const std::vector<LogRecord>& a, const std::vector<LogRecord>& b) {
+  std::map<int64_t, double> loss_b;
+  for (const auto& e : b)
+    if (e["eval_loss"].is_number()) loss_b[e["iteration"].get<int64_t>()] = e["eval_loss"].get<double>();
+  double diff = 0, base = 0, worst = -1;
+  int64_t common = 0, worst_at = 0;
+  for (const auto& e : a) {
+    const auto found = loss_b.find(e["iteration"].get<int64_t>());
+    if (!e["eval_loss"].is_number() || found == loss_b.end()) continue;
+    const double d = std::abs(e["eval_loss"].get<double>() - found->second);
+    diff += d;
+    base += std::abs(found->second);
+    ++common;
+    if (d > worst) {
+      worst = d;
+      worst_at = found->first;
+    }
+  }
+  LogRecord out = {{"a", eval_summary(a)}, {"b", eval_summary(b)}, {"common_evaluations", common}};
+  if (common > 0 && base > 0) {
+    out["eval_loss_rel_diff"] = diff / base;
+    out["eval_loss_max_abs_diff"] = worst;
+    out["eval_loss_max_abs_diff_iteration"] = worst_at;
+  }
+  return out;
+}
+
+}  // namespace
+
 void logs_summary(const std::string& path, const LogStatsOptions& options) {
   auto summary = log_summary(parse_training_log_file(path), options);
   print_summary("run", path, summary);
   if (const auto evals = parse_eval_records_file(path); !evals.empty()) {
     summary["eval"] = eval_summary(evals);
-    const auto& e = summary["eval"];
-    std::printf("   validation (%lld evaluations): last eval_loss %.6f after iteration %lld",
-                static_cast<long long>(e["evaluations"].get<int64_t>()), e["last_eval_loss"].get<double>(),
-                static_cast<long long>(e["last_eval_iteration"].get<int64_t>()));
-    if (e.contains("best_eval_loss"))
-      std::printf("; best %.6f after iteration %lld", e["best_eval_loss"].get<double>(),
-                  static_cast<long long>(e["best_eval_iteration"].get<int64_t>()));
-    std::printf("\n");
+    print_eval_summary(summary["eval"]);
   }
   std::printf("%s\n", summary.dump().c_str());
 }
@@ -457,6 +504,19 @@ void logs_compare(const std::string& path_a, const std::string& path_b, const Lo
     std::printf("loss: no common iterations with a finite loss\n");
   if (out.contains("step_time_ratio"))
     std::printf("step time A/B (medians): %.4f\n", out["step_time_ratio"].get<double>());
+  if (!a.evals.empty() || !b.evals.empty()) {
+    out["eval"] = compare_evals(a.evals, b.evals);
+    const auto& e = out["eval"];
+    std::printf("validation A:\n");
+    print_eval_summary(e["a"]);
+    std::printf("validation B:\n");
+    print_eval_summary(e["b"]);
+    if (e.contains("eval_loss_rel_diff"))
+      std::printf("eval_loss over %lld common evaluations: relative difference %.3e, max |a-b| %.3e at iteration %lld\n",
+                  static_cast<long long>(e["common_evaluations"].get<int64_t>()), e["eval_loss_rel_diff"].get<double>(),
+                  e["eval_loss_max_abs_diff"].get<double>(),
+                  static_cast<long long>(e["eval_loss_max_abs_diff_iteration"].get<int64_t>()));
+  }
   if (!plot_path.empty()) {
     draw_figure(compare_figure(a, b, options.skip_first), plot_path);
     std::printf("wrote %s (loss of both, their difference, step times after warm-up)\n", plot_path.c_str());

@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   Commands commands;
   add_train_commands(app, commands);
+  add_eval_commands(app, commands);
   add_fixture_commands(app, commands);
   add_convert_commands(app, commands);
   add_flops_commands(app, commands);

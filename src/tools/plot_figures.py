@@ -41,9 +41,18 @@ def has(run, key):
     return any(v is not None for v in run["series"].get(key, []))
 
 
+def draw_validation(ax, series, color, name, style="o--"):
+    """A run's held-out eval_loss on a loss panel: markers at the evaluations."""
+    if "eval_loss" in series:
+        x, y = points(series["eval_iteration"], series["eval_loss"])
+        ax.plot(x, y, style, color=color, linewidth=1.2, markersize=4, label=f"{name} validation")
+
+
 def figure_runs(spec):
     runs = spec["runs"]
     panels = [p for p in RUN_PANELS if any(has(r, p[0]) for r in runs)]
+    if any("eval_timesteps" in r["series"] for r in runs):
+        panels.insert(1, ("eval_timesteps", "validation loss per timestep", 1.0))
     if not panels:
         raise SystemExit("plot: the runs have no loss, grad norm, lr, step time, MFU or memory to draw")
     cols = 3 if len(panels) > 4 else 2 if len(panels) > 1 else 1
@@ -54,7 +63,17 @@ def figure_runs(spec):
         for i, run in enumerate(runs):
             s = run["series"]
             color = colors[i % len(colors)]
+            if key == "loss":
+                draw_validation(ax, s, color, run["name"])
             if key not in s:
+                continue
+            if key == "eval_timesteps":
+                # One line per fixed timestep (quantile of the training distribution), lighter to later.
+                names = list(s[key])
+                for j, t in enumerate(names):
+                    x, y = points(s["eval_iteration"], s[key][t])
+                    ax.plot(x, y, "o-", color=color, alpha=0.35 + 0.65 * (j + 1) / len(names), markersize=3,
+                            linewidth=1.2, label=f"{run['name']} {t}")
                 continue
             x, y = points(s["iteration"], s[key], scale)
             if key == "loss" and "loss_smoothed" in s:
@@ -78,6 +97,10 @@ def figure_runs(spec):
         title = label
         if key == "loss" and spec.get("smoothing"):
             title += f" (thin: raw, thick: EMA {spec['smoothing']:g})"
+        if key == "loss" and any("eval_loss" in r["series"] for r in runs):
+            title += "\n(markers: held-out validation loss)"
+        if key == "eval_timesteps":
+            ax.legend(fontsize=7)
         if key == "dp_compute_imbalance":
             title += " (solid: compute, dashed: work)"
         if key == "step_time_ms" and spec.get("skip_first"):
@@ -96,10 +119,12 @@ def figure_compare(spec):
     a, b = spec["a"], spec["b"]
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
     ax = axes[0]
-    for run, style in ((a, "-"), (b, "--")):
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (run, style) in enumerate(((a, "-"), (b, "--"))):
         x, y = points(run["iteration"], run["loss"])
-        ax.plot(x, y, style, linewidth=1.5, label=run["name"])
-    ax.set_title("loss", fontsize=10)
+        ax.plot(x, y, style, color=colors[i], linewidth=1.5, label=run["name"])
+        draw_validation(ax, run, colors[i], run["name"], "o" + style)
+    ax.set_title("loss" + (" (markers: validation)" if "eval_loss" in a or "eval_loss" in b else ""), fontsize=10)
     ax.set_xlabel("iteration")
     ax.set_ylabel("loss")
     ax.legend(fontsize=9)

@@ -38,6 +38,18 @@ std::vector<double> numbers(const nlohmann::json& values) {
   return out;
 }
 
+// A run's evaluations beside its steps: eval_iteration, eval_loss and, for a diffusion model,
+// eval_timesteps {"t0.1": [...], ...} (the loss at each fixed timestep).
+void add_eval_series(const NamedRun& run, nlohmann::json& series) {
+  if (run.evals.empty()) return;
+  series["eval_iteration"] = column(run.evals, "iteration");
+  series["eval_loss"] = column(run.evals, "eval_loss");
+  nlohmann::json timesteps = nlohmann::json::object();
+  for (const auto& [key, value] : run.evals.front().items())
+    if (key.rfind("eval_loss_t", 0) == 0) timesteps[key.substr(std::string("eval_loss_").size())] = column(run.evals, key.c_str());
+  if (!timesteps.empty()) series["eval_timesteps"] = std::move(timesteps);
+}
+
 std::string plot_script() { return tools_script("plot_figures.py", "MMTRAIN_PLOT_SCRIPT"); }
 
 }  // namespace
@@ -73,6 +85,7 @@ NamedRun read_named_run(const std::string& argument) {
   if (!run.named) run.name = fs::path(run.dir).filename().string();
   run.path = p.string();
   run.records = parse_training_log_file(run.path);
+  run.evals = parse_eval_records_file(run.path);
   return run;
 }
 
@@ -131,6 +144,7 @@ nlohmann::json runs_figure(const std::vector<NamedRun>& runs, const RunsPlotOpti
         smoothed.push_back(std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr));
       series["loss_smoothed"] = std::move(smoothed);
     }
+    add_eval_series(run, series);
     spec["runs"].push_back({{"name", run.name}, {"series", std::move(series)}});
   }
   return spec;
@@ -160,6 +174,7 @@ nlohmann::json compare_figure(const NamedRun& a, const NamedRun& b, int64_t skip
                           {"steady_iteration", column(steady, "iteration")},
                           {"steady_step_time_ms", column(steady, "step_time_ms")},
                           {"step_time_median", nullptr}};
+    add_eval_series(run, out);
     if (summary.contains("step_time_ms")) out["step_time_median"] = summary["step_time_ms"]["median"];
     return out;
   };

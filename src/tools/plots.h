@@ -20,6 +20,7 @@ struct NamedRun {
   std::string dir;   // the run's directory (or the log's path without its extension)
   bool named = false;  // the name came from NAME=
   std::vector<LogRecord> records;
+  std::vector<LogRecord> evals;  // its held-out evaluations (kind "eval"), by iteration
 };
 
 // "NAME=PATH" or "PATH"; PATH is a log file or a run's output directory (its metrics.jsonl). The

@@ -31,7 +31,7 @@ std::string quantile_name(double q) { return "t" + format("%g", q); }
 
 }  // namespace
 
-Evaluator::Evaluator(const Run& run) : config_(&run.config) {
+Evaluator::Evaluator(const Run& run, bool record_held_out) : config_(&run.config) {
   const Config& c = run.config;
   const auto& t = c.training;
   const std::string where = "config " + c.source_path + ": ";
@@ -61,7 +61,7 @@ Evaluator::Evaluator(const Run& run) : config_(&run.config) {
     quantiles_.push_back(q);
     sigmas_.push_back(*sigma);
   }
-  if (run.is_rank0() && c.data.validation_split > 0.0) {
+  if (record_held_out && run.is_rank0() && c.data.validation_split > 0.0) {
     const auto* subset = dynamic_cast<const SubsetDataset*>(dataset_.get());
     nlohmann::json held = nlohmann::json::array();
     for (int64_t i = 0; i < subset->size(); ++i) held.push_back(subset->base_index(i));

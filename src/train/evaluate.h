@@ -33,9 +33,9 @@ namespace mmtrain {
 class Evaluator {
  public:
   // Builds the validation set and checks the evaluation's keys against it (an empty set,
-  // eval_iters past it). Writes <output_dir>/validation_indices.json (rank 0) under
-  // validation_split. Collective over the run's ranks only through its evaluations.
-  explicit Evaluator(const Run& run);
+  // eval_iters past it). A training run (record_held_out) writes <output_dir>/validation_indices.json
+  // (rank 0) under validation_split. Collective over the run's ranks only through its evaluations.
+  Evaluator(const Run& run, bool record_held_out);
 
   // Whether iteration (steps taken) is one the config evaluates after.
   bool due(int64_t iteration) const;

@@ -5,6 +5,7 @@
 //   (train/step_report.h), saving (train/run_save.h).
 #pragma once
 #include "checkpoint/async_checkpoint.h"
+#include "checkpoint/best_checkpoints.h"
 #include "config/config.h"
 #include "data/data_loader.h"
 #include "dist/device_mesh.h"
@@ -43,6 +44,7 @@ struct Run {
   std::unique_ptr<AsyncCheckpointSaver> async_saver;  // training.async_save
   int64_t start_step = 0;  // optimizer steps already taken
   std::string lineage;     // this run's line of checkpoints (sharded_checkpoint.h): continued on resume
+  std::vector<BestCheckpoint> best;  // training.keep_best: lowest eval_loss first; continued on resume
   StateFiniteness finiteness;  // whether a step made a weight NaN/Inf (train/state_finite.h)
   double baseline_rss_mb = 0;  // before the model is built: the runtime and the data pipeline
 

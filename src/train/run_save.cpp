@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/text.h"
+#include "io/user_file.h"
 #include "train/state.h"
 
 #include <chrono>
@@ -30,10 +31,23 @@ void lock_save_root(Run& run) {
 
 namespace {
 
+// training.keep_best: <save>/best.json from the list the committed checkpoint holds (a later
+// evaluation may already have changed run.best while a background save was writing).
+void write_best_index(const Run& run, const std::string& dir) {
+  const std::string state_path = dir + "/trainer_state.json";
+  try {
+    const auto state = nlohmann::json::parse(read_user_file(state_path, state_path, kMaxSmallJsonBytes));
+    best_checkpoints_write_index(run.config.training.save, best_checkpoints_of(state, state_path));
+  } catch (const std::exception& e) {
+    run.log(std::string("warning: training.keep_best: ") + e.what() + " (the checkpoint is saved)");
+  }
+}
+
 // What a completed save prints: its directory, then the ones keep_latest_k removed, and as
 // warnings what it could not remove (the checkpoint is committed all the same).
 void finish_save(const Run& run, const std::string& dir, const CheckpointPruned& pruned) {
   if (!dir.empty()) run.log("saved checkpoint " + dir);
+  if (!dir.empty() && run.is_rank0() && run.config.training.keep_best > 0) write_best_index(run, dir);
   const std::string what = "training.keep_latest_k " + std::to_string(run.config.training.keep_latest_k);
   for (const auto& name : pruned.removed) run.log(what + ": removed " + name);
   for (const auto& warning : pruned.warnings) run.log("warning: " + what + ": " + warning + " (the checkpoint is saved)");
@@ -58,6 +72,7 @@ void save_checkpoint(Run& run, int64_t step, const std::function<void(double sta
   info.config = config_to_json(config);
   info.plan = state_plan_entry(config.parallel.fsdp_plan);
   info.extra["lineage"] = run.lineage;
+  if (config.training.keep_best > 0) info.extra[kBestCheckpointsKey] = best_checkpoints_json(run.best);
   try {
     if (run.async_saver) {
       if (run.async_saver->in_flight()) {

@@ -159,6 +159,7 @@ void resume(Run& run, const std::string& path) {
   }
   run.start_step = loaded.iteration;
   run.lineage = loaded.lineage;
+  run.best = loaded.best;
   run.log("resumed from " + loaded.dir + " at iteration " + std::to_string(run.start_step) + " (saved on " +
           std::to_string(loaded.saved_world_size) + " ranks, now " + std::to_string(run.comm().world_size()) + ")");
   report_node_changes(run, loaded.saved_nodes);

@@ -182,10 +182,11 @@ struct StateSnapshot {
 
 // A training checkpoint records the effective config: its model.config must be this run's, key by
 // key, apart from the keys that only change how the model computes.
-void check_same_model_config(const CheckpointReader& reader, const StateLoadOptions& options) {
+// what: "resume from" | "evaluate", as the errors say it.
+void check_same_model_config(const CheckpointReader& reader, const StateLoadOptions& options, const std::string& what) {
   const auto& global = reader.global_state();
   if (!global.contains("config") || !global["config"].contains("model") || !global["config"]["model"].contains("config"))
-    fail("cannot resume from ", reader.dir(), ": its trainer_state.json records no config.model.config to compare with");
+    fail("cannot ", what, " ", reader.dir(), ": its trainer_state.json records no config.model.config to compare with");
   const auto& saved = global["config"]["model"]["config"];
   const auto& now = options.model_config;
   std::set<std::string> keys;
@@ -199,9 +200,9 @@ void check_same_model_config(const CheckpointReader& reader, const StateLoadOpti
         options.execution_only_keys.end())
       continue;
     if (saved.contains(key) && now.contains(key) && saved[key] == now[key]) continue;
-    fail("cannot resume from ", reader.dir(), ": it trained a different model: model.config.", key, " was ",
+    fail("cannot ", what, " ", reader.dir(), ": it trained a different model: model.config.", key, " was ",
          text(saved, key), ", this config has ", text(now, key),
-         " (resume with the checkpoint's model, or start a new run from its weights)");
+         " (use the checkpoint's model config, or start a new run from its weights)");
   }
 }
 
@@ -352,6 +353,7 @@ StateLoaded state_load(const std::string& path, Comm& comm, Model& model, Fsdp& 
   loaded.dir = reader.dir();
   loaded.saved_world_size = reader.saved_world_size();
   loaded.lineage = reader.global_state().value("lineage", "");
+  loaded.best = best_checkpoints_of(global, reader.dir() + "/trainer_state.json");
   for (int r = 0; r < reader.saved_world_size(); ++r) {
     const auto state = reader.rank_state(r);
     if (!state.contains("node") || !state["node"].is_string()) {
@@ -379,7 +381,7 @@ StateLoaded state_load(const std::string& path, Comm& comm, Model& model, Fsdp& 
          reader.saved_world_size(), "), this run has ", options.global_batch_size, " (world size ", comm.world_size(),
          "); set training.global_batch_size to it (the accumulation is then derived for this world) or choose "
          "micro_batch_size/gradient_accumulation_steps so they match");
-  check_same_model_config(reader, options);
+  check_same_model_config(reader, options, "resume from");
   check_no_extra_tensors(reader, model, options.load_optimizer);
   state_load_model(reader, model, fsdp);
   if (options.load_optimizer) {
@@ -391,6 +393,26 @@ StateLoaded state_load(const std::string& path, Comm& comm, Model& model, Fsdp& 
     state_restore_rng(reader, comm.rank());
   }
   loaded.iteration = iteration;
+  return loaded;
+}
+
+StateLoaded state_load_weights(const std::string& path, Model& model, Fsdp& fsdp, const StateLoadOptions& options) {
+  CheckpointReader reader(path);
+  const auto& global = reader.global_state();
+  StateLoaded loaded;
+  loaded.dir = reader.dir();
+  loaded.saved_world_size = reader.saved_world_size();
+  const std::string saved_model = state_string(reader, "model_id");
+  if (saved_model != options.model_id)
+    fail("cannot evaluate ", reader.dir(), ": it holds model '", saved_model, "', the config builds '",
+         options.model_id, "'");
+  loaded.model_only = global.value("model_only", false);
+  if (!loaded.model_only) {
+    loaded.iteration = state_int(reader, "iteration", reader.iteration(), reader.iteration());
+    check_same_model_config(reader, options, "evaluate");
+  }
+  check_no_extra_tensors(reader, model, !loaded.model_only);
+  state_load_model(reader, model, fsdp);
   return loaded;
 }
 

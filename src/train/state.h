@@ -10,6 +10,7 @@
 // run that loads it starts at iteration 0 from its weights.
 #pragma once
 #include "checkpoint/async_checkpoint.h"
+#include "checkpoint/best_checkpoints.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "fsdp/fully_shard.h"
 #include "models/model.h"
@@ -85,6 +86,7 @@ struct StateLoaded {
   int saved_world_size = 0;
   std::vector<std::string> saved_nodes;  // the node of each saving rank; empty when not recorded
   std::string lineage;                   // its trainer_state.json "lineage" ("" when it records none)
+  std::vector<BestCheckpoint> best;      // training.keep_best's list so far (checkpoint/best_checkpoints.h)
 };
 
 // Loads a checkpoint (an iter_N directory or a save root with `latest`) on any world size: the
@@ -92,6 +94,10 @@ struct StateLoaded {
 // when it holds another model, another global batch size, or misses or mis-shapes a tensor.
 StateLoaded state_load(const std::string& path, Comm& comm, Model& model, Fsdp& fsdp, AdamW& adamw,
                        const StateLoadOptions& options);
+
+// The weights alone, for an evaluation (`mmtrain eval`): the model id and model.config checked as
+// for a resume, any global batch size, no optimizer, no RNG. A model-only checkpoint is iteration 0.
+StateLoaded state_load_weights(const std::string& path, Model& model, Fsdp& fsdp, const StateLoadOptions& options);
 
 // Only the model: params and buffers from a checkpoint reader (any world size), shapes checked.
 void state_load_model(const CheckpointReader& reader, Model& model, Fsdp& fsdp);

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 namespace mmtrain {
 
@@ -50,11 +51,23 @@ void Trainer::run() {
                                : t.train_iters;
   const auto loader = open_loader(run, end_step);
   std::unique_ptr<Evaluator> evaluator;
-  if (t.eval_interval > 0 || t.eval_at_start) evaluator = std::make_unique<Evaluator>(run);
-  auto evaluate_if_due = [&](int64_t iteration) {
-    if (evaluator && evaluator->due(iteration)) metrics.record(evaluator->evaluate(run, iteration));
+  if (t.eval_interval > 0 || t.eval_at_start) evaluator = std::make_unique<Evaluator>(run, true);
+  // The held-out loss after `iteration` steps, if the config evaluates then. It runs before that
+  // step's save, so a checkpoint of an evaluation step carries its loss (training.keep_best) and
+  // a resume from it never evaluates it again.
+  auto evaluate_if_due = [&](int64_t iteration) -> std::optional<EvalRecord> {
+    if (!evaluator || !evaluator->due(iteration)) return std::nullopt;
+    EvalRecord eval = evaluator->evaluate(run, iteration);
+    if (!std::isfinite(eval.loss))
+      run.log("warning: iteration " + std::to_string(iteration) + ": the validation loss is NaN/Inf (recorded; it "
+              "is never a training.keep_best checkpoint)");
+    else if (t.keep_best > 0)
+      run.best = best_checkpoints_update(run.best, iteration, eval.loss, t.keep_best);
+    return eval;
   };
-  if (run.start_step == 0) evaluate_if_due(0);  // eval_at_start: the weights before any step
+  if (run.start_step == 0) {
+    if (const auto eval = evaluate_if_due(0)) metrics.record(*eval);  // eval_at_start: before any step
+  }
   for (int64_t step = run.start_step; step < t.train_iters; ++step) {
     const int64_t iteration = step + 1;
     if (step > run.start_step && run.data.sampler.epoch_of_step(step) != run.data.sampler.epoch_of_step(step - 1))
@@ -66,20 +79,23 @@ void Trainer::run() {
 
     // A background save that finished (or failed) during this step is settled at its boundary.
     settle_async_save(run);
+    const std::optional<EvalRecord> eval = evaluate_if_due(iteration);
     const bool exiting = t.exit_interval > 0 && iteration % t.exit_interval == 0;
     const bool last = iteration == t.train_iters || exiting;
     const bool logged = iteration % t.log_interval == 0 || iteration == t.train_iters;
-    auto write_record = [&] {
+    auto write_records = [&] {
       if (logged) metrics.record(record, t.train_iters);
+      if (eval) metrics.record(*eval);
     };
-    if (!t.save.empty() && (last || (t.save_interval > 0 && iteration % t.save_interval == 0)))
+    const bool save_due = last || (t.save_interval > 0 && iteration % t.save_interval == 0) ||
+                          (t.keep_best > 0 && eval.has_value());
+    if (!t.save.empty() && save_due)
       save_checkpoint(run, iteration, [&](double stall_ms) {
         record.checkpoint_stall_ms = stall_ms;
-        write_record();
+        write_records();
       });
     else
-      write_record();
-    evaluate_if_due(iteration);
+      write_records();
     if (exiting) {
       run.log("exit_interval " + std::to_string(t.exit_interval) + " reached at iteration " + std::to_string(iteration));
       break;

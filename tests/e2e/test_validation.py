@@ -9,6 +9,8 @@ training.eval_interval / eval_iters / eval_at_start / eval_batch_size / eval_tim
   * untouched training: a run with evaluation every 2 steps trains bitwise like one without;
     a run stopped and resumed with load: auto evaluates at the same steps with the same values;
   * validation_split: the held-out samples are written down, the same on 1 and 2 ranks;
+  * keep_best keeps the checkpoints of the lowest eval_loss through keep_latest_k and a resume;
+    `mmtrain eval` of a checkpoint, an HF directory and a DCP equals the run's own evaluation;
   * bad input is refused by name.
 """
 import json
@@ -116,15 +118,67 @@ def test_evaluation_is_stable_and_leaves_training_untouched(tmp_path, magihuman_
     assert "validation (3 evaluations): last eval_loss" in summary and "; best " in summary, summary
 
 
+def test_keep_best_survives_a_resume_and_mmtrain_eval_equals_the_run(tmp_path, magihuman_data):
+    d = tmp_path / "best"
+    ckpt = d / "ckpt"
+    keep = f", eval_interval: 1, save: {ckpt}, load: auto, keep_best: 3, keep_latest_k: 1"
+    run(d, magihuman_config, magihuman_data, 2, training=keep + ", exit_interval: 2", iters=4)
+    run(d, magihuman_config, magihuman_data, 2, training=keep, iters=4)
+    _, evals = records(d)
+    assert [e["iteration"] for e in evals] == [1, 2, 3, 4]
+    ranked = sorted(evals, key=lambda e: (e["eval_loss"], e["iteration"]))[:3]
+    listed = json.loads((ckpt / "best.json").read_text())["checkpoints"]
+    assert [(c["iteration"], c["eval_loss"]) for c in listed] == [(e["iteration"], e["eval_loss"]) for e in ranked]
+    # The best three and `latest`; keep_latest_k 1 pruned the rest. The list crossed the resume at 2.
+    kept = sorted(p.name for p in ckpt.glob("iter_*"))
+    assert kept == sorted({f"iter_{e['iteration']:07d}" for e in ranked} | {"iter_0000004"}), kept
+    state = json.loads((ckpt / "iter_0000004" / "trainer_state.json").read_text())
+    assert [b["iteration"] for b in state["best_checkpoints"]] == [e["iteration"] for e in ranked]
+
+    # mmtrain eval of the last checkpoint, on one rank and two, equals the run's own evaluation after step 4.
+    cfg = d / "c.yaml"
+    in_run = evals[-1]["eval_loss"]
+    for world, out in ((2, d / "eval_ckpt.json"), (1, None)):
+        args = ["eval", str(cfg), "--load", str(ckpt / "iter_0000004")] + (["--out", str(out)] if out else [])
+        proc = run_mmtrain(args, world=world)
+        assert "eval_loss" in proc.stdout and "iteration 4" in proc.stdout, proc.stdout
+    assert json.loads((d / "eval_ckpt.json").read_text())["eval_loss"] == in_run  # same world: bitwise
+    default_out = d / "run" / "eval_iter_0000004.json"
+    assert abs(json.loads(default_out.read_text())["eval_loss"] - in_run) <= 1e-6 * in_run
+    proc = run_mmtrain(["eval", str(cfg), "--load", str(ckpt / "iter_0000004")], check=False)  # never overwritten
+    assert proc.returncode != 0 and "is never overwritten" in proc.stderr, proc.stderr
+
+    # The same weights as a DCP (fp32: bit for bit) and in the upstream HF layout.
+    dcp = d / "dcp"
+    run_mmtrain(["convert", "magihuman", "ckpt-to-dcp", "--load_dir", str(ckpt / "iter_0000004"), "--save_dir", str(dcp)])
+    proc = run_mmtrain(["eval", str(cfg), "--load", str(dcp), "--out", str(d / "eval_dcp.json")], world=2)
+    assert json.loads((d / "eval_dcp.json").read_text())["eval_loss"] == in_run
+    assert not list((d / "run").glob(".eval_from_dcp_*")), "the DCP's staging directory is removed"
+    reference, hf = d / "reference", d / "hf"
+    run_mmtrain(["fixture", "magihuman-weights", "--config", str(cfg), "--out", str(reference)])
+    run_mmtrain(["convert", "magihuman", "ckpt-to-hf", "--load_dir", str(ckpt / "iter_0000004"), "--save_dir", str(hf),
+                 "--model_assets_dir", str(reference)])
+    run_mmtrain(["eval", str(cfg), "--load", str(hf), "--out", str(d / "eval_hf.json")])
+    from_hf = json.loads((d / "eval_hf.json").read_text())
+    print(f"eval_loss in the run {in_run}, of the HF export {from_hf['eval_loss']}")
+    assert from_hf["iteration"] == 0 and abs(from_hf["eval_loss"] - in_run) <= 1e-3 * in_run  # the export is bf16
+
+    # A directory of none of the three kinds.
+    proc = run_mmtrain(["eval", str(cfg), "--load", str(d / "run")], check=False)
+    assert proc.returncode != 0 and "not a model's weights" in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize("setting,message", [
     ("training: eval_interval 2 without a set", "needs a validation set: set data.validation"),
     ("validation_split: 1.0", "data.validation_split"),
+    ("validation_split: 0.0", "needs a validation set"),
     ("eval_iters: 0", "training.eval_iters"),
     ("eval_iters: 11", "evaluation never wraps around: use -1 for one full pass"),
     ("eval_timesteps: [0.5, 0.3]", "increasing quantiles without duplicates"),
     ("eval_timesteps: [0.0, 0.5]", "quantiles in (0, 1)"),
     ("missing validation set", "data.validation"),
     ("validation_split: 0.9", "fewer than one global batch"),
+    ("keep_best: 2", "training.keep_best"),
 ])
 def test_bad_validation_settings_are_named(tmp_path, magihuman_data, setting, message):
     training, validation = EVAL, ", validation_split: 0.25"

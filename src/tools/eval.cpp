@@ -1,0 +1,180 @@
+// `mmtrain eval CONFIG --load DIR`: the held-out loss of a model's weights without training
+// (train/evaluate.h, the same keys, data and parallelism as the run of CONFIG). DIR is one of
+//   an mmtrain checkpoint   an iter_N directory (index.json) or a save root (latest)
+//   an HF model directory   *.safetensors (with its index), or one .safetensors file
+//   a PyTorch DCP           .metadata: its weights are converted (rank 0) into a model-only
+//                           checkpoint in <output_dir>/.eval_from_dcp_<pid>.tmp, removed after
+// Prints a table and writes the record as JSON (--out; default <output_dir>/eval_iter_<N>.json,
+// never over an existing file). At a checkpoint of step N it equals the run's own evaluation after N.
+#include "config/config.h"
+#include "config/registries.h"
+#include "core/error.h"
+#include "core/text.h"
+#include "dist/runtime.h"
+#include "io/user_file.h"
+#include "tools/command.h"
+#include "tools/convert.h"
+#include "train/build.h"
+#include "train/evaluate.h"
+#include "train/run.h"
+#include "train/state.h"
+
+#include <CLI/CLI.hpp>
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+namespace mmtrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+enum class WeightsKind { checkpoint, hf, dcp };
+
+WeightsKind kind_of(const std::string& dir) {
+  const fs::path path(dir);
+  std::error_code error;
+  if (fs::is_regular_file(path, error) && path.extension() == ".safetensors") return WeightsKind::hf;
+  if (!fs::is_directory(path, error)) fail("eval --load ", dir, ": no such directory");
+  if (fs::is_regular_file(path / ".metadata")) return WeightsKind::dcp;
+  if (fs::is_regular_file(path / "index.json") || fs::is_regular_file(path / "latest")) return WeightsKind::checkpoint;
+  for (const auto& entry : fs::directory_iterator(path))
+    if (entry.is_regular_file() && entry.path().extension() == ".safetensors") return WeightsKind::hf;
+  fail("eval --load ", dir, ": not a model's weights: expected an mmtrain checkpoint (an iter_N directory with ",
+       "index.json, or a save root with latest), an HF model directory (*.safetensors) or a PyTorch DCP (.metadata)");
+}
+
+// Loads DIR's weights into the run's model; returns the iteration they are of (0: not a training
+// checkpoint). Collective.
+int64_t load_weights(Run& run, const std::string& dir) {
+  const Config& c = run.config;
+  StateLoadOptions options;
+  options.model_id = c.model.model_id;
+  options.model_config = c.model.config;
+  options.execution_only_keys = config_model_spec(c).execution_only_keys;
+  switch (kind_of(dir)) {
+    case WeightsKind::checkpoint:
+      return state_load_weights(dir, *run.model, *run.fsdp, options).iteration;
+    case WeightsKind::hf: {
+      Config with_weights = c;
+      with_weights.model.checkpoint_path = dir;
+      load_initial_weights(with_weights, *run.model, *run.fsdp);
+      return 0;
+    }
+    case WeightsKind::dcp: {
+      // Rank 0's pid names the staging directory on every rank.
+      const double pid = run.comm().all_reduce_sum(std::vector<double>{run.is_rank0() ? double(getpid()) : 0.0})[0];
+      const fs::path staging = fs::path(c.logging.output_dir) / (".eval_from_dcp_" + format("%.0f", pid) + ".tmp");
+      struct Cleanup {
+        fs::path path;
+        bool owner;
+        ~Cleanup() {
+          std::error_code ignored;
+          if (owner) fs::remove_all(path, ignored);
+        }
+      } cleanup{staging, run.is_rank0()};
+      std::string failed, iter_dir;
+      if (run.is_rank0()) {
+        try {
+          fs::create_directories(c.logging.output_dir);
+          iter_dir = convert_dcp_weights_to_ckpt(c.model.model_id, c.model.config, dir, staging.string());
+        } catch (const Error& e) {
+          failed = e.what();
+        }
+      }
+      if (run.comm().any_rank(!failed.empty())) {
+        if (!run.is_rank0()) fail("eval --load ", dir, ": rank 0 could not read the DCP (see its error)");
+        fail("eval --load ", dir, ": ", failed);
+      }
+      state_load_weights(staging.string(), *run.model, *run.fsdp, options);
+      run.comm().barrier();  // every rank has read it before rank 0 removes it
+      return 0;
+    }
+  }
+  return 0;
+}
+
+void print_record(const EvalRecord& record, const std::string& dir) {
+  std::printf("\nheld-out evaluation of %s (iteration %lld)\n", printable(dir).c_str(),
+              static_cast<long long>(record.iteration));
+  const nlohmann::json j = record.to_json();
+  for (const auto& [key, value] : j.items()) {
+    if (key == "kind" || key == "iteration") continue;
+    std::printf("  %-24s %s\n", key.c_str(), value.is_number_float() ? format("%.6f", value.get<double>()).c_str()
+                                                                       : value.dump().c_str());
+  }
+}
+
+void write_record(const EvalRecord& record, const std::string& out, const std::string& dir) {
+  const int fd = create_new_file(out);
+  if (fd < 0)
+    fail("eval --out ", out, ": cannot create it (", std::strerror(errno),
+         errno == EEXIST ? "; an earlier result is never overwritten: remove it or choose another --out" : "", ")");
+  nlohmann::json j = record.to_json();
+  j["load"] = dir;
+  const std::string text = j.dump(2) + "\n";
+  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  ::close(fd);
+  if (!written) fail("eval --out ", out, ": cannot write it");
+  std::printf("wrote %s\n", out.c_str());
+}
+
+}  // namespace
+
+void add_eval_commands(CLI::App& app, Commands& commands) {
+  struct Options {
+    std::string config_path, load, out;
+    std::vector<std::string> overrides;
+    std::string set_file;
+  };
+  auto o = std::make_shared<Options>();
+  auto* eval = app.add_subcommand("eval", "the held-out loss of a checkpoint, an HF model directory or a DCP, "
+                                          "without training (launch with torchrun for N ranks)");
+  eval->add_option("config", o->config_path, "YAML config of the run (its validation set and parallelism)")->required();
+  eval->add_option("--load", o->load, "mmtrain checkpoint (iter_N or save root), HF model directory, or DCP")
+      ->required();
+  eval->add_option("--out", o->out, "JSON result (default <output_dir>/eval_iter_<N>.json; never overwritten)");
+  eval->add_option("--set", o->overrides, "override a config key: --set training.eval_iters=4 (repeatable)");
+  eval->add_option("--set-file,--set_file", o->set_file, "overrides from a file, one key=value per line; --set wins");
+  commands.add(eval, [o] {
+    auto overrides = o->set_file.empty() ? std::vector<std::string>{} : read_set_file(o->set_file);
+    overrides.insert(overrides.end(), o->overrides.begin(), o->overrides.end());
+    Config config = config_load(o->config_path, overrides);
+    if (config.data.validation.empty() && config.data.validation_split == 0.0)
+      fail("eval: config ", config.source_path, " names no validation set: set data.validation (a data set section) ",
+           "or data.validation_split");
+    // An evaluation trains nothing and saves nothing: the training's save root is not taken.
+    config.training.save.clear();
+    config.training.load.clear();
+    config.training.async_save = false;
+    config.training.keep_best = 0;
+    auto runtime = runtime_init(LaunchEnv::from_environment(), default_device(),
+                                std::chrono::seconds(config.parallel.timeout_s));
+    Run run;
+    run.config = std::move(config);
+    run.runtime = std::move(runtime);
+    build_run(run);
+    const int64_t iteration = load_weights(run, o->load);
+    const std::string out = !o->out.empty() ? o->out
+                                            : run.config.logging.output_dir + "/eval_" + checkpoint_dir_name(iteration) +
+                                                  ".json";
+    std::error_code error;
+    const bool taken = run.is_rank0() && fs::symlink_status(out, error).type() != fs::file_type::not_found;
+    if (run.comm().any_rank(taken))  // said before the evaluation's work, not after
+      fail("eval --out ", out, ": exists; an earlier result is never overwritten: remove it or choose another --out");
+    Evaluator evaluator(run, false);
+    const EvalRecord record = evaluator.evaluate(run, iteration);
+    if (!run.is_rank0()) return;
+    print_record(record, o->load);
+    if (const auto parent = fs::path(out).parent_path(); !parent.empty()) fs::create_directories(parent);
+    write_record(record, out, o->load);
+  });
+}
+
+}  // namespace mmtrain
