@@ -91,6 +91,7 @@ std::vector<Phase> config_phases(const PhaseBytes& phases, const Config& config)
   std::vector<Phase> out = {{"start-up", phases.startup}};
   if (!t.save.empty()) out.push_back({"a checkpoint save", t.async_save ? phases.async_save : phases.save});
   if (!t.load.empty()) out.push_back({"the resume", phases.resume});
+  if (t.eval_interval > 0 || t.eval_at_start) out.push_back({"an evaluation", phases.evaluation});
   return out;
 }
 

@@ -66,13 +66,16 @@ TierBytes offload_tier_bytes(const OffloadPlanInputs& in, const OffloadSetting& 
 //   resume: a unit's two moments staged where the shards live (2 U), the rows being read (at
 //     most U of host RAM), and with the moments on disk one U on its way there.
 // device_is_host: a CPU run (nothing is copied to the host to be written).
+// evaluation: not an offload rule (offload_phase_bytes leaves it zero): PlanEstimate::
+// evaluation_bytes fills it where there is an activation estimate.
 struct PhaseBytes {
-  TierBytes startup, save, async_save, resume;
+  TierBytes startup, save, async_save, resume, evaluation;
 };
 PhaseBytes offload_phase_bytes(const FsdpMemoryPlan& plan, const OffloadSetting& setting, bool device_is_host);
 
 // The phases a run of `config` goes through beside its steps, named for messages: start-up, the
-// save it asks for (synchronous, or training.async_save's staging) and, when it loads, the resume.
+// save it asks for (synchronous, or training.async_save's staging), when it loads the resume, and
+// when it evaluates (training.eval_interval, eval_at_start) an evaluation.
 // The pre-flight, `plan --auto` and the run's own prediction all count the largest of these.
 struct Phase {
   const char* name;

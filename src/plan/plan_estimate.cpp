@@ -90,6 +90,19 @@ std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_
   return e;
 }
 
+TierBytes PlanEstimate::evaluation_bytes() const {
+  TierBytes out;
+  if (!no_activations.empty() || act.num_layers == 0) return out;
+  const auto& t = cfg.training;
+  const bool budget = cfg.data.loader.micro_batch_tokens > 0;  // the estimate is of one budget-full micro-batch
+  const double scale = budget ? 1.0 : static_cast<double>(t.eval_batch_size > 0 ? t.eval_batch_size : micro) / micro;
+  const double forward = static_cast<double>(checked_add(act.max_layer_full_bytes, act.outside_bytes,
+                                                         "plan: an evaluation's activations")) * scale;
+  const int64_t step = recompute ? act.with_recompute_bytes() : act.without_recompute_bytes();
+  out.device = std::max<int64_t>(0, static_cast<int64_t>(forward) - step);
+  return out;
+}
+
 OffloadPlanInputs PlanEstimate::offload_inputs() const {
   // The windows are those of the largest chunk; at run time training.mem_fraction_static of the
   // free memory may make them smaller.

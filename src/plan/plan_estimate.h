@@ -33,6 +33,13 @@ struct PlanEstimate {
   std::string no_activations;     // why there is no activation estimate; "" when there is one
   int64_t cp_buffer_bytes = 0;    // one layer's context-parallel attention buffers
 
+  // What an evaluation (training.eval_interval) holds beyond the step: its forwards run under
+  // no-grad between steps, when the step's activations are freed, and keep one layer's working
+  // set at a time (the largest layer's tensors) plus what lies outside the layers, for
+  // training.eval_batch_size samples per micro-batch (one under a token budget), nothing for
+  // backward. Beyond the step only where that exceeds the step's own activations; zero without an
+  // activation estimate. On the device tier (on CPU the device is the host).
+  TierBytes evaluation_bytes() const;
   // offload_tier_bytes' inputs (they point into this estimate: do not copy it after asking).
   OffloadPlanInputs offload_inputs() const;
   // The step-time model's inputs, without the FLOPs when the model has no formula (flops false).

@@ -180,7 +180,7 @@ void preflight_memory(const Config& config, Module& model, const LaunchEnv& env,
   const OffloadSetting setting = OffloadSetting::of(config);
   const TierBytes tiers = offload_tier_bytes(offload_in, setting);
   // Around the step (start-up, the save the config asks for, a resume): the largest of them on
-  // top of it, per tier.
+  // top of it, per tier. (An evaluation adds activations only, which this check does not count.)
   const PhaseBytes phases = offload_phase_bytes(plan, setting, /*device_is_host=*/!cuda);
   const auto around = config_phases(phases, config);
   const PhasePeak host_peak = largest_phase(around, [](const TierBytes& b) { return b.host; });

@@ -216,13 +216,15 @@ void plan_memory(const PlanOptions& o) {
   }
   // Around the step, for this config's setting: what start-up, a checkpoint save and a resume hold
   // beyond it (plan/offload_plan.h), on a GPU; the pre-flight adds the largest to the step.
-  const PhaseBytes phases = offload_phase_bytes(plan, chosen, /*device_is_host=*/false);
+  PhaseBytes phases = offload_phase_bytes(plan, chosen, /*device_is_host=*/false);
+  phases.evaluation = e.evaluation_bytes();
   std::printf("\n  around the step (%s), per rank, beyond it: device / host tier / disk\n", chosen.name().c_str());
   j["phases"] = nlohmann::ordered_json::object();
   for (const auto& [name, key, t] : {std::tuple<const char*, const char*, TierBytes>{"start-up", "startup", phases.startup},
                                      {"checkpoint save", "save", phases.save},
                                      {"checkpoint save, training.async_save", "async_save", phases.async_save},
-                                     {"resume (training.load)", "resume", phases.resume}}) {
+                                     {"resume (training.load)", "resume", phases.resume},
+                                     {"evaluation (training.eval_interval)", "evaluation", phases.evaluation}}) {
     std::printf("    %-48s %9.3f / %9.3f / %9.3f GiB\n", name, gib(t.device), gib(t.host), gib(t.disk));
     j["phases"][key] = {{"device_bytes", t.device}, {"host_bytes", t.host}, {"disk_bytes", t.disk}};
   }

@@ -162,8 +162,9 @@ void plan_auto(const PlanOptions& o) {
                 ++refused;  // a combination the config checks refuse (e.g. heads the degree does not divide)
                 continue;
               }
-              c.bytes = with_phases(offload_tier_bytes(e->offload_inputs(), s),
-                                    offload_phase_bytes(e->plan, s, /*device_is_host=*/false), e->cfg);
+              PhaseBytes phases = offload_phase_bytes(e->plan, s, /*device_is_host=*/false);
+              phases.evaluation = e->evaluation_bytes();
+              c.bytes = with_phases(offload_tier_bytes(e->offload_inputs(), s), phases, e->cfg);
               least.device = std::min(least.device, c.bytes.device);
               least.host = std::min(least.host, c.bytes.host * per_node);
               least.disk = std::min(least.disk, c.bytes.disk * per_node);

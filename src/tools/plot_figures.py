@@ -69,11 +69,14 @@ def figure_runs(spec):
                 continue
             if key == "eval_timesteps":
                 # One line per fixed timestep (quantile of the training distribution), lighter to later.
+                # One run: a color per timestep; several: the run's color, darker to later timesteps.
                 names = list(s[key])
                 for j, t in enumerate(names):
                     x, y = points(s["eval_iteration"], s[key][t])
-                    ax.plot(x, y, "o-", color=color, alpha=0.35 + 0.65 * (j + 1) / len(names), markersize=3,
-                            linewidth=1.2, label=f"{run['name']} {t}")
+                    own = len(runs) == 1
+                    ax.plot(x, y, "o-", color=colors[j % len(colors)] if own else color,
+                            alpha=1.0 if own else 0.35 + 0.65 * (j + 1) / len(names), markersize=3,
+                            linewidth=1.2, label=t if own else f"{run['name']} {t}")
                 continue
             x, y = points(s["iteration"], s[key], scale)
             if key == "loss" and "loss_smoothed" in s:

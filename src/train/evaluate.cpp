@@ -1,5 +1,6 @@
 #include "train/evaluate.h"
 
+#include "core/checked_math.h"
 #include "core/error.h"
 #include "core/random.h"
 #include "core/text.h"
@@ -39,28 +40,6 @@ Evaluator::Evaluator(const Run& run, bool record_held_out) : config_(&run.config
   if (!dataset_) fail(where, "training.eval_interval / eval_at_start need a validation set: data.validation or "
                              "data.validation_split");
   if (dataset_->size() == 0) fail(where, "the validation set is empty");
-  const auto& data = c.data.validation.empty() ? c.data : c.data.validation_data();
-  collator_ = collator_registry().get(data.collate_model_name, where + "data.dataloader_param.collate_param.model_name")(
-      data, c.model);
-  micro_ = t.eval_batch_size > 0 ? t.eval_batch_size : t.micro_batch_size;
-  const int64_t per_global = micro_ * run.mesh->dp_size();
-  const int64_t full_pass = (dataset_->size() + per_global - 1) / per_global;
-  if (t.eval_iters == -1) {
-    global_batches_ = full_pass;
-  } else if (t.eval_iters * per_global > dataset_->size()) {
-    fail(where, "training.eval_iters ", t.eval_iters, " global batches of ", per_global, " samples (eval_batch_size ",
-         micro_, " x ", run.mesh->dp_size(), " data-parallel ranks) need ", t.eval_iters * per_global,
-         " validation samples; the validation set holds ", dataset_->size(),
-         " (evaluation never wraps around: use -1 for one full pass)");
-  } else {
-    global_batches_ = t.eval_iters;
-  }
-  for (const double q : t.eval_timesteps) {
-    const auto sigma = collator_->timestep_quantile(q);
-    if (!sigma) break;  // no timesteps: one pass
-    quantiles_.push_back(q);
-    sigmas_.push_back(*sigma);
-  }
   if (record_held_out && run.is_rank0() && c.data.validation_split > 0.0) {
     const auto* subset = dynamic_cast<const SubsetDataset*>(dataset_.get());
     nlohmann::json held = nlohmann::json::array();
@@ -74,10 +53,65 @@ Evaluator::Evaluator(const Run& run, bool record_held_out) : config_(&run.config
                              "\n",
                          "validation_indices.json");
   }
+  const auto& data = c.data.validation.empty() ? c.data : c.data.validation_data();
+  collator_ = collator_registry().get(data.collate_model_name, where + "data.dataloader_param.collate_param.model_name")(
+      data, c.model);
+  micro_ = t.eval_batch_size > 0 ? t.eval_batch_size : t.micro_batch_size;
+  if (const int64_t budget = c.data.loader.micro_batch_tokens; budget > 0) keep_within_budget(run, budget);
+  const int64_t per_global = micro_ * run.mesh->dp_size();
+  const int64_t full_pass = (dataset_->size() + per_global - 1) / per_global;
+  if (t.eval_iters == -1) {
+    global_batches_ = full_pass;
+  } else if (checked_mul(t.eval_iters, per_global, where + "training.eval_iters x samples per global batch") >
+             dataset_->size()) {
+    fail(where, "training.eval_iters ", t.eval_iters, " global batches of ", per_global, " samples (eval_batch_size ",
+         micro_, " x ", run.mesh->dp_size(), " data-parallel ranks) need ", t.eval_iters * per_global,
+         " validation samples; the validation set holds ", dataset_->size(),
+         " (evaluation never wraps around: use -1 for one full pass)");
+  } else {
+    global_batches_ = t.eval_iters;
+  }
+  for (const double q : t.eval_timesteps) {
+    const auto sigma = collator_->timestep_quantile(q);
+    if (!sigma) break;  // no timesteps: one pass
+    quantiles_.push_back(q);
+    sigmas_.push_back(*sigma);
+  }
   run.log(format("evaluation: %lld validation samples, %lld global batch(es) of %lld per evaluation%s%s",
                  static_cast<long long>(dataset_->size()), static_cast<long long>(global_batches_),
                  static_cast<long long>(per_global), sigmas_.empty() ? "" : ", each sample at ",
                  sigmas_.empty() ? "" : (std::to_string(sigmas_.size()) + " fixed timesteps").c_str()));
+}
+
+void Evaluator::keep_within_budget(const Run& run, int64_t budget) {
+  const Config& c = run.config;
+  const std::string where = "config " + c.source_path + ": ";
+  // Under a token budget an evaluation micro-batch is one sample, which must fit the budget as a
+  // training micro-batch must (data.dataloader_param.over_budget_samples: error or skip).
+  if (micro_ != 1)
+    fail(where, "training.eval_batch_size ", micro_, " with data.dataloader_param.micro_batch_tokens ", budget,
+         ": under a token budget each evaluation micro-batch is one sample; leave eval_batch_size at 0 or 1");
+  std::vector<int64_t> fitting;
+  int64_t skipped = 0;
+  for (int64_t i = 0; i < dataset_->size(); ++i) {
+    const auto tokens = dataset_->sample_tokens(i);
+    if (!tokens) fail(where, "the validation set cannot say how many tokens ", dataset_->describe(i), " has, which ",
+                      "data.dataloader_param.micro_batch_tokens needs");
+    if (*tokens <= budget) {
+      fitting.push_back(i);
+    } else if (c.data.loader.over_budget_samples == "skip") {
+      ++skipped;
+    } else {
+      fail(where, "validation sample ", dataset_->describe(i), " has ", *tokens, " tokens, over ",
+           "data.dataloader_param.micro_batch_tokens ", budget, " (over_budget_samples: skip leaves it out, as in training)");
+    }
+  }
+  if (skipped == 0) return;
+  if (fitting.empty()) fail(where, "every validation sample is over data.dataloader_param.micro_batch_tokens ", budget);
+  run.log(format("evaluation: over_budget_samples: skip: %lld of %lld validation samples are over the token budget "
+                 "%lld and left out", static_cast<long long>(skipped), static_cast<long long>(dataset_->size()),
+                 static_cast<long long>(budget)));
+  dataset_ = std::make_shared<SubsetDataset>(dataset_, fitting);
 }
 
 bool Evaluator::due(int64_t iteration) const {

@@ -45,6 +45,10 @@ class Evaluator {
   int64_t global_batches() const { return global_batches_; }
 
  private:
+  // Under a token budget: one sample per micro-batch, and the validation samples over the budget
+  // refused or left out (over_budget_samples).
+  void keep_within_budget(const Run& run, int64_t budget);
+
   const Config* config_ = nullptr;
   std::shared_ptr<Dataset> dataset_;
   std::shared_ptr<Collator> collator_;

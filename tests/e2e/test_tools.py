@@ -167,6 +167,12 @@ def test_plan_matches_what_the_trainer_allocates(tmp_path, token_file):
     assert phases["async_save"]["host_bytes"] == plan["param_bytes"] + plan["optimizer_bytes"]
     assert phases["resume"] == {"device_bytes": 2 * unit, "host_bytes": 2 * unit, "disk_bytes": 0}
     assert phases["startup"]["host_bytes"] == 4 * disk_plan["largest_param_numel"] > 0
+    # An evaluation's forwards keep one layer at a time: beyond the step only for a larger micro-batch.
+    assert phases["evaluation"] == {"device_bytes": 0, "host_bytes": 0, "disk_bytes": 0}
+    big = last_json(run_mmtrain(["plan", str(cfg), "--world-size", "2", "--seqlen", "16",
+                                 "--set", "training.eval_batch_size=64"]))
+    forward = (big["activation_max_layer_bytes"] + big["activation_outside_bytes"]) * 64 / big["micro_batch_size"]
+    assert big["phases"]["evaluation"]["device_bytes"] == int(forward) - big["activation_bytes_recompute"] > 0
     # cpu_offload: the sharded state leaves the device for the host, byte for byte; two fp32
     # reduce buffers of the largest shard hold grads on their way there.
     cpu = tiers["cpu_offload"]

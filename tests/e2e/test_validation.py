@@ -135,6 +135,12 @@ def test_keep_best_survives_a_resume_and_mmtrain_eval_equals_the_run(tmp_path, m
     state = json.loads((ckpt / "iter_0000004" / "trainer_state.json").read_text())
     assert [b["iteration"] for b in state["best_checkpoints"]] == [e["iteration"] for e in ranked]
 
+    # The curves: logs plot (validation markers, the per-timestep panel) and logs compare.
+    run_mmtrain(["logs", "plot", str(d / "run"), "--out", str(d / "curves.png")])
+    assert (d / "curves.png").stat().st_size > 10000
+    compared = run_mmtrain(["logs", "compare", str(d / "run"), str(d / "run")]).stdout
+    assert "eval_loss over 4 common evaluations: relative difference 0.000e+00" in compared, compared
+
     # mmtrain eval of the last checkpoint, on one rank and two, equals the run's own evaluation after step 4.
     cfg = d / "c.yaml"
     in_run = evals[-1]["eval_loss"]
@@ -179,10 +185,14 @@ def test_keep_best_survives_a_resume_and_mmtrain_eval_equals_the_run(tmp_path, m
     ("missing validation set", "data.validation"),
     ("validation_split: 0.9", "fewer than one global batch"),
     ("keep_best: 2", "training.keep_best"),
+    ("eval_iters: 4611686018427387904, eval_batch_size: 2", "training.eval_iters x samples per global batch"),
+    ("loader: micro_batch_tokens: 100", "over data.dataloader_param.micro_batch_tokens 100 (over_budget_samples: skip"),
 ])
 def test_bad_validation_settings_are_named(tmp_path, magihuman_data, setting, message):
-    training, validation = EVAL, ", validation_split: 0.25"
-    if setting.startswith("training:"):
+    training, validation, loader = EVAL, ", validation_split: 0.25", ""
+    if setting.startswith("loader:"):
+        loader = ", " + setting.removeprefix("loader: ")
+    elif setting.startswith("training:"):
         validation = ""
     elif setting.startswith("validation_split"):
         validation = ", " + setting
@@ -191,6 +201,6 @@ def test_bad_validation_settings_are_named(tmp_path, magihuman_data, setting, me
     else:
         training += ", " + setting
     proc = run(tmp_path, magihuman_config, magihuman_data, 1, training=training + ", global_batch_size: 8",
-               validation=validation, check=False)
+               validation=validation, loader=loader, check=False)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
     assert "internal error" not in proc.stderr
