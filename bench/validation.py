@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Benchmark: what held-out evaluation costs against training (issue 48), both models at the bench
+size of bench/token_budget.sh (MagiHuman: 3 layers of width 384 on a `fixture magihuman --mix` set,
+samples of ~200-2600 tokens; Magistral: a 4-layer width-384 decoder and a 2-layer Pixtral tower
+on `fixture mistral3 --mix`, 0-4 images per sample), on one rank with one intra-op thread.
+
+The validation set is the training set itself (data.validation names the same samples), so that
+both sides average over the same samples (their lengths span ~10x): training runs two epochs of
+SAMPLES / GLOBAL steps and its per-sample time is taken over the second (every sample once); an
+evaluation reads every sample (at K timesteps for MagiHuman).
+
+Arms, interleaved over ROUNDS rounds (A B C, then C B A, ...):
+  train_eval  training with an evaluation after each epoch: the steps' and the evaluations'
+              times come from the same process, one after the other
+  train       the same training without evaluation (saves its last step): the process's peak RSS
+  eval        `mmtrain eval` of that checkpoint: the peak RSS of evaluation alone
+
+Reported per model:
+  eval_forward_ms      one forward of evaluation: eval_time_ms / (eval_samples x K timesteps)
+  train_ms_per_sample  the second epoch's mean step time / its samples (GLOBAL)
+  ratio                eval_forward_ms / train_ms_per_sample (target <= 0.4: a forward is about a
+                       third of forward + backward)
+  eval_in_steps        one evaluation of the whole validation set in training steps (sizes eval_interval)
+  peak RSS (MiB)       of the train, train_eval and eval processes (wait4's ru_maxrss)
+
+Usage: .venv/bin/python bench/validation.py [BUILD_DIR]   (binary BUILD_DIR/bin/mmtrain or $MMTRAIN_BIN)
+Knobs (environment): MODELS (magihuman mistral3), GLOBAL (8), SAMPLES (32, a multiple of GLOBAL),
+ROUNDS (2), BENCH_DIR (default BUILD_DIR/bench_validation).
+The last line of stdout is one JSON object.
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BUILD = Path(sys.argv[1] if len(sys.argv) > 1 else "build").resolve()
+BIN = os.environ.get("MMTRAIN_BIN", str(BUILD / "bin" / "mmtrain"))
+BENCH = Path(os.environ.get("BENCH_DIR", BUILD / "bench_validation"))
+MODELS = os.environ.get("MODELS", "magihuman mistral3").split()
+GLOBAL, SAMPLES, ROUNDS = int(os.environ.get("GLOBAL", 8)), int(os.environ.get("SAMPLES", 32)), int(
+    os.environ.get("ROUNDS", 2))
+if SAMPLES % GLOBAL:
+    raise SystemExit(f"bench: SAMPLES {SAMPLES} must be a multiple of GLOBAL {GLOBAL} (an epoch of whole steps)")
+EPOCH = SAMPLES // GLOBAL  # steps
+STEPS = 2 * EPOCH
+ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+
+MAGIHUMAN = """
+parallel: {{fsdp_plan: {{apply_modules: ["dit.block.layers.{{*}}"]}}}}
+model:
+  model_id: magihuman
+  config: {{num_layers: 3, hidden_size: 384, head_dim: 64, num_query_groups: 2, video_in_channels: 64,
+           audio_in_channels: 32, text_in_channels: 64, mm_layers: [0, 2], gelu7_layers: [0]}}
+data:
+  dataset_param: {{dataset_type: magihuman_precomputed, data_root: {data}}}
+  validation: {{dataset_type: magihuman_precomputed, data_root: {data}}}
+  dataloader_param: {{collate_param: {{model_name: magihuman}}, shuffle: true}}
+training: {{train_iters: {steps}, global_batch_size: {g}, lr: 1.0e-4, lr_decay_style: constant, clip_grad: 1.0,
+           seed: 5}}
+logging: {{output_dir: {out}}}
+"""
+
+MISTRAL3 = """
+parallel:
+  fsdp_plan: {{apply_modules: ["model.vision_tower.transformer.layers.{{*}}", "model.language_model.layers.{{*}}"]}}
+model:
+  model_id: mistral3
+  config:
+    image_token_index: 10
+    spatial_merge_size: 2
+    text_config: {{vocab_size: 288, hidden_size: 384, num_hidden_layers: 4, num_attention_heads: 6,
+                  num_key_value_heads: 2, head_dim: 64, intermediate_size: 1024, rope_theta: 10000.0}}
+    vision_config: {{hidden_size: 128, num_hidden_layers: 2, num_attention_heads: 2, intermediate_size: 256,
+                    patch_size: 4, image_size: 40, hidden_act: silu}}
+data:
+  dataset_param:
+    dataset_type: huggingface
+    preprocess_parameters: {{model_name_or_path: {data}/tekken.json}}
+    basic_parameters: {{template: mistral, dataset: {data}/conversations.json, cutoff_len: 1024}}
+  validation:
+    dataset_type: huggingface
+    preprocess_parameters: {{model_name_or_path: {data}/tekken.json}}
+    basic_parameters: {{template: mistral, dataset: {data}/conversations.json, cutoff_len: 1024}}
+  dataloader_param: {{collator_id: pixtral, shuffle: true}}
+training: {{train_iters: {steps}, global_batch_size: {g}, lr: 1.0e-4, lr_decay_style: constant, clip_grad: 1.0,
+           seed: 5}}
+logging: {{output_dir: {out}}}
+"""
+
+
+def run(label, args, log):
+    """Runs mmtrain ARGS (one rank) and returns its peak RSS in MiB; on failure shows the log's tail."""
+    print(f"bench: {label} (log {log})", file=sys.stderr)
+    with open(log, "w") as out:
+        proc = subprocess.Popen([BIN, *args], stdout=out, stderr=subprocess.STDOUT, env=ENV)
+        _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.stderr.write(Path(log).read_text()[-4000:])
+        raise SystemExit(f"bench: {label} failed")
+    return usage.ru_maxrss / 1024.0  # KiB -> MiB
+
+
+def records(out):
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in lines if r.get("kind") != "eval"], [r for r in lines if r.get("kind") == "eval"]
+
+
+def bench_model(model):
+    root = BENCH / model
+    data = root / "data"
+    root.mkdir(parents=True, exist_ok=True)
+    if not data.exists():
+        fixture = ["fixture", model, "--out", str(data), "--samples", str(SAMPLES), "--seed", "3", "--mix"]
+        if model == "magihuman":
+            fixture += ["--video-grid", "8,8,8", "--audio-tokens", "32", "--text-tokens", "48", "--video-channels", "64",
+                        "--audio-channels", "32", "--text-channels", "64"]
+        run(f"{model} data", fixture, root / "fixture.log")
+    template = MAGIHUMAN if model == "magihuman" else MISTRAL3
+    arms = ["train_eval", "train", "eval"]
+    results = {arm: [] for arm in arms}
+    for r in range(1, ROUNDS + 1):
+        order = arms if r % 2 else list(reversed(arms))
+        for arm in order:
+            out = root / f"{arm}_r{r}"
+            subprocess.run(["rm", "-rf", str(out)], check=True)
+            cfg = out.with_suffix(".yaml")
+            extra = ""
+            if arm == "train_eval":
+                extra = f", eval_interval: {EPOCH}"
+            elif arm == "train":
+                extra = f", save: {root / f'ckpt_r{r}'}"
+                subprocess.run(["rm", "-rf", str(root / f"ckpt_r{r}")], check=True)
+            text = template.format(data=data, steps=STEPS, g=GLOBAL, out=out).replace("seed: 5}", f"seed: 5{extra}}}")
+            cfg.write_text(text)
+            if arm == "eval":
+                # The checkpoint of this round's train arm, or the last round's when eval runs first.
+                ckpt = root / f"ckpt_r{r}" if (root / f"ckpt_r{r}").exists() else root / f"ckpt_r{r - 1}"
+                rss = run(f"{model} {arm} r{r}", ["eval", str(cfg), "--load", str(ckpt), "--out",
+                                                  str(out / "eval.json")], str(out) + ".log")
+                results[arm].append({"rss": rss, "eval": json.loads((out / "eval.json").read_text())})
+            else:
+                rss = run(f"{model} {arm} r{r}", ["train", str(cfg)], str(out) + ".log")
+                steps, evals = records(out)
+                results[arm].append({"rss": rss, "steps": steps, "evals": evals})
+    # The second epoch: every sample once, after the first epoch's warm-up.
+    step_ms = [s["step_time_ms"] for run_ in results["train_eval"] + results["train"] for s in run_["steps"]
+               if s["iteration"] > EPOCH]
+    evals = [e for run_ in results["train_eval"] for e in run_["evals"]]
+    k = len(evals[0].get("eval_sigmas", [])) or 1
+    forward_ms = statistics.median(e["eval_time_ms"] / (e["eval_samples"] * k) for e in evals)
+    eval_ms = statistics.median(e["eval_time_ms"] for e in evals)
+    step_median = statistics.median(step_ms)
+    per_sample = statistics.mean(step_ms) / GLOBAL
+    out = {
+        "model": model,
+        "validation_samples": evals[0]["eval_samples"],
+        "timesteps": k,
+        "train_step_ms": round(step_median, 2),
+        "train_ms_per_sample": round(per_sample, 2),
+        "eval_forward_ms": round(forward_ms, 2),
+        "ratio": round(forward_ms / per_sample, 3),
+        "eval_ms": round(eval_ms, 1),
+        "eval_in_steps": round(eval_ms / step_median, 2),
+        "peak_rss_mb": {arm: round(max(r_["rss"] for r_ in results[arm]), 1) for arm in arms},
+    }
+    print(f"bench: {model}: one evaluation forward {forward_ms:.2f} ms against {per_sample:.2f} ms of a training "
+          f"step per sample (ratio {out['ratio']}); the whole validation set ({out['validation_samples']} samples x "
+          f"{k} timestep(s)) {eval_ms:.0f} ms = {out['eval_in_steps']} training steps; peak RSS (MiB) "
+          f"{out['peak_rss_mb']}", file=sys.stderr)
+    return out
+
+
+def main():
+    if not os.access(BIN, os.X_OK):
+        raise SystemExit(f"bench: no mmtrain binary at {BIN} (build first: make build)")
+    BENCH.mkdir(parents=True, exist_ok=True)
+    results = [bench_model(m) for m in MODELS]
+    print(json.dumps({"bench": "validation", "steps": STEPS, "samples": SAMPLES, "global_batch": GLOBAL,
+                      "rounds": ROUNDS, "models": results}))
+
+
+if __name__ == "__main__":
+    main()
