@@ -1,8 +1,8 @@
 """Held-out validation while training (issue 48): data.validation / validation_split,
 training.eval_interval / eval_iters / eval_at_start / eval_batch_size / eval_timesteps.
 
-  * exactness: the validation loss on 1, 2 and 4 ranks (2 x Ulysses 2), with and without a
-    token budget for training, is the same number within 1e-6 (fp32), both models; the loss is
+  * exactness: the validation loss on 1, 2 and 4 ranks (2 x Ulysses 2, ring 2, ring 2 x Ulysses 2,
+    HSDP 2 x 2 with the moments on disk), with and without a token budget for training, is the same number within 1e-6 (fp32), both models; the loss is
     normalized over the whole evaluation, not averaged over micro-batches (ragged MagiHuman
     samples make the two differ: checked against the records' own sums);
   * stability: at fixed weights (lr 0) every evaluation gives bitwise the same value;
@@ -61,11 +61,17 @@ def test_magihuman_validation_loss_is_the_same_on_any_world(tmp_path, magihuman_
         assert math.isclose(e["eval_loss"], mean, rel_tol=1e-12), e
         assert math.isclose(e["eval_loss"], e["eval_loss_video"] + e["eval_loss_audio"], rel_tol=1e-9), e
         assert e["eval_samples"] == 10 and e["eval_time_ms"] > 0, e  # 25 % of 40 held out
-    for name, world, parallel, loader in (("two", 2, "", ""), ("ulysses", 4, "\n  ulysses_parallel_size: 2", ""),
-                                          ("budget", 2, "", ", micro_batch_tokens: 1024")):
+    swap = f", optimizer: adamw_swap, offload_dir: {tmp_path / 'moments'}"  # HSDP, the moments on disk
+    (tmp_path / "moments").mkdir()
+    for name, world, parallel, loader, extra in (
+            ("two", 2, "", "", ""), ("ulysses", 4, "\n  ulysses_parallel_size: 2", "", ""),
+            ("ring", 2, "\n  ring_attention_size: 2", "", ""),
+            ("hybrid", 4, "\n  ring_attention_size: 2\n  ulysses_parallel_size: 2", "", ""),
+            ("hsdp_swap", 4, "\n  fully_shard_parallel_size: 2", "", swap),
+            ("budget", 2, "", ", micro_batch_tokens: 1024", ", micro_batch_size: 1")):
         other = tmp_path / name
         run(other, magihuman_config, magihuman_data, world, loader=loader, parallel=parallel,
-            training=EVAL + ", global_batch_size: 8" + (", micro_batch_size: 1" if loader else ""))
+            training=EVAL + ", global_batch_size: 8" + extra)
         _, evals = records(other)
         assert [e["iteration"] for e in evals] == [0, 2, 4]
         # Iteration 0 is the same weights on every world: the same loss within fp32 reductions.
