@@ -27,6 +27,7 @@ class SubsetDataset : public Dataset {
   std::optional<int64_t> sample_tokens(int64_t index) const override { return base_->sample_tokens(base_index(index)); }
   // The base's index of sample `index`.
   int64_t base_index(int64_t index) const;
+  const std::shared_ptr<const Dataset>& base() const { return base_; }
 
  private:
   std::shared_ptr<const Dataset> base_;

@@ -123,7 +123,7 @@ DataPipeline build_data(const Config& c, int dp_rank, int dp_world) {
   return data;
 }
 
-std::shared_ptr<Dataset> build_validation_dataset(const Config& c) {
+std::shared_ptr<Dataset> build_validation_dataset(const Config& c, const std::shared_ptr<Dataset>& training) {
   if (!c.data.validation.empty()) {
     Config validation = c;
     validation.data = c.data.validation_data();
@@ -138,7 +138,9 @@ std::shared_ptr<Dataset> build_validation_dataset(const Config& c) {
     return dataset;
   }
   if (c.data.validation_split > 0.0) {
-    auto base = build_dataset(c);
+    const auto* split = dynamic_cast<const SubsetDataset*>(training.get());
+    if (!split) fail("config ", c.source_path, ": data.validation_split: the training data set is not the split one");
+    const auto& base = split->base();
     return std::make_shared<SubsetDataset>(base, held_out_indices(base->size(), c.data.validation_split, c.training.seed));
   }
   return nullptr;

@@ -43,7 +43,8 @@ int64_t load_initial_weights(const Config& config, Model& model, Fsdp& fsdp);
 DataPipeline build_data(const Config& config, int dp_rank, int dp_world);
 
 // The held-out set evaluation reads: data.validation's data set, or the samples
-// data.validation_split holds out of the training set; null when the config names neither.
-std::shared_ptr<Dataset> build_validation_dataset(const Config& config);
+// data.validation_split holds out of the training set (training: build_data's data set, a
+// SubsetDataset whose base is reused, not read again); null when the config names neither.
+std::shared_ptr<Dataset> build_validation_dataset(const Config& config, const std::shared_ptr<Dataset>& training);
 
 }  // namespace mmtrain

@@ -36,7 +36,7 @@ Evaluator::Evaluator(const Run& run, bool record_held_out) : config_(&run.config
   const Config& c = run.config;
   const auto& t = c.training;
   const std::string where = "config " + c.source_path + ": ";
-  dataset_ = build_validation_dataset(c);
+  dataset_ = build_validation_dataset(c, run.data.dataset);
   if (!dataset_) fail(where, "training.eval_interval / eval_at_start need a validation set: data.validation or "
                              "data.validation_split");
   if (dataset_->size() == 0) fail(where, "the validation set is empty");

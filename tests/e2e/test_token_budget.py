@@ -40,11 +40,11 @@ logging: {{output_dir: {tmp / 'run'}}}
 """
 
 
-def mistral3_config(tmp: Path, data: Path, loader: str, training: str) -> str:
+def mistral3_config(tmp: Path, data: Path, loader: str, training: str, parallel: str = "") -> str:
     return f"""
 parallel:
   fsdp_plan:
-    apply_modules: ["model.vision_tower.transformer.layers.{{*}}", "model.language_model.layers.{{*}}"]
+    apply_modules: ["model.vision_tower.transformer.layers.{{*}}", "model.language_model.layers.{{*}}"]{parallel}
 model:
   model_id: mistral3
   config:{MISTRAL3}

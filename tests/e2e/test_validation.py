@@ -86,13 +86,17 @@ def test_magistral_validation_loss_and_perplexity(tmp_path, mistral3_data):
     one, two = tmp_path / "one", tmp_path / "two"
     run(one, mistral3_config, mistral3_data, 1, training=EVAL + ", global_batch_size: 4, eval_batch_size: 2")
     run(two, mistral3_config, mistral3_data, 2, training=EVAL + ", global_batch_size: 4, eval_batch_size: 1")
-    (_, a), (_, b) = records(one), records(two)
+    cp = tmp_path / "ulysses"  # one micro-batch split over 2 context-parallel ranks
+    run(cp, mistral3_config, mistral3_data, 2, training=EVAL + ", global_batch_size: 4, eval_batch_size: 1",
+        parallel="\n  ulysses_parallel_size: 2")
+    (_, a), (_, b), (_, c) = records(one), records(two), records(cp)
     assert [e["iteration"] for e in a] == [0, 2, 4]
     for e in a:
         assert math.isclose(e["eval_ppl"], math.exp(min(20.0, e["eval_loss"])), rel_tol=1e-12), e
         assert e["eval_tokens"] > 0 and "eval_loss_t0.1" not in e, e
-    assert abs(a[0]["eval_loss"] - b[0]["eval_loss"]) / a[0]["eval_loss"] <= 1e-6, (a[0], b[0])
-    assert a[0]["eval_tokens"] == b[0]["eval_tokens"]
+    for other in (b, c):
+        assert abs(a[0]["eval_loss"] - other[0]["eval_loss"]) / a[0]["eval_loss"] <= 1e-6, (a[0], other[0])
+        assert a[0]["eval_tokens"] == other[0]["eval_tokens"]
 
 
 def test_evaluation_is_stable_and_leaves_training_untouched(tmp_path, magihuman_data):
@@ -129,7 +133,7 @@ def test_keep_best_survives_a_resume_and_mmtrain_eval_equals_the_run(tmp_path, m
     ckpt = d / "ckpt"
     keep = f", eval_interval: 1, save: {ckpt}, load: auto, keep_best: 3, keep_latest_k: 1"
     run(d, magihuman_config, magihuman_data, 2, training=keep + ", exit_interval: 2", iters=4)
-    run(d, magihuman_config, magihuman_data, 2, training=keep, iters=4)
+    run(d, magihuman_config, magihuman_data, 2, training=keep + ", async_save: true", iters=4)  # and in the background
     _, evals = records(d)
     assert [e["iteration"] for e in evals] == [1, 2, 3, 4]
     ranked = sorted(evals, key=lambda e: (e["eval_loss"], e["iteration"]))[:3]
