@@ -89,12 +89,15 @@ def test_magistral_validation_loss_and_perplexity(tmp_path, mistral3_data):
     cp = tmp_path / "ulysses"  # one micro-batch split over 2 context-parallel ranks
     run(cp, mistral3_config, mistral3_data, 2, training=EVAL + ", global_batch_size: 4, eval_batch_size: 1",
         parallel="\n  ulysses_parallel_size: 2")
-    (_, a), (_, b), (_, c) = records(one), records(two), records(cp)
+    ring = tmp_path / "ring"  # zigzag halves of a causal sample, K/V around the ring
+    run(ring, mistral3_config, mistral3_data, 2, training=EVAL + ", global_batch_size: 4, eval_batch_size: 1",
+        parallel="\n  ring_attention_size: 2")
+    (_, a), (_, b), (_, c), (_, d) = records(one), records(two), records(cp), records(ring)
     assert [e["iteration"] for e in a] == [0, 2, 4]
     for e in a:
         assert math.isclose(e["eval_ppl"], math.exp(min(20.0, e["eval_loss"])), rel_tol=1e-12), e
         assert e["eval_tokens"] > 0 and "eval_loss_t0.1" not in e, e
-    for other in (b, c):
+    for other in (b, c, d):
         assert abs(a[0]["eval_loss"] - other[0]["eval_loss"]) / a[0]["eval_loss"] <= 1e-6, (a[0], other[0])
         assert a[0]["eval_tokens"] == other[0]["eval_tokens"]
 
