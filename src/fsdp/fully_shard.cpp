@@ -7,7 +7,6 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/record_function.h>
 
 #include <chrono>
@@ -29,16 +28,20 @@ FsdpUnit& from_handle(int64_t handle) { return *reinterpret_cast<FsdpUnit*>(hand
 
 // Outputs: one tensor per param of the unit, each a fresh TensorImpl over the unit's gather
 // buffer (not an autograd view), so freeing and refilling the buffer is invisible to autograd.
+at::Tensor gathered_alias(const FsdpParam& p) {
+  auto alias = at::empty({0}, p.gathered.options());
+  alias.set_(p.gathered.storage(), 0, p.param->shape, c10::contiguous_strides(p.param->shape));
+  return alias;
+}
+
+// Outputs: one per trained param (frozen ones are materialized outside autograd).
 struct UnitGather : torch::autograd::Function<UnitGather> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& anchor, int64_t handle) {
     ctx->saved_data["unit"] = handle;
     auto& unit = from_handle(handle);
     variable_list outputs;
-    for (auto& p : unit.params) {
-      auto alias = at::empty({0}, p.gathered.options());
-      alias.set_(p.gathered.storage(), 0, p.param->shape, c10::contiguous_strides(p.param->shape));
-      outputs.push_back(alias);
-    }
+    for (auto& p : unit.params)
+      if (!p.frozen) outputs.push_back(gathered_alias(p));
     return outputs;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -61,6 +64,20 @@ struct UnitPreBackward : torch::autograd::Function<UnitPreBackward> {
   }
 };
 
+// Identity on one input of a unit with frozen params; its backward runs once that input's grad
+// exists, so after every op of the unit that needs the unit's weights for it.
+struct UnitInputGrad : torch::autograd::Function<UnitInputGrad> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t handle) {
+    ctx->saved_data["unit"] = handle;
+    return x;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto& unit = from_handle(ctx->saved_data["unit"].toInt());
+    unit.engine->input_grads_done(unit);
+    return {grads[0], at::Tensor()};
+  }
+};
+
 // Installed on every unit's block. In the forward pass: gather (and prefetch), run, reshard,
 // and hook the pre-backward re-gather onto the output. In the recompute pass (the block run again
 // inside backward, whose graph backpropagates at once): re-gather with backward prefetch and
@@ -75,10 +92,10 @@ struct UnitHook : BlockHook {
     if (pass == BlockPass::recompute) {
       engine->pre_backward(*unit);
       engine->unshard_and_materialize(*unit);
-      return next(inputs, pass);
+      return next(engine->hook_inputs(*unit, inputs), pass);
     }
     engine->pre_forward(*unit);
-    auto out = next(inputs, pass);
+    auto out = next(at::GradMode::is_enabled() ? engine->hook_inputs(*unit, inputs) : inputs, pass);
     return engine->post_forward(*unit, out, at::GradMode::is_enabled());
   }
 };
@@ -152,14 +169,20 @@ Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Dev
     auto& unit = *units_[i];
     unit.order = i;
     std::vector<std::pair<std::string, bool>> fp32_flags;
-    for (const auto& p : unit.params) fp32_flags.emplace_back(p.name, p.param->compute_in_fp32);
+    for (const auto& p : unit.params)
+      if (!p.param->adapter_dtype) fp32_flags.emplace_back(p.name, p.param->compute_in_fp32);  // adapters: their own
     unit.gather_dtype = unit_gather_dtype(unit.name, fp32_flags, config_.param_dtype);
     unit.engine = this;
-    int64_t total = 0;
+    int64_t total = 0, frozen_total = 0;
     for (auto& p : unit.params) {
-      p.offset = total;
-      total += p.layout.shard_numel();
+      p.frozen = !p.param->requires_grad;
+      int64_t& end = p.frozen ? frozen_total : total;
+      p.offset = end;
+      end += p.layout.shard_numel();
     }
+    const auto frozen_options = fp32.dtype(unit.gather_dtype);
+    unit.frozen_flat = tiers_ ? tiers_->host_pool->take_zeros({frozen_total}, unit.gather_dtype)
+                              : at::zeros({frozen_total}, frozen_options);
     if (tiers_ && tiers_->disk) {  // the pager gives them their zeros (the file's) below
       unit.shard_flat = tiers_->host_pool->take({total}, at::kFloat);
       unit.grad_flat = tiers_->host_pool->take_zeros({total}, at::kFloat);
@@ -175,10 +198,10 @@ Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Dev
       std::vector<int64_t> shard_shape = p.param->shape;
       if (shard_shape.empty()) fail("parameter '", p.name, "' is 0-dim: FSDP shards dim 0");
       shard_shape[0] = p.layout.padded_rows;
-      p.shard = unit.shard_flat.narrow(0, p.offset, p.layout.shard_numel()).view(shard_shape);
+      p.shard = (p.frozen ? unit.frozen_flat : unit.shard_flat).narrow(0, p.offset, p.layout.shard_numel()).view(shard_shape);
       std::vector<int64_t> gathered_shape = p.param->shape;
       gathered_shape[0] = p.layout.padded_rows * world;
-      p.gathered = at::empty(gathered_shape, fp32.dtype(unit.gather_dtype));
+      p.gathered = at::empty(gathered_shape, fp32.dtype(p.param->adapter_dtype.value_or(unit.gather_dtype)));
       release_gather_storage(p.gathered);
     }
   }
@@ -195,16 +218,6 @@ Fsdp::~Fsdp() = default;
 
 bool Fsdp::shard_resident(const FsdpUnit& unit) const { return !pager_ || pager_->resident(unit); }
 
-at::Tensor fsdp_trainable_mask(const FsdpUnit& unit) {
-  bool any_frozen = false;
-  for (const auto& p : unit.params) any_frozen = any_frozen || !p.param->requires_grad;
-  if (!any_frozen) return {};
-  auto mask = at::ones({unit.shard_flat.numel()}, unit.shard_flat.options().dtype(at::kBool));
-  for (const auto& p : unit.params)
-    if (!p.param->requires_grad) mask.narrow(0, p.offset, p.layout.shard_numel()).fill_(false);
-  return mask;
-}
-
 std::vector<FsdpUnit*> Fsdp::units() {
   std::vector<FsdpUnit*> out;
   for (auto& u : units_) out.push_back(u.get());
@@ -220,24 +233,11 @@ void Fsdp::load_params(const std::function<at::Tensor(const std::string&, int64_
 }
 
 void Fsdp::init_params(uint64_t seed) {
-  // One full param at a time, from a generator keyed by (seed, name): every world size builds
-  // the same model, and memory is bounded by the largest parameter, not the model.
-  auto generate_rows = [seed](const Param& param, const std::string& name, int64_t begin, int64_t end) {
-    at::Tensor full;
-    if (param.init_normal) {
-      auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ULL + std::hash<std::string>{}(name));
-      full = at::empty(param.shape, at::kFloat);
-      full.normal_(0.0, param.init_std, gen);
-    } else {
-      full = at::full(param.shape, param.init_constant, at::kFloat);
-    }
-    return full.narrow(0, begin, end - begin);
-  };
   for (auto& unit : units_) {
     if (pager_) pager_->page_in(*unit);
     for (auto& p : unit->params)
       fill_shard(p, [&](const std::string& name, int64_t begin, int64_t end) {
-        return generate_rows(*p.param, name, begin, end);
+        return param_init_rows(*p.param, name, seed, begin, end);
       });
     if (pager_) pager_->page_out(*unit, /*changed=*/true);
   }
@@ -328,8 +328,46 @@ void Fsdp::wait_unshard(FsdpUnit& unit) {
 void Fsdp::unshard_and_materialize(FsdpUnit& unit) {
   unshard_async(unit);
   wait_unshard(unit);
+  std::vector<Param*> trained;
+  for (auto& p : unit.params) {
+    if (p.frozen)
+      p.param->value = gathered_alias(p);
+    else
+      trained.push_back(p.param);
+  }
+  if (trained.empty()) return;  // nothing of this unit takes a grad
   auto values = UnitGather::apply(unit.anchor, to_handle(&unit));
-  for (size_t i = 0; i < unit.params.size(); ++i) unit.params[i].param->value = values[i];
+  for (size_t i = 0; i < trained.size(); ++i) trained[i]->value = values[i];
+}
+
+std::vector<at::Tensor> Fsdp::hook_inputs(FsdpUnit& unit, const std::vector<at::Tensor>& inputs) {
+  unit.grads_reduced = false;
+  unit.inputs_pending = 0;
+  if (unit.frozen_flat.numel() == 0) return inputs;
+  std::vector<at::Tensor> out;
+  for (const auto& x : inputs) {
+    if (x.defined() && x.requires_grad()) {
+      ++unit.inputs_pending;
+      out.push_back(UnitInputGrad::apply(x, to_handle(&unit)));
+    } else {
+      out.push_back(x);
+    }
+  }
+  return out;
+}
+
+void Fsdp::input_grads_done(FsdpUnit& unit) {
+  if (unit.inputs_pending > 0) --unit.inputs_pending;
+  reshard_if_backward_done(unit);
+}
+
+void Fsdp::reshard_if_backward_done(FsdpUnit& unit) {
+  // The root's params are used anywhere in the model: it lets go in finish_backward.
+  if (unit.is_root || unit.inputs_pending > 0) return;
+  bool has_trained = false;
+  for (const auto& p : unit.params) has_trained = has_trained || !p.frozen;
+  if (has_trained && !unit.grads_reduced) return;  // its reduction (post_backward) comes later
+  reshard(unit);
 }
 
 void Fsdp::reshard(FsdpUnit& unit) {
@@ -382,18 +420,20 @@ void Fsdp::post_backward(FsdpUnit& unit, const std::vector<at::Tensor>& grads) {
   unit.grad_is_zero = false;
   // Rank r's block of a param's grad: its rows [r * padded_rows, (r + 1) * padded_rows). A grad
   // already in reduce_dtype whose rows split evenly is sent from where it lies; the others (a
-  // cast, padding rows, frozen or unused params: zeros) are staged in rows of `staged` [W, S].
+  // cast, padding rows, unused params: zeros) are staged in rows of `staged` [W, S].
   at::Tensor staged;
   std::vector<at::Tensor> outs;
   std::vector<std::vector<at::Tensor>> blocks;
-  for (size_t i = 0; i < unit.params.size(); ++i) {
-    const auto& p = unit.params[i];
+  size_t i = 0;  // grads[i]: the grad of the i-th trained param
+  for (const auto& p : unit.params) {
+    if (p.frozen) continue;
+    const auto& grad_i = grads[i++];
     const auto& layout = p.layout;
     const int64_t n = layout.shard_numel();
     outs.push_back(output.narrow(0, p.offset, n));
-    const bool has_grad = grads[i].defined() && p.param->requires_grad;
-    if (has_grad && grads[i].scalar_type() == config_.reduce_dtype && layout.dim0 == layout.padded_rows * world) {
-      auto grad = grads[i].contiguous().view(-1);
+    const bool has_grad = grad_i.defined();
+    if (has_grad && grad_i.scalar_type() == config_.reduce_dtype && layout.dim0 == layout.padded_rows * world) {
+      auto grad = grad_i.contiguous().view(-1);
       blocks.emplace_back();
       for (int r = 0; r < world; ++r) blocks.back().push_back(grad.narrow(0, r * n, n));
       continue;
@@ -403,7 +443,7 @@ void Fsdp::post_backward(FsdpUnit& unit, const std::vector<at::Tensor>& grads) {
     if (!has_grad) {
       dst.zero_();
     } else {
-      auto grad = grads[i].reshape({layout.dim0, layout.row_numel});
+      auto grad = grad_i.reshape({layout.dim0, layout.row_numel});
       for (int r = 0; r < world; ++r) {
         const int64_t rows = layout.rows(r);
         if (rows > 0) dst[r].narrow(0, 0, rows).copy_(grad.narrow(0, layout.row_begin(r), rows));
@@ -413,7 +453,12 @@ void Fsdp::post_backward(FsdpUnit& unit, const std::vector<at::Tensor>& grads) {
     blocks.emplace_back();
     for (int r = 0; r < world; ++r) blocks.back().push_back(staged[r].narrow(0, p.offset, n));
   }
-  reshard(unit);
+  if (unit.frozen_flat.numel() == 0) {
+    reshard(unit);
+  } else {
+    unit.grads_reduced = true;
+    reshard_if_backward_done(unit);
+  }
   auto work = comm_->reduce_scatter_sum_blocks(std::move(outs), std::move(blocks), &reduce_buffers_);
   pending_.push_back({&unit, overwrite, staged, output, std::move(work)});
   // A bounded number of reductions in flight overlaps communication with the next unit's
@@ -504,10 +549,11 @@ double Fsdp::clip_grad_norm(double max_norm, bool local_non_finite) {
 FsdpMemoryStats Fsdp::memory_stats() const {
   FsdpMemoryStats stats;
   for (auto& unit : units_) {
-    stats.param_bytes += unit->shard_flat.numel() * unit->shard_flat.element_size();
+    stats.param_bytes += unit->shard_flat.numel() * unit->shard_flat.element_size() +
+                         unit->frozen_flat.numel() * unit->frozen_flat.element_size();
     stats.grad_bytes += unit->grad_flat.numel() * unit->grad_flat.element_size();
     for (auto& p : unit->params)
-      stats.unsharded_param_bytes += p.layout.dim0 * p.layout.row_numel * at::elementSize(unit->gather_dtype);
+      stats.unsharded_param_bytes += p.layout.dim0 * p.layout.row_numel * p.gathered.element_size();
   }
   return stats;
 }

@@ -1,5 +1,6 @@
 // FSDP2 for mmtrain modules: parameter groups ("units") chosen by module patterns plus a root
-// group, dim-0 torch.chunk shards held as fp32 masters, all-gather in param_dtype before a
+// group, dim-0 torch.chunk shards held as fp32 masters (frozen params: in their compute dtype,
+// with no grad and no optimizer state), all-gather in param_dtype before a
 // unit runs, free after it (reshard_after_forward), re-gather in backward, reduce-scatter of
 // grads in reduce_dtype into fp32 shard grads, and forward/backward prefetch.
 //
@@ -21,6 +22,14 @@
 // takes the same ops in the same order as without offload, so training is bitwise the same.
 // With a disk tier in the tiers (training.offload_dir) the shards live on disk and are paged into
 // host RAM only around their use (fsdp/shard_pager.h); grads stay in the host tier.
+//
+// Frozen params (Param::requires_grad = false: LoRA's base, Magistral's frozen tower) are
+// gathered like the others but are not UnitGather's outputs, so autograd computes no gradient
+// for them and the reduction skips them. A unit that holds some cannot reshard when its trained
+// params' grads are in (a frozen weight is still needed for the grads of the unit's inputs): an
+// identity Function on its inputs says when its backward is done (FSDP2's
+// RegisterPostBackwardFunction). The root, whose params are used anywhere in the model, keeps
+// frozen params gathered until finish_backward.
 // Non-goals: tensor parallelism, per-parameter placements.
 #pragma once
 #include "core/tensor_pool.h"
@@ -42,12 +51,13 @@ struct FsdpParam {
   std::string name;            // full dotted name in the model
   Param* param = nullptr;
   ShardLayout layout;
-  int64_t offset = 0;          // into the unit's flat shard
-  at::Tensor shard;            // fp32 view [padded_rows, ...] of the unit's flat shard
-  at::Tensor gathered;         // gather_dtype [W * padded_rows, ...]; storage freed while sharded
+  bool frozen = false;         // !param->requires_grad: held in frozen_flat, no grad, no optimizer state
+  int64_t offset = 0;          // into the unit's shard_flat (trained) or frozen_flat (frozen)
+  at::Tensor shard;            // [padded_rows, ...] view of that flat: fp32, or the gather dtype when frozen
+  at::Tensor gathered;         // [W * padded_rows, ...] in the dtype it computes in; storage freed while sharded
 
-  // This param's [padded_rows, ...] view of a flat tensor laid out like its unit's shard_flat
-  // (the shards, their grads, AdamW moments).
+  // A trained param's [padded_rows, ...] view of a flat tensor laid out like its unit's
+  // shard_flat (the shards, their grads, AdamW moments).
   at::Tensor view_of(const at::Tensor& flat) const {
     return flat.narrow(0, offset, layout.shard_numel()).view(shard.sizes());
   }
@@ -63,11 +73,19 @@ struct FsdpUnit {
   bool is_root = false;
   std::vector<FsdpParam> params;
   at::ScalarType gather_dtype = at::kFloat;  // param_dtype, or fp32 for a unit that computes in fp32 (plan.h)
-  at::Tensor shard_flat;       // fp32 [S], S = sum of padded shard sizes: the optimizer's params (host tier with cpu_offload)
+  at::Tensor shard_flat;       // fp32 [S], S = sum of the trained params' padded shard sizes: the optimizer's params (host tier with cpu_offload)
   at::Tensor grad_flat;        // fp32 [S]: accumulated, reduced grads (host tier with cpu_offload)
+  // gather_dtype [F]: the frozen params' shards, kept in the dtype they compute in (a LoRA base in
+  // bf16 costs 2 bytes a parameter, not 4 + 4 + 8); never paged to disk (host tier with cpu_offload).
+  at::Tensor frozen_flat;
   bool grad_is_zero = true;    // grad_flat holds zeros (since zero_grad): the reduction writes, not adds
   at::Tensor anchor;           // scalar leaf that makes UnitGather part of the graph
   State state = State::sharded;
+  // A unit with frozen params may reshard in backward only when both its grads are reduced and
+  // the grads of its inputs exist (a frozen weight is still needed for them after the last
+  // trained param's grad): the inputs' hooks still to fire, and whether the reduction started.
+  int inputs_pending = 0;
+  bool grads_reduced = false;
   CommWork gather_work;
   size_t order = 0;            // position in forward order
   Fsdp* engine = nullptr;      // the engine the autograd Functions call back into
@@ -77,7 +95,7 @@ struct FsdpUnit {
 using RowReader = std::function<at::Tensor(const std::string& name, int64_t row_begin, int64_t row_end)>;
 
 struct FsdpMemoryStats {
-  int64_t param_bytes = 0;     // fp32 shards
+  int64_t param_bytes = 0;     // shards: fp32 trained ones and the frozen ones in their dtype
   int64_t grad_bytes = 0;
   int64_t unsharded_param_bytes = 0;  // what all units would take gathered (param_dtype)
 };
@@ -91,10 +109,6 @@ struct FsdpReduction {
   // the shard group spans context-parallel ranks: their grads are shares of one sample's and add.
   int data_parallel = 0;
 };
-
-// Which elements of unit.shard_flat the optimizer may update: undefined when every param of
-// the unit requires grad, else a bool [S] that is false over frozen params (Param::requires_grad).
-at::Tensor fsdp_trainable_mask(const FsdpUnit& unit);
 
 class Fsdp {
  public:
@@ -153,7 +167,12 @@ class Fsdp {
   void pre_forward(FsdpUnit& unit);
   at::Tensor post_forward(FsdpUnit& unit, at::Tensor output, bool install_pre_backward);
   void pre_backward(FsdpUnit& unit);
+  // grads: one per trained param of the unit, in order.
   void post_backward(FsdpUnit& unit, const std::vector<at::Tensor>& grads);
+  // A unit with frozen params: hooks the inputs that require grad (their backward says the
+  // unit's backward is done); returns them, or inputs unchanged for a unit without.
+  std::vector<at::Tensor> hook_inputs(FsdpUnit& unit, const std::vector<at::Tensor>& inputs);
+  void input_grads_done(FsdpUnit& unit);
   void reshard(FsdpUnit& unit);
   void unshard_and_materialize(FsdpUnit& unit);
 
@@ -165,6 +184,8 @@ class Fsdp {
   void acquire_gather_storage(const at::Tensor& t);
   void release_gather_storage(const at::Tensor& t);
   void unshard_async(FsdpUnit& unit);
+  // The end of a unit with frozen params' backward: reshards once both of its signals came.
+  void reshard_if_backward_done(FsdpUnit& unit);
   void wait_unshard(FsdpUnit& unit);
   void drain_reductions(size_t keep_in_flight);
   // Runs wait() and adds the time it blocked to comm_wait_ms_.

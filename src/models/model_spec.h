@@ -55,6 +55,11 @@ struct ModelSpec {
   // model.config keys that change how the model computes, not what it is (fused kernels, chunk
   // sizes): a resume may change them. Every other key must equal the checkpoint's.
   std::vector<std::string> execution_only_keys;
+  // LoRA (nn/lora.h): the Linear modules adapted when features.lora.target_modules is empty, and
+  // the patterns of every Linear whose forward applies an adapter (a target outside them is
+  // refused: the model computes it from the raw weight, and its adapter would never act).
+  std::vector<std::string> lora_default_targets;
+  std::vector<std::string> lora_supported_targets;
 };
 
 Registry<ModelSpec>& model_spec_registry();

@@ -13,6 +13,7 @@
 #pragma once
 #include "nn/module.h"
 
+#include <memory>
 #include <vector>
 
 namespace mmtrain {
@@ -23,12 +24,34 @@ class Weight : public Module {
   Param& weight;
 };
 
+// A Linear may carry a LoRA adapter (nn/lora.h): children lora_A [E * r, in] and lora_B
+// [E * out / E, r] (E = experts, each expert's rows stacked like the weight's), and its forward
+// adds scale * B_k (A_k x) to expert k's output.
 class Linear : public Weight {
  public:
-  Linear(int64_t out_features, int64_t in_features, at::ScalarType checkpoint_dtype, bool with_bias = false);
-  // x [..., in] -> [..., out]: x @ weight^T (+ bias), the nn.Linear convention.
+  // experts: how many modality experts the rows of weight stack (MagiHuman), each out / experts rows.
+  Linear(int64_t out_features, int64_t in_features, at::ScalarType checkpoint_dtype, bool with_bias = false,
+         int64_t experts = 1);
+  // x [..., in] -> [..., out]: x @ weight^T (+ bias) (+ the LoRA delta), the nn.Linear convention.
+  // A Linear of several experts is computed a expert at a time by its model (expert_delta).
   at::Tensor forward(const at::Tensor& x) const;
+  // scale * B_k (A_k x) [..., out / experts] in the adapter's dtype, for expert k; undefined
+  // without an adapter.
+  at::Tensor lora_delta(const at::Tensor& x, int64_t expert = 0) const;
+
+  // Adds the adapter's children; their params are initialised by the rules LoRA's init names.
+  void add_lora(int64_t rank, double scale, bool gaussian_init, at::ScalarType adapter_dtype);
+  bool has_lora() const { return lora_A != nullptr; }
+  int64_t experts() const { return experts_; }
+  int64_t in_features() const { return weight.shape[1]; }
+  int64_t out_features() const { return weight.shape[0]; }
+
   Param* bias = nullptr;
+  std::shared_ptr<Linear> lora_A, lora_B;
+  double lora_scale = 0.0;
+
+ private:
+  int64_t experts_;
 };
 
 class Embedding : public Weight {

@@ -3,6 +3,10 @@
 #include "core/error.h"
 #include "core/module_pattern.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <functional>
+
 namespace mmtrain {
 
 namespace {
@@ -31,6 +35,23 @@ void Module::add_hook(std::shared_ptr<BlockHook> hook) {
   if (!is_block_) fail("Module::add_hook: only a block (a module the model runs through apply) takes hooks");
   if (!hooks_) hooks_ = std::make_shared<std::vector<std::shared_ptr<BlockHook>>>();
   hooks_->push_back(std::move(hook));
+}
+
+at::Tensor param_init_rows(const Param& param, const std::string& name, uint64_t seed, int64_t begin, int64_t end) {
+  // The whole param is drawn (one at a time: memory is bounded by the largest), then its rows
+  // taken, so the values do not depend on how the rows are split.
+  at::Tensor full;
+  if (param.init == Param::Init::constant) {
+    full = at::full(param.shape, param.init_constant, at::kFloat);
+  } else {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ULL + std::hash<std::string>{}(name));
+    full = at::empty(param.shape, at::kFloat);
+    if (param.init == Param::Init::normal)
+      full.normal_(0.0, param.init_std, gen);
+    else
+      full.uniform_(-param.init_bound, param.init_bound, gen);
+  }
+  return full.narrow(0, begin, end - begin);
 }
 
 Param& Module::add_param(const std::string& name, std::vector<int64_t> shape) {

@@ -12,6 +12,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,20 +30,30 @@ struct Param {
   // must agree (fsdp/plan.h: unit_gather_dtype).
   bool compute_in_fp32 = false;
   at::Tensor value;              // what forward reads; undefined while sharded
-  // How a fresh model fills it: normal(0, init_std) for matrices, a constant otherwise.
+  // How a fresh model fills it: normal(0, init_std) for matrices, a constant otherwise
+  // (uniform(-init_bound, init_bound) for LoRA's A: Kaiming-uniform).
+  enum class Init { normal, uniform, constant };
+  Init init = Init::normal;
   double init_std = 0.02;
+  double init_bound = 0.0;
   double init_constant = 0.0;
-  bool init_normal = true;
   // A buffer (e.g. fixed RoPE bands): loaded and saved like a parameter but never sharded or
   // trained; `value` always holds the full tensor. init_value computes it for a fresh model.
   bool trainable = true;
   std::function<at::Tensor()> init_value;
   // Frozen (trainable but requires_grad = false): sharded, gathered and checkpointed like any
-  // parameter, but FSDP reduces no gradient for it (its grad shard stays zero) and the
-  // optimizer leaves it unchanged (fsdp_trainable_mask). The model should not build a graph
-  // through it (e.g. run a frozen tower under at::NoGradGuard).
+  // parameter, but kept in the dtype it is gathered in, with no gradient, no reduction and no
+  // optimizer state (fsdp/fully_shard.h). Autograd computes no gradient for it.
   bool requires_grad = true;
+  // A LoRA matrix (nn/lora.h): not in the model's public checkpoint (loading one initialises
+  // it by its rule), gathered and computed in this dtype (features.lora.adapter_dtype) whatever
+  // param_dtype and the rest of its FSDP unit say. Unset for every other parameter.
+  std::optional<at::ScalarType> adapter_dtype;
 };
+
+// Rows [begin, end) of param's fresh value by its init rule, from a generator keyed by
+// (seed, name): every world size and every caller builds the same values. fp32.
+at::Tensor param_init_rows(const Param& param, const std::string& name, uint64_t seed, int64_t begin, int64_t end);
 
 class Module;
 using BlockFn = std::function<at::Tensor(const std::vector<at::Tensor>& inputs)>;

@@ -78,6 +78,7 @@ DiskStore::~DiskStore() {
 int64_t DiskStore::reserve(int64_t bytes) {
   const int64_t offset = end_;
   end_ += round_up(bytes);
+  if (end_ == offset) return offset;  // an empty region (a unit of frozen params only): nothing to allocate
   // The region's blocks are allocated now (they read as zeros until written), so that a disk
   // without room refuses the run here, at start-up, not in the middle of a step.
   if (const int error = ::posix_fallocate(fd_, offset, end_ - offset); error != 0) {

@@ -18,19 +18,11 @@ AdamW::AdamW(std::vector<at::Tensor> params, std::vector<at::Tensor> grads, Adam
     if (p.scalar_type() != at::kFloat) fail("AdamW: params must be fp32 (the FSDP shards), got ", p.scalar_type());
     steps_.push_back(at::zeros({}, p.options()));
   }
-  masks_.resize(params_.size());
 }
 
 void AdamW::materialize() const {
   if (swapped_ || !states_.empty()) return;
   for (const auto& p : params_) states_.push_back({allocate_moment_(p), allocate_moment_(p)});
-}
-
-void AdamW::set_update_mask(size_t i, at::Tensor mask) {
-  if (i >= params_.size()) fail("AdamW: mask for param ", i, " of ", params_.size());
-  if (mask.defined() && (mask.sizes() != params_[i].sizes() || mask.scalar_type() != at::kBool))
-    fail("AdamW: mask for param ", i, " must be bool ", params_[i].sizes(), ", got ", mask.sizes());
-  masks_[i] = std::move(mask);
 }
 
 void AdamW::offload_moments(std::shared_ptr<TierStore> store, int64_t chunk_numel) {
@@ -51,38 +43,30 @@ void AdamW::step(double lr) {
   paged_non_finite_.reset();
   std::vector<size_t> updating;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (masks_[i].defined() && !masks_[i].any().item<bool>()) continue;  // wholly frozen: moments stay zero
+    if (params_[i].numel() == 0) continue;  // a unit of frozen params only
     steps_[i].fill_(static_cast<double>(step_count_));
     updating.push_back(i);
   }
   if (updating.empty()) return;
   materialize();
-  // The kernel has no mask: a masked param (or chunk of it) keeps a copy of its frozen elements
-  // and gets them back afterwards.
   auto run_kernel = [&](const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                         const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
-                        const std::vector<at::Tensor>& steps, const std::vector<at::Tensor>& masks) {
-    std::vector<at::Tensor> before(params.size());
-    for (size_t k = 0; k < params.size(); ++k)
-      if (masks[k].defined()) before[k] = params[k].clone();
+                        const std::vector<at::Tensor>& steps) {
     at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, options_.beta1,
                       options_.beta2, options_.weight_decay, options_.eps, /*amsgrad=*/false, /*maximize=*/false);
-    for (size_t k = 0; k < params.size(); ++k)
-      if (masks[k].defined()) params[k].copy_(at::where(masks[k], params[k], before[k]));
   };
   if (!swapped_) {  // one kernel call over every param that updates
     if (before_update_)
       for (size_t i : updating) before_update_(i);
-    std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps, masks;
+    std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
     for (size_t i : updating) {
       params.push_back(params_[i]);
       grads.push_back(grads_[i]);
       exp_avgs.push_back(states_[i].exp_avg);
       exp_avg_sqs.push_back(states_[i].exp_avg_sq);
       steps.push_back(steps_[i]);
-      masks.push_back(masks_[i]);
     }
-    run_kernel(params, grads, exp_avgs, exp_avg_sqs, steps, masks);
+    run_kernel(params, grads, exp_avgs, exp_avg_sqs, steps);
     if (after_update_)
       for (size_t i : updating) {
         if (!paged_non_finite_)
@@ -99,12 +83,11 @@ void AdamW::step(double lr) {
       current = i;
     }
     const int64_t n = exp_avg.numel();
-    const at::Tensor mask = masks_[i].defined() ? masks_[i].reshape(-1).narrow(0, begin, n) : at::Tensor();
     // A window away from the params (the disk tier's RAM windows, params on a GPU) visits them.
     const at::Device where = params_[i].device();
     at::Tensor avg = exp_avg.to(where), avg_sq = exp_avg_sq.to(where);
     run_kernel({params_[i].reshape(-1).narrow(0, begin, n)}, {grads_[i].reshape(-1).narrow(0, begin, n)}, {avg},
-               {avg_sq}, {steps_[i]}, {mask});
+               {avg_sq}, {steps_[i]});
     if (!avg.is_same(exp_avg)) {
       exp_avg.copy_(avg);
       exp_avg_sq.copy_(avg_sq);

@@ -41,10 +41,6 @@ class AdamW {
   AdamW(std::vector<at::Tensor> params, std::vector<at::Tensor> grads, AdamWOptions options,
         MomentAllocator allocate_moment = nullptr);
 
-  // Restricts updates of params[i] to where mask (bool, like the param) is true; elsewhere the
-  // param stays bitwise unchanged (frozen params: no decay either). Undefined: update all.
-  void set_update_mask(size_t i, at::Tensor mask);
-
   // Moves the moments into the store (training.optimizer adamw_swap: the host tier, or the disk
   // with training.offload_dir): from here on they stream through windows of chunk_numel elements
   // (optim/swapped_moments.h) and state_bytes() counts only those windows.
@@ -94,7 +90,6 @@ class AdamW {
   mutable std::vector<AdamWState> states_;  // empty until materialize(), and for good once offloaded
   std::unique_ptr<SwappedMoments> swapped_;
   std::optional<NonFiniteWeight> paged_non_finite_;  // seen by the last step in a paged param
-  std::vector<at::Tensor> masks_;  // per param, undefined = update everything
   std::function<void(size_t)> before_update_, after_update_;  // set_residency
   std::vector<at::Tensor> steps_;  // per param, fp32 scalar = step_count_ (the kernel's state_steps)
   AdamWOptions options_;

@@ -16,7 +16,9 @@ void FeaturesConfig::declare(ConfigSection<FeaturesConfig>& s) {
   s.map("loss_cfg").field("loss_type", &FeaturesConfig::loss_type);
   s.field("recompute", &FeaturesConfig::recompute)
       .section("recompute_plan", &FeaturesConfig::recompute_plan, declare_recompute_plan)
-      .field("enable_activation_offload", &FeaturesConfig::enable_activation_offload);
+      .field("enable_activation_offload", &FeaturesConfig::enable_activation_offload)
+      .field("enable_lora", &FeaturesConfig::enable_lora)
+      .section("lora", &FeaturesConfig::lora, LoraConfig::declare);
   s.map("activation_offload_plan").field("apply_modules", &FeaturesConfig::activation_offload_modules);
   s.check([](const FeaturesConfig& f, const ConfigCheck& check) {
     check.one_of("loss_cfg.loss_type", f.loss_type, {"default", "raw", "per-sample", "per-token"});

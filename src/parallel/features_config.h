@@ -1,7 +1,9 @@
 // FeaturesConfig: the `features` section, the memory features the parallelize chain applies
-// besides FSDP (recompute today; activation offload is named but refused) and the loss
-// reduction the trainer uses.
+// besides FSDP (recompute, activation offload), LoRA fine-tuning and the loss reduction the
+// trainer uses.
 #pragma once
+#include "nn/lora.h"
+
 #include <string>
 #include <vector>
 
@@ -21,6 +23,8 @@ struct FeaturesConfig {
   RecomputePlanConfig recompute_plan;
   bool enable_activation_offload = false;      // saved activations of the selected blocks go to the host
   std::vector<std::string> activation_offload_modules;   // activation_offload_plan.apply_modules
+  bool enable_lora = false;                    // LoRA adapters on lora.target_modules, the rest frozen (nn/lora.h)
+  LoraConfig lora;
 
   static void declare(ConfigSection<FeaturesConfig>& section);
 };

@@ -71,18 +71,37 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   }
 };
 
+bool has_trained_params(Module& block) {
+  for (auto& [name, p] : block.named_parameters())
+    if (p->trainable && p->requires_grad) return true;
+  return false;
+}
+
 struct RecomputeHook : BlockHook {
   std::shared_ptr<SavedInputPacker> packer;  // null: the inputs are saved as they are
+  bool trains;  // the block has params that take grads
 
-  explicit RecomputeHook(std::shared_ptr<SavedInputPacker> p) : packer(std::move(p)) {}
+  RecomputeHook(std::shared_ptr<SavedInputPacker> p, bool block_trains) : packer(std::move(p)), trains(block_trains) {}
 
   at::Tensor run(const std::vector<at::Tensor>& inputs, BlockPass pass, const BlockNext& next) override {
     // Under no-grad (a frozen tower, evaluation) there is nothing to save, so nothing to recompute.
     if (!at::GradMode::is_enabled() || pass == BlockPass::recompute) return next(inputs, pass);
+    // A Function's output needs grad only when an input does: a block that trains (LoRA adapters)
+    // behind inputs that need none (a frozen embedding's output) gets a scalar leaf as an extra
+    // input, or its backward, and its params' grads, would never run (peft's
+    // enable_input_require_grads for the same reentrant checkpoint). The block never sees it.
+    std::vector<at::Tensor> with_leaf = inputs;
+    const size_t n = inputs.size();
+    bool any = false;
+    for (const auto& x : inputs) any = any || (x.defined() && x.requires_grad());
+    if (trains && !any) with_leaf.push_back(at::zeros({}).requires_grad_(true));
+    auto first_n = [n](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>(in.begin(), in.begin() + n); };
     auto holder = c10::make_intrusive<RecomputeFnHolder>();
-    holder->recompute_fn = [next](const std::vector<at::Tensor>& in) { return next(in, BlockPass::recompute); };
-    BlockFn forward_fn = [next](const std::vector<at::Tensor>& in) { return next(in, BlockPass::forward); };
-    return CheckpointFunction::apply(at::TensorList(inputs), holder, packer.get(), forward_fn);
+    holder->recompute_fn = [next, first_n](const std::vector<at::Tensor>& in) {
+      return next(first_n(in), BlockPass::recompute);
+    };
+    BlockFn forward_fn = [next, first_n](const std::vector<at::Tensor>& in) { return next(first_n(in), BlockPass::forward); };
+    return CheckpointFunction::apply(at::TensorList(with_leaf), holder, packer.get(), forward_fn);
   }
 };
 
@@ -90,10 +109,8 @@ struct RecomputeHook : BlockHook {
 
 void apply_recompute(Module& model, const std::vector<std::string>& patterns, std::shared_ptr<SavedInputPacker> packer,
                      const std::set<const Module*>& packed) {
-  auto plain = std::make_shared<RecomputeHook>(nullptr);
-  auto packing = std::make_shared<RecomputeHook>(std::move(packer));
   for (auto& [name, block] : select_blocks(model, patterns, "recompute_plan.apply_modules"))
-    block->add_hook(packed.count(block) ? packing : plain);
+    block->add_hook(std::make_shared<RecomputeHook>(packed.count(block) ? packer : nullptr, has_trained_params(*block)));
 }
 
 }  // namespace mmtrain

@@ -66,7 +66,7 @@ void debug_step(const std::string& config_path, const std::vector<std::string>& 
   for (const auto& [name, t] : out.tensors) tensors.emplace_back(name, t.detach().to(at::kFloat).contiguous());
   for (auto* unit : fsdp->units())
     for (auto& p : unit->params) {
-      if (!p.param->requires_grad) continue;  // frozen: no grad by construction
+      if (p.frozen) continue;  // no grad by construction
       auto grad = p.view_of(unit->grad_flat).narrow(0, 0, p.layout.dim0);
       tensors.emplace_back("grad." + adapter->hf_key(p.name), adapter->to_hf_layout(p.name, grad).contiguous());
     }

@@ -8,7 +8,13 @@
 
 namespace mmtrain {
 
-std::shared_ptr<Model> build_model(const Config& config) { return config_model_spec(config).build(config.model.config); }
+std::shared_ptr<Model> build_model(const Config& config) {
+  const ModelSpec& spec = config_model_spec(config);
+  auto model = spec.build(config.model.config);
+  if (config.features.enable_lora)
+    apply_lora(*model, config.features.lora, spec.lora_default_targets, spec.lora_supported_targets);
+  return model;
+}
 
 DeviceMesh build_mesh(const ParallelDims& dims, const Runtime& runtime) {
   if (dims.world == 1) return DeviceMesh::single(runtime.comm);
@@ -45,7 +51,6 @@ std::unique_ptr<AdamW> make_fsdp_adamw(Fsdp& fsdp, const AdamWOptions& options,
                            if (u + 1 < units.size()) pager->read_ahead(*units[u + 1]);
                          },
                          [pager, units](size_t u) { pager->page_out(*units[u], /*changed=*/true); });
-  for (size_t u = 0; u < units.size(); ++u) adamw->set_update_mask(u, fsdp_trainable_mask(*units[u]));
   return adamw;
 }
 
@@ -57,7 +62,7 @@ int64_t load_initial_weights(const Config& config, Model& model, Fsdp& fsdp) {
     return 0;
   }
   const auto adapter = make_hf_adapter(config_model_spec(config), config.model.config);
-  return load_hf_weights(model, *adapter, fsdp, WeightSource(path));
+  return load_hf_weights(model, *adapter, fsdp, WeightSource(path), config.training.seed);
 }
 
 namespace {

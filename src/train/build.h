@@ -26,9 +26,8 @@ DeviceMesh build_mesh(const ParallelDims& dims, const Runtime& runtime);
 std::unique_ptr<Fsdp> parallelize_model(const Config& config, Model& model, const DeviceMesh& mesh,
                                         std::shared_ptr<OffloadTiers> tiers = nullptr);
 AdamWOptions adamw_options(const TrainingConfig& training);
-// AdamW over every unit's fp32 flat shard and grad, with frozen parameters (requires_grad
-// false) masked out of the update. With fsdp_plan.cpu_offload the moments are in the host tier,
-// beside the shards.
+// AdamW over every unit's fp32 flat shard and grad (the trained params: frozen ones are not in
+// them). With fsdp_plan.cpu_offload the moments are in the host tier, beside the shards.
 std::unique_ptr<AdamW> make_fsdp_adamw(Fsdp& fsdp, const AdamWOptions& options,
                                        const std::shared_ptr<OffloadTiers>& tiers = nullptr);
 // Weights from model.checkpoint_path / model_name_or_path (HF layout, through the model's HF

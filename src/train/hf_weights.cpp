@@ -45,13 +45,19 @@ std::string WeightSource::file_of(const std::string& name) const {
   return (std::filesystem::path(index_->dir()) / index_->file_name(name)).string();
 }
 
-int64_t load_hf_weights(Model& model, const HfAdapter& adapter, Fsdp& fsdp, const WeightSource& source) {
+int64_t load_hf_weights(Model& model, const HfAdapter& adapter, Fsdp& fsdp, const WeightSource& source,
+                        uint64_t adapter_seed) {
   const auto& path = source.path();
   std::set<std::string> expected;
   std::vector<std::string> missing;
   int64_t conversions = 0;
   std::map<std::string, std::string> source_key;  // hf_key -> the name in this checkpoint
+  std::map<std::string, const Param*> adapters;    // LoRA matrices: not in the source, initialised
   for (auto& [name, param] : model.named_parameters()) {
+    if (param->adapter_dtype) {
+      adapters[name] = param;
+      continue;
+    }
     auto key = adapter.hf_key(name);
     if (!source.contains(key))
       for (const auto& alias : adapter.hf_key_aliases(name))
@@ -89,7 +95,10 @@ int64_t load_hf_weights(Model& model, const HfAdapter& adapter, Fsdp& fsdp, cons
     auto it = source_key.find(key);
     return source.read_rows(it == source_key.end() ? key : it->second, b, e);
   };
-  fsdp.load_params([&](const std::string& name, int64_t b, int64_t e) { return adapter.load_rows(name, b, e, read); });
+  fsdp.load_params([&](const std::string& name, int64_t b, int64_t e) {
+    if (auto it = adapters.find(name); it != adapters.end()) return param_init_rows(*it->second, name, adapter_seed, b, e);
+    return adapter.load_rows(name, b, e, read);
+  });
   for (auto& [name, param] : model.named_parameters()) {
     if (param->trainable) continue;
     const int64_t rows = param->shape.empty() ? 1 : param->shape[0];

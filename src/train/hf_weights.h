@@ -32,9 +32,11 @@ class WeightSource {
 
 // Loads every parameter (this rank's rows) and buffer (whole) from an HF checkpoint. Missing,
 // unexpected, mis-shaped, non-float or non-finite tensors are errors naming the key; the number of tensors
-// whose layout was converted must equal adapter.expected_layout_conversions(). Returns that
-// number (each rank logs it).
-int64_t load_hf_weights(Model& model, const HfAdapter& adapter, Fsdp& fsdp, const WeightSource& source);
+// whose layout was converted must equal adapter.expected_layout_conversions(). LoRA matrices
+// (Param::adapter_dtype) are not in an HF checkpoint: they are initialised by their rule from
+// adapter_seed. Returns the number of conversions (each rank logs it).
+int64_t load_hf_weights(Model& model, const HfAdapter& adapter, Fsdp& fsdp, const WeightSource& source,
+                        uint64_t adapter_seed = 0);
 
 // Buffers of a fresh model from their init rule, on device.
 void init_buffers(Model& model, at::Device device);

@@ -155,7 +155,7 @@ std::vector<ShardedTensor> trained_shards(Fsdp& fsdp, const AdamW* adamw, const 
                        }});
       };
       part(state_model_key(param.name), UnitWindow::Part::weight);
-      if (!adamw) continue;
+      if (!adamw || param.frozen) continue;  // a frozen param has no optimizer state
       part(kExpAvg + param.name, UnitWindow::Part::exp_avg);
       part(kExpAvgSq + param.name, UnitWindow::Part::exp_avg_sq);
     }
@@ -230,6 +230,7 @@ void load_optimizer(const CheckpointReader& reader, Fsdp& fsdp, AdamW& adamw, in
   for (size_t u = 0; u < units.size(); ++u) {
     const AdamWState state{at::zeros_like(units[u]->shard_flat), at::zeros_like(units[u]->shard_flat)};
     for (auto& p : units[u]->params) {
+      if (p.frozen) continue;  // no moments (a checkpoint from before frozen params had none may hold zeros)
       const int64_t rows = p.layout.rows(rank), begin = p.layout.row_begin(rank);
       for (const auto& [prefix, flat] : {std::pair<std::string, at::Tensor>{kExpAvg, state.exp_avg},
                                          std::pair<std::string, at::Tensor>{kExpAvgSq, state.exp_avg_sq}}) {

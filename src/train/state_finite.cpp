@@ -9,7 +9,7 @@ namespace {
 // "the weights of 'name' (element i of this rank's shard)" for element `at` of unit's shard_flat.
 std::string describe_shard_element(const FsdpUnit& unit, int64_t at) {
   for (const auto& p : unit.params)
-    if (at >= p.offset && at < p.offset + p.layout.shard_numel())
+    if (!p.frozen && at >= p.offset && at < p.offset + p.layout.shard_numel())
       return "the weights of '" + p.name + "' (element " + std::to_string(at - p.offset) + " of this rank's shard)";
   return "the weights of FSDP unit '" + unit.name + "' (padding element " + std::to_string(at) + ")";
 }

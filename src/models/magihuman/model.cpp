@@ -20,8 +20,8 @@ namespace {
 
 // The public checkpoint stores linear weights and biases in bf16, norms in fp32; norms are the
 // zero-centred (1 + w) form.
-std::shared_ptr<Linear> linear_layer(int64_t out, int64_t in, bool with_bias = false) {
-  return std::make_shared<Linear>(out, in, at::kBFloat16, with_bias);
+std::shared_ptr<Linear> linear_layer(int64_t out, int64_t in, bool with_bias = false, int64_t experts = 1) {
+  return std::make_shared<Linear>(out, in, at::kBFloat16, with_bias, experts);
 }
 std::shared_ptr<Norm> norm_layer(int64_t width) { return std::make_shared<Norm>(width, at::kFloat, NormInit::zero); }
 
@@ -76,6 +76,12 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& w) {
   return at::linear(x.to(w.scalar_type()), w).to(at::kFloat);
 }
 
+// out (expert k of layer applied to x) plus that expert's LoRA delta, in out's dtype; out itself
+// without an adapter.
+at::Tensor with_lora(const at::Tensor& out, const Linear& layer, const at::Tensor& x, int64_t k) {
+  return layer.has_lora() ? out + layer.lora_delta(x, k).to(out.scalar_type()) : out;
+}
+
 // model.config.fused_ops picks the fused CPU kernels (nn/fused_ops.h) or the reference ATen ops
 // (ops.h, the oracle); tensors off the CPU always take the reference ops.
 at::Tensor norm_1p(const MagiHumanConfig& c, const at::Tensor& x, const at::Tensor& w) {
@@ -95,8 +101,8 @@ class Attention : public Module {
  public:
   Attention(const MagiHumanConfig& c, int64_t experts) : c_(c), experts_(experts) {
     pre_norm = add_child("pre_norm", norm_layer(c.hidden_size * experts));
-    linear_qkv = add_child("linear_qkv", linear_layer(c.qkv_width() * experts, c.hidden_size));
-    linear_proj = add_child("linear_proj", linear_layer(c.hidden_size * experts, c.hidden_size));
+    linear_qkv = add_child("linear_qkv", linear_layer(c.qkv_width() * experts, c.hidden_size, false, experts));
+    linear_proj = add_child("linear_proj", linear_layer(c.hidden_size * experts, c.hidden_size, false, experts));
     q_norm = add_child("q_norm", norm_layer(c.head_dim * experts));
     k_norm = add_child("k_norm", norm_layer(c.head_dim * experts));
   }
@@ -107,7 +113,7 @@ class Attention : public Module {
     const int64_t L = h.size(0), hq = c.num_heads_q(), hkv = c.num_query_groups, hd = c.head_dim;
     auto qkv = per_expert(h, rows, experts_, [&](int64_t k, const at::Tensor& part) {
       auto a = norm_1p(c, part, expert_slice(pre_norm->weight.value, experts_, k));
-      return block_linear(a, expert_slice(linear_qkv->weight.value, experts_, k));
+      return with_lora(block_linear(a, expert_slice(linear_qkv->weight.value, experts_, k)), *linear_qkv, a, k);
     });                                                                               // [L, qkv] fp32
     // One split, not four slices: a slice's backward writes its grad into a zeroed [L, qkv]
     // tensor of its own (four of them summed); the split's backward concatenates the pieces once.
@@ -136,7 +142,7 @@ class Attention : public Module {
     }
     gated = gated.reshape({L, hq * hd}).to(compute);
     return per_expert(gated, rows, experts_, [&](int64_t k, const at::Tensor& part) {
-      return at::linear(part, expert_slice(linear_proj->weight.value, experts_, k));
+      return with_lora(at::linear(part, expert_slice(linear_proj->weight.value, experts_, k)), *linear_proj, part, k);
     });
   }
 
@@ -153,18 +159,18 @@ class Mlp : public Module {
   Mlp(const MagiHumanConfig& c, int64_t layer, int64_t experts) : c_(c), experts_(experts), gelu7_(c.is_gelu7_layer(layer)) {
     pre_norm = add_child("pre_norm", norm_layer(c.hidden_size * experts));
     up_gate_proj = add_child("up_gate_proj",
-                             linear_layer(c.up_gate_rows(layer) * experts, c.hidden_size));
+                             linear_layer(c.up_gate_rows(layer) * experts, c.hidden_size, false, experts));
     down_proj = add_child("down_proj",
-                          linear_layer(c.hidden_size * experts, c.mlp_width(layer)));
+                          linear_layer(c.hidden_size * experts, c.mlp_width(layer), false, experts));
   }
 
   // h [L, D] fp32 -> [L, D] fp32
   at::Tensor forward(const at::Tensor& h, const ModalityRows& rows) {
     return per_expert(h, rows, experts_, [&](int64_t k, const at::Tensor& part) {
       auto b = norm_1p(c_, part, expert_slice(pre_norm->weight.value, experts_, k));
-      auto u = block_linear(b, expert_slice(up_gate_proj->weight.value, experts_, k));
+      auto u = with_lora(block_linear(b, expert_slice(up_gate_proj->weight.value, experts_, k)), *up_gate_proj, b, k);
       auto z = mlp_activation(c_, u, gelu7_);
-      return block_linear(z, expert_slice(down_proj->weight.value, experts_, k));
+      return with_lora(block_linear(z, expert_slice(down_proj->weight.value, experts_, k)), *down_proj, z, k);
     });
   }
 

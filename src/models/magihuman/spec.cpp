@@ -75,6 +75,10 @@ ModelSpec magihuman_spec() {
                                          static_cast<int64_t>(c10::elementSize(q.param_dtype)));
   };
   spec.execution_only_keys = {"fused_ops"};
+  // DiffSynth / VeOmni's attention projections; every expert of a layer gets its own pair.
+  spec.lora_default_targets = {"dit.block.layers.{*}.attention.linear_qkv", "dit.block.layers.{*}.attention.linear_proj"};
+  spec.lora_supported_targets = {"dit.block.layers.{*}.attention.linear_qkv", "dit.block.layers.{*}.attention.linear_proj",
+                                 "dit.block.layers.{*}.mlp.up_gate_proj", "dit.block.layers.{*}.mlp.down_proj"};
   spec.default_seqlen = 4606;  // the seed's 256x480, 5 s sample: 3840 video + 126 audio + 640 text tokens
   return spec;
 }

@@ -139,6 +139,16 @@ ModelSpec mistral3_spec() {
   spec.name = "mistral3";
   spec.title = "Mistral3 (Magistral-Small-2509)";
   spec.execution_only_keys = {"loss_chunk_size"};
+  // torchtune / LLaMA-Factory: every projection of the text decoder. The Pixtral tower's
+  // attention is also called q_proj, so the patterns name the tower; adapting it is opt-in (and
+  // needs freeze_vision: false). The LM head is computed inside the chunked loss: not adaptable.
+  const std::string text = "model.language_model.layers.{*}.", vision = "model.vision_tower.transformer.layers.{*}.";
+  for (const char* p : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                        "mlp.up_proj", "mlp.down_proj"})
+    spec.lora_default_targets.push_back(text + p);
+  spec.lora_supported_targets = {text + "self_attn.?_proj", text + "mlp.*_proj", vision + "attention.?_proj",
+                                 vision + "feed_forward.*_proj", "model.multi_modal_projector.linear_?",
+                                 "model.multi_modal_projector.patch_merger.merging_layer"};
   spec.converter_alias = "Mistral3Converter";
   spec.build = [](const nlohmann::json& j) { return make_mistral3(Mistral3Config::from_json(j)); };
   spec.hf_adapter = [](const nlohmann::json&) { return std::make_shared<Mistral3HfAdapter>(); };

@@ -45,7 +45,11 @@ class Mlp : public Module {
     w3 = add_child("w3", linear_layer(c.ffn_hidden_size, c.hidden_size));
     w2 = add_child("w2", linear_layer(c.hidden_size, c.ffn_hidden_size));
   }
-  at::Tensor forward(const at::Tensor& x) { return swiglu_mlp(x, w1->weight.value, w3->weight.value, w2->weight.value); }
+  at::Tensor forward(const at::Tensor& x) {
+    if (w1->has_lora() || w3->has_lora() || w2->has_lora())  // the same ops, each with its adapter
+      return w2->forward(silu_mul(w1->forward(x), w3->forward(x)));
+    return swiglu_mlp(x, w1->weight.value, w3->weight.value, w2->weight.value);
+  }
   std::shared_ptr<Linear> w1, w3, w2;
 };
 

@@ -48,6 +48,8 @@ ModelSpec test_transformer_spec() {
   spec.build = make_test_transformer;
   spec.activations = activations;
   spec.flops = flops;
+  spec.lora_default_targets = {"layers.{*}.attn.wq", "layers.{*}.attn.wk", "layers.{*}.attn.wv", "layers.{*}.attn.wo"};
+  spec.lora_supported_targets = {"layers.{*}.attn.w?", "layers.{*}.mlp.w?", "lm_head"};
   return spec;
 }
 
