@@ -224,10 +224,11 @@ std::vector<FsdpUnit*> Fsdp::units() {
   return out;
 }
 
-void Fsdp::load_params(const std::function<at::Tensor(const std::string&, int64_t, int64_t)>& read_rows) {
+void Fsdp::load_params(const std::function<at::Tensor(const std::string&, int64_t, int64_t)>& read_rows, bool frozen_too) {
   for (auto& unit : units_) {
     if (pager_) pager_->page_in(*unit);
-    for (auto& p : unit->params) fill_shard(p, read_rows);
+    for (auto& p : unit->params)
+      if (frozen_too || !p.frozen) fill_shard(p, read_rows);
     if (pager_) pager_->page_out(*unit, /*changed=*/true);
   }
 }

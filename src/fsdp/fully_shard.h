@@ -123,8 +123,9 @@ class Fsdp {
   Fsdp(const Fsdp&) = delete;
   Fsdp& operator=(const Fsdp&) = delete;
 
-  // Fills this rank's rows of every param from read_rows (cast to fp32 here).
-  void load_params(const RowReader& read_rows);
+  // Fills this rank's rows of every param from read_rows (cast to the shard's dtype here);
+  // frozen_too false: the frozen params keep what they hold (a LoRA base under its adapters).
+  void load_params(const RowReader& read_rows, bool frozen_too = true);
   // Fresh init: every Param's init rule with a generator seeded from (seed, param index), so
   // all world sizes produce the same model.
   void init_params(uint64_t seed);

@@ -117,15 +117,22 @@ LoraSummary apply_lora(Module& model, const LoraConfig& config, const std::vecto
   return summary;
 }
 
-int64_t trainable_param_count(Module& model) {
+namespace {
+
+int64_t param_count(Module& model, bool trained_only) {
   int64_t total = 0;
   for (auto& [name, param] : model.named_parameters()) {
-    if (!param->trainable || !param->requires_grad) continue;
+    if (!param->trainable || (trained_only && !param->requires_grad)) continue;
     int64_t n = 1;
     for (int64_t d : param->shape) n *= d;
     total += n;
   }
   return total;
 }
+
+}  // namespace
+
+int64_t trainable_param_count(Module& model) { return param_count(model, true); }
+int64_t total_param_count(Module& model) { return param_count(model, false); }
 
 }  // namespace mmtrain

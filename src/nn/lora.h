@@ -48,7 +48,9 @@ struct LoraSummary {
 LoraSummary apply_lora(Module& model, const LoraConfig& config, const std::vector<std::string>& default_targets,
                        const std::vector<std::string>& supported);
 
-// A model's trained element count (Param::requires_grad, trainable), LoRA or not.
+// A model's trained element count (Param::requires_grad, trainable), LoRA or not, and its count
+// of parameter elements, frozen ones included (buffers are not parameters).
 int64_t trainable_param_count(Module& model);
+int64_t total_param_count(Module& model);
 
 }  // namespace mmtrain

@@ -32,6 +32,8 @@ nlohmann::json StepRecord::to_json() const {
   if (predicted_step_time_ms) j["predicted_step_time_ms"] = *predicted_step_time_ms;
   if (predicted_peak_rss_mb) j["predicted_peak_rss_mb"] = *predicted_peak_rss_mb;
   if (predicted_peak_device_mb) j["predicted_peak_device_mb"] = *predicted_peak_device_mb;
+  if (trainable_params) j["trainable_params"] = *trainable_params;
+  if (total_params) j["total_params"] = *total_params;
   return j;
 }
 

@@ -50,6 +50,9 @@ struct StepRecord {
   // The plan's prediction for this run (plan/run_prediction.h): the step time with
   // logging.device_profile, the peak RSS (CPU) or device memory (CUDA) always.
   std::optional<double> predicted_step_time_ms, predicted_peak_rss_mb, predicted_peak_device_mb;
+  // The run's first record: the elements that train (all of them, or LoRA's adapters and
+  // modules_to_save) and the model's total.
+  std::optional<int64_t> trainable_params, total_params;
 
   nlohmann::json to_json() const;
 };

@@ -58,8 +58,10 @@ int64_t load_weights(Run& run, const std::string& dir) {
   options.model_id = c.model.model_id;
   options.model_config = c.model.config;
   options.execution_only_keys = config_model_spec(c).execution_only_keys;
+  options.lora_base = lora_base(c);
   switch (kind_of(dir)) {
     case WeightsKind::checkpoint:
+      if (!options.lora_base.is_null()) load_initial_weights(c, *run.model, *run.fsdp);  // the adapters' base
       return state_load_weights(dir, *run.model, *run.fsdp, options).iteration;
     case WeightsKind::hf: {
       Config with_weights = c;

@@ -65,6 +65,13 @@ int64_t load_initial_weights(const Config& config, Model& model, Fsdp& fsdp) {
   return load_hf_weights(model, *adapter, fsdp, WeightSource(path), config.training.seed);
 }
 
+nlohmann::json lora_base(const Config& config) {
+  if (!config.features.enable_lora) return nullptr;
+  const std::string& path = config.model.weights_path();
+  if (path.empty()) return {{"init_seed", config.training.seed}};
+  return {{"weights", path}, {"fingerprint", weights_fingerprint(path)}};
+}
+
 namespace {
 
 // Token-budget micro-batches: each sample's tokens as the data set reads them (Dataset::

@@ -41,6 +41,11 @@ int64_t load_initial_weights(const Config& config, Model& model, Fsdp& fsdp);
 // With data.validation_split, the dataset is the training part (data/held_out.h).
 DataPipeline build_data(const Config& config, int dp_rank, int dp_world);
 
+// A LoRA run's base, as its checkpoints record it (StateInfo::lora_base): {"weights": path,
+// "fingerprint": weights_fingerprint(path)} or, without model weights, {"init_seed": seed}; null
+// when features.enable_lora is off.
+nlohmann::json lora_base(const Config& config);
+
 // The held-out set evaluation reads: data.validation's data set, or the samples
 // data.validation_split holds out of the training set (training: build_data's data set, a
 // SubsetDataset whose base is reused, not read again); null when the config names neither.

@@ -1,10 +1,13 @@
 #include "train/hf_weights.h"
 
+#include "core/crc32c.h"
 #include "core/error.h"
 #include "core/finite.h"
 #include "core/regular_file.h"
 #include "core/text.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -43,6 +46,24 @@ at::Tensor WeightSource::read_rows(const std::string& name, int64_t begin, int64
 std::string WeightSource::file_of(const std::string& name) const {
   if (file_) return path_;
   return (std::filesystem::path(index_->dir()) / index_->file_name(name)).string();
+}
+
+std::string weights_fingerprint(const std::string& path) {
+  const WeightSource source(path);
+  auto names = source.names();
+  std::sort(names.begin(), names.end());
+  uint32_t crc = 0;
+  for (const auto& name : names) {
+    const auto& info = source.info(name);
+    std::string header = name + "|" + c10::toString(info.dtype) + "|" + shape_str(info.shape) + "\n";
+    crc = crc32c(header.data(), header.size(), crc);
+    if (info.shape.empty() || info.shape[0] == 0) continue;
+    const auto row = source.read_rows(name, 0, 1).contiguous();
+    crc = crc32c(row.data_ptr(), static_cast<size_t>(row.numel() * row.element_size()), crc);
+  }
+  char text[9];
+  std::snprintf(text, sizeof text, "%08x", crc);
+  return text;
 }
 
 int64_t load_hf_weights(Model& model, const HfAdapter& adapter, Fsdp& fsdp, const WeightSource& source,

@@ -30,6 +30,12 @@ class WeightSource {
   std::unique_ptr<SafetensorsIndex> index_;
 };
 
+// A fingerprint of the weights at path (an HF directory or one .safetensors file), 8 hex digits:
+// crc32c over every tensor's name, dtype and shape and the bytes of its first row, so another
+// model, another fine-tune of the same one or a changed file gives another value, at the cost of
+// reading one row a tensor. A LoRA checkpoint records its base's (train/state.h).
+std::string weights_fingerprint(const std::string& path);
+
 // Loads every parameter (this rank's rows) and buffer (whole) from an HF checkpoint. Missing,
 // unexpected, mis-shaped, non-float or non-finite tensors are errors naming the key; the number of tensors
 // whose layout was converted must equal adapter.expected_layout_conversions(). LoRA matrices

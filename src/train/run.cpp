@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/text.h"
+#include "nn/lora.h"
 #include "offload/host_store.h"
 #include "plan/device_profile.h"
 #include "plan/offload_plan.h"
@@ -118,6 +119,12 @@ void build_run(Run& r) {
   if (!c.logging.device_profile.empty()) load_device_profile(c.logging.device_profile);  // a bad one fails now
   r.baseline_rss_mb = current_rss_mb();
   r.model = build_model(c);
+  if (c.features.enable_lora) {
+    const int64_t trained = trainable_param_count(*r.model), total = total_param_count(*r.model);
+    r.log(format("features.lora: rank %lld, scale %g; trains %lld of %lld parameters (%.2f %%), the base frozen",
+                 static_cast<long long>(c.features.lora.rank), c.features.lora.scale(), static_cast<long long>(trained),
+                 static_cast<long long>(total), 100.0 * static_cast<double>(trained) / static_cast<double>(total)));
+  }
   preflight_memory(c, *r.model, r.runtime.env, r.runtime.device, dims.fsdp());
   r.tiers = OffloadTiers::make(comm.device());
   if (!c.training.offload_dir.empty())  // the disk tier: moments, and with cpu_offload the shards

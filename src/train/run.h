@@ -45,6 +45,7 @@ struct Run {
   int64_t start_step = 0;  // optimizer steps already taken
   std::string lineage;     // this run's line of checkpoints (sharded_checkpoint.h): continued on resume
   std::vector<BestCheckpoint> best;  // training.keep_best: lowest eval_loss first; continued on resume
+  nlohmann::json lora_base;  // features.enable_lora: the base the adapters train over (train/build.h); else null
   StateFiniteness finiteness;  // whether a step made a weight NaN/Inf (train/state_finite.h)
   double baseline_rss_mb = 0;  // before the model is built: the runtime and the data pipeline
 

@@ -72,6 +72,7 @@ void save_checkpoint(Run& run, int64_t step, const std::function<void(double sta
   info.config = config_to_json(config);
   info.plan = state_plan_entry(config.parallel.fsdp_plan);
   info.extra["lineage"] = run.lineage;
+  info.lora_base = run.lora_base;
   if (config.training.keep_best > 0) info.extra[kBestCheckpointsKey] = best_checkpoints_json(run.best);
   try {
     if (run.async_saver) {

@@ -152,6 +152,7 @@ void resume(Run& run, const std::string& path) {
   options.load_rng = !run.config.training.no_load_rng;
   options.model_config = run.config.model.config;
   options.execution_only_keys = config_model_spec(run.config).execution_only_keys;
+  options.lora_base = run.lora_base;
   const StateLoaded loaded = state_load(path, run.comm(), *run.model, *run.fsdp, *run.adamw, options);  // a unit at a time
   if (loaded.model_only) {
     run.log("initialized from model-only checkpoint " + loaded.dir);
@@ -176,6 +177,9 @@ std::unique_ptr<Run> start_run(Config config, Runtime runtime) {
   if (load.empty()) refuse_an_earlier_run(r);  // before anything big is allocated
   build_run(r);
   r.lineage = new_lineage(r);  // a resume continues the loaded checkpoint's instead
+  r.lora_base = lora_base(r.config);
+  const bool lora = !r.lora_base.is_null();
+  if (lora) load_weights(r);  // a LoRA checkpoint holds the adapters; the base comes from the model weights
   if (!load.empty()) {
     resume(r, load);
     if (r.start_step == 0) refuse_an_earlier_run(r);  // a model-only checkpoint starts a fresh run
@@ -184,7 +188,7 @@ std::unique_ptr<Run> start_run(Config config, Runtime runtime) {
   claim_save_root(r);
   if (!load.empty()) {
     continue_metrics(r);
-  } else {
+  } else if (!lora) {
     load_weights(r);
   }
   return run;

@@ -141,13 +141,15 @@ class UnitWindow {
 
 // This rank's shards of the params (real rows; none on HSDP replicas but the first) and, with
 // adamw, of the moments, each fetched through `window` when the save asks for it.
-std::vector<ShardedTensor> trained_shards(Fsdp& fsdp, const AdamW* adamw, const std::shared_ptr<UnitWindow>& window) {
+std::vector<ShardedTensor> trained_shards(Fsdp& fsdp, const AdamW* adamw, const std::shared_ptr<UnitWindow>& window,
+                                          bool with_frozen) {
   std::vector<ShardedTensor> out;
   const int rank = fsdp.comm().rank();
   const auto units = fsdp.units();
   for (size_t u = 0; u < units.size() && fsdp.is_primary_replica(); ++u) {
     for (size_t p = 0; p < units[u]->params.size(); ++p) {
       const FsdpParam& param = units[u]->params[p];
+      if (param.frozen && !with_frozen) continue;  // a LoRA base: its weights are the run's model weights
       const int64_t begin = param.layout.row_begin(rank);
       auto part = [&](const std::string& key, UnitWindow::Part which) {
         out.push_back({key, param.param->shape, begin, at::Tensor(), [window, u, p, which, key] {
@@ -270,8 +272,8 @@ StateSnapshot state_snapshot(const Comm& comm, Model& model, Fsdp& fsdp, const A
                              bool check_finite) {
   StateSnapshot snapshot;
   snapshot.global_state = state_global_state(info, adamw ? std::optional<int64_t>(adamw->step_count()) : std::nullopt);
-  snapshot.tensors =
-      trained_shards(fsdp, adamw, std::make_shared<UnitWindow>(fsdp, adamw, info.iteration, check_finite));
+  snapshot.tensors = trained_shards(fsdp, adamw, std::make_shared<UnitWindow>(fsdp, adamw, info.iteration, check_finite),
+                                    /*with_frozen=*/info.lora_base.is_null());
   snapshot.trained_count = snapshot.tensors.size();
   append_buffers(model, comm.rank(), snapshot.tensors);
   snapshot.rank_state = state_rank_state();
@@ -295,6 +297,7 @@ nlohmann::json state_global_state(const StateInfo& info, std::optional<int64_t> 
     global["model_only"] = true;
   }
   for (const auto& [key, value] : info.extra.items()) global[key] = value;
+  if (!info.lora_base.is_null()) global["lora_base"] = info.lora_base;
   return global;
 }
 
@@ -333,8 +336,9 @@ AsyncCheckpointSaver::Staged state_save_async(AsyncCheckpointSaver& saver, const
                      std::move(snapshot.rank_state), info.plan, keep_latest_k, refuse_non_finite);
 }
 
-void state_load_model(const CheckpointReader& reader, Model& model, Fsdp& fsdp) {
+void state_load_model(const CheckpointReader& reader, Model& model, Fsdp& fsdp, bool frozen_from_base) {
   for (auto& [name, param] : model.named_parameters()) {
+    if (frozen_from_base && param->trainable && !param->requires_grad) continue;
     const auto key = state_model_key(name);
     if (!reader.contains(key)) fail("checkpoint ", reader.dir(), ": missing tensor '", key, "'");
     if (reader.global_shape(key) != param->shape)
@@ -343,8 +347,39 @@ void state_load_model(const CheckpointReader& reader, Model& model, Fsdp& fsdp) 
     if (!param->trainable) param->value = reader.read_full(key).to(fsdp.device(), at::kFloat);
   }
   fsdp.load_params(
-      [&](const std::string& name, int64_t b, int64_t e) { return reader.read_rows(state_model_key(name), b, e); });
+      [&](const std::string& name, int64_t b, int64_t e) { return reader.read_rows(state_model_key(name), b, e); },
+      /*frozen_too=*/!frozen_from_base);
 }
+
+namespace {
+
+std::string describe_base(const nlohmann::json& base) {
+  if (base.contains("init_seed")) return "a random init with seed " + base["init_seed"].dump();
+  return "weights " + base.value("weights", std::string("?")) + " (fingerprint " + base.value("fingerprint", std::string("?")) + ")";
+}
+
+// A LoRA checkpoint continues only a LoRA run over the same base; a full one only a full run.
+void check_lora_base(const CheckpointReader& reader, const nlohmann::json& run_base, const std::string& what) {
+  const auto& global = reader.global_state();
+  const bool saved_lora = global.contains("lora_base");
+  if (saved_lora && run_base.is_null())
+    fail("cannot ", what, " ", reader.dir(), ": it is a LoRA checkpoint (adapters over ", describe_base(global["lora_base"]),
+         "), and this config has features.enable_lora off; set it, with the checkpoint's features.lora, or merge the "
+         "adapters first (mmtrain convert MODEL merge-lora)");
+  if (!saved_lora && !run_base.is_null())
+    fail("cannot ", what, " ", reader.dir(), ": it is a full fine-tuning checkpoint and this config trains LoRA "
+         "adapters; to put adapters on its weights, start a new run from them (model.checkpoint_path: an HF export "
+         "of it, mmtrain convert MODEL ckpt-to-hf) instead of resuming");
+  if (!saved_lora) return;
+  const auto& saved = global["lora_base"];
+  const bool same = saved.contains("init_seed") ? saved == run_base
+                                                : run_base.value("fingerprint", std::string()) == saved.value("fingerprint", std::string("?"));
+  if (!same)
+    fail("cannot ", what, " ", reader.dir(), ": its adapters were trained over ", describe_base(saved),
+         ", and this run's base is ", describe_base(run_base), "; adapters belong to the base they were trained on");
+}
+
+}  // namespace
 
 StateLoaded state_load(const std::string& path, Comm& comm, Model& model, Fsdp& fsdp, AdamW& adamw,
                        const StateLoadOptions& options) {
@@ -369,6 +404,9 @@ StateLoaded state_load(const std::string& path, Comm& comm, Model& model, Fsdp& 
          options.model_id, "'");
   // A model-only checkpoint (`mmtrain convert ... hf-to-ckpt`) starts a fresh run from its weights.
   if (global.value("model_only", false)) {
+    if (!options.lora_base.is_null())
+      fail("cannot start LoRA from ", reader.dir(), ": it is a model-only checkpoint; name its weights as the base ",
+           "instead (model.checkpoint_path: its HF export, mmtrain convert MODEL ckpt-to-hf)");
     check_no_extra_tensors(reader, model, false);
     state_load_model(reader, model, fsdp);
     loaded.model_only = true;
@@ -383,8 +421,9 @@ StateLoaded state_load(const std::string& path, Comm& comm, Model& model, Fsdp& 
          "); set training.global_batch_size to it (the accumulation is then derived for this world) or choose "
          "micro_batch_size/gradient_accumulation_steps so they match");
   check_same_model_config(reader, options, "resume from");
+  check_lora_base(reader, options.lora_base, "resume from");
   check_no_extra_tensors(reader, model, options.load_optimizer);
-  state_load_model(reader, model, fsdp);
+  state_load_model(reader, model, fsdp, /*frozen_from_base=*/!options.lora_base.is_null());
   if (options.load_optimizer) {
     load_optimizer(reader, fsdp, adamw, fsdp.comm().rank());
     adamw.set_step_count(state_int(reader, "optimizer_step", 0, iteration));
@@ -411,9 +450,10 @@ StateLoaded state_load_weights(const std::string& path, Model& model, Fsdp& fsdp
   if (!loaded.model_only) {
     loaded.iteration = state_int(reader, "iteration", reader.iteration(), reader.iteration());
     check_same_model_config(reader, options, "evaluate");
+    check_lora_base(reader, options.lora_base, "evaluate");
   }
   check_no_extra_tensors(reader, model, !loaded.model_only);
-  state_load_model(reader, model, fsdp);
+  state_load_model(reader, model, fsdp, /*frozen_from_base=*/!options.lora_base.is_null() && !loaded.model_only);
   return loaded;
 }
 

@@ -46,6 +46,10 @@ struct StateInfo {
   nlohmann::json config;                // the run's config (config_to_json) or at least {model: {...}}
   nlohmann::json extra = nlohmann::json::object();  // more trainer_state.json fields ("source": ...)
   nlohmann::json plan = nlohmann::json::object();   // the index's plan entry (FSDP plan, provenance)
+  // A LoRA run's checkpoint holds what trains (adapters, modules_to_save, their moments), not the
+  // frozen base: lora_base names the base ({"weights", "fingerprint"} or {"init_seed"}), recorded
+  // in trainer_state.json and required again on resume. Null: every param is saved.
+  nlohmann::json lora_base;
 };
 
 // trainer_state.json of a checkpoint of info.iteration (optimizer_step absent: model-only), and
@@ -77,6 +81,9 @@ struct StateLoadOptions {
   // (apart from these keys, which do not change the model: ModelSpec::execution_only_keys).
   nlohmann::json model_config;
   std::vector<std::string> execution_only_keys;
+  // A LoRA run: the base it loaded (StateInfo::lora_base), which a LoRA checkpoint's must equal;
+  // its frozen params come from that base, not from the checkpoint. Null: not a LoRA run.
+  nlohmann::json lora_base;
 };
 
 struct StateLoaded {
@@ -100,6 +107,7 @@ StateLoaded state_load(const std::string& path, Comm& comm, Model& model, Fsdp& 
 StateLoaded state_load_weights(const std::string& path, Model& model, Fsdp& fsdp, const StateLoadOptions& options);
 
 // Only the model: params and buffers from a checkpoint reader (any world size), shapes checked.
-void state_load_model(const CheckpointReader& reader, Model& model, Fsdp& fsdp);
+// frozen_from_base: a LoRA run's frozen params are its base's, already loaded, and not read.
+void state_load_model(const CheckpointReader& reader, Model& model, Fsdp& fsdp, bool frozen_from_base = false);
 
 }  // namespace mmtrain

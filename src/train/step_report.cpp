@@ -4,6 +4,7 @@
 #include "core/text.h"
 #include "io/user_file.h"
 #include "models/flops_report.h"
+#include "nn/lora.h"
 #include "plan/length_mix.h"
 #include "plan/offload_plan.h"
 #include "record/device_memory.h"
@@ -69,6 +70,8 @@ void PlanWatch::check(const Run& run, StepRecord& record) {
   const Config& config = run.config;
   if (!asked_) {
     asked_ = true;
+    record.trainable_params = trainable_param_count(*run.model);
+    record.total_params = total_param_count(*run.model);
     // Ragged data peaks at its longest sample: the data set's lengths when it can say them.
     const LengthMix mix = read_length_mix(*run.data.dataset, kPredictionSamples);
     const int64_t first_step_seqlen = record.tokens / std::max<int64_t>(1, record.global_batch_size);

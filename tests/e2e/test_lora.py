@@ -1,0 +1,111 @@
+"""LoRA fine-tuning (features.enable_lora, features.lora), end to end under torchrun:
+
+  * FSDP and context parallelism: a LoRA run on 2 ranks (FSDP), on 2 Ulysses ranks and on 2 ranks
+    with recompute equals one rank per step (loss within 1e-6, grad norm within 2e-6, fp32), both
+    models, with evaluation (the held-out loss of the adapted model) on the way;
+  * checkpoints hold the adapters, their moments and the base's identity, not the base; a run
+    stopped and resumed with load: auto continues bitwise;
+  * a LoRA checkpoint is refused by a run without LoRA, a full checkpoint by a LoRA run, another
+    base by name; bad features.lora settings are refused by name.
+"""
+import json
+import re
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+
+from conftest import read_metrics, run_mmtrain, write_config
+from test_token_budget import magihuman_config, magihuman_data, mistral3_config, mistral3_data  # noqa: F401
+
+LORA_MAP = "rank: 4, alpha: 8"
+
+
+def config(tmp: Path, make_config, data: Path, training="", parallel="", lora=LORA_MAP, features="", iters=3, seed=5) -> Path:
+    """make_config's text with a global batch of 4 and, unless lora is None, features.lora."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    text = make_config(tmp, data, "", ", global_batch_size: 4" + training, **({"parallel": parallel} if parallel else {}))
+    text = text.replace("train_iters: 3", f"train_iters: {iters}").replace("seed: 5", f"seed: {seed}")
+    if lora is not None:
+        text = text.replace("\ndata:", f"\nfeatures: {{enable_lora: true, lora: {{{lora}}}{features}}}\ndata:", 1)
+    return write_config(tmp / "c.yaml", text)
+
+
+def train(tmp: Path, make_config, data: Path, world=1, check=True, **kw):
+    proc = run_mmtrain(["train", str(config(tmp, make_config, data, **kw))], world=world, timeout=600, check=check)
+    steps = [r for r in read_metrics(tmp / "run") if r.get("kind") != "eval"] if check else None
+    return steps, proc
+
+
+def worst(a, b, key):
+    return max(abs(x[key] - y[key]) / abs(y[key]) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("model", ["magihuman", "mistral3"])
+def test_lora_on_fsdp_ulysses_and_recompute_equals_one_rank(tmp_path, model, magihuman_data, mistral3_data):
+    make, data, blocks = {
+        "magihuman": (magihuman_config, magihuman_data, '["dit.block.layers.{*}"]'),
+        "mistral3": (mistral3_config, mistral3_data, '["model.language_model.layers.{*}"]'),
+    }[model]
+    one, proc = train(tmp_path / "one", make, data)
+    assert re.search(r"features.lora: rank 4, scale 2; trains \d+ of \d+ parameters", proc.stdout), proc.stdout
+    assert 0 < one[0]["trainable_params"] < one[0]["total_params"] / 5, one[0]
+    for name, parallel, features in (("fsdp", "", ""), ("ulysses", "\n  ulysses_parallel_size: 2", ""),
+                                     ("recompute", "", ", recompute: true, recompute_plan: {apply_modules: " + blocks + "}")):
+        other, _ = train(tmp_path / name, make, data, world=2, parallel=parallel, features=features)
+        for key, tolerance in (("loss", 1e-6), ("grad_norm", 2e-6)):
+            w = worst(other, one, key)
+            print(f"[{model} {name}] worst {key} relative difference to one rank {w:.2e}")
+            assert w <= tolerance, (name, key, w)
+
+
+def test_lora_checkpoint_holds_the_adapters_and_resumes_bitwise(tmp_path, magihuman_data):
+    straight, _ = train(tmp_path / "straight", magihuman_config, magihuman_data, world=2,
+                        training=f", save: {tmp_path / 'straight' / 'ckpt'}, save_interval: 2")
+    ckpt = tmp_path / "straight" / "ckpt" / "iter_0000002"
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    assert state["lora_base"] == {"init_seed": 5}, state
+    names = set()
+    for shard in ckpt.glob("rank_*.safetensors"):
+        with safe_open(str(shard), "pt") as f:
+            names |= set(f.keys())
+    assert any("lora_A" in n for n in names) and any(n.startswith("optim.exp_avg.") and "lora_B" in n for n in names)
+    base = sorted(n for n in names if "lora_" not in n)
+    assert not [n for n in base if n.endswith(".weight")], base[:5]  # buffers only: no frozen weight is saved
+
+    save = f", save: {tmp_path / 'resumed' / 'ckpt'}, save_interval: 2, load: auto"
+    first, _ = train(tmp_path / "resumed", magihuman_config, magihuman_data, world=2, training=save + ", exit_interval: 2")
+    assert [m["iteration"] for m in first] == [1, 2]
+    resumed, proc = train(tmp_path / "resumed", magihuman_config, magihuman_data, world=2, training=save)
+    assert "resumed from" in proc.stdout
+    assert [m["loss"] for m in resumed] == [m["loss"] for m in straight], (resumed, straight)
+
+
+def test_lora_refuses_mismatched_checkpoints_and_bad_settings(tmp_path, magihuman_data):
+    lora_ckpt, full_ckpt = tmp_path / "lora" / "ckpt", tmp_path / "full" / "ckpt"
+    train(tmp_path / "lora", magihuman_config, magihuman_data, training=f", save: {lora_ckpt}")
+    train(tmp_path / "full", magihuman_config, magihuman_data, training=f", save: {full_ckpt}", lora=None)
+    resumes = [
+        ("no_lora", dict(training=f", load: {lora_ckpt}", iters=5, lora=None),
+         "it is a LoRA checkpoint (adapters over a random init with seed 5), and this config has "
+         "features.enable_lora off"),
+        ("onto_full", dict(training=f", load: {full_ckpt}", iters=5),
+         "it is a full fine-tuning checkpoint and this config trains LoRA adapters"),
+        ("other_base", dict(training=f", load: {lora_ckpt}", iters=5, seed=6),
+         "its adapters were trained over a random init with seed 5, and this run's base is a random init with seed 6"),
+    ]
+    settings = [
+        ("rank: 0, alpha: 8", "features.lora.rank"),
+        ("rank: 4, alpha: 0", "features.lora.alpha: expected a positive number"),
+        ("rank: 4, dropout: 1.0", "features.lora.dropout"),
+        ("rank: 4, dropout: 0.1", "LoRA dropout is not implemented yet"),
+        ("rank: 65", "is above min(in, out)"),
+        ("target_modules: ['dit.block.layers.{*}.attention.q_norm']", "is not a Linear layer"),
+        ("target_modules: ['dit.block.layers.{*}.attention.linear_q']", "matches no module"),
+        ("target_modules: ['dit.adapter.video_embedder']", "computed from its raw weight"),
+        ("modules_to_save: ['dit.block.layers.0.attention.linear_qkv']", "is both a target"),
+    ]
+    cases = resumes + [(f"bad{i}", dict(lora=lora), needle) for i, (lora, needle) in enumerate(settings)]
+    for name, kw, needle in cases:
+        _, proc = train(tmp_path / name, magihuman_config, magihuman_data, check=False, **kw)
+        assert proc.returncode != 0 and needle in proc.stderr, (name, proc.stderr[-1500:])
