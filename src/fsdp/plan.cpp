@@ -105,31 +105,40 @@ FsdpMemoryPlan fsdp_memory_plan(const std::vector<PlanParam>& params, const std:
   for (const auto& name : assignment.units) plan.units.push_back(UnitPlan{name});
   std::vector<std::vector<std::pair<std::string, bool>>> unit_params(plan.units.size());
   for (size_t i = 0; i < params.size(); ++i) {
-    const ShardLayout layout(params[i].shape, world);
     auto& unit = plan.units[assignment.owner[i]];
+    const int64_t numel = elements(params[i].shape);
     unit.num_params += 1;
-    unit.numel += elements(params[i].shape);
-    plan.largest_param_numel = std::max(plan.largest_param_numel, elements(params[i].shape));
-    unit.shard_numel += layout.shard_numel();
-    unit.gathered_numel += layout.shard_numel() * world;
-    unit_params[assignment.owner[i]].emplace_back(params[i].name, params[i].compute_in_fp32);
+    unit.numel += numel;
+    plan.largest_param_numel = std::max(plan.largest_param_numel, numel);
+    if (!params[i].frozen) unit.trained_numel += numel;
+    if (!params[i].adapter_dtype) unit_params[assignment.owner[i]].emplace_back(params[i].name, params[i].compute_in_fp32);
   }
   for (size_t u = 0; u < plan.units.size(); ++u)
     plan.units[u].gather_dtype = unit_gather_dtype(plan.units[u].name, unit_params[u], config.param_dtype);
-  // Bytes per gathered element of a unit.
-  auto p_of = [](const UnitPlan& unit) { return static_cast<int64_t>(c10::elementSize(unit.gather_dtype)); };
+  // Each param's shards and gather buffer, in the dtype it computes in.
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ShardLayout layout(params[i].shape, world);
+    auto& unit = plan.units[assignment.owner[i]];
+    const int64_t p = static_cast<int64_t>(c10::elementSize(params[i].adapter_dtype.value_or(unit.gather_dtype)));
+    (params[i].frozen ? unit.frozen_shard_numel : unit.shard_numel) += layout.shard_numel();
+    if (params[i].frozen) plan.param_bytes += layout.shard_numel() * p;
+    unit.gathered_numel += layout.shard_numel() * world;
+    unit.gathered_bytes += layout.shard_numel() * world * p;
+    unit.numel_bytes += elements(params[i].shape) * p;
+  }
 
   const int64_t r = static_cast<int64_t>(c10::elementSize(config.reduce_dtype));
   int64_t shard = 0;
   for (const auto& unit : plan.units) {
     plan.total_numel += unit.numel;
+    plan.trained_numel += unit.trained_numel;
     shard += unit.shard_numel;
-    plan.unsharded_param_bytes += unit.numel * p_of(unit);
+    plan.unsharded_param_bytes += unit.numel_bytes;
   }
-  plan.param_bytes = 4 * shard;
+  plan.param_bytes += 4 * shard;
   plan.grad_bytes = 4 * shard;
   plan.optimizer_bytes = 8 * shard;
-  plan.root_gathered_bytes = plan.units[0].gathered_numel * p_of(plan.units[0]);
+  plan.root_gathered_bytes = plan.units[0].gathered_bytes;
 
   // Gathered non-root units at once: the running one plus its prefetched neighbours, i.e. a
   // window of k consecutive units in forward order (backward walks the same order reversed).
@@ -141,21 +150,21 @@ FsdpMemoryPlan fsdp_memory_plan(const std::vector<PlanParam>& params, const std:
   for (size_t begin = 1; begin + plan.units_in_flight <= plan.units.size() && plan.units_in_flight > 0; ++begin) {
     int64_t bytes = 0;
     for (size_t u = begin; u < begin + plan.units_in_flight; ++u)
-      bytes += plan.units[u].gathered_numel * p_of(plan.units[u]);  // shards are cast into it directly
+      bytes += plan.units[u].gathered_bytes;  // shards are cast into it directly
     if (bytes > plan.in_flight_bytes) {
       plan.in_flight_bytes = bytes;
       plan.in_flight_first = plan.units[begin].name;
     }
   }
 
-  // Backward of one unit (post_backward): autograd's grads of its params (param_dtype), and per
-  // reduction in flight or being issued its grads held until sent (or their staged copy in
-  // reduce_dtype), its [S] output and Gloo's [(W-1) S] receive buffer.
+  // Backward of one unit (post_backward): autograd's grads of its trained params (param_dtype),
+  // and per reduction in flight or being issued its grads held until sent (or their staged copy
+  // in reduce_dtype), its [S] output and Gloo's [(W-1) S] receive buffer.
   std::vector<int64_t> reduce_sizes;
   int64_t largest_grad_bytes = 0;
   for (const auto& unit : plan.units) {
-    reduce_sizes.push_back((unit.gathered_numel + world * unit.shard_numel) * r);
-    largest_grad_bytes = std::max(largest_grad_bytes, unit.numel * p_of(unit));
+    reduce_sizes.push_back(2 * world * unit.shard_numel * r);
+    largest_grad_bytes = std::max(largest_grad_bytes, unit.trained_numel * static_cast<int64_t>(c10::elementSize(unit.gather_dtype)));
   }
   std::sort(reduce_sizes.rbegin(), reduce_sizes.rend());
   plan.reduce_bytes = largest_grad_bytes;
@@ -171,7 +180,8 @@ FsdpMemoryPlan fsdp_memory_plan(Module& model, const FsdpConfig& config, int wor
   select_blocks(model, config.apply_modules, "fsdp_plan.apply_modules");  // as Fsdp: units are blocks
   std::vector<PlanParam> params;
   for (const auto& [name, param] : model.named_parameters())
-    if (param->trainable) params.push_back({name, param->shape, param->compute_in_fp32});  // buffers are not sharded
+    if (param->trainable)  // buffers are not sharded
+      params.push_back({name, param->shape, param->compute_in_fp32, !param->requires_grad, param->adapter_dtype});
   return fsdp_memory_plan(params, module_names, config, world_size);
 }
 

@@ -3,15 +3,18 @@
 // Fsdp (fully_shard.cpp) builds its units with, so the plan's shard sizes are exactly what
 // Fsdp::memory_stats reports for the same model, world size and apply_modules.
 //
-// Per rank (all fp32 unless stated; S_u = Σ padded shard numel of unit u, torch.chunk rule):
-//   params     4 · Σ_u S_u            fp32 master shards (Fsdp::shard_flat)
+// Per rank (all fp32 unless stated; S_u = Σ padded shard numel of unit u's trained params, F_u
+// of its frozen ones (Param::requires_grad false: LoRA's base), torch.chunk rule):
+//   params     4 · Σ_u S_u + Σ_u F_u · p_u   fp32 master shards (Fsdp::shard_flat), frozen ones in
+//                                            their gather dtype (Fsdp::frozen_flat)
 //   grads      4 · Σ_u S_u            fp32 reduced grads (Fsdp::grad_flat)
 //   optimizer  8 · Σ_u S_u            AdamW exp_avg + exp_avg_sq
-//   root       W · S_root · p         the root unit, gathered for the whole step (p = param_dtype size)
-//   in flight  max over k consecutive non-root units of Σ W · S_u · p, k = 1 + max(forward,
+//   root       W · (S + F)_root · p   the root unit, gathered for the whole step (p = param_dtype size;
+//                                     LoRA adapters in their adapter_dtype)
+//   in flight  max over k consecutive non-root units of Σ W · (S + F)_u · p, k = 1 + max(forward,
 //              backward prefetch): the running unit plus the ones prefetched behind it, each
-//              gathered [W·S_u] (all units when reshard_after_forward is off)
-//   reduce     backward of one unit: its unsharded grads (numel · p) plus, for the
+//              gathered [W·(S + F)_u] (all units when reshard_after_forward is off)
+//   reduce     backward of one unit: its trained params' unsharded grads (numel · p) plus, for the
 //              kFsdpReductionsInFlight + 1 largest units (in flight + the one being issued), 2W · S_u
 //              in reduce_dtype: the grads held until sent (or their staged copy) [W·S_u], the
 //              output [S_u] and Gloo's receive buffer [(W-1)·S_u] (Comm::reduce_scatter_sum_blocks)
@@ -23,6 +26,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +53,8 @@ struct PlanParam {
   std::string name;             // full dotted name
   std::vector<int64_t> shape;   // full (unsharded) shape
   bool compute_in_fp32 = false; // Param::compute_in_fp32
+  bool frozen = false;          // !Param::requires_grad: no grad, no moments, kept in its gather dtype
+  std::optional<at::ScalarType> adapter_dtype;  // Param::adapter_dtype: gathered in it, outside the unit's agreement
 };
 
 // The dtype a unit's params are gathered in: fp32 when every one computes in fp32
@@ -61,9 +67,13 @@ struct UnitPlan {
   std::string name;               // "" for the root
   int64_t num_params = 0;
   int64_t numel = 0;              // full elements
-  int64_t shard_numel = 0;        // S: padded elements every rank stores
-  int64_t gathered_numel = 0;     // W · S: the gather buffer (the full params are its prefix)
-  at::ScalarType gather_dtype = at::kFloat;  // unit_gather_dtype
+  int64_t trained_numel = 0;      // full elements of the params that take grads
+  int64_t shard_numel = 0;        // S: padded elements of trained params every rank stores (fp32)
+  int64_t frozen_shard_numel = 0; // F: padded elements of frozen params every rank stores (gather dtype)
+  int64_t gathered_numel = 0;     // W · (S + F): the gather buffers (the full params are their prefix)
+  int64_t gathered_bytes = 0;     // those buffers, each param in the dtype it computes in
+  int64_t numel_bytes = 0;        // the full params in the dtypes they compute in
+  at::ScalarType gather_dtype = at::kFloat;  // unit_gather_dtype (adapters excepted)
 };
 
 struct FsdpMemoryPlan {
@@ -71,6 +81,7 @@ struct FsdpMemoryPlan {
   int world_size = 1;             // ranks in the FSDP shard group
   std::vector<UnitPlan> units;    // units[0] is the root
   int64_t total_numel = 0;        // full model elements
+  int64_t trained_numel = 0;      // of them, the ones that take grads (all but a LoRA run's base)
   int64_t largest_param_numel = 0;  // full elements of the largest parameter
   int64_t param_bytes = 0;        // per rank, as Fsdp::memory_stats().param_bytes
   int64_t grad_bytes = 0;         // as Fsdp::memory_stats().grad_bytes

@@ -50,16 +50,16 @@ StepTime predict_step_time(const StepTimeInputs& in, const DeviceProfile& p, at:
   const double share = (W - 1.0) / W;
   double gathered = 0, root_gathered = 0;  // every unit in its gather dtype
   for (size_t u = 0; u < plan.units.size(); ++u) {
-    const double bytes = static_cast<double>(plan.units[u].numel) * element_size(plan.units[u].gather_dtype);
+    const double bytes = static_cast<double>(plan.units[u].numel_bytes);
     gathered += bytes;
     if (u == 0) root_gathered = bytes;
   }
-  const double shard_elements = static_cast<double>(plan.param_bytes) / 4.0;  // S
+  const double shard_elements = static_cast<double>(plan.grad_bytes) / 4.0;  // S: what reduces (LoRA: the adapters)
   const double reduce = element_size(plan.config.reduce_dtype);
   const double fsdp_link = group_gb_per_s(W, 1, in, p);
   double fsdp_bytes = share * gathered;                                              // forward gathers
   if (plan.config.reshard_after_forward) fsdp_bytes += share * (gathered - root_gathered);  // backward's
-  fsdp_bytes += share * static_cast<double>(plan.total_numel) * reduce;              // reduce-scatter
+  fsdp_bytes += share * static_cast<double>(plan.trained_numel) * reduce;            // reduce-scatter
   t.fsdp_ms = accum * ms(fsdp_bytes, fsdp_link);
   if (R > 1) t.fsdp_ms += accum * ms(2.0 * (R - 1.0) / R * shard_elements * reduce, group_gb_per_s(R, W, in, p));
   const double first_gather_ms = accum * ms(share * root_gathered, fsdp_link);
@@ -89,7 +89,8 @@ StepTime predict_step_time(const StepTimeInputs& in, const DeviceProfile& p, at:
   double host_bytes = 0;
   if (o.cpu_offload) {
     const double gathers = plan.config.reshard_after_forward ? 2.0 : 1.0;
-    host_bytes += accum * (gathers * 4.0 * shard_elements + reduce * shard_elements);
+    // Every shard comes over (trained fp32, frozen in their dtype: param_bytes); trained grads go back.
+    host_bytes += accum * (gathers * static_cast<double>(plan.param_bytes) + reduce * shard_elements);
   }
   if (o.activations) {
     if (in.offloaded_activation_bytes > 0)

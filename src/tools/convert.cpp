@@ -6,6 +6,7 @@
 #include "models/model_spec.h"
 #include "tools/command.h"
 #include "tools/conversion_output.h"
+#include "tools/lora_convert.h"
 #include "config/config.h"
 #include "train/hf_weights.h"
 #include "train/state.h"
@@ -158,10 +159,11 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
   for (const auto& name : model_spec_registry().names()) {
     const auto& spec = model_spec(name);
     struct Options {
-      std::string hf_dir, save_dir, load_dir, assets_dir, config_path;
+      std::string hf_dir, save_dir, load_dir, assets_dir, config_path, base_model;
       std::vector<std::string> drop;
       int world_size = 0;
       std::string layout = "training";
+      std::string dtype = "public";
       bool overwrite = false;
     };
     auto o = std::make_shared<Options>();
@@ -196,12 +198,26 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
     const std::string layout_help =
         "row layout of the DCP's tensors: training (the model's training layout, MindSpeed-MM's) or hf (the public HF rows)";
     from_dcp->add_option("--layout", o->layout, layout_help)->check(CLI::IsMember({"training", "hf"}))->capture_default_str();
+    auto* to_peft = model_cmd->add_subcommand("lora-to-peft", "a LoRA run's checkpoint -> HF peft adapter directory");
+    to_peft->add_option("--load_dir", o->load_dir, "checkpoint iter_N directory or save root of a LoRA run")->required();
+    to_peft->add_option("--save_dir", o->save_dir, "adapter directory to write")->required();
+    to_peft->add_option("--base_model", o->base_model,
+                        "adapter_config.json's base_model_name_or_path (default: the run's model weights path)");
+    auto* merge = model_cmd->add_subcommand("merge-lora", "a LoRA run's checkpoint -> merged full weights (public layout)");
+    merge->add_option("--load_dir", o->load_dir, "checkpoint iter_N directory or save root of a LoRA run")->required();
+    merge->add_option("--save_dir", o->save_dir, "directory to write model.safetensors (and the base's other files) into")
+        ->required();
+    merge->add_option("--dtype", o->dtype, "public: each tensor in the model's public checkpoint dtype; fp32: unrounded")
+        ->check(CLI::IsMember({"public", "fp32"}))
+        ->capture_default_str();
     auto* to_dcp = model_cmd->add_subcommand("ckpt-to-dcp", "mmtrain checkpoint -> PyTorch DCP checkpoint");
     to_dcp->add_option("--layout", o->layout, layout_help)->check(CLI::IsMember({"training", "hf"}))->capture_default_str();
     to_dcp->add_option("--load_dir", o->load_dir, "checkpoint iter_N directory or save root")->required();
     to_dcp->add_option("--save_dir", o->save_dir, "DCP directory to write")->required();
     const std::string overwrite_help = "replace what --save_dir holds (without it, a non-empty --save_dir is refused)";
-    for (auto* sub : {to_ckpt, to_hf, from_dcp, to_dcp}) sub->add_flag("--overwrite", o->overwrite, overwrite_help);
+    for (auto* sub : {to_ckpt, to_hf, from_dcp, to_dcp, to_peft, merge}) sub->add_flag("--overwrite", o->overwrite, overwrite_help);
+    commands.add(to_peft, [o, name] { convert_lora_to_peft(name, o->load_dir, o->save_dir, o->base_model, o->overwrite); });
+    commands.add(merge, [o, name] { convert_merge_lora(name, o->load_dir, o->save_dir, o->dtype, o->overwrite); });
     commands.add(to_ckpt, [o, name] { convert_hf_to_ckpt(name, o->config_path, o->hf_dir, o->save_dir, o->overwrite); });
     commands.add(from_dcp, [o, name] {
       convert_dcp_to_ckpt(name, o->config_path, o->load_dir, o->save_dir, o->drop, o->world_size,

@@ -1,7 +1,7 @@
 // `mmtrain debug collate`: the trainer's data path (build_data) for one micro-batch, written to
 // safetensors with where it came from in the metadata.
 // `mmtrain debug step`: the trainer's model path (build_model, the parallelize chain on one rank,
-// the initial weights, forward_backward) for one forward + backward.
+// the initial weights, then training.load's when set, forward_backward) for one forward + backward.
 #include "tools/debug.h"
 
 #include "core/error.h"
@@ -11,6 +11,7 @@
 #include "tools/debug_image.h"
 #include "tools/tokenize.h"
 #include "train/build.h"
+#include "train/state.h"
 #include "train/train_step.h"
 
 #include <CLI/CLI.hpp>
@@ -55,6 +56,14 @@ void debug_step(const std::string& config_path, const std::vector<std::string>& 
   auto model = build_model(config);
   auto fsdp = parallelize_model(config, *model, DeviceMesh::single(std::make_shared<Comm>(nullptr, 0, 1)));
   load_initial_weights(config, *model, *fsdp);
+  if (!config.training.load.empty()) {  // a checkpoint's weights over them (a LoRA run's: its adapters)
+    StateLoadOptions options;
+    options.model_id = config.model.model_id;
+    options.model_config = config.model.config;
+    options.execution_only_keys = config_model_spec(config).execution_only_keys;
+    options.lora_base = lora_base(config);
+    state_load_weights(config.training.load, *model, *fsdp, options);
+  }
   const auto adapter = make_hf_adapter(config_model_spec(config), config.model.config);
 
   SafetensorsFile batch_file(batch_path);

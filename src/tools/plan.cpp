@@ -10,6 +10,7 @@
 #include "tools/command.h"
 #include "tools/plan_auto.h"
 #include "tools/plan_calibrate.h"
+#include "train/build.h"
 #include "config/config.h"
 #include "plan/device_profile.h"
 #include "plan/offload_plan.h"
@@ -91,7 +92,8 @@ void plan_memory(const PlanOptions& o) {
   }
   if (devices_per_node == 0) devices_per_node = world;  // one node
   const auto loaded = config_load(o.config_path, o.overrides);
-  auto model = model_spec(loaded.model.model_id, "config " + loaded.source_path + ": model.model_id").build(loaded.model.config);
+  model_spec(loaded.model.model_id, "config " + loaded.source_path + ": model.model_id");  // a named error first
+  auto model = build_model(loaded);  // LoRA's adapters and frozen base included
   const auto estimate = plan_estimate(loaded, world, o.seqlen, *model, plan_images(o));
   const PlanEstimate& e = *estimate;
   const Config& cfg = e.cfg;
@@ -122,8 +124,13 @@ void plan_memory(const PlanOptions& o) {
               with_commas(plan.total_numel).c_str(), plan.units.size(), with_commas(root.numel).c_str(),
               largest->name.c_str(), with_commas(largest->numel).c_str(), p_name.c_str(), r_name.c_str(),
               fp.num_to_forward_prefetch, fp.num_to_backward_prefetch);
+  if (plan.trained_numel != plan.total_numel)
+    std::printf("  %s of them train (%.2f %%): the rest is frozen, its shards in %s, with no grads or moments\n",
+                with_commas(plan.trained_numel).c_str(), 100.0 * static_cast<double>(plan.trained_numel) / plan.total_numel,
+                p_name.c_str());
   std::printf("\n  per rank\n");
-  row("fp32 param shards", plan.param_bytes);
+  row(plan.trained_numel != plan.total_numel ? "param shards (fp32 trained, " + p_name + " frozen)" : "fp32 param shards",
+      plan.param_bytes);
   row("fp32 grad shards", plan.grad_bytes);
   row("AdamW exp_avg + exp_avg_sq (fp32)", plan.optimizer_bytes);
   row("= sharded state", plan.sharded_state_bytes());
@@ -141,6 +148,7 @@ void plan_memory(const PlanOptions& o) {
                               {"param_dtype", p_name},
                               {"reduce_dtype", r_name},
                               {"total_params", plan.total_numel},
+                              {"trainable_params", plan.trained_numel},
                               {"units", plan.units.size()},
                               {"param_bytes", plan.param_bytes},
                               {"grad_bytes", plan.grad_bytes},

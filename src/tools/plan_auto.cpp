@@ -11,6 +11,7 @@
 #include "plan/length_mix.h"
 #include "plan/offload_plan.h"
 #include "plan/step_time.h"
+#include "train/build.h"
 
 #include <nlohmann/json.hpp>
 
@@ -84,7 +85,7 @@ void plan_auto(const PlanOptions& o) {
   const Config base = config_load(o.config_path, o.overrides);
   const ModelSpec& spec = model_spec(base.model.model_id, "config " + base.source_path + ": model.model_id");
   if (!spec.flops) fail("plan --auto: model '", spec.name, "' has no FLOPs formula to time candidates with");
-  auto model = spec.build(base.model.config);
+  auto model = build_model(base);  // LoRA's adapters and frozen base included
   // The sequence lengths: --seqlen, else the data set's own (its longest sizes the memory, all of
   // them time the step), else the model's default.
   int64_t seqlen = checked_tokens(o.seqlen, "plan --auto: --seqlen");

@@ -48,6 +48,14 @@ std::string WeightSource::file_of(const std::string& name) const {
   return (std::filesystem::path(index_->dir()) / index_->file_name(name)).string();
 }
 
+std::string source_key_of(const WeightSource& source, const HfAdapter& adapter, const std::string& param_name) {
+  const auto key = adapter.hf_key(param_name);
+  if (source.contains(key)) return key;
+  for (const auto& alias : adapter.hf_key_aliases(param_name))
+    if (source.contains(alias)) return alias;
+  return "";
+}
+
 std::string weights_fingerprint(const std::string& path) {
   const WeightSource source(path);
   auto names = source.names();
@@ -79,19 +87,13 @@ int64_t load_hf_weights(Model& model, const HfAdapter& adapter, Fsdp& fsdp, cons
       adapters[name] = param;
       continue;
     }
-    auto key = adapter.hf_key(name);
-    if (!source.contains(key))
-      for (const auto& alias : adapter.hf_key_aliases(name))
-        if (source.contains(alias)) {
-          source_key[key] = alias;
-          key = alias;
-          break;
-        }
-    expected.insert(key);
-    if (!source.contains(key)) {
-      missing.push_back(key);
+    auto key = source_key_of(source, adapter, name);
+    if (key.empty()) {
+      missing.push_back(adapter.hf_key(name));
       continue;
     }
+    if (key != adapter.hf_key(name)) source_key[adapter.hf_key(name)] = key;
+    expected.insert(key);
     const auto& info = source.info(key);
     if (info.shape != param->shape)
       fail("model weights ", path, ": '", key, "' has shape ", shape_str(info.shape), ", the model expects ",

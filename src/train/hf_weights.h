@@ -30,6 +30,10 @@ class WeightSource {
   std::unique_ptr<SafetensorsIndex> index_;
 };
 
+// The key that holds param_name in source: adapter.hf_key, else the first of its legacy aliases
+// that source has; "" when none is there.
+std::string source_key_of(const WeightSource& source, const HfAdapter& adapter, const std::string& param_name);
+
 // A fingerprint of the weights at path (an HF directory or one .safetensors file), 8 hex digits:
 // crc32c over every tensor's name, dtype and shape and the bytes of its first row, so another
 // model, another fine-tune of the same one or a changed file gives another value, at the cost of

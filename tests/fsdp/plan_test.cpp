@@ -11,6 +11,7 @@
 #include "models/model_spec.h"
 #include "models/test_transformer/model.h"
 #include "multirank_harness.h"
+#include "nn/lora.h"
 #include "optim/adamw.h"
 #include "train/build.h"
 
@@ -25,22 +26,34 @@ namespace {
 const nlohmann::json kModelConfig = {{"vocab_size", 97}, {"hidden_size", 40}, {"num_layers", 3},
                                      {"num_heads", 4},   {"num_kv_heads", 2}, {"ffn_hidden_size", 70}};
 
-class PlanVsFsdp : public ::testing::TestWithParam<int> {};
+// world, and whether the model carries LoRA adapters (a frozen bf16 base, fp32 adapters).
+class PlanVsFsdp : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+std::shared_ptr<Model> planned_transformer(bool lora) {
+  auto model = make_test_transformer(kModelConfig);
+  if (lora) {
+    LoraConfig config;
+    config.rank = 3;
+    apply_lora(*model, config, {"layers.{*}.attn.w?", "layers.{*}.mlp.w2"}, {"layers.{*}.attn.w?", "layers.{*}.mlp.w?"});
+  }
+  return model;
+}
 
 TEST_P(PlanVsFsdp, ShardBytesEqualFsdpMemoryStats) {
-  const int world = GetParam();
+  const auto [world, lora] = GetParam();
   FsdpConfig options;
   options.apply_modules = {"layers.{*}"};
   options.param_dtype = at::kBFloat16;
   options.num_to_forward_prefetch = 1;
-  auto planned_model = make_test_transformer(kModelConfig);
+  auto planned_model = planned_transformer(lora);
   const auto plan = fsdp_memory_plan(*planned_model, options, world);
+  if (lora) EXPECT_LT(plan.trained_numel * 10, plan.total_numel);  // adapters only: the rest is frozen
   ASSERT_EQ(plan.units.size(), 4u);  // root + 3 layers
 
   std::mutex mutex;
   testing::run_ranks(world, [&](Comm& comm_ref) {
     std::shared_ptr<Comm> comm(&comm_ref, [](Comm*) {});
-    auto model = make_test_transformer(kModelConfig);
+    auto model = planned_transformer(lora);
     Fsdp fsdp(*model, comm, options);
     auto adamw_ptr = make_fsdp_adamw(fsdp, AdamWOptions{});
     auto& adamw = *adamw_ptr;
@@ -56,16 +69,20 @@ TEST_P(PlanVsFsdp, ShardBytesEqualFsdpMemoryStats) {
       EXPECT_EQ(units[u]->name, plan.units[u].name);
       EXPECT_EQ(static_cast<int64_t>(units[u]->params.size()), plan.units[u].num_params);
       EXPECT_EQ(units[u]->shard_flat.numel(), plan.units[u].shard_numel) << units[u]->name;
+      EXPECT_EQ(units[u]->frozen_flat.numel(), plan.units[u].frozen_shard_numel) << units[u]->name;
       int64_t gathered = 0;
       for (auto& p : units[u]->params) gathered += p.gathered.numel();
       EXPECT_EQ(gathered, plan.units[u].gathered_numel) << units[u]->name;
     }
   });
-  // Padding only ever adds: 4 ranks hold at least a quarter each.
-  EXPECT_GE(plan.param_bytes * world, plan.total_numel * 4);
+  // Padding only ever adds: 4 ranks hold at least a quarter each (fp32, or bf16 where frozen).
+  EXPECT_GE(plan.param_bytes * world, plan.trained_numel * 4 + (plan.total_numel - plan.trained_numel) * 2);
 }
 
-INSTANTIATE_TEST_SUITE_P(Worlds, PlanVsFsdp, ::testing::Values(1, 2, 4));
+INSTANTIATE_TEST_SUITE_P(Worlds, PlanVsFsdp, ::testing::Combine(::testing::Values(1, 2, 4), ::testing::Bool()),
+                         [](const auto& info) {
+                           return "w" + std::to_string(std::get<0>(info.param)) + (std::get<1>(info.param) ? "_lora" : "");
+                         });
 
 TEST(FsdpPlan, DeepestUnitOwnsAParam) {
   const std::vector<PlanParam> params = {{"emb.w", {10, 4}}, {"blocks.0.attn.w", {8, 4}}, {"blocks.0.mlp.w", {8, 4}},

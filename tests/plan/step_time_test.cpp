@@ -42,9 +42,13 @@ FsdpMemoryPlan round_plan() {
   plan.config.reshard_after_forward = true;
   plan.world_size = 8;
   plan.units = {UnitPlan{"", 2, 100'000'000}, UnitPlan{"layers.0", 5, 900'000'000}};
-  for (auto& unit : plan.units) unit.gather_dtype = at::kBFloat16;
-  plan.total_numel = 1'000'000'000;
-  plan.param_bytes = 4 * 125'000'000;
+  for (auto& unit : plan.units) {
+    unit.gather_dtype = at::kBFloat16;
+    unit.trained_numel = unit.numel;
+    unit.numel_bytes = 2 * unit.numel;
+  }
+  plan.total_numel = plan.trained_numel = 1'000'000'000;
+  plan.param_bytes = plan.grad_bytes = 4 * 125'000'000;
   return plan;
 }
 
@@ -98,7 +102,7 @@ TEST(StepTime, FsdpMovesGathersAndReduceScattersOverTheGroupsLink) {
   EXPECT_DOUBLE_EQ(predict_step_time(in, round_profile(), at::kBFloat16).fsdp_ms, 1365);
   // HSDP, 2 replicas of 4 on one node of 8: each micro-batch adds 2 x 1/2 x S x 4 B = 5e8 B at 100 GB/s.
   auto hsdp_plan = round_plan();
-  hsdp_plan.param_bytes = 4 * 250'000'000;
+  hsdp_plan.param_bytes = hsdp_plan.grad_bytes = 4 * 250'000'000;
   in.fsdp = &hsdp_plan;
   in.devices_per_node = 8;
   in.dims.dp_shard = 4;

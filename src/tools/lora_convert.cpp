@@ -1,0 +1,229 @@
+#include "tools/lora_convert.h"
+
+#include "config/config.h"
+#include "config/registries.h"
+#include "core/error.h"
+#include "core/module_pattern.h"
+#include "io/safetensors.h"
+#include "nn/layers.h"
+#include "nn/lora.h"
+#include "tools/conversion_output.h"
+#include "train/hf_weights.h"
+#include "train/state.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+
+namespace mmtrain {
+namespace fs = std::filesystem;
+
+namespace {
+
+// A LoRA run's checkpoint with what it takes to read it: the run's config (from its
+// trainer_state.json, through the same parser as a YAML), the model with its adapters, the
+// adapted Linears by name, and the model's HF adapter.
+struct LoraCheckpoint {
+  std::unique_ptr<CheckpointReader> reader;
+  Config config;
+  std::shared_ptr<Model> model;
+  std::map<std::string, Linear*> adapted;
+  std::shared_ptr<const HfAdapter> hf;
+  nlohmann::json base;  // trainer_state.json's lora_base
+};
+
+LoraCheckpoint open_lora_checkpoint(const std::string& model_id, const std::string& load_dir, const std::string& command) {
+  LoraCheckpoint out;
+  out.reader = std::make_unique<CheckpointReader>(load_dir);
+  const auto& global = out.reader->global_state();
+  const std::string where = out.reader->dir() + "/trainer_state.json";
+  if (global.value("model_id", "") != model_id)
+    fail(command, ": ", out.reader->dir(), " holds model '", global.value("model_id", ""), "', not '", model_id, "'");
+  if (!global.contains("lora_base") || !global.contains("config"))
+    fail(command, ": ", out.reader->dir(), " holds no LoRA adapters (not the checkpoint of a run with features.enable_lora)");
+  out.base = global["lora_base"];
+  out.config = config_from_yaml_string(global["config"].dump(), where);
+  const ModelSpec& spec = model_spec(model_id, command);
+  out.model = spec.build(out.config.model.config);
+  const auto summary = apply_lora(*out.model, out.config.features.lora, spec.lora_default_targets, spec.lora_supported_targets);
+  std::set<std::string> adapted(summary.adapted.begin(), summary.adapted.end());
+  for (auto& [name, module] : out.model->named_modules())
+    if (adapted.count(name)) out.adapted[name] = dynamic_cast<Linear*>(module);
+  out.hf = make_hf_adapter(spec, out.config.model.config);
+  return out;
+}
+
+// "model.language_model.layers.0.self_attn.q_proj" -> its HF module path (the HF key of its
+// weight without ".weight").
+std::string hf_module(const HfAdapter& hf, const std::string& module) {
+  const std::string key = hf.hf_key(module + ".weight");
+  if (key.size() < 7 || key.compare(key.size() - 7, 7, ".weight") != 0)
+    fail("lora: the HF key of '", module, ".weight' is '", key, "', which does not end in .weight");
+  return key.substr(0, key.size() - 7);
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  if (!out.flush()) fail("cannot write ", path.string());
+}
+
+// PEFT's target_modules: the layers' own names (q_proj, ...) when they name exactly the adapted
+// layers among the model's Linears, as peft and vLLM expect; else a regex of the full names
+// (peft matches a string with re.fullmatch).
+nlohmann::json peft_target_modules(Module& model, const HfAdapter& hf, const std::map<std::string, Linear*>& adapted) {
+  std::set<std::string> short_names;
+  for (const auto& [name, linear] : adapted) short_names.insert(name.substr(name.rfind('.') + 1));
+  bool exact = true;
+  for (auto& [name, module] : model.named_modules()) {
+    if (!dynamic_cast<Linear*>(module) || name.find("lora_") != std::string::npos) continue;
+    if (short_names.count(name.substr(name.rfind('.') + 1)) && !adapted.count(name)) exact = false;
+  }
+  if (exact) return std::vector<std::string>(short_names.begin(), short_names.end());
+  std::string alternation;
+  for (const auto& [name, linear] : adapted)
+    alternation += (alternation.empty() ? "" : "|") + std::regex_replace(hf_module(hf, name), std::regex(R"(\.)"), R"(\.)");
+  return "^(?:" + alternation + ")$";
+}
+
+}  // namespace
+
+void convert_lora_to_peft(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
+                          const std::string& base_model_name, bool overwrite) {
+  const std::string command = "lora-to-peft";
+  ConversionOutput output(save_dir, overwrite, command);
+  auto ckpt = open_lora_checkpoint(model_id, load_dir, command);
+  const auto& lora = ckpt.config.features.lora;
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& [name, linear] : ckpt.adapted) {
+    if (linear->experts() != 1)
+      fail(command, ": '", name, "' holds ", linear->experts(), " modality experts, which a PEFT LoRA layer cannot ",
+           "express; write the merged weights instead (convert ", model_id, " merge-lora)");
+    if (ckpt.hf->layout_differs(name + ".weight"))
+      fail(command, ": '", name, "' has another row layout in HF than in training; its adapter has no PEFT form here");
+    const std::string prefix = "base_model.model." + hf_module(*ckpt.hf, name);
+    for (const char* part : {"lora_A", "lora_B"})
+      tensors.emplace_back(prefix + "." + part + ".weight",
+                           ckpt.reader->read_full(state_model_key(name + "." + part + ".weight")).contiguous());
+  }
+  std::vector<std::string> saved_modules;
+  for (auto& [module_name, module] : ckpt.model->named_modules())
+    for (const auto& pattern : lora.modules_to_save)
+      if (ModulePattern(pattern).matches(module_name)) saved_modules.push_back(module_name);
+  for (const auto& module_name : saved_modules)
+    for (auto& [name, param] : ckpt.model->named_parameters())
+      if (name.rfind(module_name + ".", 0) == 0 && param->trainable) {
+        if (ckpt.hf->layout_differs(name)) fail(command, ": modules_to_save '", name, "' has another row layout in HF");
+        // The trained fp32 values: peft copies them into the module's own dtype when it loads.
+        tensors.emplace_back("base_model.model." + ckpt.hf->hf_key(name),
+                             ckpt.reader->read_full(state_model_key(name)).contiguous());
+      }
+  safetensors_write((fs::path(output.staging()) / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
+
+  std::vector<std::string> hf_saved;
+  for (const auto& m : saved_modules) hf_saved.push_back(hf_module(*ckpt.hf, m));
+  const std::string base_name = !base_model_name.empty() ? base_model_name : ckpt.base.value("weights", std::string());
+  const nlohmann::json adapter_config = {
+      {"peft_type", "LORA"},
+      {"task_type", nullptr},
+      {"base_model_name_or_path", base_name},
+      {"r", lora.rank},
+      {"lora_alpha", lora.alpha},
+      {"lora_dropout", lora.dropout},
+      {"use_rslora", lora.use_rslora},
+      {"target_modules", peft_target_modules(*ckpt.model, *ckpt.hf, ckpt.adapted)},
+      {"modules_to_save", hf_saved.empty() ? nlohmann::json(nullptr) : nlohmann::json(hf_saved)},
+      {"bias", "none"},
+      {"fan_in_fan_out", false},
+      {"init_lora_weights", lora.init == "gaussian" ? nlohmann::json("gaussian") : nlohmann::json(true)},
+      {"inference_mode", true},
+      {"use_dora", false},
+  };
+  write_text(fs::path(output.staging()) / "adapter_config.json", adapter_config.dump(2) + "\n");
+  output.commit();
+  std::printf("%s: %s -> %s (%zu adapted layers, r %lld, lora_alpha %g%s, %zu tensors)\n", command.c_str(),
+              ckpt.reader->dir().c_str(), save_dir.c_str(), ckpt.adapted.size(), static_cast<long long>(lora.rank),
+              lora.alpha, lora.use_rslora ? ", rsLoRA" : "", tensors.size());
+}
+
+void convert_merge_lora(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
+                        const std::string& dtype, bool overwrite) {
+  const std::string command = "merge-lora";
+  ConversionOutput output(save_dir, overwrite, command);
+  auto ckpt = open_lora_checkpoint(model_id, load_dir, command);
+  // The base: the run's model weights (checked against the fingerprint the adapters were trained
+  // over) or its random init.
+  std::unique_ptr<WeightSource> source;
+  if (dtype != "public" && dtype != "fp32") fail(command, ": --dtype must be public or fp32, found '", dtype, "'");
+  if (ckpt.base.contains("weights")) {
+    const std::string path = ckpt.base["weights"].get<std::string>();
+    const std::string now = weights_fingerprint(path);
+    if (now != ckpt.base.value("fingerprint", std::string()))
+      fail(command, ": the adapters of ", ckpt.reader->dir(), " were trained over ", path, " with fingerprint ",
+           ckpt.base.value("fingerprint", std::string("?")), "; it now has ", now, " (the weights changed)");
+    source = std::make_unique<WeightSource>(path);
+  }
+  const uint64_t seed = ckpt.base.value("init_seed", uint64_t{0});
+  // The base's own key for each HF key (a legacy alias where it uses one); the output keeps them.
+  std::map<std::string, std::string> key_in_base;
+  if (source)
+    for (auto& [name, param] : ckpt.model->named_parameters()) {
+      if (param->adapter_dtype) continue;
+      const auto key = source_key_of(*source, *ckpt.hf, name);
+      if (key.empty()) fail(command, ": the base ", source->path(), " has no tensor for '", ckpt.hf->hf_key(name), "'");
+      key_in_base[ckpt.hf->hf_key(name)] = key;
+    }
+  auto base_key = [&](const std::string& hf_key) { return source ? key_in_base.at(hf_key) : hf_key; };
+  auto read_hf = [&](const std::string& key, int64_t b, int64_t e) { return source->read_rows(base_key(key), b, e); };
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  int64_t conversions = 0;
+  for (auto& [name, param] : ckpt.model->named_parameters()) {
+    if (param->adapter_dtype) continue;
+    const int64_t rows = param->shape.empty() ? 1 : param->shape[0];
+    at::Tensor full;
+    if (!param->trainable)
+      full = source ? read_hf(ckpt.hf->hf_key(name), 0, rows) : param->init_value();
+    else if (param->requires_grad)  // modules_to_save: trained in full, in the checkpoint
+      full = ckpt.reader->read_full(state_model_key(name));
+    else
+      full = source ? ckpt.hf->load_rows(name, 0, rows, read_hf) : param_init_rows(*param, name, seed, 0, rows);
+    full = full.to(at::kFloat);
+    const std::string module = name.substr(0, name.rfind('.'));
+    if (auto it = ckpt.adapted.find(module); it != ckpt.adapted.end() && name == module + ".weight") {
+      const Linear& linear = *it->second;
+      const int64_t e = linear.experts();
+      const auto a = ckpt.reader->read_full(state_model_key(module + ".lora_A.weight")).to(at::kFloat);
+      const auto b = ckpt.reader->read_full(state_model_key(module + ".lora_B.weight")).to(at::kFloat);
+      std::vector<at::Tensor> delta;  // W_k += scale * B_k A_k, expert by expert
+      for (int64_t k = 0; k < e; ++k) delta.push_back(at::mm(b.chunk(e, 0)[k], a.chunk(e, 0)[k]));
+      full = full + at::cat(delta, 0) * linear.lora_scale;
+    }
+    if (ckpt.hf->layout_differs(name)) ++conversions;
+    const at::ScalarType out_dtype = dtype == "fp32" ? at::kFloat : param->checkpoint_dtype;
+    tensors.emplace_back(base_key(ckpt.hf->hf_key(name)), ckpt.hf->to_hf_layout(name, full).to(out_dtype).contiguous());
+  }
+  if (conversions != ckpt.hf->expected_layout_conversions())
+    fail(command, ": restored the layout of ", conversions, " tensors, the config expects ",
+         ckpt.hf->expected_layout_conversions());
+  safetensors_write((fs::path(output.staging()) / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  // An HF directory's other files (config.json, tokenizer, ...) come along: the merged model is
+  // its base's with other weights. Its shard files and index do not (one file replaces them).
+  if (source && fs::is_directory(ckpt.base["weights"].get<std::string>()))
+    for (const auto& entry : fs::directory_iterator(ckpt.base["weights"].get<std::string>())) {
+      const auto file = entry.path().filename().string();
+      if (!entry.is_regular_file() || entry.is_symlink() || entry.path().extension() == ".safetensors" ||
+          file == "model.safetensors.index.json" || file.rfind('.', 0) == 0)
+        continue;
+      fs::copy_file(entry.path(), fs::path(output.staging()) / file);
+    }
+  output.commit();
+  std::printf("%s: %s -> %s/model.safetensors (%zu tensors, %zu adapted layers merged)\n", command.c_str(),
+              ckpt.reader->dir().c_str(), save_dir.c_str(), tensors.size(), ckpt.adapted.size());
+}
+
+}  // namespace mmtrain

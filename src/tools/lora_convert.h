@@ -1,0 +1,27 @@
+// `mmtrain convert MODEL lora-to-peft | merge-lora`: what a LoRA run's checkpoint (adapters,
+// modules_to_save, the base's identity; train/state.h) becomes for other tools.
+//   lora-to-peft  HF peft's adapter directory: adapter_model.safetensors (metadata format: pt;
+//                 keys base_model.model.<HF module>.lora_A.weight / lora_B.weight, and
+//                 base_model.model.<HF key> for modules_to_save) and adapter_config.json
+//                 (peft_type LORA, r, lora_alpha, use_rslora, target_modules, modules_to_save,
+//                 base_model_name_or_path), which peft.PeftModel.from_pretrained and vLLM load.
+//                 Layers of several modality experts (MagiHuman) have no PEFT form: refused.
+//   merge-lora    the full weights W + scale * B A (per expert) in the model's public layout, as
+//                 one model.safetensors (plus the base directory's other files), which model.
+//                 model_name_or_path and the HF tools read. The base is the run's model weights,
+//                 checked against the fingerprint the adapters were trained over, or its
+//                 random init.
+#pragma once
+#include <string>
+
+namespace mmtrain {
+
+// base_model_name: adapter_config.json's base_model_name_or_path; empty: the run's weights path.
+void convert_lora_to_peft(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
+                          const std::string& base_model_name, bool overwrite);
+// dtype: "public" writes each tensor in the dtype of the model's public checkpoint
+// (Param::checkpoint_dtype: bf16 linears), "fp32" keeps the merged values whole.
+void convert_merge_lora(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
+                        const std::string& dtype, bool overwrite);
+
+}  // namespace mmtrain
