@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors import safe_open
 
 from conftest import read_metrics, run_mmtrain, write_config
@@ -109,3 +110,61 @@ def test_lora_refuses_mismatched_checkpoints_and_bad_settings(tmp_path, magihuma
     for name, kw, needle in cases:
         _, proc = train(tmp_path / name, magihuman_config, magihuman_data, check=False, **kw)
         assert proc.returncode != 0 and needle in proc.stderr, (name, proc.stderr[-1500:])
+
+
+def test_magihuman_merge_lora_equals_the_adapted_model_and_leaves_the_base(tmp_path, magihuman_data):
+    """Adapters on every projection (the gated layers' up_gate_proj included: its HF rows are laid out
+    otherwise) over HF-layout weights; merge-lora's weights load as a plain base whose step equals the
+    adapted model's, the untargeted tensors are the base's bytes, and PEFT refuses the expert layers."""
+    weights = tmp_path / "base"
+    cfg = config(tmp_path / "weights", magihuman_config, magihuman_data, lora=None)
+    run_mmtrain(["fixture", "magihuman-weights", "--config", str(cfg), "--out", str(weights), "--seed", "4"])
+    every = ("target_modules: ['dit.block.layers.{*}.attention.linear_qkv', 'dit.block.layers.{*}.attention.linear_proj', "
+             "'dit.block.layers.{*}.mlp.up_gate_proj', 'dit.block.layers.{*}.mlp.down_proj'], rank: 4, alpha: 8")
+    trained = tmp_path / "trained"
+    cfg = config(trained, magihuman_config, magihuman_data, lora=every,
+                 training=f", save: {trained / 'ckpt'}, lr: 2.0e-2")
+    text = cfg.read_text().replace("model: {model_id: magihuman,", f"model: {{model_id: magihuman, model_name_or_path: {weights},")
+    write_config(cfg, text.replace("lr: 2.0e-3, ", ""))
+    run_mmtrain(["train", str(cfg)], world=2, timeout=600)
+    state = json.loads((trained / "ckpt" / "iter_0000003" / "trainer_state.json").read_text())
+    assert state["lora_base"]["weights"] == str(weights) and len(state["lora_base"]["fingerprint"]) == 8, state
+
+    for dtype in ("fp32", "public"):
+        run_mmtrain(["convert", "magihuman", "merge-lora", "--load_dir", str(trained / "ckpt"),
+                     "--save_dir", str(tmp_path / f"merged_{dtype}"), "--dtype", dtype])
+    batch = tmp_path / "batch.safetensors"
+    run_mmtrain(["debug", "collate", str(cfg), "--out", str(batch)])
+    step_lora = write_config(tmp_path / "step_lora.yaml", cfg.read_text().replace(f"save: {trained / 'ckpt'}",
+                                                                                   f"load: {trained / 'ckpt'}"))
+    step_merged = write_config(tmp_path / "step_merged.yaml", cfg.read_text()
+                               .replace(str(weights), str(tmp_path / "merged_fp32"))
+                               .replace("enable_lora: true", "enable_lora: false")
+                               .replace(f", save: {trained / 'ckpt'}", ""))
+    outs = {}
+    for name, step_cfg in (("lora", step_lora), ("merged", step_merged)):
+        run_mmtrain(["debug", "step", str(step_cfg), "--batch", str(batch), "--out", str(tmp_path / f"{name}.safetensors")])
+        with safe_open(str(tmp_path / f"{name}.safetensors"), "pt") as f:
+            outs[name] = {k: f.get_tensor(k) for k in f.keys() if not k.startswith("grad.")}
+    for key, want in outs["lora"].items():
+        got = outs["merged"][key]
+        rel = ((got.double() - want.double()).norm() / want.double().norm()).item()
+        print(f"[magihuman merge-lora] {key} rel L2 {rel:.2e}")
+        assert rel <= 1e-5, (key, rel)
+
+    # The untargeted tensors of the public-dtype merge are the base's, byte for byte; the targets moved.
+    base, merged = {}, {}
+    for shard in weights.glob("*.safetensors"):
+        with safe_open(str(shard), "pt") as f:
+            base.update({k: f.get_tensor(k) for k in f.keys()})
+    with safe_open(str(tmp_path / "merged_public" / "model.safetensors"), "pt") as f:
+        merged = {k: f.get_tensor(k) for k in f.keys()}
+    assert set(base) == set(merged)
+    targets = ("linear_qkv", "linear_proj", "up_gate_proj", "down_proj")
+    same = [k for k in base if not any(t in k for t in targets)]
+    assert same and all(torch.equal(base[k], merged[k]) for k in same)
+    assert all(not torch.equal(base[k], merged[k]) for k in base if any(t in k for t in targets))
+
+    proc = run_mmtrain(["convert", "magihuman", "lora-to-peft", "--load_dir", str(trained / "ckpt"),
+                        "--save_dir", str(tmp_path / "peft")], check=False)
+    assert proc.returncode != 0 and "modality experts, which a PEFT LoRA layer cannot express" in proc.stderr, proc.stderr
