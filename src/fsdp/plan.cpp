@@ -121,7 +121,7 @@ FsdpMemoryPlan fsdp_memory_plan(const std::vector<PlanParam>& params, const std:
     auto& unit = plan.units[assignment.owner[i]];
     const int64_t p = static_cast<int64_t>(c10::elementSize(params[i].adapter_dtype.value_or(unit.gather_dtype)));
     (params[i].frozen ? unit.frozen_shard_numel : unit.shard_numel) += layout.shard_numel();
-    if (params[i].frozen) plan.param_bytes += layout.shard_numel() * p;
+    if (params[i].frozen) plan.frozen_param_bytes += layout.shard_numel() * p;
     unit.gathered_numel += layout.shard_numel() * world;
     unit.gathered_bytes += layout.shard_numel() * world * p;
     unit.numel_bytes += elements(params[i].shape) * p;
@@ -135,7 +135,7 @@ FsdpMemoryPlan fsdp_memory_plan(const std::vector<PlanParam>& params, const std:
     shard += unit.shard_numel;
     plan.unsharded_param_bytes += unit.numel_bytes;
   }
-  plan.param_bytes += 4 * shard;
+  plan.param_bytes = 4 * shard + plan.frozen_param_bytes;
   plan.grad_bytes = 4 * shard;
   plan.optimizer_bytes = 8 * shard;
   plan.root_gathered_bytes = plan.units[0].gathered_bytes;

@@ -84,6 +84,7 @@ struct FsdpMemoryPlan {
   int64_t trained_numel = 0;      // of them, the ones that take grads (all but a LoRA run's base)
   int64_t largest_param_numel = 0;  // full elements of the largest parameter
   int64_t param_bytes = 0;        // per rank, as Fsdp::memory_stats().param_bytes
+  int64_t frozen_param_bytes = 0; // of them, the frozen shards (in their gather dtype; never on the disk tier)
   int64_t grad_bytes = 0;         // as Fsdp::memory_stats().grad_bytes
   int64_t optimizer_bytes = 0;    // as AdamW::state_bytes()
   int64_t unsharded_param_bytes = 0;  // every unit gathered, as memory_stats().unsharded_param_bytes

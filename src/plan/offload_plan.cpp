@@ -58,9 +58,10 @@ TierBytes offload_tier_bytes(const OffloadPlanInputs& in, const OffloadSetting& 
   if (s.swap && s.disk) {
     t.disk += p.optimizer_bytes;
     t.host += in.window_bytes;
-    if (s.cpu_offload) {  // the shards too, but for the unit in use and the one read ahead
-      t.host -= p.param_bytes;
-      t.disk += p.param_bytes;
+    if (s.cpu_offload) {  // the trained shards too, but for the unit in use and the one read ahead
+      const int64_t paged = p.param_bytes - p.frozen_param_bytes;  // frozen ones stay in the host tier
+      t.host -= paged;
+      t.disk += paged;
       t.host += 2 * p.largest_shard_numel() * static_cast<int64_t>(sizeof(float));
     }
   } else if (s.swap) {
@@ -70,7 +71,8 @@ TierBytes offload_tier_bytes(const OffloadPlanInputs& in, const OffloadSetting& 
   return t;
 }
 
-PhaseBytes offload_phase_bytes(const FsdpMemoryPlan& plan, const OffloadSetting& s, bool device_is_host) {
+PhaseBytes offload_phase_bytes(const FsdpMemoryPlan& plan, const OffloadSetting& s, bool device_is_host,
+                               bool saves_frozen) {
   const int64_t unit = plan.largest_shard_numel() * static_cast<int64_t>(sizeof(float));
   const bool moments_on_disk = s.swap && s.disk;
   // Tensors a save writes from the device: the shards without cpu_offload, in-memory moments.
@@ -80,7 +82,7 @@ PhaseBytes offload_phase_bytes(const FsdpMemoryPlan& plan, const OffloadSetting&
   // a save and a resume page theirs through the same two.
   b.startup.host = plan.largest_param_numel * static_cast<int64_t>(sizeof(float));
   b.save.host = (moments_on_disk ? unit : 0) + (on_device ? unit : 0);
-  b.async_save.host = plan.param_bytes + plan.optimizer_bytes;
+  b.async_save.host = plan.param_bytes - (saves_frozen ? 0 : plan.frozen_param_bytes) + plan.optimizer_bytes;
   (s.cpu_offload ? b.resume.host : b.resume.device) += 2 * unit;
   b.resume.host += unit + (moments_on_disk ? unit : 0);
   return b;

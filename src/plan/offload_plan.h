@@ -65,13 +65,15 @@ TierBytes offload_tier_bytes(const OffloadPlanInputs& in, const OffloadSetting& 
 //     (weights and moments), where training goes on from;
 //   resume: a unit's two moments staged where the shards live (2 U), the rows being read (at
 //     most U of host RAM), and with the moments on disk one U on its way there.
-// device_is_host: a CPU run (nothing is copied to the host to be written).
+// device_is_host: a CPU run (nothing is copied to the host to be written). saves_frozen: the
+// checkpoint holds the frozen params too (false for LoRA, whose base is its model weights).
 // evaluation: not an offload rule (offload_phase_bytes leaves it zero): PlanEstimate::
 // evaluation_bytes fills it where there is an activation estimate.
 struct PhaseBytes {
   TierBytes startup, save, async_save, resume, evaluation;
 };
-PhaseBytes offload_phase_bytes(const FsdpMemoryPlan& plan, const OffloadSetting& setting, bool device_is_host);
+PhaseBytes offload_phase_bytes(const FsdpMemoryPlan& plan, const OffloadSetting& setting, bool device_is_host,
+                               bool saves_frozen);
 
 // The phases a run of `config` goes through beside its steps, named for messages: start-up, the
 // save it asks for (synchronous, or training.async_save's staging), when it loads the resume, and

@@ -136,6 +136,10 @@ StepTimeInputs PlanEstimate::step_inputs(int devices_per_node, bool* flops) cons
     const FlopsReport report = spec->flops(cfg.model.config, query);
     in.attention_flops_per_sample = report.attention_flops_per_sample;
     in.gemm_flops_per_sample = report.flops_per_sample - report.attention_flops_per_sample;
+    // LoRA: the frozen base takes no weight gradients, so the backward's GEMMs are the input
+    // gradients alone: forward + backward is 2 forwards, not 3 (plus the trained share's third).
+    if (cfg.features.enable_lora && plan.total_numel > 0)
+      in.gemm_flops_per_sample *= (2.0 + static_cast<double>(plan.trained_numel) / plan.total_numel) / 3.0;
   }
   if (act.num_layers > 0) {
     in.tokens_per_rank = act.tokens;

@@ -163,7 +163,7 @@ void preflight_memory(const Config& config, Module& model, const LaunchEnv& env,
   // An asynchronous save stages every trained tensor in host RAM: with the disk tier holding them,
   // that is the memory offload_dir exists to free.
   if (config.training.async_save && !config.training.offload_dir.empty()) {
-    const PhaseBytes phases = offload_phase_bytes(plan, OffloadSetting::of(config), !cuda);
+    const PhaseBytes phases = offload_phase_bytes(plan, OffloadSetting::of(config), !cuda, !config.features.enable_lora);
     fail("config ", config.source_path, ": training.async_save: its staging copy would hold this rank's weights and ",
          "moments in host RAM, ", gib(phases.async_save.host), ", which training.offload_dir keeps on disk; a ",
          "synchronous save (async_save: false) holds ", gib(phases.save.host), " beyond the step (one FSDP unit at a time)");
@@ -181,7 +181,7 @@ void preflight_memory(const Config& config, Module& model, const LaunchEnv& env,
   const TierBytes tiers = offload_tier_bytes(offload_in, setting);
   // Around the step (start-up, the save the config asks for, a resume): the largest of them on
   // top of it, per tier. (An evaluation adds activations only, which this check does not count.)
-  const PhaseBytes phases = offload_phase_bytes(plan, setting, /*device_is_host=*/!cuda);
+  const PhaseBytes phases = offload_phase_bytes(plan, setting, /*device_is_host=*/!cuda, !config.features.enable_lora);
   const auto around = config_phases(phases, config);
   const PhasePeak host_peak = largest_phase(around, [](const TierBytes& b) { return b.host; });
   const PhasePeak device_peak =

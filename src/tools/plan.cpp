@@ -224,7 +224,7 @@ void plan_memory(const PlanOptions& o) {
   }
   // Around the step, for this config's setting: what start-up, a checkpoint save and a resume hold
   // beyond it (plan/offload_plan.h), on a GPU; the pre-flight adds the largest to the step.
-  PhaseBytes phases = offload_phase_bytes(plan, chosen, /*device_is_host=*/false);
+  PhaseBytes phases = offload_phase_bytes(plan, chosen, /*device_is_host=*/false, !cfg.features.enable_lora);
   phases.evaluation = e.evaluation_bytes();
   std::printf("\n  around the step (%s), per rank, beyond it: device / host tier / disk\n", chosen.name().c_str());
   j["phases"] = nlohmann::ordered_json::object();

@@ -163,7 +163,7 @@ void plan_auto(const PlanOptions& o) {
                 ++refused;  // a combination the config checks refuse (e.g. heads the degree does not divide)
                 continue;
               }
-              PhaseBytes phases = offload_phase_bytes(e->plan, s, /*device_is_host=*/false);
+              PhaseBytes phases = offload_phase_bytes(e->plan, s, /*device_is_host=*/false, !e->cfg.features.enable_lora);
               phases.evaluation = e->evaluation_bytes();
               c.bytes = with_phases(offload_tier_bytes(e->offload_inputs(), s), phases, e->cfg);
               least.device = std::min(least.device, c.bytes.device);
