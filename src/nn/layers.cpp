@@ -25,19 +25,22 @@ at::Tensor Linear::forward(const at::Tensor& x) const {
   auto y = at::linear(x, weight.value, bias ? bias->value : at::Tensor());
   if (!has_lora()) return y;
   if (experts_ != 1) fail("Linear::forward on a layer of ", experts_, " experts: its model computes one expert at a time");
-  return y + lora_delta(x).to(y.scalar_type());
+  return with_lora(y, x);
 }
 
-at::Tensor Linear::lora_delta(const at::Tensor& x, int64_t expert) const {
-  if (!has_lora()) return {};
+at::Tensor Linear::with_lora(const at::Tensor& y, const at::Tensor& x, int64_t expert) const {
+  if (!has_lora()) return y;
   const auto& a = lora_A->weight.value;
   const auto& b = lora_B->weight.value;
   auto a_k = experts_ == 1 ? a : a.chunk(experts_, 0)[expert];  // [r, in]
   auto b_k = experts_ == 1 ? b : b.chunk(experts_, 0)[expert];  // [out / E, r]
-  return at::linear(at::linear(x.to(a.scalar_type()), a_k), b_k) * lora_scale;
+  auto h = at::linear(x.to(a.scalar_type()), a_k) * lora_scale;  // [..., r]
+  if (y.scalar_type() != b_k.scalar_type() || y.dim() < 2) return y + at::linear(h, b_k).to(y.scalar_type());
+  const int64_t out = y.size(-1);
+  return at::addmm(y.reshape({-1, out}), h.reshape({-1, h.size(-1)}), b_k.t()).view(y.sizes());
 }
 
-void Linear::add_lora(int64_t rank, double scale, bool gaussian_init, at::ScalarType adapter_dtype) {
+void Linear::attach_lora(int64_t rank, double scale, bool gaussian_init, at::ScalarType adapter_dtype) {
   if (has_lora()) fail("Linear: a second LoRA adapter on one layer");
   const int64_t in = in_features(), out_per_expert = out_features() / experts_;
   lora_A = add_child("lora_A", std::make_shared<Linear>(experts_ * rank, in, adapter_dtype));

@@ -33,14 +33,16 @@ class Linear : public Weight {
   Linear(int64_t out_features, int64_t in_features, at::ScalarType checkpoint_dtype, bool with_bias = false,
          int64_t experts = 1);
   // x [..., in] -> [..., out]: x @ weight^T (+ bias) (+ the LoRA delta), the nn.Linear convention.
-  // A Linear of several experts is computed a expert at a time by its model (expert_delta).
+  // A Linear of several experts is computed an expert at a time by its model (with_lora).
   at::Tensor forward(const at::Tensor& x) const;
-  // scale * B_k (A_k x) [..., out / experts] in the adapter's dtype, for expert k; undefined
-  // without an adapter.
-  at::Tensor lora_delta(const at::Tensor& x, int64_t expert = 0) const;
+  // y + scale * B_k (A_k x), where y [..., out / experts] is expert k's output of the base weight
+  // and x [..., in] its input; y itself without an adapter. The scale rides on the rank-r
+  // intermediate and the second GEMM accumulates into y (addmm) when the dtypes agree, so the
+  // adapter costs one pass over the output, not four.
+  at::Tensor with_lora(const at::Tensor& y, const at::Tensor& x, int64_t expert = 0) const;
 
   // Adds the adapter's children; their params are initialised by the rules LoRA's init names.
-  void add_lora(int64_t rank, double scale, bool gaussian_init, at::ScalarType adapter_dtype);
+  void attach_lora(int64_t rank, double scale, bool gaussian_init, at::ScalarType adapter_dtype);
   bool has_lora() const { return lora_A != nullptr; }
   int64_t experts() const { return experts_; }
   int64_t in_features() const { return weight.shape[1]; }

@@ -106,7 +106,7 @@ LoraSummary apply_lora(Module& model, const LoraConfig& config, const std::vecto
     for (auto& [module_name, module] : model.named_modules())
       if (module_name == name) {
         auto& linear = dynamic_cast<Linear&>(*module);
-        linear.add_lora(config.rank, config.scale(), config.init == "gaussian", config.adapter_dtype);
+        linear.attach_lora(config.rank, config.scale(), config.init == "gaussian", config.adapter_dtype);
         for (Param* p : {&linear.lora_A->weight, &linear.lora_B->weight}) {
           int64_t n = 1;
           for (int64_t d : p->shape) n *= d;

@@ -76,12 +76,6 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& w) {
   return at::linear(x.to(w.scalar_type()), w).to(at::kFloat);
 }
 
-// out (expert k of layer applied to x) plus that expert's LoRA delta, in out's dtype; out itself
-// without an adapter.
-at::Tensor with_lora(const at::Tensor& out, const Linear& layer, const at::Tensor& x, int64_t k) {
-  return layer.has_lora() ? out + layer.lora_delta(x, k).to(out.scalar_type()) : out;
-}
-
 // model.config.fused_ops picks the fused CPU kernels (nn/fused_ops.h) or the reference ATen ops
 // (ops.h, the oracle); tensors off the CPU always take the reference ops.
 at::Tensor norm_1p(const MagiHumanConfig& c, const at::Tensor& x, const at::Tensor& w) {
@@ -113,7 +107,7 @@ class Attention : public Module {
     const int64_t L = h.size(0), hq = c.num_heads_q(), hkv = c.num_query_groups, hd = c.head_dim;
     auto qkv = per_expert(h, rows, experts_, [&](int64_t k, const at::Tensor& part) {
       auto a = norm_1p(c, part, expert_slice(pre_norm->weight.value, experts_, k));
-      return with_lora(block_linear(a, expert_slice(linear_qkv->weight.value, experts_, k)), *linear_qkv, a, k);
+      return linear_qkv->with_lora(block_linear(a, expert_slice(linear_qkv->weight.value, experts_, k)), a, k);
     });                                                                               // [L, qkv] fp32
     // One split, not four slices: a slice's backward writes its grad into a zeroed [L, qkv]
     // tensor of its own (four of them summed); the split's backward concatenates the pieces once.
@@ -142,7 +136,7 @@ class Attention : public Module {
     }
     gated = gated.reshape({L, hq * hd}).to(compute);
     return per_expert(gated, rows, experts_, [&](int64_t k, const at::Tensor& part) {
-      return with_lora(at::linear(part, expert_slice(linear_proj->weight.value, experts_, k)), *linear_proj, part, k);
+      return linear_proj->with_lora(at::linear(part, expert_slice(linear_proj->weight.value, experts_, k)), part, k);
     });
   }
 
@@ -168,9 +162,9 @@ class Mlp : public Module {
   at::Tensor forward(const at::Tensor& h, const ModalityRows& rows) {
     return per_expert(h, rows, experts_, [&](int64_t k, const at::Tensor& part) {
       auto b = norm_1p(c_, part, expert_slice(pre_norm->weight.value, experts_, k));
-      auto u = with_lora(block_linear(b, expert_slice(up_gate_proj->weight.value, experts_, k)), *up_gate_proj, b, k);
+      auto u = up_gate_proj->with_lora(block_linear(b, expert_slice(up_gate_proj->weight.value, experts_, k)), b, k);
       auto z = mlp_activation(c_, u, gelu7_);
-      return with_lora(block_linear(z, expert_slice(down_proj->weight.value, experts_, k)), *down_proj, z, k);
+      return down_proj->with_lora(block_linear(z, expert_slice(down_proj->weight.value, experts_, k)), z, k);
     });
   }
 

@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Benchmark: LoRA fine-tuning against full fine-tuning (issue 49), both models at the bench size of
+bench/validation.py (MagiHuman: 3 layers of width 384; Magistral: a 4-layer width-384 decoder and
+a 2-layer Pixtral tower), on 2 ranks (torchrun, FSDP over both), one intra-op thread each, on the
+same data and seed.
+
+Arms, interleaved over ROUNDS rounds (A B C, then C B A, ...):
+  full      full fine-tuning (every parameter trains)
+  lora      features.enable_lora with the model's default targets (rank 8, alpha 16)
+  full2     full fine-tuning again: the control, whose spread against `full` is the noise floor
+
+Each run trains STEPS steps and saves its last one. Reported per model and arm (medians over rounds):
+  state_mib       rank 0's training state: params + grads + optimizer state (the run's log line)
+  peak_rss_mib    rank 0's peak RSS over the run (metrics.jsonl peak_rss_mb)
+  predicted_mib   the plan's prediction of that peak (the first record's predicted_peak_rss_mb)
+  step_ms         median step time over the steps after the first two, the save step left out
+  ckpt_mib        the saved checkpoint's size on disk
+  save_ms         the save's stall (checkpoint_stall_ms of the saving step)
+and the ratios lora / full, with full2 / full as the noise floor.
+
+Usage: .venv/bin/python bench/lora.py [BUILD_DIR]   (binary BUILD_DIR/bin/mmtrain or $MMTRAIN_BIN)
+Knobs (environment): MODELS (magihuman mistral3), STEPS (8), GLOBAL (8), ROUNDS (2), BENCH_DIR
+(default BUILD_DIR/bench_lora). The last line of stdout is one JSON object.
+"""
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BUILD = Path(sys.argv[1] if len(sys.argv) > 1 else "build").resolve()
+BIN = os.environ.get("MMTRAIN_BIN", str(BUILD / "bin" / "mmtrain"))
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+BENCH = Path(os.environ.get("BENCH_DIR", BUILD / "bench_lora"))
+MODELS = os.environ.get("MODELS", "magihuman mistral3").split()
+STEPS, GLOBAL, ROUNDS = int(os.environ.get("STEPS", 8)), int(os.environ.get("GLOBAL", 8)), int(os.environ.get("ROUNDS", 2))
+ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+ARMS = ["full", "lora", "full2"]
+
+MAGIHUMAN = """
+parallel: {{fsdp_plan: {{apply_modules: ["dit.block.layers.{{*}}"]}}}}
+model:
+  model_id: magihuman
+  config: {{num_layers: 3, hidden_size: 384, head_dim: 64, num_query_groups: 2, video_in_channels: 64,
+           audio_in_channels: 32, text_in_channels: 64, mm_layers: [0, 2], gelu7_layers: [0]}}
+features: {{enable_lora: {lora}}}
+data:
+  dataset_param: {{dataset_type: magihuman_precomputed, data_root: {data}}}
+  dataloader_param: {{collate_param: {{model_name: magihuman}}, shuffle: true}}
+training: {{train_iters: {steps}, global_batch_size: {g}, lr: 1.0e-4, lr_decay_style: constant, clip_grad: 1.0,
+           seed: 5, save: {save}, save_interval: {steps}}}
+logging: {{output_dir: {out}}}
+"""
+
+MISTRAL3 = """
+parallel:
+  fsdp_plan: {{apply_modules: ["model.vision_tower.transformer.layers.{{*}}", "model.language_model.layers.{{*}}"]}}
+model:
+  model_id: mistral3
+  config:
+    image_token_index: 10
+    spatial_merge_size: 2
+    text_config: {{vocab_size: 288, hidden_size: 384, num_hidden_layers: 4, num_attention_heads: 6,
+                  num_key_value_heads: 2, head_dim: 64, intermediate_size: 1024, rope_theta: 10000.0}}
+    vision_config: {{hidden_size: 128, num_hidden_layers: 2, num_attention_heads: 2, intermediate_size: 256,
+                    patch_size: 4, image_size: 40, hidden_act: silu}}
+features: {{enable_lora: {lora}}}
+data:
+  dataset_param:
+    dataset_type: huggingface
+    preprocess_parameters: {{model_name_or_path: {data}/tekken.json}}
+    basic_parameters: {{template: mistral, dataset: {data}/conversations.json, cutoff_len: 1024}}
+  dataloader_param: {{collator_id: pixtral, shuffle: true}}
+training: {{train_iters: {steps}, global_batch_size: {g}, lr: 1.0e-4, lr_decay_style: constant, clip_grad: 1.0,
+           seed: 5, save: {save}, save_interval: {steps}}}
+logging: {{output_dir: {out}}}
+"""
+
+STATE = re.compile(r"rank 0 holds params ([\d.]+) MiB, grads ([\d.]+) MiB, optimizer state ([\d.]+) MiB")
+
+
+def run(label, cmd, log):
+    print(f"bench: {label} (log {log})", file=sys.stderr)
+    with open(log, "w") as out:
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=ENV)
+    if proc.returncode != 0:
+        sys.stderr.write(Path(log).read_text()[-4000:])
+        raise SystemExit(f"bench: {label} failed")
+    return Path(log).read_text()
+
+
+def du_mib(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+
+
+def one_run(model, arm, r, data, root):
+    out, save = root / f"{arm}_r{r}", root / f"ckpt_{arm}_r{r}"
+    subprocess.run(["rm", "-rf", str(out), str(save)], check=True)
+    template = MAGIHUMAN if model == "magihuman" else MISTRAL3
+    cfg = out.with_suffix(".yaml")
+    cfg.write_text(template.format(data=data, steps=STEPS, g=GLOBAL, out=out, save=save,
+                                   lora="true" if arm == "lora" else "false"))
+    log = run(f"{model} {arm} r{r}", [TORCHRUN, "--nproc-per-node", "2", "--no-python", BIN, "train", str(cfg)],
+              str(out) + ".log")
+    params, grads, optimizer = (float(x) for x in STATE.search(log).groups())
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    timed = [s["step_time_ms"] for s in steps if 2 < s["iteration"] < STEPS]
+    return {"state_mib": params + grads + optimizer, "peak_rss_mib": max(s["peak_rss_mb"] for s in steps),
+            "predicted_mib": steps[0].get("predicted_peak_rss_mb"), "step_ms": statistics.median(timed),
+            "ckpt_mib": du_mib(save / f"iter_{STEPS:07d}"), "save_ms": steps[-1].get("checkpoint_stall_ms", 0.0),
+            "trainable_params": steps[0]["trainable_params"], "total_params": steps[0]["total_params"]}
+
+
+def bench_model(model):
+    root = BENCH / model
+    data = root / "data"
+    root.mkdir(parents=True, exist_ok=True)
+    if not data.exists():
+        fixture = [BIN, "fixture", model, "--out", str(data), "--samples", "32", "--seed", "3", "--mix"]
+        if model == "magihuman":
+            fixture += ["--video-grid", "8,8,8", "--audio-tokens", "32", "--text-tokens", "48", "--video-channels", "64",
+                        "--audio-channels", "32", "--text-channels", "64"]
+        run(f"{model} data", fixture, root / "fixture.log")
+    runs = {arm: [] for arm in ARMS}
+    for r in range(1, ROUNDS + 1):
+        for arm in ARMS if r % 2 else list(reversed(ARMS)):
+            runs[arm].append(one_run(model, arm, r, data, root))
+    med = {arm: {k: statistics.median(x[k] for x in runs[arm]) for k in runs[arm][0] if runs[arm][0][k] is not None}
+           for arm in ARMS}
+    full, lora, control = med["full"], med["lora"], med["full2"]
+    ratio = lambda a, k: round(a[k] / full[k], 3)  # noqa: E731
+    out = {
+        "model": model,
+        "arms": {arm: {k: round(v, 2) for k, v in med[arm].items()} for arm in ARMS},
+        "lora_over_full": {k: ratio(lora, k) for k in ("state_mib", "peak_rss_mib", "step_ms", "ckpt_mib", "save_ms")},
+        "control_over_full": {k: ratio(control, k) for k in ("peak_rss_mib", "step_ms", "save_ms")},
+        "trained_share": round(lora["trainable_params"] / lora["total_params"], 4),
+    }
+    if "predicted_mib" in full and "predicted_mib" in lora:
+        measured, predicted = full["peak_rss_mib"] - lora["peak_rss_mib"], full["predicted_mib"] - lora["predicted_mib"]
+        out["peak_saving_mib"] = {"measured": round(measured, 1), "predicted": round(predicted, 1),
+                                  "measured_over_predicted": round(measured / predicted, 3) if predicted else None}
+    print(f"bench: {model}: lora / full {out['lora_over_full']} (control {out['control_over_full']}); "
+          f"peak saving {out.get('peak_saving_mib')}", file=sys.stderr)
+    return out
+
+
+def main():
+    if not os.access(BIN, os.X_OK):
+        raise SystemExit(f"bench: no mmtrain binary at {BIN} (build first: make build)")
+    BENCH.mkdir(parents=True, exist_ok=True)
+    results = [bench_model(m) for m in MODELS]
+    print(json.dumps({"bench": "lora", "ranks": 2, "steps": STEPS, "global_batch": GLOBAL, "rounds": ROUNDS,
+                      "models": results}))
+
+
+if __name__ == "__main__":
+    main()
