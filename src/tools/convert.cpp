@@ -203,6 +203,14 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
     to_peft->add_option("--save_dir", o->save_dir, "adapter directory to write")->required();
     to_peft->add_option("--base_model", o->base_model,
                         "adapter_config.json's base_model_name_or_path (default: the run's model weights path)");
+    auto* from_peft = model_cmd->add_subcommand("peft-to-ckpt", "HF peft adapter directory -> LoRA checkpoint to continue from");
+    from_peft->add_option("--peft_dir", o->hf_dir, "adapter directory (adapter_model.safetensors + adapter_config.json)")
+        ->required();
+    from_peft->add_option("--config", o->config_path, "YAML of the LoRA run that will continue from it (its base and "
+                                                       "features.lora)")->required();
+    from_peft->add_option("--save_dir", o->save_dir, "checkpoint root to write (iter_0000000 + latest)")->required();
+    from_peft->add_option("--world-size,--world_size", o->world_size, "ranks of that run (for its global batch)")
+        ->capture_default_str();
     auto* merge = model_cmd->add_subcommand("merge-lora", "a LoRA run's checkpoint -> merged full weights (public layout)");
     merge->add_option("--load_dir", o->load_dir, "checkpoint iter_N directory or save root of a LoRA run")->required();
     merge->add_option("--save_dir", o->save_dir, "directory to write model.safetensors (and the base's other files) into")
@@ -215,7 +223,11 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
     to_dcp->add_option("--load_dir", o->load_dir, "checkpoint iter_N directory or save root")->required();
     to_dcp->add_option("--save_dir", o->save_dir, "DCP directory to write")->required();
     const std::string overwrite_help = "replace what --save_dir holds (without it, a non-empty --save_dir is refused)";
-    for (auto* sub : {to_ckpt, to_hf, from_dcp, to_dcp, to_peft, merge}) sub->add_flag("--overwrite", o->overwrite, overwrite_help);
+    for (auto* sub : {to_ckpt, to_hf, from_dcp, to_dcp, to_peft, from_peft, merge})
+      sub->add_flag("--overwrite", o->overwrite, overwrite_help);
+    commands.add(from_peft, [o, name] {
+      convert_peft_to_ckpt(name, o->config_path, o->hf_dir, o->save_dir, std::max(1, o->world_size), o->overwrite);
+    });
     commands.add(to_peft, [o, name] { convert_lora_to_peft(name, o->load_dir, o->save_dir, o->base_model, o->overwrite); });
     commands.add(merge, [o, name] { convert_merge_lora(name, o->load_dir, o->save_dir, o->dtype, o->overwrite); });
     commands.add(to_ckpt, [o, name] { convert_hf_to_ckpt(name, o->config_path, o->hf_dir, o->save_dir, o->overwrite); });

@@ -2,12 +2,16 @@
 
 #include "config/config.h"
 #include "config/registries.h"
+#include "core/json_read.h"
+#include "dist/comm.h"
 #include "core/error.h"
 #include "core/module_pattern.h"
 #include "io/safetensors.h"
+#include "io/user_file.h"
 #include "nn/layers.h"
 #include "nn/lora.h"
 #include "tools/conversion_output.h"
+#include "train/build.h"
 #include "train/hf_weights.h"
 #include "train/state.h"
 
@@ -149,6 +153,88 @@ void convert_lora_to_peft(const std::string& model_id, const std::string& load_d
   std::printf("%s: %s -> %s (%zu adapted layers, r %lld, lora_alpha %g%s, %zu tensors)\n", command.c_str(),
               ckpt.reader->dir().c_str(), save_dir.c_str(), ckpt.adapted.size(), static_cast<long long>(lora.rank),
               lora.alpha, lora.use_rslora ? ", rsLoRA" : "", tensors.size());
+}
+
+void convert_peft_to_ckpt(const std::string& model_id, const std::string& config_path, const std::string& peft_dir,
+                          const std::string& save_dir, int world_size, bool overwrite) {
+  const std::string command = "peft-to-ckpt";
+  const Config config = config_load(config_path);
+  if (config.model.model_id != model_id)
+    fail(command, ": ", config_path, " builds model '", config.model.model_id, "', not '", model_id, "'");
+  if (!config.features.enable_lora)
+    fail(command, ": ", config_path, " has features.enable_lora off; the adapter continues a LoRA run");
+  const auto& lora = config.features.lora;
+  const fs::path dir(peft_dir);
+  const std::string config_file = (dir / "adapter_config.json").string();
+  const std::string where = command + ": " + config_file;
+  const auto adapter_config = json_parse_checked(read_user_file(config_file, "adapter_config.json", kMaxSmallJsonBytes), where);
+  if (!adapter_config.is_object()) fail(where, ": expected a JSON object");
+  if (json_string(adapter_config, "peft_type", where) != "LORA")
+    fail(where, ": peft_type is '", json_string(adapter_config, "peft_type", where), "', only LORA adapters are read");
+  const auto& r = adapter_config.contains("r") ? adapter_config["r"] : nlohmann::json();
+  if (!r.is_number_integer() || r.get<int64_t>() != lora.rank)
+    fail(where, ": r is ", r.dump(), ", features.lora.rank in ", config_path, " is ", lora.rank);
+  if (json_finite(adapter_config, "lora_alpha", where) != lora.alpha)
+    fail(where, ": lora_alpha is ", adapter_config["lora_alpha"].dump(), ", features.lora.alpha is ", lora.alpha);
+  const auto rslora = adapter_config.value("use_rslora", nlohmann::json(false));
+  if (!rslora.is_boolean() || rslora.get<bool>() != lora.use_rslora)
+    fail(where, ": use_rslora is ", rslora.dump(), ", features.lora.use_rslora is ", lora.use_rslora ? "true" : "false");
+  if (adapter_config.contains("use_dora") && adapter_config["use_dora"] != false)
+    fail(where, ": use_dora is ", adapter_config["use_dora"].dump(), "; DoRA adapters are not LoRA's math");
+
+  ConversionOutput output(save_dir, overwrite, command);
+  const ModelSpec& spec = model_spec(model_id, command);
+  auto model = spec.build(config.model.config);
+  const auto summary = apply_lora(*model, lora, spec.lora_default_targets, spec.lora_supported_targets);
+  const auto hf = make_hf_adapter(spec, config.model.config);
+  const SafetensorsFile file((dir / "adapter_model.safetensors").string());
+  // Every trained param by its key in the adapter file; the file holds exactly these.
+  std::map<std::string, std::pair<std::string, Param*>> by_key;  // peft key -> (name, param)
+  std::set<std::string> adapted(summary.adapted.begin(), summary.adapted.end());
+  for (auto& [name, param] : model->named_parameters()) {
+    if (!param->trainable || !param->requires_grad) continue;
+    const std::string module = name.substr(0, name.rfind('.'));
+    const std::string owner = module.substr(0, module.rfind('.'));  // the adapted Linear of a lora_A / lora_B
+    const std::string key = param->adapter_dtype
+                                ? "base_model.model." + hf_module(*hf, owner) + name.substr(owner.size())
+                                : "base_model.model." + hf->hf_key(name);
+    if (param->adapter_dtype && !adapted.count(owner)) fail(command, ": internal: '", name, "' has no adapted layer");
+    by_key[key] = {name, param};
+  }
+  for (const auto& key : file.names())
+    if (!by_key.count(key))
+      fail(command, ": ", file.path(), " holds '", key, "', which the model of ", config_path,
+           " does not train (another target_modules or modules_to_save, or another model)");
+  std::vector<ShardedTensor> tensors;
+  for (const auto& [key, entry] : by_key) {
+    const auto& [name, param] = entry;
+    if (!file.contains(key))
+      fail(command, ": ", file.path(), " has no '", key, "', which ", config_path, "'s features.lora trains");
+    if (file.info(key).shape != param->shape)
+      fail(command, ": ", file.path(), ": '", key, "' has shape ", at::IntArrayRef(file.info(key).shape),
+           ", the model's '", name, "' is ", at::IntArrayRef(param->shape));
+    tensors.push_back({state_model_key(name), param->shape, 0, file.read(key).to(at::kFloat).contiguous(), nullptr});
+    for (const auto& moment : {state_exp_avg_key(name), state_exp_avg_sq_key(name)})  // a fresh AdamW's
+      tensors.push_back({moment, param->shape, 0, at::zeros(param->shape, at::kFloat), nullptr});
+  }
+  for (auto& [name, param] : model->named_parameters())
+    if (!param->trainable) tensors.push_back({state_model_key(name), param->shape, 0, param->init_value(), nullptr});
+  StateInfo info;
+  info.iteration = 0;
+  info.global_batch_size = config_global_batch(config, parallel_dims(config.parallel, world_size, command + ": " + config_path + ": "));
+  info.model_id = model_id;
+  info.config = config_to_json(config);
+  info.extra = {{"source", peft_dir}};
+  info.plan = state_plan_entry(FsdpConfig{});
+  info.plan["converted_from"] = "peft";
+  info.lora_base = lora_base(config);
+  Comm comm(nullptr, 0, 1);
+  const auto written = checkpoint_save(output.staging(), 0, comm, tensors, state_global_state(info, int64_t{0}),
+                                       state_rank_state(), info.plan);
+  output.commit();
+  std::printf("%s: %s -> %s (%zu tensors, adapters over %s; training.load: it continues training from them)\n",
+              command.c_str(), peft_dir.c_str(), (fs::path(save_dir) / fs::path(written).filename()).c_str(),
+              by_key.size(), info.lora_base.dump().c_str());
 }
 
 void convert_merge_lora(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,

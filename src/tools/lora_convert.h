@@ -6,6 +6,11 @@
 //                 (peft_type LORA, r, lora_alpha, use_rslora, target_modules, modules_to_save,
 //                 base_model_name_or_path), which peft.PeftModel.from_pretrained and vLLM load.
 //                 Layers of several modality experts (MagiHuman) have no PEFT form: refused.
+//   peft-to-ckpt  the reverse of lora-to-peft: a peft adapter directory (read as a hostile file:
+//                 size caps, checked types) becomes an iteration-0 LoRA checkpoint of the run a
+//                 YAML describes (its base, its features.lora), whose training.load continues
+//                 training from the adapter; r, lora_alpha, use_rslora, the adapted layers,
+//                 the modules to save and every shape must agree with the config, by name.
 //   merge-lora    the full weights W + scale * B A (per expert) in the model's public layout, as
 //                 one model.safetensors (plus the base directory's other files), which model.
 //                 model_name_or_path and the HF tools read. The base is the run's model weights,
@@ -19,6 +24,9 @@ namespace mmtrain {
 // base_model_name: adapter_config.json's base_model_name_or_path; empty: the run's weights path.
 void convert_lora_to_peft(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
                           const std::string& base_model_name, bool overwrite);
+// world_size: the ranks of the run that will load it (its global batch, as dcp-to-ckpt).
+void convert_peft_to_ckpt(const std::string& model_id, const std::string& config_path, const std::string& peft_dir,
+                          const std::string& save_dir, int world_size, bool overwrite);
 // dtype: "public" writes each tensor in the dtype of the model's public checkpoint
 // (Param::checkpoint_dtype: bf16 linears), "fp32" keeps the merged values whole.
 void convert_merge_lora(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,

@@ -22,20 +22,31 @@ from test_token_budget import magihuman_config, magihuman_data, mistral3_config,
 LORA_MAP = "rank: 4, alpha: 8"
 
 
-def config(tmp: Path, make_config, data: Path, training="", parallel="", lora=LORA_MAP, features="", iters=3, seed=5) -> Path:
-    """make_config's text with a global batch of 4 and, unless lora is None, features.lora."""
+def config(tmp: Path, make_config, data: Path, training="", parallel="", lora=LORA_MAP, features="", iters=3, seed=5,
+           validation=False) -> Path:
+    """make_config's text with a global batch of 4 and, unless lora is None, features.lora (with
+    validation: a quarter of the samples held out, evaluated before step 1 and after step 2)."""
     tmp.mkdir(parents=True, exist_ok=True)
+    if validation:
+        training += ", eval_interval: 2, eval_at_start: true"
     text = make_config(tmp, data, "", ", global_batch_size: 4" + training, **({"parallel": parallel} if parallel else {}))
     text = text.replace("train_iters: 3", f"train_iters: {iters}").replace("seed: 5", f"seed: {seed}")
+    if validation:
+        text = text.replace("\n  dataloader_param:", "\n  validation_split: 0.25\n  dataloader_param:", 1)
     if lora is not None:
         text = text.replace("\ndata:", f"\nfeatures: {{enable_lora: true, lora: {{{lora}}}{features}}}\ndata:", 1)
     return write_config(tmp / "c.yaml", text)
 
 
-def train(tmp: Path, make_config, data: Path, world=1, check=True, **kw):
-    proc = run_mmtrain(["train", str(config(tmp, make_config, data, **kw))], world=world, timeout=600, check=check)
+def train(tmp: Path, make_config, data: Path, world=1, check=True, sets=(), **kw):
+    args = ["train", str(config(tmp, make_config, data, **kw))] + [a for s in sets for a in ("--set", s)]
+    proc = run_mmtrain(args, world=world, timeout=600, check=check)
     steps = [r for r in read_metrics(tmp / "run") if r.get("kind") != "eval"] if check else None
     return steps, proc
+
+
+def evals(tmp: Path):
+    return [r for r in read_metrics(tmp / "run") if r.get("kind") == "eval"]
 
 
 def worst(a, b, key):
@@ -43,21 +54,37 @@ def worst(a, b, key):
 
 
 @pytest.mark.parametrize("model", ["magihuman", "mistral3"])
-def test_lora_on_fsdp_ulysses_and_recompute_equals_one_rank(tmp_path, model, magihuman_data, mistral3_data):
+def test_lora_composes_with_fsdp_cp_recompute_offload_and_evaluation(tmp_path, model, magihuman_data, mistral3_data):
+    """Every arm equals one rank: FSDP, Ulysses, ring, recompute, HSDP with the moments on disk,
+    and the shards in host RAM with the disk tier (which holds only what trains); each evaluates
+    the adapted model on the way, to the same held-out loss."""
     make, data, blocks = {
         "magihuman": (magihuman_config, magihuman_data, '["dit.block.layers.{*}"]'),
         "mistral3": (mistral3_config, mistral3_data, '["model.language_model.layers.{*}"]'),
     }[model]
-    one, proc = train(tmp_path / "one", make, data)
+    one, proc = train(tmp_path / "one", make, data, validation=True)
     assert re.search(r"features.lora: rank 4, scale 2; trains \d+ of \d+ parameters", proc.stdout), proc.stdout
     assert 0 < one[0]["trainable_params"] < one[0]["total_params"] / 5, one[0]
-    for name, parallel, features in (("fsdp", "", ""), ("ulysses", "\n  ulysses_parallel_size: 2", ""),
-                                     ("recompute", "", ", recompute: true, recompute_plan: {apply_modules: " + blocks + "}")):
-        other, _ = train(tmp_path / name, make, data, world=2, parallel=parallel, features=features)
+    evals_one = evals(tmp_path / "one")
+    assert [e["iteration"] for e in evals_one] == [0, 2]
+    (tmp_path / "disk").mkdir()
+    swap = f", optimizer: adamw_swap, offload_dir: {tmp_path / 'disk'}"
+    arms = [("fsdp", 2, "", "", "", ()),
+            ("ulysses", 2, "\n  ulysses_parallel_size: 2", "", "", ()),
+            ("ring", 2, "\n  ring_attention_size: 2", "", "", ()),
+            ("recompute", 2, "", ", recompute: true, recompute_plan: {apply_modules: " + blocks + "}", "", ()),
+            ("hsdp_swap", 4, "\n  fully_shard_parallel_size: 2", "", swap, ()),
+            ("cpu_offload_disk", 2, "", "", swap, ("parallel.fsdp_plan.cpu_offload=true",))]
+    for name, world, parallel, features, training, sets in arms:
+        other, _ = train(tmp_path / name, make, data, world=world, parallel=parallel, features=features,
+                         training=training, sets=sets, validation=True)
         for key, tolerance in (("loss", 1e-6), ("grad_norm", 2e-6)):
             w = worst(other, one, key)
             print(f"[{model} {name}] worst {key} relative difference to one rank {w:.2e}")
             assert w <= tolerance, (name, key, w)
+        w = worst(evals(tmp_path / name), evals_one, "eval_loss")
+        print(f"[{model} {name}] worst eval_loss relative difference to one rank {w:.2e}")
+        assert w <= 1e-6, (name, w)
 
 
 def test_lora_checkpoint_holds_the_adapters_and_resumes_bitwise(tmp_path, magihuman_data):

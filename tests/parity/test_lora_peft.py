@@ -169,3 +169,60 @@ def test_merged_weights_equal_the_adapted_model(lora_run, parity_report):
     parity_report(f"mistral3 merge-lora (fp32): HF on the merged weights vs HF + peft logits rel L2 {hf:.2e}; "
                   f"mmtrain on them vs mmtrain's LoRA step {mine:.2e}")
     assert hf <= RTOL and mine <= RTOL, (hf, mine)
+
+
+def tensors_of(path: Path, contains="lora_"):
+    out = {}
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as handle:
+            out.update({k: handle.get_tensor(k) for k in handle.keys() if contains in k})
+    return out
+
+
+def test_peft_round_trip_is_bitwise_and_continues_training(lora_run):
+    """mmtrain -> PEFT -> mmtrain: the adapters and the projector bitwise; the converted checkpoint
+    is one a LoRA run continues training from."""
+    tmp = lora_run["tmp"]
+    run_mmtrain(["convert", "mistral3", "peft-to-ckpt", "--peft_dir", str(tmp / "peft"), "--config", str(tmp / "train.yaml"),
+                 "--save_dir", str(tmp / "from_peft")])
+    for part in ("lora_", "multi_modal_projector"):
+        original = {k: v for k, v in tensors_of(tmp / "ckpt" / "iter_0000002", part).items() if k.startswith("model.")}
+        back = {k: v for k, v in tensors_of(tmp / "from_peft" / "iter_0000000", part).items() if k.startswith("model.")}
+        assert original and set(original) == set(back), sorted(set(original) ^ set(back))[:4]
+        assert all(torch.equal(original[k], back[k]) for k in original), part
+    cfg = write_config(tmp / "continue.yaml", (tmp / "train.yaml").read_text().replace(
+        f"save: {tmp / 'ckpt'}", f"load: {tmp / 'from_peft'}").replace(str(tmp / "run"), str(tmp / "run_continue")))
+    proc = run_mmtrain(["train", str(cfg)])
+    assert "resumed from" in proc.stdout and "at iteration 0" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_peft_to_ckpt_refuses_adapters_that_disagree_and_hostile_files(lora_run, tmp_path):
+    tmp = lora_run["tmp"]
+    good = json.loads((tmp / "peft" / "adapter_config.json").read_text())
+    tensors = load_file(str(tmp / "peft" / "adapter_model.safetensors"))
+    first = sorted(k for k in tensors if "lora_A" in k)[0]
+
+    def case(name, config_text=None, tensors_=None):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "adapter_config.json").write_text(config_text if config_text is not None else json.dumps(good))
+        save_file(tensors_ if tensors_ is not None else tensors, str(d / "adapter_model.safetensors"), {"format": "pt"})
+        proc = run_mmtrain(["convert", "mistral3", "peft-to-ckpt", "--peft_dir", str(d), "--config", str(tmp / "train.yaml"),
+                            "--save_dir", str(tmp_path / (name + "_out"))], check=False)
+        assert proc.returncode != 0, name
+        assert not (tmp_path / (name + "_out") / "latest").exists(), name  # nothing half-written
+        return proc.stderr
+
+    assert "r is 8, features.lora.rank" in case("rank", json.dumps(dict(good, r=8)))
+    assert "'lora_alpha' must be" in case("alpha_type", json.dumps(dict(good, lora_alpha="8")))
+    assert "use_rslora is true" in case("rslora", json.dumps(dict(good, use_rslora=True)))
+    assert "only LORA adapters" in case("ia3", json.dumps(dict(good, peft_type="IA3")))
+    assert "DoRA" in case("dora", json.dumps(dict(good, use_dora=True)))
+    assert "nest" in case("deep", "[" * 100000 + "]" * 100000).lower()
+    assert "over the 16777216 bytes this kind of file may hold" in case("huge", json.dumps(dict(good, padding="x" * (17 << 20))))
+    assert f"'{first}' has shape" in case("shape", tensors_=dict(tensors, **{first: tensors[first][:2].clone()}))
+    missing = dict(tensors)
+    del missing[first]
+    assert f"has no '{first}'" in case("missing", tensors_=missing)
+    extra = dict(tensors, **{"base_model.model.lm_head.lora_A.weight": torch.zeros(4, 64)})
+    assert "holds 'base_model.model.lm_head.lora_A.weight', which the model" in case("extra", tensors_=extra)
