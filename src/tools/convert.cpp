@@ -146,6 +146,9 @@ CheckpointOfModel open_checkpoint_of(const std::string& model_id, const std::str
   const auto& global = out.reader->global_state();
   if (global.value("model_id", "") != model_id)
     fail(command, ": ", out.reader->dir(), " holds model '", global.value("model_id", ""), "', not '", model_id, "'");
+  if (global.contains("lora_base"))
+    fail(command, ": ", out.reader->dir(), " is a LoRA checkpoint (adapters without their base): convert it with ",
+         "lora-to-peft, or merge-lora for full weights");
   const auto& model_config = global.at("config").at("model").at("config");
   out.model = spec.build(model_config);
   out.adapter = make_hf_adapter(spec, model_config);

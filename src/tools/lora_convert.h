@@ -5,7 +5,7 @@
 //                 base_model.model.<HF key> for modules_to_save) and adapter_config.json
 //                 (peft_type LORA, r, lora_alpha, use_rslora, target_modules, modules_to_save,
 //                 base_model_name_or_path), which peft.PeftModel.from_pretrained and vLLM load.
-//                 Layers of several modality experts (MagiHuman) have no PEFT form: refused.
+//                 Layers with several modality experts have no PEFT form: refused.
 //   peft-to-ckpt  the reverse of lora-to-peft: a peft adapter directory (read as a hostile file:
 //                 size caps, checked types) becomes an iteration-0 LoRA checkpoint of the run a
 //                 YAML describes (its base, its features.lora), whose training.load continues

@@ -104,9 +104,21 @@ def test_lora_checkpoint_holds_the_adapters_and_resumes_bitwise(tmp_path, magihu
     save = f", save: {tmp_path / 'resumed' / 'ckpt'}, save_interval: 2, load: auto"
     first, _ = train(tmp_path / "resumed", magihuman_config, magihuman_data, world=2, training=save + ", exit_interval: 2")
     assert [m["iteration"] for m in first] == [1, 2]
-    resumed, proc = train(tmp_path / "resumed", magihuman_config, magihuman_data, world=2, training=save)
+    resumed, proc = train(tmp_path / "resumed", magihuman_config, magihuman_data, world=2,
+                          training=save + ", async_save: true")  # and saved in the background
     assert "resumed from" in proc.stdout
     assert [m["loss"] for m in resumed] == [m["loss"] for m in straight], (resumed, straight)
+
+    # Elastic: the 2-rank checkpoint continues on one rank, the same batches within fp32 reductions.
+    shrunk, proc = train(tmp_path / "shrunk", magihuman_config, magihuman_data, world=1, training=f", load: {ckpt}")
+    assert "saved on 2 ranks, now 1" in proc.stdout, proc.stdout[-1500:]
+    assert abs(shrunk[-1]["loss"] - straight[-1]["loss"]) <= 1e-5 * abs(straight[-1]["loss"]), (shrunk, straight)
+    # The checkpoint is an ordinary one to the tools that read any: verified; the whole-model
+    # conversions refuse it by name.
+    run_mmtrain(["ckpt", "verify", str(ckpt)])
+    proc = run_mmtrain(["convert", "magihuman", "ckpt-to-dcp", "--load_dir", str(ckpt), "--save_dir",
+                        str(tmp_path / "dcp")], check=False)
+    assert proc.returncode != 0 and "is a LoRA checkpoint (adapters without their base)" in proc.stderr, proc.stderr
 
 
 def test_lora_refuses_mismatched_checkpoints_and_bad_settings(tmp_path, magihuman_data):
@@ -137,6 +149,9 @@ def test_lora_refuses_mismatched_checkpoints_and_bad_settings(tmp_path, magihuma
     for name, kw, needle in cases:
         _, proc = train(tmp_path / name, magihuman_config, magihuman_data, check=False, **kw)
         assert proc.returncode != 0 and needle in proc.stderr, (name, proc.stderr[-1500:])
+    proc = run_mmtrain(["convert", "magihuman", "lora-to-peft", "--load_dir", str(full_ckpt), "--save_dir",
+                        str(tmp_path / "peft")], check=False)
+    assert proc.returncode != 0 and "holds no LoRA adapters" in proc.stderr, proc.stderr
 
 
 def test_magihuman_merge_lora_equals_the_adapted_model_and_leaves_the_base(tmp_path, magihuman_data):

@@ -15,6 +15,7 @@ lora-to-peft`. Then:
      forward equals HF + peft (merge_and_unload's) within 1e-5, and that mmtrain loads as its base.
 """
 import json
+import os
 import re
 from pathlib import Path
 
@@ -34,11 +35,16 @@ TEXT = dict(vocab_size=288, hidden_size=64, num_hidden_layers=2, num_attention_h
             max_position_embeddings=512, sliding_window=None, tie_word_embeddings=False)
 VISION = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, patch_size=4,
               image_size=40, num_channels=3, hidden_act="silu", rope_theta=10000.0)
+# One layer of each tower at Magistral-Small-2509's widths (the fixture tokenizer's vocabulary and
+# the batch's 4-pixel patches kept): opt-in with MMTRAIN_REAL_WIDTH=1, ~10 GB and minutes on a CPU.
+TEXT_REAL = dict(TEXT, hidden_size=5120, num_hidden_layers=1, num_attention_heads=32, num_key_value_heads=8,
+                 head_dim=128, intermediate_size=32768)
+VISION_REAL = dict(VISION, hidden_size=1024, num_attention_heads=16, intermediate_size=4096)
 
 
-def hf_model():
+def hf_model(text=TEXT, vision=VISION):
     from transformers import Mistral3Config, Mistral3ForConditionalGeneration
-    config = Mistral3Config(text_config=dict(model_type="mistral", **TEXT), vision_config=dict(model_type="pixtral", **VISION),
+    config = Mistral3Config(text_config=dict(model_type="mistral", **text), vision_config=dict(model_type="pixtral", **vision),
                             image_token_index=10, spatial_merge_size=2, projector_hidden_act="gelu",
                             multimodal_projector_bias=False, vision_feature_layer=-1, tie_word_embeddings=False)
     torch.manual_seed(0)
@@ -53,7 +59,7 @@ def hf_model():
     return model
 
 
-def yaml(tmp: Path, base: Path, data: Path, extra_training="") -> str:
+def yaml(tmp: Path, base: Path, data: Path, extra_training="", iters=2, global_batch=4) -> str:
     model_config = json.loads((base / "config.json").read_text())
     model_config["freeze_vision"] = False  # the projector trains (modules_to_save); LoRA keeps the tower frozen
     return f"""parallel:
@@ -74,30 +80,37 @@ data:
     preprocess_parameters: {{model_name_or_path: {data / 'tekken.json'}}}
     basic_parameters: {{template: mistral, dataset: {data / 'conversations.json'}, cutoff_len: 512}}
   dataloader_param: {{collator_id: pixtral, shuffle: true}}
-training: {{train_iters: 2, global_batch_size: 4, lr: 2.0e-2, lr_decay_style: constant, seed: 5{extra_training}}}
+training: {{train_iters: {iters}, global_batch_size: {global_batch}, lr: 2.0e-2, lr_decay_style: constant, seed: 5{extra_training}}}
 logging: {{output_dir: {tmp / 'run'}}}
 """
 
 
-@pytest.fixture(scope="module")
-def lora_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("lora_peft")
-    model = hf_model()
+def lora_run_at(tmp: Path, text=TEXT, vision=VISION, iters=2, global_batch=4):
+    """mmtrain trains LoRA over an HF base of these dims, exports the adapters to peft and runs
+    `debug step` on the checkpoint over make_batch()."""
+    model = hf_model(text, vision)
     model.save_pretrained(tmp / "base", safe_serialization=True)
+    del model
     data = tmp / "data"
     run_mmtrain(["fixture", "mistral3", "--out", str(data), "--samples", "16", "--seed", "3", "--mix"])
-    cfg = write_config(tmp / "train.yaml", yaml(tmp, tmp / "base", data, f", save: {tmp / 'ckpt'}"))
-    run_mmtrain(["train", str(cfg)])
+    cfg = write_config(tmp / "train.yaml", yaml(tmp, tmp / "base", data, f", save: {tmp / 'ckpt'}", iters, global_batch))
+    run_mmtrain(["train", str(cfg)], timeout=3600)
     run_mmtrain(["convert", "mistral3", "lora-to-peft", "--load_dir", str(tmp / "ckpt"), "--save_dir", str(tmp / "peft")])
     batch = make_batch()
     save_file({k: v.contiguous() for k, v in batch.items()}, str(tmp / "batch.safetensors"))
     step_cfg = write_config(tmp / "step.yaml", cfg.read_text().replace(f"save: {tmp / 'ckpt'}", f"load: {tmp / 'ckpt'}"))
-    run_mmtrain(["debug", "step", str(step_cfg), "--batch", str(tmp / "batch.safetensors"), "--out", str(tmp / "step.safetensors")])
-    return dict(tmp=tmp, batch=batch, step=load_file(str(tmp / "step.safetensors")))
+    run_mmtrain(["debug", "step", str(step_cfg), "--batch", str(tmp / "batch.safetensors"), "--out",
+                 str(tmp / "step.safetensors")], timeout=3600)
+    return dict(tmp=tmp, batch=batch, step=load_file(str(tmp / "step.safetensors")), text=text, vision=vision)
 
 
-def peft_model(tmp: Path):
-    model = peft.PeftModel.from_pretrained(hf_model(), str(tmp / "peft"), is_trainable=True)
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    return lora_run_at(tmp_path_factory.mktemp("lora_peft"))
+
+
+def peft_model(run):
+    model = peft.PeftModel.from_pretrained(hf_model(run["text"], run["vision"]), str(run["tmp"] / "peft"), is_trainable=True)
     for sub in model.modules():  # eager attention, as the base
         if hasattr(sub, "config") and hasattr(sub.config, "_attn_implementation"):
             sub.config._attn_implementation = "eager"
@@ -109,11 +122,11 @@ def forward(model, batch):
                  pixel_values=batch["pixel_values"], image_sizes=batch["image_sizes"])
 
 
-def test_peft_loads_the_export_and_equals_mmtrain(lora_run, parity_report):
-    tmp, batch, got = lora_run["tmp"], lora_run["batch"], lora_run["step"]
-    model = peft_model(tmp)
+def compare_with_peft(run, parity_report, label):
+    batch, got = run["batch"], run["step"]
+    model = peft_model(run)
     adapters = {n: p for n, p in model.named_parameters() if "lora_" in n}
-    assert len(adapters) == 2 * 7 * TEXT["num_hidden_layers"], sorted(adapters)[:4]
+    assert len(adapters) == 2 * 7 * run["text"]["num_hidden_layers"], sorted(adapters)[:4]
     assert any(p.abs().max() > 0 for n, p in adapters.items() if "lora_B" in n), "the adapters did not train"
     out = forward(model, batch)
     out.loss.backward()
@@ -124,10 +137,20 @@ def test_peft_loads_the_export_and_equals_mmtrain(lora_run, parity_report):
         assert key in got, (key, sorted(k for k in got if "lora" in k)[:4])
         worst[key] = rel_l2(got[key], p.grad)
     top = max(worst.items(), key=lambda kv: kv[1])
-    parity_report(f"mistral3 LoRA fp32 vs HF + peft: loss {worst['loss']:.2e}, logits {worst['logits']:.2e}, "
+    parity_report(f"mistral3 LoRA fp32 vs HF + peft ({label}): loss {worst['loss']:.2e}, logits {worst['logits']:.2e}, "
                   f"worst adapter grad {top[0]} {top[1]:.2e} over {len(adapters)} tensors")
     bad = {k: v for k, v in worst.items() if not v <= RTOL}
     assert not bad, bad
+
+
+def test_peft_loads_the_export_and_equals_mmtrain(lora_run, parity_report):
+    compare_with_peft(lora_run, parity_report, "tiny")
+
+
+@pytest.mark.skipif(os.environ.get("MMTRAIN_REAL_WIDTH") != "1", reason="opt-in: MMTRAIN_REAL_WIDTH=1 (~10 GB, minutes)")
+def test_one_layer_at_real_widths_equals_peft(tmp_path, parity_report):
+    run = lora_run_at(tmp_path, TEXT_REAL, VISION_REAL, iters=1, global_batch=1)
+    compare_with_peft(run, parity_report, "one layer at Magistral-Small-2509's widths")
 
 
 def test_the_export_is_peft_format(lora_run):
@@ -158,7 +181,7 @@ def test_merged_weights_equal_the_adapted_model(lora_run, parity_report):
         sub.config._attn_implementation = "eager"
     with torch.no_grad():
         got = forward(merged, batch)
-        want = forward(peft_model(tmp).eval(), batch)
+        want = forward(peft_model(lora_run).eval(), batch)
     hf = rel_l2(got.logits, want.logits)
     # mmtrain loads the merged weights as a plain base (no LoRA) and steps like its adapted model.
     plain = (tmp / "step.yaml").read_text().replace(str(tmp / "base"), str(tmp / "merged")) \
