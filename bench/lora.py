@@ -30,6 +30,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import bench_models
+
 REPO = Path(__file__).resolve().parent.parent
 BUILD = Path(sys.argv[1] if len(sys.argv) > 1 else "build").resolve()
 BIN = os.environ.get("MMTRAIN_BIN", str(BUILD / "bin" / "mmtrain"))
@@ -39,45 +41,6 @@ MODELS = os.environ.get("MODELS", "magihuman mistral3").split()
 STEPS, GLOBAL, ROUNDS = int(os.environ.get("STEPS", 8)), int(os.environ.get("GLOBAL", 8)), int(os.environ.get("ROUNDS", 2))
 ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 ARMS = ["full", "lora", "full2"]
-
-MAGIHUMAN = """
-parallel: {{fsdp_plan: {{apply_modules: ["dit.block.layers.{{*}}"]}}}}
-model:
-  model_id: magihuman
-  config: {{num_layers: 3, hidden_size: 384, head_dim: 64, num_query_groups: 2, video_in_channels: 64,
-           audio_in_channels: 32, text_in_channels: 64, mm_layers: [0, 2], gelu7_layers: [0]}}
-features: {{enable_lora: {lora}}}
-data:
-  dataset_param: {{dataset_type: magihuman_precomputed, data_root: {data}}}
-  dataloader_param: {{collate_param: {{model_name: magihuman}}, shuffle: true}}
-training: {{train_iters: {steps}, global_batch_size: {g}, lr: 1.0e-4, lr_decay_style: constant, clip_grad: 1.0,
-           seed: 5, save: {save}, save_interval: {steps}}}
-logging: {{output_dir: {out}}}
-"""
-
-MISTRAL3 = """
-parallel:
-  fsdp_plan: {{apply_modules: ["model.vision_tower.transformer.layers.{{*}}", "model.language_model.layers.{{*}}"]}}
-model:
-  model_id: mistral3
-  config:
-    image_token_index: 10
-    spatial_merge_size: 2
-    text_config: {{vocab_size: 288, hidden_size: 384, num_hidden_layers: 4, num_attention_heads: 6,
-                  num_key_value_heads: 2, head_dim: 64, intermediate_size: 1024, rope_theta: 10000.0}}
-    vision_config: {{hidden_size: 128, num_hidden_layers: 2, num_attention_heads: 2, intermediate_size: 256,
-                    patch_size: 4, image_size: 40, hidden_act: silu}}
-features: {{enable_lora: {lora}}}
-data:
-  dataset_param:
-    dataset_type: huggingface
-    preprocess_parameters: {{model_name_or_path: {data}/tekken.json}}
-    basic_parameters: {{template: mistral, dataset: {data}/conversations.json, cutoff_len: 1024}}
-  dataloader_param: {{collator_id: pixtral, shuffle: true}}
-training: {{train_iters: {steps}, global_batch_size: {g}, lr: 1.0e-4, lr_decay_style: constant, clip_grad: 1.0,
-           seed: 5, save: {save}, save_interval: {steps}}}
-logging: {{output_dir: {out}}}
-"""
 
 STATE = re.compile(r"rank 0 holds params ([\d.]+) MiB, grads ([\d.]+) MiB, optimizer state ([\d.]+) MiB")
 
@@ -99,10 +62,9 @@ def du_mib(path: Path) -> float:
 def one_run(model, arm, r, data, root):
     out, save = root / f"{arm}_r{r}", root / f"ckpt_{arm}_r{r}"
     subprocess.run(["rm", "-rf", str(out), str(save)], check=True)
-    template = MAGIHUMAN if model == "magihuman" else MISTRAL3
     cfg = out.with_suffix(".yaml")
-    cfg.write_text(template.format(data=data, steps=STEPS, g=GLOBAL, out=out, save=save,
-                                   lora="true" if arm == "lora" else "false"))
+    cfg.write_text(bench_models.config(model, data, out, STEPS, GLOBAL, training=f", save: {save}, save_interval: {STEPS}",
+                                       features=f"enable_lora: {'true' if arm == 'lora' else 'false'}"))
     log = run(f"{model} {arm} r{r}", [TORCHRUN, "--nproc-per-node", "2", "--no-python", BIN, "train", str(cfg)],
               str(out) + ".log")
     params, grads, optimizer = (float(x) for x in STATE.search(log).groups())
@@ -119,11 +81,7 @@ def bench_model(model):
     data = root / "data"
     root.mkdir(parents=True, exist_ok=True)
     if not data.exists():
-        fixture = [BIN, "fixture", model, "--out", str(data), "--samples", "32", "--seed", "3", "--mix"]
-        if model == "magihuman":
-            fixture += ["--video-grid", "8,8,8", "--audio-tokens", "32", "--text-tokens", "48", "--video-channels", "64",
-                        "--audio-channels", "32", "--text-channels", "64"]
-        run(f"{model} data", fixture, root / "fixture.log")
+        run(f"{model} data", [BIN, *bench_models.fixture_args(model, data, 32)], root / "fixture.log")
     runs = {arm: [] for arm in ARMS}
     for r in range(1, ROUNDS + 1):
         for arm in ARMS if r % 2 else list(reversed(ARMS)):

@@ -35,6 +35,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import bench_models
+
 REPO = Path(__file__).resolve().parent.parent
 BUILD = Path(sys.argv[1] if len(sys.argv) > 1 else "build").resolve()
 BIN = os.environ.get("MMTRAIN_BIN", str(BUILD / "bin" / "mmtrain"))
@@ -47,48 +49,6 @@ if SAMPLES % GLOBAL:
 EPOCH = SAMPLES // GLOBAL  # steps
 STEPS = 2 * EPOCH
 ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-
-MAGIHUMAN = """
-parallel: {{fsdp_plan: {{apply_modules: ["dit.block.layers.{{*}}"]}}}}
-model:
-  model_id: magihuman
-  config: {{num_layers: 3, hidden_size: 384, head_dim: 64, num_query_groups: 2, video_in_channels: 64,
-           audio_in_channels: 32, text_in_channels: 64, mm_layers: [0, 2], gelu7_layers: [0]}}
-data:
-  dataset_param: {{dataset_type: magihuman_precomputed, data_root: {data}}}
-  validation: {{dataset_type: magihuman_precomputed, data_root: {data}}}
-  dataloader_param: {{collate_param: {{model_name: magihuman}}, shuffle: true}}
-training: {{train_iters: {steps}, global_batch_size: {g}, lr: 1.0e-4, lr_decay_style: constant, clip_grad: 1.0,
-           seed: 5}}
-logging: {{output_dir: {out}}}
-"""
-
-MISTRAL3 = """
-parallel:
-  fsdp_plan: {{apply_modules: ["model.vision_tower.transformer.layers.{{*}}", "model.language_model.layers.{{*}}"]}}
-model:
-  model_id: mistral3
-  config:
-    image_token_index: 10
-    spatial_merge_size: 2
-    text_config: {{vocab_size: 288, hidden_size: 384, num_hidden_layers: 4, num_attention_heads: 6,
-                  num_key_value_heads: 2, head_dim: 64, intermediate_size: 1024, rope_theta: 10000.0}}
-    vision_config: {{hidden_size: 128, num_hidden_layers: 2, num_attention_heads: 2, intermediate_size: 256,
-                    patch_size: 4, image_size: 40, hidden_act: silu}}
-data:
-  dataset_param:
-    dataset_type: huggingface
-    preprocess_parameters: {{model_name_or_path: {data}/tekken.json}}
-    basic_parameters: {{template: mistral, dataset: {data}/conversations.json, cutoff_len: 1024}}
-  validation:
-    dataset_type: huggingface
-    preprocess_parameters: {{model_name_or_path: {data}/tekken.json}}
-    basic_parameters: {{template: mistral, dataset: {data}/conversations.json, cutoff_len: 1024}}
-  dataloader_param: {{collator_id: pixtral, shuffle: true}}
-training: {{train_iters: {steps}, global_batch_size: {g}, lr: 1.0e-4, lr_decay_style: constant, clip_grad: 1.0,
-           seed: 5}}
-logging: {{output_dir: {out}}}
-"""
 
 
 def run(label, args, log):
@@ -113,12 +73,7 @@ def bench_model(model):
     data = root / "data"
     root.mkdir(parents=True, exist_ok=True)
     if not data.exists():
-        fixture = ["fixture", model, "--out", str(data), "--samples", str(SAMPLES), "--seed", "3", "--mix"]
-        if model == "magihuman":
-            fixture += ["--video-grid", "8,8,8", "--audio-tokens", "32", "--text-tokens", "48", "--video-channels", "64",
-                        "--audio-channels", "32", "--text-channels", "64"]
-        run(f"{model} data", fixture, root / "fixture.log")
-    template = MAGIHUMAN if model == "magihuman" else MISTRAL3
+        run(f"{model} data", bench_models.fixture_args(model, data, SAMPLES), root / "fixture.log")
     arms = ["train_eval", "train", "eval"]
     results = {arm: [] for arm in arms}
     for r in range(1, ROUNDS + 1):
@@ -133,8 +88,7 @@ def bench_model(model):
             elif arm == "train":
                 extra = f", save: {root / f'ckpt_r{r}'}"
                 subprocess.run(["rm", "-rf", str(root / f"ckpt_r{r}")], check=True)
-            text = template.format(data=data, steps=STEPS, g=GLOBAL, out=out).replace("seed: 5}", f"seed: 5{extra}}}")
-            cfg.write_text(text)
+            cfg.write_text(bench_models.config(model, data, out, STEPS, GLOBAL, training=extra, validation=True))
             if arm == "eval":
                 # The checkpoint of this round's train arm, or the last round's when eval runs first.
                 ckpt = root / f"ckpt_r{r}" if (root / f"ckpt_r{r}").exists() else root / f"ckpt_r{r - 1}"

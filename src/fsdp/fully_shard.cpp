@@ -51,32 +51,24 @@ struct UnitGather : torch::autograd::Function<UnitGather> {
   }
 };
 
-// Identity on a unit's output; its backward runs before any of the unit's own backward ops.
-struct UnitPreBackward : torch::autograd::Function<UnitPreBackward> {
+// Identity whose backward calls the engine's OnGrad(unit) once the gradient of its output exists.
+template <void (Fsdp::*OnGrad)(FsdpUnit&)>
+struct UnitGradHook : torch::autograd::Function<UnitGradHook<OnGrad>> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t handle) {
     ctx->saved_data["unit"] = handle;
     return x;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto& unit = from_handle(ctx->saved_data["unit"].toInt());
-    unit.engine->pre_backward(unit);
+    (unit.engine->*OnGrad)(unit);
     return {grads[0], at::Tensor()};
   }
 };
-
-// Identity on one input of a unit with frozen params; its backward runs once that input's grad
-// exists, so after every op of the unit that needs the unit's weights for it.
-struct UnitInputGrad : torch::autograd::Function<UnitInputGrad> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t handle) {
-    ctx->saved_data["unit"] = handle;
-    return x;
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto& unit = from_handle(ctx->saved_data["unit"].toInt());
-    unit.engine->input_grads_done(unit);
-    return {grads[0], at::Tensor()};
-  }
-};
+// On a unit's output: runs before any of the unit's own backward ops.
+using UnitPreBackward = UnitGradHook<&Fsdp::pre_backward>;
+// On one input of a unit with frozen params: runs once that input's grad exists, so after every
+// op of the unit that needs the unit's weights for it.
+using UnitInputGrad = UnitGradHook<&Fsdp::input_grads_done>;
 
 // Installed on every unit's block. In the forward pass: gather (and prefetch), run, reshard,
 // and hook the pre-backward re-gather onto the output. In the recompute pass (the block run again

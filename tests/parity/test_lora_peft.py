@@ -36,7 +36,7 @@ TEXT = dict(vocab_size=288, hidden_size=64, num_hidden_layers=2, num_attention_h
 VISION = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, patch_size=4,
               image_size=40, num_channels=3, hidden_act="silu", rope_theta=10000.0)
 # One layer of each tower at Magistral-Small-2509's widths (the fixture tokenizer's vocabulary and
-# the batch's 4-pixel patches kept): opt-in with MMTRAIN_REAL_WIDTH=1, ~10 GB and minutes on a CPU.
+# the batch's 4-pixel patches kept): opt-in with MMTRAIN_REAL_WIDTH=1, ~6 GB and ~80 s on a CPU.
 TEXT_REAL = dict(TEXT, hidden_size=5120, num_hidden_layers=1, num_attention_heads=32, num_key_value_heads=8,
                  head_dim=128, intermediate_size=32768)
 VISION_REAL = dict(VISION, hidden_size=1024, num_attention_heads=16, intermediate_size=4096)
@@ -147,7 +147,7 @@ def test_peft_loads_the_export_and_equals_mmtrain(lora_run, parity_report):
     compare_with_peft(lora_run, parity_report, "tiny")
 
 
-@pytest.mark.skipif(os.environ.get("MMTRAIN_REAL_WIDTH") != "1", reason="opt-in: MMTRAIN_REAL_WIDTH=1 (~10 GB, minutes)")
+@pytest.mark.skipif(os.environ.get("MMTRAIN_REAL_WIDTH") != "1", reason="opt-in: MMTRAIN_REAL_WIDTH=1 (~6 GB, ~80 s)")
 def test_one_layer_at_real_widths_equals_peft(tmp_path, parity_report):
     run = lora_run_at(tmp_path, TEXT_REAL, VISION_REAL, iters=1, global_batch=1)
     compare_with_peft(run, parity_report, "one layer at Magistral-Small-2509's widths")
