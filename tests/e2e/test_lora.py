@@ -1,10 +1,12 @@
 """LoRA fine-tuning (features.enable_lora, features.lora), end to end under torchrun:
 
-  * FSDP and context parallelism: a LoRA run on 2 ranks (FSDP), on 2 Ulysses ranks and on 2 ranks
-    with recompute equals one rank per step (loss within 1e-6, grad norm within 2e-6, fp32), both
+  * FSDP, context parallelism and the rest: a LoRA run on 2 ranks (FSDP), Ulysses 2, ring 2,
+    recompute, HSDP with the moments on disk, cpu_offload with the disk tier and token-budget
+    micro-batches equals one rank per step (loss within 1e-6, grad norm within 2e-6, fp32), both
     models, with evaluation (the held-out loss of the adapted model) on the way;
   * checkpoints hold the adapters, their moments and the base's identity, not the base; a run
-    stopped and resumed with load: auto continues bitwise;
+    stopped and resumed with load: auto (and an async save) continues bitwise, on 2 ranks or
+    shrunk to 1; the whole-model conversions refuse them;
   * a LoRA checkpoint is refused by a run without LoRA, a full checkpoint by a LoRA run, another
     base by name; bad features.lora settings are refused by name.
 """
@@ -23,13 +25,13 @@ LORA_MAP = "rank: 4, alpha: 8"
 
 
 def config(tmp: Path, make_config, data: Path, training="", parallel="", lora=LORA_MAP, features="", iters=3, seed=5,
-           validation=False) -> Path:
+           validation=False, loader="") -> Path:
     """make_config's text with a global batch of 4 and, unless lora is None, features.lora (with
     validation: a quarter of the samples held out, evaluated before step 1 and after step 2)."""
     tmp.mkdir(parents=True, exist_ok=True)
     if validation:
         training += ", eval_interval: 2, eval_at_start: true"
-    text = make_config(tmp, data, "", ", global_batch_size: 4" + training, **({"parallel": parallel} if parallel else {}))
+    text = make_config(tmp, data, loader, ", global_batch_size: 4" + training, **({"parallel": parallel} if parallel else {}))
     text = text.replace("train_iters: 3", f"train_iters: {iters}").replace("seed: 5", f"seed: {seed}")
     if validation:
         text = text.replace("\n  dataloader_param:", "\n  validation_split: 0.25\n  dataloader_param:", 1)
@@ -57,7 +59,8 @@ def worst(a, b, key):
 def test_lora_composes_with_fsdp_cp_recompute_offload_and_evaluation(tmp_path, model, magihuman_data, mistral3_data):
     """Every arm equals one rank: FSDP, Ulysses, ring, recompute, HSDP with the moments on disk,
     and the shards in host RAM with the disk tier (which holds only what trains); each evaluates
-    the adapted model on the way, to the same held-out loss."""
+    the adapted model on the way, to the same held-out loss. Token-budget micro-batches on 2 ranks
+    equal them on one."""
     make, data, blocks = {
         "magihuman": (magihuman_config, magihuman_data, '["dit.block.layers.{*}"]'),
         "mistral3": (mistral3_config, mistral3_data, '["model.language_model.layers.{*}"]'),
@@ -85,6 +88,15 @@ def test_lora_composes_with_fsdp_cp_recompute_offload_and_evaluation(tmp_path, m
         w = worst(evals(tmp_path / name), evals_one, "eval_loss")
         print(f"[{model} {name}] worst eval_loss relative difference to one rank {w:.2e}")
         assert w <= 1e-6, (name, w)
+
+    budget = ", micro_batch_tokens: 1024"
+    one_budget, _ = train(tmp_path / "budget_one", make, data, loader=budget)
+    two_budget, proc = train(tmp_path / "budget_two", make, data, world=2, loader=budget)
+    assert "micro-batches of at most 1024 tokens balanced" in proc.stdout
+    for key, tolerance in (("loss", 1e-6), ("grad_norm", 2e-6)):
+        w = worst(two_budget, one_budget, key)
+        print(f"[{model} token budget] worst {key} relative difference to one rank {w:.2e}")
+        assert w <= tolerance, ("token budget", key, w)
 
 
 def test_lora_checkpoint_holds_the_adapters_and_resumes_bitwise(tmp_path, magihuman_data):
