@@ -1,5 +1,5 @@
-"""The two models at the bench size that bench/validation.py and bench/lora.py share: MagiHuman with
-3 layers of width 384 on a `fixture magihuman --mix` set (samples of ~200-2600 tokens), Magistral
+"""The two models at the bench size that bench/validation.py, bench/lora.py and bench/token_budget.sh
+share: MagiHuman with 3 layers of width 384 on a `fixture magihuman --mix` set (samples of ~200-2600 tokens), Magistral
 with a 4-layer width-384 decoder and a 2-layer Pixtral tower on `fixture mistral3 --mix` (0-4 images
 per sample); FSDP over the transformer layers, seed 5, AdamW at a constant 1e-4, clip 1.0."""
 from pathlib import Path
@@ -59,3 +59,14 @@ def fixture_args(model: str, data: Path, samples: int) -> list:
         args += ["--video-grid", "8,8,8", "--audio-tokens", "32", "--text-tokens", "48", "--video-channels", "64",
                  "--audio-channels", "32", "--text-channels", "64"]
     return args
+
+
+if __name__ == "__main__":  # for the shell benches: bench_models.py config MODEL DATA OUT STEPS GLOBAL | fixture MODEL DATA SAMPLES
+    import sys
+    what, model, data = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    if model not in MODELS:
+        raise SystemExit(f"bench: MODEL must be one of {sorted(MODELS)}, found '{model}'")
+    if what == "config":
+        print(config(model, data, Path(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])), end="")
+    else:
+        print("\n".join(fixture_args(model, data, int(sys.argv[4]))))

@@ -34,50 +34,16 @@ ARMS=${ARMS:-fixed fixed_wide in_order balanced fixed_repeat}
 DATA="$BENCH_DIR/data"
 
 case "$MODEL" in
-  magihuman)
-    BUDGET=${BUDGET:-4096}
-    [ -d "$DATA" ] || "$BIN" fixture magihuman --out "$DATA" --samples "$SAMPLES" --seed 3 --mix --video-grid 8,8,8 \
-      --audio-tokens 32 --text-tokens 48 --video-channels 64 --audio-channels 32 --text-channels 64 >&2
-    cat >"$BENCH_DIR/bench.yaml" <<EOF
-parallel: {fsdp_plan: {apply_modules: ["dit.block.layers.{*}"]}}
-model:
-  model_id: magihuman
-  config: {num_layers: 3, hidden_size: 384, head_dim: 64, num_query_groups: 2, video_in_channels: 64,
-           audio_in_channels: 32, text_in_channels: 64, mm_layers: [0, 2], gelu7_layers: [0]}
-data:
-  dataset_param: {dataset_type: magihuman_precomputed, data_root: $DATA}
-  dataloader_param: {collate_param: {model_name: magihuman}, shuffle: true}
-training: {train_iters: $STEPS, global_batch_size: $GLOBAL, lr: 1.0e-4, lr_decay_style: constant, clip_grad: 1.0, seed: 5}
-logging: {output_dir: $BENCH_DIR/unused}
-EOF
-    ;;
-  mistral3)
-    BUDGET=${BUDGET:-1024}
-    [ -d "$DATA" ] || "$BIN" fixture mistral3 --out "$DATA" --samples "$SAMPLES" --seed 3 --mix >&2
-    cat >"$BENCH_DIR/bench.yaml" <<EOF
-parallel:
-  fsdp_plan: {apply_modules: ["model.vision_tower.transformer.layers.{*}", "model.language_model.layers.{*}"]}
-model:
-  model_id: mistral3
-  config:
-    image_token_index: 10
-    spatial_merge_size: 2
-    text_config: {vocab_size: 288, hidden_size: 384, num_hidden_layers: 4, num_attention_heads: 6,
-                  num_key_value_heads: 2, head_dim: 64, intermediate_size: 1024, rope_theta: 10000.0}
-    vision_config: {hidden_size: 128, num_hidden_layers: 2, num_attention_heads: 2, intermediate_size: 256,
-                    patch_size: 4, image_size: 40, hidden_act: silu}
-data:
-  dataset_param:
-    dataset_type: huggingface
-    preprocess_parameters: {model_name_or_path: $DATA/tekken.json}
-    basic_parameters: {template: mistral, dataset: $DATA/conversations.json, cutoff_len: 1024}
-  dataloader_param: {collator_id: pixtral, shuffle: true}
-training: {train_iters: $STEPS, global_batch_size: $GLOBAL, lr: 1.0e-4, lr_decay_style: constant, clip_grad: 1.0, seed: 5}
-logging: {output_dir: $BENCH_DIR/unused}
-EOF
-    ;;
+  magihuman) BUDGET=${BUDGET:-4096} ;;
+  mistral3) BUDGET=${BUDGET:-1024} ;;
   *) echo "bench: MODEL must be magihuman or mistral3, found '$MODEL'" >&2; exit 1 ;;
 esac
+# The bench-size model and its fixture set: bench/bench_models.py, shared with the Python benches.
+if [ ! -d "$DATA" ]; then
+  mapfile -t fixture < <("$PY" bench/bench_models.py fixture "$MODEL" "$DATA" "$SAMPLES")
+  "$BIN" "${fixture[@]}" >&2
+fi
+"$PY" bench/bench_models.py config "$MODEL" "$DATA" "$BENCH_DIR/unused" "$STEPS" "$GLOBAL" >"$BENCH_DIR/bench.yaml"
 "$PY" -c "import json,sys; json.dump(dict(MODEL=sys.argv[1], STEPS=int(sys.argv[2]), WARMUP=int(sys.argv[3]),
   GLOBAL=int(sys.argv[4]), BUDGET=int(sys.argv[5]), WORLD=int(sys.argv[6]), SAMPLES=int(sys.argv[7])), open(sys.argv[8], 'w'))" \
   "$MODEL" "$STEPS" "$WARMUP" "$GLOBAL" "$BUDGET" "$WORLD" "$SAMPLES" "$BENCH_DIR/bench_meta.json"
