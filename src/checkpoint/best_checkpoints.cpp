@@ -2,6 +2,7 @@
 
 #include "checkpoint/sharded_checkpoint.h"
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/text.h"
 #include "io/atomic_file.h"
 #include "io/user_file.h"
@@ -50,16 +51,32 @@ std::vector<BestCheckpoint> best_checkpoints_of(const nlohmann::json& trainer_st
   return best;
 }
 
-std::vector<std::string> best_checkpoint_names(const std::string& save_root) {
+std::vector<BestCheckpoint> best_checkpoints_on_disk(const std::string& save_root, const std::vector<BestCheckpoint>& best) {
+  std::vector<BestCheckpoint> kept;
+  for (const auto& b : best)
+    if (fs::is_regular_file(fs::symlink_status(fs::path(save_root) / checkpoint_dir_name(b.iteration) / "index.json")))
+      kept.push_back(b);
+  return kept;
+}
+
+std::vector<std::string> best_checkpoints_sync_index(const std::string& save_root) {
   const fs::path root(save_root);
   std::vector<std::string> names;
   if (!fs::exists(root / "latest")) return names;
   const fs::path state = root / trim(file_read_text((root / "latest").string())) / "trainer_state.json";
   if (!fs::is_regular_file(state)) return names;
-  const auto text = read_user_file(state.string(), state.string(), kMaxSmallJsonBytes);
-  for (const auto& b : best_checkpoints_of(nlohmann::json::parse(text), state.string()))
-    names.push_back(checkpoint_dir_name(b.iteration));
+  const auto trainer_state = json_parse_checked(read_user_file(state.string(), state.string(), kMaxSmallJsonBytes), state.string());
+  if (!trainer_state.is_object() || !trainer_state.contains(kBestCheckpointsKey)) return names;
+  const auto best = best_checkpoints_on_disk(save_root, best_checkpoints_of(trainer_state, state.string()));
+  best_checkpoints_write_index(save_root, best);
+  for (const auto& b : best) names.push_back(checkpoint_dir_name(b.iteration));
   return names;
+}
+
+void best_checkpoints_remove_stale_temps(const std::string& save_root) {
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(save_root, error))
+    if (entry.path().filename().string().rfind("best.json.tmp-", 0) == 0) fs::remove(entry.path(), error);
 }
 
 void best_checkpoints_write_index(const std::string& save_root, const std::vector<BestCheckpoint>& best) {

@@ -337,8 +337,9 @@ CheckpointPruned checkpoint_prune(const std::string& save_root, int keep, const 
     std::vector<std::string> ours;
     for (const auto& [iteration, name] : complete_checkpoints(root))
       if (lineage_of(root / name) == lineage) ours.push_back(name);
-    // training.keep_best's checkpoints are kept for their held-out loss, whatever their age.
-    const auto best = best_checkpoint_names(save_root);
+    // training.keep_best's checkpoints are kept for their held-out loss, whatever their age;
+    // best.json names them before anything is removed.
+    const auto best = best_checkpoints_sync_index(save_root);
     const size_t doomed = ours.size() > static_cast<size_t>(keep) ? ours.size() - keep : 0;
     for (size_t i = 0; i < doomed; ++i) {
       const std::string& name = ours[i];

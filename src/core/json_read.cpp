@@ -15,6 +15,8 @@ Json parse_checked(const std::string& text, const std::string& source) {
     return Json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     fail(source, ": not valid JSON: ", e.what());
+  } catch (const nlohmann::json::exception& e) {  // a number out of range (1e400): out_of_range.406
+    fail(source, ": refused: ", e.what());
   }
 }
 

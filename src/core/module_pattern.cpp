@@ -25,6 +25,9 @@ constexpr std::size_t kMaxDigits = 18;
 
 ModulePattern::ModulePattern(std::string pattern) : text_(std::move(pattern)) {
   if (text_.empty()) fail("module pattern '': expected a module name pattern, found an empty string");
+  if (text_.size() > kMaxModulePatternChars)
+    fail("module pattern '", text_.substr(0, 40), "...': ", text_.size(), " characters, over the ",
+         kMaxModulePatternChars, " a module pattern may have");
   std::string literal;
   auto flush_literal = [&] {
     if (literal.empty()) return;
@@ -62,20 +65,37 @@ ModulePattern::Token ModulePattern::parse_braces(const std::string& inner) const
   token.kind = Token::kNumber;
   if (trim(inner) == "*") return token;
   auto malformed = [&](const std::string& why) {
-    fail("module pattern '", text_, "': expected {*}, {N} or a range list like {0-20,22-40} inside braces, found '{",
-         inner, "}' (", why, ")");
+    fail("module pattern '", text_, "': expected {*}, {N}, a range list like {0-20,22-40} or words like {q,k,v} ",
+         "inside braces, found '{", inner, "}' (", why, ")");
   };
+  std::vector<std::string> items;
+  for (std::size_t start = 0;;) {
+    const auto comma = inner.find(',', start);
+    items.push_back(trim(inner.substr(start, comma == std::string::npos ? std::string::npos : comma - start)));
+    if (items.back().empty()) malformed("empty item");
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  // A word (a module name's segment, such as q_proj) starts with a letter or '_'.
+  auto is_word = [](const std::string& item) {
+    if (!std::isalpha(static_cast<unsigned char>(item[0])) && item[0] != '_') return false;
+    return std::all_of(item.begin(), item.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+  };
+  const auto words = std::count_if(items.begin(), items.end(), is_word);
+  if (words > 0 && words != static_cast<std::ptrdiff_t>(items.size()))
+    malformed("it mixes words and numbers");
+  if (words > 0) {
+    token.kind = Token::kOneOf;
+    token.words = items;
+    return token;
+  }
   auto parse_bound = [&](const std::string& text) -> uint64_t {
     const std::string digits = trim(text);
     if (!all_digits(digits)) malformed("'" + digits + "' is not a non-negative integer");
     if (digits.size() > kMaxDigits) malformed("'" + digits + "' has more than 18 digits");
     return std::stoull(digits);
   };
-  std::size_t start = 0;
-  while (true) {
-    const auto comma = inner.find(',', start);
-    const std::string item = inner.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (trim(item).empty()) malformed("empty item");
+  for (const auto& item : items) {
     Range range;
     const auto dash = item.find('-');
     if (dash == std::string::npos) {
@@ -83,11 +103,9 @@ ModulePattern::Token ModulePattern::parse_braces(const std::string& inner) const
     } else {
       range.low = parse_bound(item.substr(0, dash));
       range.high = parse_bound(item.substr(dash + 1));
-      if (range.low > range.high) malformed("range '" + trim(item) + "' has low > high");
+      if (range.low > range.high) malformed("range '" + item + "' has low > high");
     }
     token.ranges.push_back(range);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
   }
   return token;
 }
@@ -102,42 +120,46 @@ bool ModulePattern::number_in_ranges(const Token& token, const std::string& digi
   return false;
 }
 
-bool ModulePattern::match_from(std::size_t t, std::size_t pos, const std::string& name,
-                               std::vector<char>& failed) const {
-  if (t == tokens_.size()) return pos == name.size();
-  char& known_to_fail = failed[t * (name.size() + 1) + pos];
-  if (known_to_fail) return false;
-  const Token& token = tokens_[t];
-  bool matched = false;
-  switch (token.kind) {
-    case Token::kLiteral:
-      matched = name.compare(pos, token.literal.size(), token.literal) == 0 &&
-                match_from(t + 1, pos + token.literal.size(), name, failed);
-      break;
-    case Token::kAnyChar:
-      matched = pos < name.size() && match_from(t + 1, pos + 1, name, failed);
-      break;
-    case Token::kAnyRun:
-      for (std::size_t end = pos; end <= name.size() && !matched; ++end)
-        matched = match_from(t + 1, end, name, failed);
-      break;
-    case Token::kNumber: {
-      std::size_t run_end = pos;
-      while (run_end < name.size() && std::isdigit(static_cast<unsigned char>(name[run_end]))) ++run_end;
-      // Longest digit run first, like the regex (\d+) MindSpeed uses; shorter runs only matter
-      // when the pattern continues with digits.
-      for (std::size_t end = run_end; end > pos && !matched; --end)
-        matched = number_in_ranges(token, name.substr(pos, end - pos)) && match_from(t + 1, end, name, failed);
-      break;
+bool ModulePattern::matches(const std::string& name) const {
+  // tail[t][pos]: whether tokens_[t..] match name[pos..], filled from the last token back, so the
+  // cost is tokens x positions (x the digit run for numbers), with no recursion.
+  const std::size_t width = name.size() + 1;
+  std::vector<char> next(width, 0), here(width, 0);
+  next[name.size()] = 1;  // no tokens left: only the end of the name matches
+  for (std::size_t t = tokens_.size(); t-- > 0;) {
+    const Token& token = tokens_[t];
+    std::fill(here.begin(), here.end(), 0);
+    for (std::size_t pos = width; pos-- > 0;) {
+      bool matched = false;
+      switch (token.kind) {
+        case Token::kLiteral:
+          matched = name.compare(pos, token.literal.size(), token.literal) == 0 &&
+                    pos + token.literal.size() < width && next[pos + token.literal.size()];
+          break;
+        case Token::kAnyChar:
+          matched = pos < name.size() && next[pos + 1];
+          break;
+        case Token::kAnyRun:  // any end at or after pos: the suffix OR, built as pos falls
+          matched = next[pos] || (pos + 1 < width && here[pos + 1]);
+          break;
+        case Token::kNumber: {
+          std::size_t end = pos;
+          while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
+          for (; end > pos && !matched; --end)
+            matched = next[end] && number_in_ranges(token, name.substr(pos, end - pos));
+          break;
+        }
+        case Token::kOneOf:
+          for (const auto& word : token.words)
+            matched = matched || (name.compare(pos, word.size(), word) == 0 && pos + word.size() < width &&
+                                  next[pos + word.size()]);
+          break;
+      }
+      here[pos] = matched;
     }
+    std::swap(here, next);
   }
-  if (!matched) known_to_fail = 1;
-  return matched;
-}
-
-bool ModulePattern::matches(const std::string& module_name) const {
-  std::vector<char> failed((tokens_.size() + 1) * (module_name.size() + 1), 0);
-  return match_from(0, 0, module_name, failed);
+  return next[0];
 }
 
 bool module_pattern_matches(const std::string& pattern, const std::string& module_name) {

@@ -6,11 +6,15 @@
 //   {*}            one or more digits (a ModuleList index): "layers.{*}" matches "layers.12";
 //   {3} {0-20,22-40} {1,5,7-9}
 //                  one or more digits whose integer value is in one of the inclusive ranges;
+//   {q,k,v,o}      one of the listed words (brace alternation, as a shell expands it): every
+//                  item a non-empty word without wildcards, and at least one not a number or range;
 //   *              any run of characters, dots included ("vision.*" matches every descendant);
 //   ?              any one character.
 // A name matches only when the pattern covers all of it: "layers.{*}" does not match
 // "layers.1.attn" or "xlayers.1". Malformed patterns ("{a-}", "{5-3}", "{}", unbalanced
-// braces) are errors that quote the pattern.
+// braces) are errors that quote the pattern. A pattern is at most kMaxModulePatternChars long
+// (a pattern comes from configs and from checkpoints' trainer_state.json), and matching is a
+// table over (token, position), never a recursion, so no pattern can exhaust the stack.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -18,6 +22,8 @@
 #include <vector>
 
 namespace mmtrain {
+
+inline constexpr std::size_t kMaxModulePatternChars = 1024;
 
 // A parsed pattern, for matching many names without re-parsing.
 class ModulePattern {
@@ -31,16 +37,13 @@ class ModulePattern {
     uint64_t low = 0, high = 0;
   };
   struct Token {
-    enum Kind { kLiteral, kAnyRun, kAnyChar, kNumber } kind = kLiteral;
-    std::string literal;        // kLiteral
-    std::vector<Range> ranges;  // kNumber; empty for {*} (any value)
+    enum Kind { kLiteral, kAnyRun, kAnyChar, kNumber, kOneOf } kind = kLiteral;
+    std::string literal;               // kLiteral
+    std::vector<Range> ranges;         // kNumber; empty for {*} (any value)
+    std::vector<std::string> words;    // kOneOf
   };
   Token parse_braces(const std::string& inner) const;  // inside of {...}
   static bool number_in_ranges(const Token& token, const std::string& digits);
-  // Whether tokens_[token..] match name[pos..]; failed memoises (token, pos) pairs already
-  // known not to match, which keeps patterns with several '*' linear in practice.
-  bool match_from(std::size_t token, std::size_t pos, const std::string& name,
-                  std::vector<char>& failed) const;
 
   std::string text_;
   std::vector<Token> tokens_;

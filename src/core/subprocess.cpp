@@ -19,8 +19,12 @@ int run_process(const std::vector<std::string>& argv, const ProcessOptions& opti
   if (pipe(input) != 0) fail("cannot create a pipe for ", argv[0], ": ", std::strerror(errno));
   int output = -1;
   if (!options.output_path.empty()) {
-    output = open(options.output_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (output < 0) fail("cannot open ", options.output_path, " for writing: ", std::strerror(errno));
+    // A fresh file of its own: whatever is at the name (a stale log, a planted symlink) is
+    // unlinked, never followed or truncated, and the new one is created exclusively.
+    if (::unlink(options.output_path.c_str()) != 0 && errno != ENOENT)
+      fail("cannot replace ", options.output_path, ": ", std::strerror(errno));
+    output = open(options.output_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (output < 0) fail("cannot create ", options.output_path, " for writing: ", std::strerror(errno));
   }
   // Everything the child needs is built before fork(): only async-signal-safe calls after it.
   std::vector<char*> args;

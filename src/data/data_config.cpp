@@ -80,6 +80,13 @@ void DataConfig::declare(ConfigSection<DataConfig>& s) {
         if (!d.validation.empty() && d.validation_split > 0.0)
           check.invalid("validation_split", "0 when data.validation names a validation set (one or the other)",
                         ConfigCheck::number(d.validation_split));
+        for (const auto& key : kTrainingDrawKeys)
+          if (d.validation.contains(key) && (!d.dataset_param.contains(key) || d.dataset_param[key] != d.validation[key]))
+            check.invalid("validation." + key,
+                          "the training section's value (" +
+                              (d.dataset_param.contains(key) ? d.dataset_param[key].dump() : std::string("its default")) +
+                              "): evaluation measures the loss at the training distribution's timesteps",
+                          d.validation[key].dump());
         if (d.validation.contains("dataset_type") && !d.validation["dataset_type"].is_string())
           check.invalid("validation.dataset_type", "a data set type (a string)", d.validation["dataset_type"].dump());
       });
@@ -89,6 +96,9 @@ DataConfig DataConfig::validation_data() const {
   DataConfig out = *this;
   out.dataset_param = validation;
   if (!out.dataset_param.contains("dataset_type")) out.dataset_param["dataset_type"] = dataset_type;
+  if (out.dataset_param["dataset_type"] == dataset_type)  // another type may not know the keys
+    for (const auto& key : kTrainingDrawKeys)
+      if (dataset_param.contains(key)) out.dataset_param[key] = dataset_param[key];
   out.dataset_type = out.dataset_param["dataset_type"].get<std::string>();
   out.validation = nlohmann::json::object();
   out.validation_split = 0.0;

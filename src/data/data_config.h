@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <string>
+#include <vector>
 
 namespace mmtrain {
 
@@ -34,6 +35,11 @@ struct LoaderConfig {
   static void declare(ConfigSection<LoaderConfig>& section);
 };
 
+// dataset_param keys that say how training draws from the data (MagiHuman's flow-matching
+// timestep distribution), not what the data is. data.validation inherits them from the training
+// section; setting one there to another value is refused by name.
+inline const std::vector<std::string> kTrainingDrawKeys = {"sigma_sampling", "logit_normal_loc", "logit_normal_scale"};
+
 struct DataConfig {
   std::string dataset_type;        // data.dataset_param.dataset_type (dataset registry name)
   nlohmann::json dataset_param = nlohmann::json::object();  // the whole dataset_param map
@@ -47,7 +53,9 @@ struct DataConfig {
   nlohmann::json validation = nlohmann::json::object();
   double validation_split = 0.0;
 
-  // data with dataset_type / dataset_param replaced by the validation section's (validation set).
+  // data with dataset_type / dataset_param replaced by the validation section's (validation set),
+  // except the keys of kTrainingDrawKeys, which come from the training section: a held-out loss
+  // is measured at the training distribution's timesteps.
   DataConfig validation_data() const;
 
   static void declare(ConfigSection<DataConfig>& section);

@@ -4,7 +4,10 @@
 
 #include <cstdlib>
 #include <ctime>
+#include <cstdio>
 #include <fstream>
+
+#include <unistd.h>
 
 namespace mmtrain {
 
@@ -29,7 +32,20 @@ void report_failure_to_launcher(const std::string& message) {
   const std::string shown = "mmtrain rank " + std::string(rank ? rank : "?") + ": " + with_peer_failure_hint(message);
   const nlohmann::json file = {
       {"message", {{"message", shown}, {"extraInfo", {{"py_callstack", shown}, {"timestamp", std::to_string(timestamp)}}}}}};
-  std::ofstream(path) << file.dump() << "\n";
+  // Whole or not at all: torchrun parses this file, and an empty or cut one (ENOSPC) makes it
+  // print a JSONDecodeError instead of the rank's message. A temporary beside it, renamed over it.
+  const std::string tmp = std::string(path) + ".tmp-" + std::to_string(::getpid());
+  ::unlink(tmp.c_str());
+  bool written = false;
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << file.dump() << "\n";
+    written = static_cast<bool>(out.flush());
+  }
+  if (!written || std::rename(tmp.c_str(), path) != 0) {
+    ::unlink(tmp.c_str());
+    ::unlink(path);  // none is better than a stale or empty one: torchrun then reports the exit code
+  }
 }
 
 }  // namespace mmtrain

@@ -1,10 +1,13 @@
 #include "io/safetensors.h"
 
+#include "core/crc32c.h"
 #include "core/error.h"
 #include "core/json_read.h"
 #include "core/regular_file.h"
 #include "core/text.h"
 #include "io/atomic_file.h"
+#include "io/safetensors_header.h"
+#include "io/user_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -155,50 +158,24 @@ SafetensorsFile::SafetensorsFile(const std::string& path, Symlinks symlinks) : p
     data_start_ = 8 + static_cast<int64_t>(header_len);
     const int64_t data_size = file_size - data_start_;
 
-    std::string text(header_len, '\0');
-    pread_exact(text.data(), static_cast<int64_t>(header_len), 8, "header");
-    const auto header = ordered_json_parse_checked(text, "safetensors file " + path + ": header");
-    if (!header.is_object())
-      fail("safetensors file ", path, ": header is JSON ", header.type_name(), ", expected an object");
-
+    // Capped before a byte of it is allocated; parsed as it streams, never into a DOM
+    // (safetensors_header.h).
+    if (header_len > kMaxSafetensorsHeaderBytes)
+      fail("safetensors file ", path, ": header length ", header_len, " bytes, over the ", kMaxSafetensorsHeaderBytes,
+           " a safetensors header may hold (the reference reader's cap)");
     struct Span {
       int64_t begin, end;
       size_t index;  // into names_
     };
     std::vector<Span> spans;
-    for (const auto& [name, entry] : header.items()) {
-      if (name == kMetadataKey) {
-        if (!entry.is_object())
-          fail("safetensors file ", path, ": __metadata__ must be an object of strings, found ", entry.dump());
-        for (const auto& [key, value] : entry.items()) {
-          if (!value.is_string())
-            fail("safetensors file ", path, ": __metadata__ key '", key, "' must be a string, found ",
-                 value.dump());
-          metadata_[key] = value.get<std::string>();
-        }
-        continue;
-      }
-      const auto where = [&] { return "safetensors file " + path + ": tensor '" + name + "': "; };
-      if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
-          !entry.contains("data_offsets"))
-        fail(where(), "expected {\"dtype\", \"shape\", \"data_offsets\"}, found ", entry.dump());
+    auto add = [&](SafetensorsHeaderEntry&& entry) {
+      const auto where = [&] { return "safetensors file " + path + ": tensor '" + entry.name + "': "; };
       SafetensorsTensorInfo info;
-      const auto& dtype = entry["dtype"];
-      auto parsed = dtype.is_string() ? safetensors_dtype_parse(dtype.get<std::string>()) : std::nullopt;
-      if (!parsed) fail(where(), "unknown dtype ", dtype.dump());
+      const auto parsed = safetensors_dtype_parse(entry.dtype);
+      if (!parsed) fail(where(), "unknown dtype \"", entry.dtype, "\"");
       info.dtype = *parsed;
-      const auto& shape = entry["shape"];
-      if (!shape.is_array()) fail(where(), "shape must be an array, found ", shape.dump());
-      for (const auto& d : shape) {
-        if (!d.is_number_unsigned() || d.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-          fail(where(), "shape must hold non-negative integers, found ", shape.dump());
-        info.shape.push_back(d.get<int64_t>());
-      }
-      const auto& offsets = entry["data_offsets"];
-      if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
-          !offsets[1].is_number_unsigned())
-        fail(where(), "data_offsets must be [begin, end], found ", offsets.dump());
-      const uint64_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
+      info.shape = std::move(entry.shape);
+      const uint64_t begin = entry.data_begin, end = entry.data_end;
       if (begin > end || end > static_cast<uint64_t>(data_size))
         fail(where(), "data_offsets [", begin, ", ", end, "] out of range: the data section holds ", data_size,
              " bytes (truncated file?)");
@@ -207,11 +184,16 @@ SafetensorsFile::SafetensorsFile(const std::string& path, Symlinks symlinks) : p
       auto nbytes = checked_nbytes(info.shape, static_cast<int64_t>(c10::elementSize(info.dtype)));
       if (!nbytes || *nbytes != info.data_end - info.data_begin)
         fail(where(), "data_offsets [", begin, ", ", end, "] span ", end - begin, " bytes, but shape ",
-             shape_str(info.shape), " of ", dtype.get<std::string>(), " needs ",
+             shape_str(info.shape), " of ", entry.dtype, " needs ",
              nbytes ? std::to_string(*nbytes) : std::string("more than 2^63"), " bytes");
       spans.push_back({info.data_begin, info.data_end, names_.size()});
-      names_.push_back(name);
-      infos_.emplace(name, std::move(info));
+      if (!infos_.emplace(entry.name, std::move(info)).second) fail(where(), "given twice");
+      names_.push_back(std::move(entry.name));
+    };
+    {
+      std::string text(header_len, '\0');
+      pread_exact(text.data(), static_cast<int64_t>(header_len), 8, "header");
+      metadata_ = safetensors_header_parse(text, "safetensors file " + path + ": header", add);
     }
 
     // The tensors must tile the data section exactly: no gap, no overlap, nothing left over.
@@ -327,6 +309,18 @@ void SafetensorsFile::read_rows_into(const std::string& name, int64_t row_begin,
   if (nbytes > 0) pread_exact(out.data_ptr(), nbytes, data_start_ + meta.data_begin + row_begin * row_bytes, name);
 }
 
+uint32_t SafetensorsFile::crc32c_of(const std::string& name, uint32_t crc) const {
+  const auto& meta = info(name);
+  constexpr int64_t kChunkBytes = int64_t{16} << 20;
+  std::vector<char> chunk(static_cast<size_t>(std::min(kChunkBytes, meta.data_end - meta.data_begin)));
+  for (int64_t at = meta.data_begin; at < meta.data_end; at += kChunkBytes) {
+    const int64_t n = std::min(kChunkBytes, meta.data_end - at);
+    pread_exact(chunk.data(), n, data_start_ + at, name);
+    crc = crc32c(chunk.data(), static_cast<size_t>(n), crc);
+  }
+  return crc;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Directories of HF shards
 
@@ -349,7 +343,8 @@ SafetensorsIndex::SafetensorsIndex(const std::string& dir) : dir_(dir) {
   if (fs::exists(index_path)) {
     sharded_ = true;
     const std::string where = index_path.string();
-    const auto index = ordered_json_parse_checked(file_read_text(where), "safetensors index " + where);
+    const auto index = ordered_json_parse_checked(read_user_file(where, "safetensors index " + where, kMaxSmallJsonBytes),
+                                                  "safetensors index " + where);
     if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
       fail("safetensors index ", where, ": expected an object with a \"weight_map\" object");
     if (index.contains("metadata")) {

@@ -119,12 +119,21 @@ void write_file_no_follow(const std::string& path, const std::string& content, c
 
 std::FILE* open_append_no_follow(const std::string& path, const std::string& label, bool binary) {
   require_writable_target(path, label);
-  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  // O_NONBLOCK: a FIFO planted between the lstat above and this open must not block it (a FIFO
+  // without a reader fails with ENXIO; one with a reader is refused on the descriptor below).
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0644);
+  if (fd < 0 && errno == ENXIO) fail(label, ": refused: ", path, " is a FIFO, not a file");
   if (fd < 0) fail(label, ": cannot open ", path, " for appending: ", std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
     fail(label, ": refused: ", path, " is not a regular file");
+  }
+  // A regular file: writes block as usual (a full disk is an error, not EAGAIN).
+  if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail(label, ": cannot open ", path, ": ", std::strerror(err));
   }
   std::FILE* file = ::fdopen(fd, binary ? "ab" : "a");
   if (!file) {

@@ -60,6 +60,13 @@ struct ModelSpec {
   // refused: the model computes it from the raw weight, and its adapter would never act).
   std::vector<std::string> lora_default_targets;
   std::vector<std::string> lora_supported_targets;
+  // adapter_config.json's task_type for `lora-to-peft` ("CAUSAL_LM": peft builds a
+  // PeftModelForCausalLM); empty: null (a plain PeftModel).
+  std::string peft_task_type;
+  // model.config is the HF config.json itself with these added when absent ({"model_type", ...}):
+  // `fixture MODEL-weights` writes it beside the weights, so HF tools build the tiny model the
+  // directory holds (not the full-size default). Null: the model has no such config.json.
+  nlohmann::json hf_config_defaults;
 };
 
 Registry<ModelSpec>& model_spec_registry();

@@ -162,7 +162,7 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
   for (const auto& name : model_spec_registry().names()) {
     const auto& spec = model_spec(name);
     struct Options {
-      std::string hf_dir, save_dir, load_dir, assets_dir, config_path, base_model;
+      std::string hf_dir, save_dir, load_dir, assets_dir, config_path, base_model, base_dir;
       std::vector<std::string> drop;
       int world_size = 0;
       std::string layout = "training";
@@ -205,7 +205,10 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
     to_peft->add_option("--load_dir", o->load_dir, "checkpoint iter_N directory or save root of a LoRA run")->required();
     to_peft->add_option("--save_dir", o->save_dir, "adapter directory to write")->required();
     to_peft->add_option("--base_model", o->base_model,
-                        "adapter_config.json's base_model_name_or_path (default: the run's model weights path)");
+                        "adapter_config.json's base_model_name_or_path (default: --base, else the run's model weights path)");
+    const std::string base_help = "the base weights where they are now, if moved since training (checked against the "
+                                  "fingerprint the adapters were trained over)";
+    to_peft->add_option("--base", o->base_dir, base_help);
     auto* from_peft = model_cmd->add_subcommand("peft-to-ckpt", "HF peft adapter directory -> LoRA checkpoint to continue from");
     from_peft->add_option("--peft_dir", o->hf_dir, "adapter directory (adapter_model.safetensors + adapter_config.json)")
         ->required();
@@ -221,6 +224,7 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
     merge->add_option("--dtype", o->dtype, "public: each tensor in the model's public checkpoint dtype; fp32: unrounded")
         ->check(CLI::IsMember({"public", "fp32"}))
         ->capture_default_str();
+    merge->add_option("--base", o->base_dir, base_help);
     auto* to_dcp = model_cmd->add_subcommand("ckpt-to-dcp", "mmtrain checkpoint -> PyTorch DCP checkpoint");
     to_dcp->add_option("--layout", o->layout, layout_help)->check(CLI::IsMember({"training", "hf"}))->capture_default_str();
     to_dcp->add_option("--load_dir", o->load_dir, "checkpoint iter_N directory or save root")->required();
@@ -231,8 +235,8 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
     commands.add(from_peft, [o, name] {
       convert_peft_to_ckpt(name, o->config_path, o->hf_dir, o->save_dir, std::max(1, o->world_size), o->overwrite);
     });
-    commands.add(to_peft, [o, name] { convert_lora_to_peft(name, o->load_dir, o->save_dir, o->base_model, o->overwrite); });
-    commands.add(merge, [o, name] { convert_merge_lora(name, o->load_dir, o->save_dir, o->dtype, o->overwrite); });
+    commands.add(to_peft, [o, name] { convert_lora_to_peft(name, o->load_dir, o->save_dir, o->base_model, o->base_dir, o->overwrite); });
+    commands.add(merge, [o, name] { convert_merge_lora(name, o->load_dir, o->save_dir, o->dtype, o->base_dir, o->overwrite); });
     commands.add(to_ckpt, [o, name] { convert_hf_to_ckpt(name, o->config_path, o->hf_dir, o->save_dir, o->overwrite); });
     commands.add(from_dcp, [o, name] {
       convert_dcp_to_ckpt(name, o->config_path, o->load_dir, o->save_dir, o->drop, o->world_size,

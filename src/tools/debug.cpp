@@ -48,6 +48,20 @@ void debug_collate(const std::string& config_path, const std::vector<std::string
                      {"sample_indices", join_ints(data.sampler.indices(o.step, o.micro))}});
 }
 
+namespace {
+
+// The parameter whose row layout name's rows follow: a lora_B's rows are its Linear's output rows
+// (a weight whose HF rows are laid out otherwise has its lora_B's reordered the same way); a
+// lora_A's rows are the rank, in no layout.
+std::string hf_layout_name(const std::string& name) {
+  const std::string lora_b = ".lora_B.weight";
+  if (name.size() > lora_b.size() && name.compare(name.size() - lora_b.size(), lora_b.size(), lora_b) == 0)
+    return name.substr(0, name.size() - lora_b.size()) + ".weight";
+  return name;
+}
+
+}  // namespace
+
 void debug_step(const std::string& config_path, const std::vector<std::string>& overrides,
                 const std::string& batch_path, const std::string& out_path) {
   auto config = config_load(config_path, overrides);
@@ -77,7 +91,7 @@ void debug_step(const std::string& config_path, const std::vector<std::string>& 
     for (auto& p : unit->params) {
       if (p.frozen) continue;  // no grad by construction
       auto grad = p.view_of(unit->grad_flat).narrow(0, 0, p.layout.dim0);
-      tensors.emplace_back("grad." + adapter->hf_key(p.name), adapter->to_hf_layout(p.name, grad).contiguous());
+      tensors.emplace_back("grad." + adapter->hf_key(p.name), adapter->to_hf_layout(hf_layout_name(p.name), grad).contiguous());
     }
   safetensors_write(out_path, tensors);
 }

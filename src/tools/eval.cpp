@@ -3,12 +3,14 @@
 //   an mmtrain checkpoint   an iter_N directory (index.json) or a save root (latest)
 //   an HF model directory   *.safetensors (with its index), or one .safetensors file
 //   a PyTorch DCP           .metadata: its weights are converted (rank 0) into a model-only
-//                           checkpoint in <output_dir>/.eval_from_dcp_<pid>.tmp, removed after
+//                           checkpoint in <output_dir>/.eval_from_dcp_<random>/ (core/scratch_dir.h),
+//                           removed after, on an error and on SIGTERM / SIGINT / SIGHUP too
 // Prints a table and writes the record as JSON (--out; default <output_dir>/eval_iter_<N>.json,
 // never over an existing file). At a checkpoint of step N it equals the run's own evaluation after N.
 #include "config/config.h"
 #include "config/registries.h"
 #include "core/error.h"
+#include "core/scratch_dir.h"
 #include "core/text.h"
 #include "dist/runtime.h"
 #include "io/user_file.h"
@@ -23,11 +25,13 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 namespace mmtrain {
 
@@ -58,7 +62,7 @@ int64_t load_weights(Run& run, const std::string& dir) {
   options.model_id = c.model.model_id;
   options.model_config = c.model.config;
   options.execution_only_keys = config_model_spec(c).execution_only_keys;
-  options.lora_base = lora_base(c);
+  options.lora_base = lora_base(c, &run.comm());
   switch (kind_of(dir)) {
     case WeightsKind::checkpoint:
       if (!options.lora_base.is_null()) load_initial_weights(c, *run.model, *run.fsdp);  // the adapters' base
@@ -70,31 +74,51 @@ int64_t load_weights(Run& run, const std::string& dir) {
       return 0;
     }
     case WeightsKind::dcp: {
-      // Rank 0's pid names the staging directory on every rank.
-      const double pid = run.comm().all_reduce_sum(std::vector<double>{run.is_rank0() ? double(getpid()) : 0.0})[0];
-      const fs::path staging = fs::path(c.logging.output_dir) / (".eval_from_dcp_" + format("%.0f", pid) + ".tmp");
-      struct Cleanup {
-        fs::path path;
-        bool owner;
-        ~Cleanup() {
-          std::error_code ignored;
-          if (owner) fs::remove_all(path, ignored);
-        }
-      } cleanup{staging, run.is_rank0()};
-      std::string failed, iter_dir;
+      // Rank 0 converts the weights into a model-only checkpoint in a scratch directory of its own
+      // (a random name, created exclusively, removed on every exit: scratch_dir.h); the others
+      // learn its name, then wait for the conversion in short collectives, so a conversion longer
+      // than parallel.timeout_s cannot expire their wait.
+      const std::string prefix = ".eval_from_dcp_";
+      std::unique_ptr<ScratchDir> scratch;
+      std::string failed;
       if (run.is_rank0()) {
         try {
           fs::create_directories(c.logging.output_dir);
-          iter_dir = convert_dcp_weights_to_ckpt(c.model.model_id, c.model.config, dir, staging.string());
-        } catch (const Error& e) {
+          scratch = std::make_unique<ScratchDir>(c.logging.output_dir, prefix);
+        } catch (const std::exception& e) {
           failed = e.what();
         }
       }
       if (run.comm().any_rank(!failed.empty())) {
+        if (!run.is_rank0()) fail("eval --load ", dir, ": rank 0 could not create its scratch directory (see its error)");
+        fail("eval --load ", dir, ": ", failed);
+      }
+      const auto id = static_cast<uint64_t>(run.comm().all_reduce_sum(scratch ? double(scratch->id()) : 0.0));
+      const std::string staging = (fs::path(ScratchDir::path_of(c.logging.output_dir, prefix, id)) / "ckpt").string();
+      std::atomic<bool> converted{false};
+      std::thread converter;
+      struct Join {  // an error while it runs still waits for it
+        std::thread& thread;
+        ~Join() {
+          if (thread.joinable()) thread.join();
+        }
+      } join{converter};
+      if (run.is_rank0())
+        converter = std::thread([&] {
+          try {
+            convert_dcp_weights_to_ckpt(c.model.model_id, c.model.config, dir, staging);
+          } catch (const std::exception& e) {
+            failed = e.what();
+          }
+          converted = true;
+        });
+      while (!run.comm().any_rank(converted.load())) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      if (converter.joinable()) converter.join();
+      if (run.comm().any_rank(!failed.empty())) {
         if (!run.is_rank0()) fail("eval --load ", dir, ": rank 0 could not read the DCP (see its error)");
         fail("eval --load ", dir, ": ", failed);
       }
-      state_load_weights(staging.string(), *run.model, *run.fsdp, options);
+      state_load_weights(staging, *run.model, *run.fsdp, options);
       run.comm().barrier();  // every rank has read it before rank 0 removes it
       return 0;
     }
@@ -113,17 +137,37 @@ void print_record(const EvalRecord& record, const std::string& dir) {
   }
 }
 
+// Where the record goes must be writable and free before any work is done: its directory is made
+// (or refused: a file in the way), and an existing file there is never overwritten.
+void check_out(const std::string& out) {
+  const fs::path parent = fs::path(out).parent_path();
+  std::error_code error;
+  if (!parent.empty()) fs::create_directories(parent, error);
+  if (error || (!parent.empty() && !fs::is_directory(parent)))
+    fail("eval --out ", out, ": its directory ", parent.string(), " cannot be made (", error ? error.message() : "not a directory", ")");
+  if (fs::symlink_status(out, error).type() != fs::file_type::not_found)
+    fail("eval --out ", out, ": exists; an earlier result is never overwritten: remove it or choose another --out");
+}
+
+// Written whole to a temporary file, then linked to its name (link() never replaces a file: one
+// that appeared meanwhile is not overwritten); a failed write leaves nothing at out.
 void write_record(const EvalRecord& record, const std::string& out, const std::string& dir) {
-  const int fd = create_new_file(out);
-  if (fd < 0)
-    fail("eval --out ", out, ": cannot create it (", std::strerror(errno),
-         errno == EEXIST ? "; an earlier result is never overwritten: remove it or choose another --out" : "", ")");
   nlohmann::json j = record.to_json();
   j["load"] = dir;
-  const std::string text = j.dump(2) + "\n";
-  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  ::close(fd);
-  if (!written) fail("eval --out ", out, ": cannot write it");
+  const std::string tmp = out + ".tmp-" + std::to_string(::getpid());
+  ::unlink(tmp.c_str());  // a stale one of an earlier process with this pid; a link there is removed, not followed
+  try {
+    write_file_no_follow(tmp, j.dump(2) + "\n", "eval --out " + out);
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  const int linked = ::link(tmp.c_str(), out.c_str());
+  const int err = errno;
+  ::unlink(tmp.c_str());
+  if (linked != 0)
+    fail("eval --out ", out, ": cannot create it (", std::strerror(err),
+         err == EEXIST ? "; an earlier result is never overwritten: remove it or choose another --out" : "", ")");
   std::printf("wrote %s\n", out.c_str());
 }
 
@@ -156,25 +200,43 @@ void add_eval_commands(CLI::App& app, Commands& commands) {
     config.training.load.clear();
     config.training.async_save = false;
     config.training.keep_best = 0;
+    // Nothing trains: with a validation set of its own, the training set is not read at all (the
+    // run's data pipeline is built over the validation set instead; the timestep keys stay the
+    // training section's, which validation_data carries over).
+    if (!config.data.validation.empty()) {
+      const nlohmann::json validation = config.data.validation;
+      config.data = config.data.validation_data();
+      config.data.validation = validation;
+    }
     auto runtime = runtime_init(LaunchEnv::from_environment(), default_device(),
                                 std::chrono::seconds(config.parallel.timeout_s));
     Run run;
     run.config = std::move(config);
     run.runtime = std::move(runtime);
+    // A named --out is checked before anything is built or read; the default one's name needs
+    // the iteration, so it is checked once the weights are loaded, still before the evaluation.
+    auto refuse_bad_out = [&](const std::string& out) {
+      std::string refused;
+      if (run.is_rank0()) {
+        try {
+          check_out(out);
+        } catch (const Error& e) {
+          refused = e.what();
+        }
+      }
+      if (run.comm().any_rank(!refused.empty())) fail(run.is_rank0() ? refused : "eval --out " + out + ": refused by rank 0");
+    };
+    if (!o->out.empty()) refuse_bad_out(o->out);
     build_run(run);
     const int64_t iteration = load_weights(run, o->load);
     const std::string out = !o->out.empty() ? o->out
                                             : run.config.logging.output_dir + "/eval_" + checkpoint_dir_name(iteration) +
                                                   ".json";
-    std::error_code error;
-    const bool taken = run.is_rank0() && fs::symlink_status(out, error).type() != fs::file_type::not_found;
-    if (run.comm().any_rank(taken))  // said before the evaluation's work, not after
-      fail("eval --out ", out, ": exists; an earlier result is never overwritten: remove it or choose another --out");
+    if (o->out.empty()) refuse_bad_out(out);
     Evaluator evaluator(run, false);
     const EvalRecord record = evaluator.evaluate(run, iteration);
     if (!run.is_rank0()) return;
     print_record(record, o->load);
-    if (const auto parent = fs::path(out).parent_path(); !parent.empty()) fs::create_directories(parent);
     write_record(record, out, o->load);
   });
 }

@@ -546,9 +546,9 @@ void add_logs_commands(CLI::App& app, Commands& commands) {
   auto* logs = app.add_subcommand("logs", "training logs: metrics.jsonl or Megatron-style console lines (docs/tools.md)");
   logs->require_subcommand(1);
   auto* parse = logs->add_subcommand("parse", "print one normalized JSON record per iteration");
-  parse->add_option("file", o->a, "log file")->required();
+  parse->add_option("file", o->a, "log file or a run's output directory")->required();
   auto* summary = logs->add_subcommand("summary", "one run: steady-state step time, throughput, MFU, loss");
-  summary->add_option("file", o->a, "log file")->required();
+  summary->add_option("file", o->a, "log file or a run's output directory")->required();
   summary->add_option("--skip-first,--skip_first", o->stats.skip_first, "warm-up iterations left out")->capture_default_str();
   auto* compare = logs->add_subcommand("compare", "loss agreement, step time and throughput of two runs");
   compare->add_option("a", o->a, "run A: a log file or a run's output directory")->required();
@@ -566,8 +566,8 @@ void add_logs_commands(CLI::App& app, Commands& commands) {
   plot->add_option("--skip-first,--skip_first", o->figure.skip_first, "warm-up iterations drawn dotted")
       ->capture_default_str();
   plot->add_option("--title", o->figure.title, "figure title");
-  commands.add(parse, [o] { logs_parse(o->a); });
-  commands.add(summary, [o] { logs_summary(o->a, o->stats); });
+  commands.add(parse, [o] { logs_parse(run_log_path(o->a)); });
+  commands.add(summary, [o] { logs_summary(run_log_path(o->a), o->stats); });
   commands.add(compare, [o] { logs_compare(o->a, o->b, o->stats, o->plot); });
   commands.add(plot, [o] { logs_plot(o->runs, o->figure, o->plot); });
 }

@@ -5,7 +5,9 @@
 #include "core/json_read.h"
 #include "dist/comm.h"
 #include "core/error.h"
+#include "core/finite.h"
 #include "core/module_pattern.h"
+#include "core/text.h"
 #include "io/safetensors.h"
 #include "io/user_file.h"
 #include "nn/layers.h"
@@ -13,6 +15,7 @@
 #include "tools/conversion_output.h"
 #include "train/build.h"
 #include "train/hf_weights.h"
+#include "train/lora_base.h"
 #include "train/state.h"
 
 #include <nlohmann/json.hpp>
@@ -51,15 +54,51 @@ LoraCheckpoint open_lora_checkpoint(const std::string& model_id, const std::stri
   if (!global.contains("lora_base") || !global.contains("config"))
     fail(command, ": ", out.reader->dir(), " holds no LoRA adapters (not the checkpoint of a run with features.enable_lora)");
   out.base = global["lora_base"];
+  if (!out.base.is_object() || !(out.base.contains("init_seed") ||
+                                 (out.base.contains("weights") && out.base["weights"].is_string() &&
+                                  out.base.contains("fingerprint") && out.base["fingerprint"].is_string())))
+    fail(command, ": ", where, ": lora_base is ", out.base.dump(), ", not {\"weights\": path, \"fingerprint\": hex} or ",
+         "{\"init_seed\": N}");
   out.config = config_from_yaml_string(global["config"].dump(), where);
+  // What the adapters were recorded as must be what the saved config builds (an edited
+  // trainer_state.json must not change their scale or membership in silence).
+  if (const auto why = lora_adapters_difference(lora_adapters_of_checkpoint(global), lora_adapters(out.config.features.lora));
+      !why.empty())
+    fail(command, ": ", where, ": its config and its lora_base disagree: ", why);
   const ModelSpec& spec = model_spec(model_id, command);
   out.model = spec.build(out.config.model.config);
   const auto summary = apply_lora(*out.model, out.config.features.lora, spec.lora_default_targets, spec.lora_supported_targets);
   std::set<std::string> adapted(summary.adapted.begin(), summary.adapted.end());
   for (auto& [name, module] : out.model->named_modules())
     if (adapted.count(name)) out.adapted[name] = dynamic_cast<Linear*>(module);
+  for (auto& [name, param] : out.model->named_parameters()) {  // every trained tensor, at the model's shape
+    if (!param->trainable || !param->requires_grad) continue;
+    const auto key = state_model_key(name);
+    if (!out.reader->contains(key)) fail(command, ": ", out.reader->dir(), " has no '", key, "', which its features.lora trains");
+    if (out.reader->global_shape(key) != param->shape)
+      fail(command, ": ", out.reader->dir(), ": '", key, "' has shape ", shape_str(out.reader->global_shape(key)),
+           ", its features.lora makes it ", shape_str(param->shape));
+  }
   out.hf = make_hf_adapter(spec, out.config.model.config);
   return out;
+}
+
+// The base the adapters of ckpt sit on: the recorded weights, or base_dir (the same weights moved),
+// checked against the recorded fingerprint; null for a random-init base.
+std::unique_ptr<WeightSource> open_lora_base(const LoraCheckpoint& ckpt, const std::string& base_dir,
+                                             const std::string& command) {
+  if (ckpt.base.contains("init_seed")) {
+    if (!base_dir.empty())
+      fail(command, ": --base ", base_dir, ": the adapters of ", ckpt.reader->dir(), " were trained over ",
+           lora_base_describe(ckpt.base), ", not over weights");
+    return nullptr;
+  }
+  const std::string path = base_dir.empty() ? ckpt.base["weights"].get<std::string>() : base_dir;
+  nlohmann::json now = {{"weights", path}, {"fingerprint", weights_fingerprint(path)},
+                        {"fingerprint_of", kWeightsFingerprintKind}};
+  if (const auto why = lora_base_difference(ckpt.base, now); !why.empty())
+    fail(command, ": ", ckpt.reader->dir(), ": ", why, base_dir.empty() ? " (moved? name it with --base DIR)" : "");
+  return std::make_unique<WeightSource>(path);
 }
 
 // "model.language_model.layers.0.self_attn.q_proj" -> its HF module path (the HF key of its
@@ -95,13 +134,83 @@ nlohmann::json peft_target_modules(Module& model, const HfAdapter& hf, const std
   return "^(?:" + alternation + ")$";
 }
 
+// peft settings that change what the adapter computes or where it applies, beyond r, lora_alpha
+// and use_rslora: each must be absent or at its plain-LoRA value, else it is refused by name (an
+// importer that ignored alpha_pattern would train at another scale than peft computes).
+void refuse_unimplemented_peft_fields(const nlohmann::json& adapter_config, const std::string& where) {
+  auto unset = [](const nlohmann::json& v) {
+    return v.is_null() || v == false || (v.is_object() && v.empty()) || (v.is_array() && v.empty()) ||
+           (v.is_string() && v.get<std::string>().empty());
+  };
+  const std::pair<const char*, const char*> fields[] = {
+      {"alpha_pattern", "per-module lora_alpha"},       {"rank_pattern", "per-module ranks"},
+      {"layers_to_transform", "adapters on some layers only"}, {"layers_pattern", "adapters on some layers only"},
+      {"use_dora", "DoRA (weight-decomposed LoRA)"},   {"fan_in_fan_out", "transposed (Conv1D) weights"},
+      {"lora_bias", "a bias on lora_B"},               {"use_qalora", "QA-LoRA"},
+      {"target_parameters", "adapters on parameters"}, {"megatron_config", "Megatron-parallel layers"},
+      {"layer_replication", "replicated layers"},      {"trainable_token_indices", "trainable token rows"},
+  };
+  for (const auto& [key, what] : fields)
+    if (adapter_config.contains(key) && !unset(adapter_config[key]))
+      fail(where, ": ", key, " is ", adapter_config[key].dump(), "; ", what, " is not implemented here (refused rather ",
+           "than imported as plain LoRA)");
+  if (adapter_config.contains("bias") && adapter_config["bias"] != "none")
+    fail(where, ": bias is ", adapter_config["bias"].dump(), "; only \"none\" is implemented (trained biases are not ",
+         "in a LoRA run)");
+  const auto& targets = adapter_config.contains("target_modules") ? adapter_config["target_modules"] : nlohmann::json();
+  bool targets_ok = targets.is_string() || targets.is_array();
+  if (targets.is_array())
+    for (const auto& t : targets) targets_ok = targets_ok && t.is_string();
+  if (!targets_ok) fail(where, ": target_modules is ", targets.dump(), ", expected a list of names or a regex string");
+  const auto& saved = adapter_config.contains("modules_to_save") ? adapter_config["modules_to_save"] : nlohmann::json();
+  bool saved_ok = saved.is_null() || saved.is_array();
+  if (saved.is_array())
+    for (const auto& m : saved) saved_ok = saved_ok && m.is_string();
+  if (!saved_ok) fail(where, ": modules_to_save is ", saved.dump(), ", expected null or a list of names");
+}
+
+// An HF directory's other files (config.json, tokenizer, ...) come along to the merged model: it
+// is its base with other weights. Not its weights in any format (one model.safetensors replaces
+// them: a loader that prefers pytorch_model.bin would otherwise load the unmerged base), nor its
+// hidden files. A symlink (an HF cache snapshot is all links into ../../blobs) is copied as the
+// file it points to when that is a regular file inside the base's tree: the directory itself,
+// or for a snapshot (<repo>/snapshots/<rev>) the cached repository <repo>.
+void copy_base_files(const std::string& base_dir, const std::string& to, const std::string& command) {
+  static const std::set<std::string> kWeightExtensions = {".safetensors", ".bin", ".pth", ".pt", ".ckpt",
+                                                          ".msgpack", ".h5", ".gguf", ".npz", ".onnx"};
+  const fs::path base = fs::canonical(base_dir);
+  const fs::path tree = base.parent_path().filename() == "snapshots" ? base.parent_path().parent_path() : base;
+  for (const auto& entry : fs::directory_iterator(base)) {
+    const auto name = entry.path().filename().string();
+    const auto extension = entry.path().extension().string();
+    if (name.rfind('.', 0) == 0 || kWeightExtensions.count(extension) ||
+        (name.size() > 11 && name.compare(name.size() - 11, 11, ".index.json") == 0))
+      continue;
+    std::error_code error;
+    const fs::path target = fs::weakly_canonical(entry.path(), error);
+    const auto inside = [&](const fs::path& p) {
+      const auto rel = p.lexically_relative(tree);
+      return !rel.empty() && *rel.begin() != "..";
+    };
+    if (error || !inside(target)) {
+      if (entry.is_symlink())
+        std::printf("%s: not copied: %s links outside the base's tree %s\n", command.c_str(), printable(name).c_str(),
+                    tree.c_str());
+      continue;
+    }
+    if (!fs::is_regular_file(fs::symlink_status(target))) continue;  // directories, FIFOs, devices: never read
+    fs::copy_file(target, fs::path(to) / name);
+  }
+}
+
 }  // namespace
 
 void convert_lora_to_peft(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
-                          const std::string& base_model_name, bool overwrite) {
+                          const std::string& base_model_name, const std::string& base_dir, bool overwrite) {
   const std::string command = "lora-to-peft";
   ConversionOutput output(save_dir, overwrite, command);
   auto ckpt = open_lora_checkpoint(model_id, load_dir, command);
+  if (!base_dir.empty()) open_lora_base(ckpt, base_dir, command);  // a moved base: checked, then named below
   const auto& lora = ckpt.config.features.lora;
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const auto& [name, linear] : ckpt.adapted) {
@@ -131,10 +240,13 @@ void convert_lora_to_peft(const std::string& model_id, const std::string& load_d
 
   std::vector<std::string> hf_saved;
   for (const auto& m : saved_modules) hf_saved.push_back(hf_module(*ckpt.hf, m));
-  const std::string base_name = !base_model_name.empty() ? base_model_name : ckpt.base.value("weights", std::string());
+  const std::string base_name = !base_model_name.empty() ? base_model_name
+                                : !base_dir.empty()      ? base_dir
+                                                         : ckpt.base.value("weights", std::string());
+  const auto& task_type = model_spec(model_id, command).peft_task_type;
   const nlohmann::json adapter_config = {
       {"peft_type", "LORA"},
-      {"task_type", nullptr},
+      {"task_type", task_type.empty() ? nlohmann::json(nullptr) : nlohmann::json(task_type)},
       {"base_model_name_or_path", base_name},
       {"r", lora.rank},
       {"lora_alpha", lora.alpha},
@@ -179,9 +291,7 @@ void convert_peft_to_ckpt(const std::string& model_id, const std::string& config
   const auto rslora = adapter_config.value("use_rslora", nlohmann::json(false));
   if (!rslora.is_boolean() || rslora.get<bool>() != lora.use_rslora)
     fail(where, ": use_rslora is ", rslora.dump(), ", features.lora.use_rslora is ", lora.use_rslora ? "true" : "false");
-  if (adapter_config.contains("use_dora") && adapter_config["use_dora"] != false)
-    fail(where, ": use_dora is ", adapter_config["use_dora"].dump(), "; DoRA adapters are not LoRA's math");
-
+  refuse_unimplemented_peft_fields(adapter_config, where);
   ConversionOutput output(save_dir, overwrite, command);
   const ModelSpec& spec = model_spec(model_id, command);
   auto model = spec.build(config.model.config);
@@ -191,6 +301,9 @@ void convert_peft_to_ckpt(const std::string& model_id, const std::string& config
   // Every trained param by its key in the adapter file; the file holds exactly these.
   std::map<std::string, std::pair<std::string, Param*>> by_key;  // peft key -> (name, param)
   std::set<std::string> adapted(summary.adapted.begin(), summary.adapted.end());
+  std::map<std::string, int64_t> experts;  // of each adapted Linear
+  for (auto& [name, module] : model->named_modules())
+    if (adapted.count(name)) experts[name] = dynamic_cast<Linear&>(*module).experts();
   for (auto& [name, param] : model->named_parameters()) {
     if (!param->trainable || !param->requires_grad) continue;
     const std::string module = name.substr(0, name.rfind('.'));
@@ -199,6 +312,14 @@ void convert_peft_to_ckpt(const std::string& model_id, const std::string& config
                                 ? "base_model.model." + hf_module(*hf, owner) + name.substr(owner.size())
                                 : "base_model.model." + hf->hf_key(name);
     if (param->adapter_dtype && !adapted.count(owner)) fail(command, ": internal: '", name, "' has no adapted layer");
+    // The two directions agree: what lora-to-peft refuses to write is refused when read.
+    const std::string layer = param->adapter_dtype ? owner : name.substr(0, name.rfind('.'));
+    if (param->adapter_dtype && experts.at(owner) != 1)
+      fail(command, ": '", owner, "' holds ", experts.at(owner), " modality experts, which a PEFT LoRA ",
+           "layer cannot express; lora-to-peft writes no such adapter either");
+    if (hf->layout_differs(param->adapter_dtype ? owner + ".weight" : name))
+      fail(command, ": '", layer, "' has another row layout in HF than in training; its adapter has no PEFT form here ",
+           "(lora-to-peft refuses it too)");
     by_key[key] = {name, param};
   }
   for (const auto& key : file.names())
@@ -213,7 +334,14 @@ void convert_peft_to_ckpt(const std::string& model_id, const std::string& config
     if (file.info(key).shape != param->shape)
       fail(command, ": ", file.path(), ": '", key, "' has shape ", at::IntArrayRef(file.info(key).shape),
            ", the model's '", name, "' is ", at::IntArrayRef(param->shape));
-    tensors.push_back({state_model_key(name), param->shape, 0, file.read(key).to(at::kFloat).contiguous(), nullptr});
+    if (!at::isFloatingType(file.info(key).dtype))
+      fail(command, ": ", file.path(), ": '", key, "' is ", c10::toString(file.info(key).dtype),
+           "; adapter and trained weights must be floating point");
+    const at::Tensor value = file.read(key);
+    if (const int64_t bad = first_non_finite(value); bad >= 0)
+      fail(command, ": ", file.path(), ": '", key, "' holds ", value.reshape(-1)[bad].item<double>(), " (element ", bad,
+           "); a checkpoint never holds non-finite weights");
+    tensors.push_back({state_model_key(name), param->shape, 0, value.to(at::kFloat).contiguous(), nullptr});
     for (const auto& moment : {state_exp_avg_key(name), state_exp_avg_sq_key(name)})  // a fresh AdamW's
       tensors.push_back({moment, param->shape, 0, at::zeros(param->shape, at::kFloat), nullptr});
   }
@@ -238,22 +366,14 @@ void convert_peft_to_ckpt(const std::string& model_id, const std::string& config
 }
 
 void convert_merge_lora(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
-                        const std::string& dtype, bool overwrite) {
+                        const std::string& dtype, const std::string& base_dir, bool overwrite) {
   const std::string command = "merge-lora";
+  if (dtype != "public" && dtype != "fp32") fail(command, ": --dtype must be public or fp32, found '", dtype, "'");
   ConversionOutput output(save_dir, overwrite, command);
   auto ckpt = open_lora_checkpoint(model_id, load_dir, command);
   // The base: the run's model weights (checked against the fingerprint the adapters were trained
   // over) or its random init.
-  std::unique_ptr<WeightSource> source;
-  if (dtype != "public" && dtype != "fp32") fail(command, ": --dtype must be public or fp32, found '", dtype, "'");
-  if (ckpt.base.contains("weights")) {
-    const std::string path = ckpt.base["weights"].get<std::string>();
-    const std::string now = weights_fingerprint(path);
-    if (now != ckpt.base.value("fingerprint", std::string()))
-      fail(command, ": the adapters of ", ckpt.reader->dir(), " were trained over ", path, " with fingerprint ",
-           ckpt.base.value("fingerprint", std::string("?")), "; it now has ", now, " (the weights changed)");
-    source = std::make_unique<WeightSource>(path);
-  }
+  const std::unique_ptr<WeightSource> source = open_lora_base(ckpt, base_dir, command);
   const uint64_t seed = ckpt.base.value("init_seed", uint64_t{0});
   // The base's own key for each HF key (a legacy alias where it uses one); the output keeps them.
   std::map<std::string, std::string> key_in_base;
@@ -266,10 +386,8 @@ void convert_merge_lora(const std::string& model_id, const std::string& load_dir
     }
   auto base_key = [&](const std::string& hf_key) { return source ? key_in_base.at(hf_key) : hf_key; };
   auto read_hf = [&](const std::string& key, int64_t b, int64_t e) { return source->read_rows(base_key(key), b, e); };
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  int64_t conversions = 0;
-  for (auto& [name, param] : ckpt.model->named_parameters()) {
-    if (param->adapter_dtype) continue;
+  // One merged tensor in memory at a time: each is computed when the writer reaches it.
+  auto merged = [&, seed](const std::string& name, Param* param) {
     const int64_t rows = param->shape.empty() ? 1 : param->shape[0];
     at::Tensor full;
     if (!param->trainable)
@@ -289,24 +407,23 @@ void convert_merge_lora(const std::string& model_id, const std::string& load_dir
       for (int64_t k = 0; k < e; ++k) delta.push_back(at::mm(b.chunk(e, 0)[k], a.chunk(e, 0)[k]));
       full = full + at::cat(delta, 0) * linear.lora_scale;
     }
+    const at::ScalarType out_dtype = dtype == "fp32" ? at::kFloat : param->checkpoint_dtype;
+    return ckpt.hf->to_hf_layout(name, full).to(out_dtype).contiguous();
+  };
+  std::vector<SafetensorsSource> tensors;
+  int64_t conversions = 0;
+  for (auto& [name, param] : ckpt.model->named_parameters()) {
+    if (param->adapter_dtype) continue;
     if (ckpt.hf->layout_differs(name)) ++conversions;
     const at::ScalarType out_dtype = dtype == "fp32" ? at::kFloat : param->checkpoint_dtype;
-    tensors.emplace_back(base_key(ckpt.hf->hf_key(name)), ckpt.hf->to_hf_layout(name, full).to(out_dtype).contiguous());
+    tensors.push_back({base_key(ckpt.hf->hf_key(name)), out_dtype, param->shape,
+                       [&merged, name = name, param = param] { return merged(name, param); }});
   }
   if (conversions != ckpt.hf->expected_layout_conversions())
-    fail(command, ": restored the layout of ", conversions, " tensors, the config expects ",
+    fail(command, ": restores the layout of ", conversions, " tensors, the config expects ",
          ckpt.hf->expected_layout_conversions());
-  safetensors_write((fs::path(output.staging()) / "model.safetensors").string(), tensors, {{"format", "pt"}});
-  // An HF directory's other files (config.json, tokenizer, ...) come along: the merged model is
-  // its base's with other weights. Its shard files and index do not (one file replaces them).
-  if (source && fs::is_directory(ckpt.base["weights"].get<std::string>()))
-    for (const auto& entry : fs::directory_iterator(ckpt.base["weights"].get<std::string>())) {
-      const auto file = entry.path().filename().string();
-      if (!entry.is_regular_file() || entry.is_symlink() || entry.path().extension() == ".safetensors" ||
-          file == "model.safetensors.index.json" || file.rfind('.', 0) == 0)
-        continue;
-      fs::copy_file(entry.path(), fs::path(output.staging()) / file);
-    }
+  safetensors_write_streamed((fs::path(output.staging()) / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  if (source && fs::is_directory(source->path())) copy_base_files(source->path(), output.staging(), command);
   output.commit();
   std::printf("%s: %s -> %s/model.safetensors (%zu tensors, %zu adapted layers merged)\n", command.c_str(),
               ckpt.reader->dir().c_str(), save_dir.c_str(), tensors.size(), ckpt.adapted.size());

@@ -14,22 +14,24 @@
 //   merge-lora    the full weights W + scale * B A (per expert) in the model's public layout, as
 //                 one model.safetensors (plus the base directory's other files), which model.
 //                 model_name_or_path and the HF tools read. The base is the run's model weights,
-//                 checked against the fingerprint the adapters were trained over, or its
-//                 random init.
+//                 checked against the fingerprint the adapters were trained over (--base names
+//                 it where it moved), or its random init. Streamed: one merged tensor in memory.
 #pragma once
 #include <string>
 
 namespace mmtrain {
 
 // base_model_name: adapter_config.json's base_model_name_or_path; empty: the run's weights path.
+// base_dir: the base's weights where they are now (checked against the recorded fingerprint);
+// empty: where the run loaded them from.
 void convert_lora_to_peft(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
-                          const std::string& base_model_name, bool overwrite);
+                          const std::string& base_model_name, const std::string& base_dir, bool overwrite);
 // world_size: the ranks of the run that will load it (its global batch, as dcp-to-ckpt).
 void convert_peft_to_ckpt(const std::string& model_id, const std::string& config_path, const std::string& peft_dir,
                           const std::string& save_dir, int world_size, bool overwrite);
 // dtype: "public" writes each tensor in the dtype of the model's public checkpoint
 // (Param::checkpoint_dtype: bf16 linears), "fp32" keeps the merged values whole.
 void convert_merge_lora(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
-                        const std::string& dtype, bool overwrite);
+                        const std::string& dtype, const std::string& base_dir, bool overwrite);
 
 }  // namespace mmtrain

@@ -66,6 +66,13 @@ std::string tools_python() {
   return MMTRAIN_DEFAULT_PYTHON;
 }
 
+std::string run_log_path(const std::string& path) {
+  auto p = fs::path(path).lexically_normal();
+  if (!fs::is_directory(p)) return p.string();
+  if (!fs::exists(p / "metrics.jsonl")) fail("run '", path, "': a directory without metrics.jsonl");
+  return (p / "metrics.jsonl").string();
+}
+
 NamedRun read_named_run(const std::string& argument) {
   NamedRun run;
   std::string path = argument;
@@ -75,11 +82,7 @@ NamedRun read_named_run(const std::string& argument) {
     run.named = true;
     path = argument.substr(equals + 1);
   }
-  auto p = fs::path(path).lexically_normal();
-  if (fs::is_directory(p)) {
-    if (!fs::exists(p / "metrics.jsonl")) fail("run '", path, "': a directory without metrics.jsonl");
-    p /= "metrics.jsonl";
-  }
+  const auto p = fs::path(run_log_path(path));
   run.dir = p.filename() == "metrics.jsonl" && p.has_parent_path() ? p.parent_path().string()
                                                                   : (p.parent_path() / p.stem()).string();
   if (!run.named) run.name = fs::path(run.dir).filename().string();

@@ -23,6 +23,9 @@ struct NamedRun {
   std::vector<LogRecord> evals;  // its held-out evaluations (kind "eval"), by iteration
 };
 
+// A log file's path: path itself, or a run's output directory's metrics.jsonl (every `logs` verb
+// takes either).
+std::string run_log_path(const std::string& path);
 // "NAME=PATH" or "PATH"; PATH is a log file or a run's output directory (its metrics.jsonl). The
 // default name is the run directory's name (a log file's stem).
 NamedRun read_named_run(const std::string& argument);

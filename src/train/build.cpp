@@ -65,13 +65,6 @@ int64_t load_initial_weights(const Config& config, Model& model, Fsdp& fsdp) {
   return load_hf_weights(model, *adapter, fsdp, WeightSource(path), config.training.seed);
 }
 
-nlohmann::json lora_base(const Config& config) {
-  if (!config.features.enable_lora) return nullptr;
-  const std::string& path = config.model.weights_path();
-  if (path.empty()) return {{"init_seed", config.training.seed}};
-  return {{"weights", path}, {"fingerprint", weights_fingerprint(path)}};
-}
-
 namespace {
 
 // Token-budget micro-batches: each sample's tokens as the data set reads them (Dataset::
@@ -133,6 +126,32 @@ DataPipeline build_data(const Config& c, int dp_rank, int dp_world) {
       sampling, loader.micro_batch_tokens > 0 ? sample_loads(c, data.dataset) : SampleLoadFn{});
   data.seed = c.training.seed;
   return data;
+}
+
+nlohmann::json held_out_draw(const Config& c, const Dataset& training) {
+  if (c.data.validation_split <= 0.0) return nullptr;
+  const auto* split = dynamic_cast<const SubsetDataset*>(&training);
+  if (!split) fail("config ", c.source_path, ": data.validation_split: the training data set is not the split one");
+  return {{"validation_split", c.data.validation_split}, {"seed", c.training.seed}, {"samples", split->base()->size()}};
+}
+
+std::string held_out_draw_difference(const nlohmann::json& saved, const nlohmann::json& now) {
+  if (saved.is_null() && now.is_null()) return "";
+  if (saved.is_null())
+    return "data.validation_split " + now["validation_split"].dump() + " holds samples out now, and the checkpoint's "
+           "run trained on every sample (held-out samples it trained on would be evaluated)";
+  if (now.is_null())
+    return "the checkpoint's run held " + saved.value("validation_split", nlohmann::json()).dump() + " of its data out "
+           "(data.validation_split), and this config holds none out (its training would see them)";
+  for (const char* key : {"validation_split", "seed", "samples"})
+    if (saved.contains(key) && saved[key] != now[key])  // an older checkpoint records no "samples"
+      return std::string("the held-out set would be drawn anew: ") +
+             (std::string(key) == "samples" ? "the data set holds " + now[key].dump() + " samples, the checkpoint's run's held "
+                                            : std::string(key == std::string("seed") ? "training.seed" : "data.validation_split") +
+                                                  " is " + now[key].dump() + ", the checkpoint's run's was ") +
+             saved.value(key, nlohmann::json()).dump() +
+             " (samples trained on would become validation samples); keep them as they were, or start a new run";
+  return "";
 }
 
 std::shared_ptr<Dataset> build_validation_dataset(const Config& c, const std::shared_ptr<Dataset>& training) {

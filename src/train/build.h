@@ -11,6 +11,7 @@
 #include "optim/adamw.h"
 #include "config/config.h"
 #include "config/registries.h"
+#include "train/lora_base.h"
 
 #include <memory>
 
@@ -41,10 +42,15 @@ int64_t load_initial_weights(const Config& config, Model& model, Fsdp& fsdp);
 // With data.validation_split, the dataset is the training part (data/held_out.h).
 DataPipeline build_data(const Config& config, int dp_rank, int dp_world);
 
-// A LoRA run's base, as its checkpoints record it (StateInfo::lora_base): {"weights": path,
-// "fingerprint": weights_fingerprint(path)} or, without model weights, {"init_seed": seed}; null
-// when features.enable_lora is off.
-nlohmann::json lora_base(const Config& config);
+// What data.validation_split's held-out set is drawn from, which a checkpoint records
+// ("held_out": {"validation_split", "seed", "samples"}: the fraction, training.seed and the size
+// of the whole data set) so that a resume that would draw another set is refused; null without
+// a split. training: build_data's data set.
+nlohmann::json held_out_draw(const Config& config, const Dataset& training);
+// "" when a resume's draw (now) holds out the same samples as the checkpoint's (saved); else why not.
+std::string held_out_draw_difference(const nlohmann::json& saved, const nlohmann::json& now);
+
+
 
 // The held-out set evaluation reads: data.validation's data set, or the samples
 // data.validation_split holds out of the training set (training: build_data's data set, a

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <map>
 
 namespace mmtrain {
 
@@ -71,9 +72,13 @@ Evaluator::Evaluator(const Run& run, bool record_held_out) : config_(&run.config
   } else {
     global_batches_ = t.eval_iters;
   }
+  std::map<std::string, double> named;  // record key -> the timestep it names: each key one timestep
   for (const double q : t.eval_timesteps) {
     const auto sigma = collator_->timestep_quantile(q);
     if (!sigma) break;  // no timesteps: one pass
+    if (const auto [it, fresh] = named.emplace(quantile_name(q), q); !fresh)
+      fail(where, "training.eval_timesteps ", format("%.17g", it->second), " and ", format("%.17g", q), " both name ",
+           "the record key eval_loss_", it->first, " (keys keep 6 significant digits): give timesteps that differ there");
     quantiles_.push_back(q);
     sigmas_.push_back(*sigma);
   }

@@ -89,6 +89,34 @@ void offload_moments(Run& run) {
 
 }  // namespace
 
+namespace {
+
+// Settings that are valid but do something the user may not have meant, said once at the start.
+void warn_quiet_settings(const Run& r) {
+  const auto& c = r.config;
+  const auto& t = c.training;
+  if (c.data.validation_split > 0.0 && t.eval_interval == 0 && !t.eval_at_start)
+    r.log(format("warning: data.validation_split %g holds samples out of training, and no evaluation reads them "
+                 "(training.eval_interval 0, eval_at_start false): they are only left out", c.data.validation_split));
+  if (t.keep_best > 0 && t.keep_latest_k == 0 && !t.save.empty())
+    r.log("warning: training.keep_best " + std::to_string(t.keep_best) + " with keep_latest_k 0: every evaluation saves "
+          "a full checkpoint and none is ever removed; set keep_latest_k to keep the newest few besides the best");
+  if (!c.features.enable_lora) {
+    const LoraConfig defaults;
+    const nlohmann::json set = lora_adapters(c.features.lora), unset = lora_adapters(defaults);
+    std::vector<std::string> given;
+    for (const auto& [key, value] : set.items())
+      if (unset[key] != value) given.push_back("features.lora." + key);
+    if (c.features.lora.init != defaults.init) given.push_back("features.lora.init");
+    if (c.features.lora.adapter_dtype != defaults.adapter_dtype) given.push_back("features.lora.adapter_dtype");
+    if (!given.empty())
+      r.log("warning: " + join(given, ", ") + " set while features.enable_lora is false: the whole model trains, "
+            "without adapters (set features.enable_lora: true for LoRA)");
+  }
+}
+
+}  // namespace
+
 void build_run(Run& r) {
   Comm& comm = r.comm();
   config_resolve_world(r.config, comm.world_size());  // accumulation derived from a pinned global batch
@@ -115,6 +143,7 @@ void build_run(Run& r) {
   // The data first (a bad path or file fails in seconds), then the model as shapes, checked
   // against the memory there is before its shards are allocated.
   r.data = build_data(c, r.mesh->dp_rank(), r.mesh->dp_size());
+  warn_quiet_settings(r);
   if (const auto summary = r.data.dataset->summary(); !summary.empty()) r.log(summary);
   if (!c.logging.device_profile.empty()) load_device_profile(c.logging.device_profile);  // a bad one fails now
   r.baseline_rss_mb = current_rss_mb();

@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "io/user_file.h"
+#include "train/build.h"
 #include "train/state.h"
 
 #include <chrono>
@@ -72,6 +73,7 @@ void save_checkpoint(Run& run, int64_t step, const std::function<void(double sta
   info.config = config_to_json(config);
   info.plan = state_plan_entry(config.parallel.fsdp_plan);
   info.extra["lineage"] = run.lineage;
+  if (const auto held_out = held_out_draw(run.config, *run.data.dataset); !held_out.is_null()) info.extra["held_out"] = held_out;
   info.lora_base = run.lora_base;
   if (config.training.keep_best > 0) info.extra[kBestCheckpointsKey] = best_checkpoints_json(run.best);
   try {

@@ -102,6 +102,19 @@ std::string utc_stamp() {
 // training.load: auto the run continues from `latest`, its root's last commit: a complete
 // checkpoint newer than that is a save killed between its rename and `latest` (or a hand-edited
 // `latest`), moved aside without asking, so that a requeued job restarts by itself.
+// training.keep_best's list as the checkpoints on disk have it (a run killed while pruning, or a
+// list from before only saved checkpoints entered it), and best.json rewritten to match. After
+// claim_save_root: the save root is this run's.
+void rebuild_best_index(Run& run) {
+  const auto& t = run.config.training;
+  if (t.save.empty()) return;
+  run.best = best_checkpoints_on_disk(t.save, run.best);
+  if (run.is_rank0() && t.keep_best > 0) {
+    best_checkpoints_remove_stale_temps(t.save);
+    best_checkpoints_write_index(t.save, run.best);
+  }
+}
+
 void claim_save_root(Run& run) {
   const auto& t = run.config.training;
   if (t.save.empty()) return;
@@ -158,6 +171,8 @@ void resume(Run& run, const std::string& path) {
     run.log("initialized from model-only checkpoint " + loaded.dir);
     return;
   }
+  if (const auto why = held_out_draw_difference(loaded.held_out, held_out_draw(run.config, *run.data.dataset)); !why.empty())
+    fail("cannot resume from ", loaded.dir, ": ", why);
   run.start_step = loaded.iteration;
   run.lineage = loaded.lineage;
   run.best = loaded.best;
@@ -177,7 +192,7 @@ std::unique_ptr<Run> start_run(Config config, Runtime runtime) {
   if (load.empty()) refuse_an_earlier_run(r);  // before anything big is allocated
   build_run(r);
   r.lineage = new_lineage(r);  // a resume continues the loaded checkpoint's instead
-  r.lora_base = lora_base(r.config);
+  r.lora_base = lora_base(r.config, &r.comm());
   const bool lora = !r.lora_base.is_null();
   if (lora) load_weights(r);  // a LoRA checkpoint holds the adapters; the base comes from the model weights
   if (!load.empty()) {
@@ -187,6 +202,7 @@ std::unique_ptr<Run> start_run(Config config, Runtime runtime) {
   }
   claim_save_root(r);
   if (!load.empty()) {
+    rebuild_best_index(r);
     continue_metrics(r);
   } else if (!lora) {
     load_weights(r);

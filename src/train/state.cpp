@@ -1,5 +1,6 @@
 #include "train/state.h"
 
+#include "train/lora_base.h"
 #include "train/state_finite.h"
 
 #include "core/dtype.h"
@@ -353,30 +354,24 @@ void state_load_model(const CheckpointReader& reader, Model& model, Fsdp& fsdp, 
 
 namespace {
 
-std::string describe_base(const nlohmann::json& base) {
-  if (base.contains("init_seed")) return "a random init with seed " + base["init_seed"].dump();
-  return "weights " + base.value("weights", std::string("?")) + " (fingerprint " + base.value("fingerprint", std::string("?")) + ")";
-}
-
-// A LoRA checkpoint continues only a LoRA run over the same base; a full one only a full run.
+// A LoRA checkpoint continues only a LoRA run over the same base with the same adapters; a full
+// one only a full run.
 void check_lora_base(const CheckpointReader& reader, const nlohmann::json& run_base, const std::string& what) {
   const auto& global = reader.global_state();
   const bool saved_lora = global.contains("lora_base");
   if (saved_lora && run_base.is_null())
-    fail("cannot ", what, " ", reader.dir(), ": it is a LoRA checkpoint (adapters over ", describe_base(global["lora_base"]),
-         "), and this config has features.enable_lora off; set it, with the checkpoint's features.lora, or merge the "
-         "adapters first (mmtrain convert MODEL merge-lora)");
+    fail("cannot ", what, " ", reader.dir(), ": it is a LoRA checkpoint (adapters over ",
+         lora_base_describe(global["lora_base"]), "), and this config has features.enable_lora off; set it, with the ",
+         "checkpoint's features.lora, or merge the adapters first (mmtrain convert MODEL merge-lora)");
   if (!saved_lora && !run_base.is_null())
     fail("cannot ", what, " ", reader.dir(), ": it is a full fine-tuning checkpoint and this config trains LoRA "
          "adapters; to put adapters on its weights, start a new run from them (model.checkpoint_path: an HF export "
          "of it, mmtrain convert MODEL ckpt-to-hf) instead of resuming");
   if (!saved_lora) return;
-  const auto& saved = global["lora_base"];
-  const bool same = saved.contains("init_seed") ? saved == run_base
-                                                : run_base.value("fingerprint", std::string()) == saved.value("fingerprint", std::string("?"));
-  if (!same)
-    fail("cannot ", what, " ", reader.dir(), ": its adapters were trained over ", describe_base(saved),
-         ", and this run's base is ", describe_base(run_base), "; adapters belong to the base they were trained on");
+  if (const auto why = lora_adapters_difference(lora_adapters_of_checkpoint(global), run_base.at("adapters")); !why.empty())
+    fail("cannot ", what, " ", reader.dir(), ": ", why);
+  if (const auto why = lora_base_difference(global["lora_base"], run_base); !why.empty())
+    fail("cannot ", what, " ", reader.dir(), ": ", why);
 }
 
 }  // namespace
@@ -389,6 +384,15 @@ StateLoaded state_load(const std::string& path, Comm& comm, Model& model, Fsdp& 
   loaded.dir = reader.dir();
   loaded.saved_world_size = reader.saved_world_size();
   loaded.lineage = reader.global_state().value("lineage", "");
+  loaded.held_out = global.value("held_out", nlohmann::json());
+  if (loaded.held_out.is_null()) {  // a checkpoint from before the draw was recorded: what its config says of it
+    const auto config = global.value("config", nlohmann::json::object());
+    const auto data = config.is_object() ? config.value("data", nlohmann::json::object()) : nlohmann::json();
+    const auto training = config.is_object() ? config.value("training", nlohmann::json::object()) : nlohmann::json();
+    if (data.is_object() && data.value("validation_split", nlohmann::json(0.0)).is_number() &&
+        data.value("validation_split", 0.0) > 0.0 && training.is_object())
+      loaded.held_out = {{"validation_split", data["validation_split"]}, {"seed", training.value("seed", nlohmann::json())}};
+  }
   loaded.best = best_checkpoints_of(global, reader.dir() + "/trainer_state.json");
   for (int r = 0; r < reader.saved_world_size(); ++r) {
     const auto state = reader.rank_state(r);

@@ -94,6 +94,7 @@ struct StateLoaded {
   std::vector<std::string> saved_nodes;  // the node of each saving rank; empty when not recorded
   std::string lineage;                   // its trainer_state.json "lineage" ("" when it records none)
   std::vector<BestCheckpoint> best;      // training.keep_best's list so far (checkpoint/best_checkpoints.h)
+  nlohmann::json held_out;               // its trainer_state.json "held_out" (data.validation_split's draw), or null
 };
 
 // Loads a checkpoint (an iter_N directory or a save root with `latest`) on any world size: the

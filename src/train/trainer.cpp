@@ -61,7 +61,7 @@ void Trainer::run() {
     if (!std::isfinite(eval.loss))
       run.log("warning: iteration " + std::to_string(iteration) + ": the validation loss is NaN/Inf (recorded; it "
               "is never a training.keep_best checkpoint)");
-    else if (t.keep_best > 0)
+    else if (t.keep_best > 0 && iteration > 0 && !t.save.empty())  // only a checkpoint saved after it is ever best
       run.best = best_checkpoints_update(run.best, iteration, eval.loss, t.keep_best);
     return eval;
   };

@@ -45,6 +45,12 @@ TEST(ModulePatternTest, MatchTable) {
       // Digits after the brace: the number token must leave "0" for the literal.
       {"layer{*}0", {"layer10", "layer100"}, {"layer0", "layer1"}},
       {"a.{0-5}{*}", {"a.12", "a.5999"}, {"a.1", "a.62"}},
+      // Brace alternation of words, as docs/lora.md writes LoRA targets.
+      {"layers.{*}.self_attn.{q,k,v,o}_proj",
+       {"layers.0.self_attn.q_proj", "layers.12.self_attn.o_proj"},
+       {"layers.0.self_attn.qk_proj", "layers.0.self_attn._proj", "layers.0.self_attn.x_proj"}},
+      {"{mlp,attn}.{*}", {"mlp.0", "attn.3"}, {"mlpattn.0", "mlp"}},
+      {"a.{x}", {"a.x"}, {"a.y", "a.xx"}},
       // Huge indices never crash and never fall into a small range.
       {"layers.{0-9}", {"layers.000000000000000000000000000005"}, {"layers.99999999999999999999999999"}},
   };
@@ -66,7 +72,8 @@ TEST(ModulePatternTest, MalformedPatternsAreErrorsQuotingThePattern) {
       {"layers.{5-3}", "range '5-3' has low > high"},
       {"layers.{}", "empty item"},
       {"layers.{1,}", "empty item"},
-      {"layers.{x}", "'x' is not a non-negative integer"},
+      {"layers.{q,1}", "it mixes words and numbers"},
+      {"layers.{q-k}", "'q' is not a non-negative integer"},
       {"layers.{1-2-3}", "is not a non-negative integer"},
       {"layers.{**}", "'**' is not a non-negative integer"},
       {"layers.{0-1234567890123456789}", "has more than 18 digits"},
@@ -82,6 +89,20 @@ TEST(ModulePatternTest, MalformedPatternsAreErrorsQuotingThePattern) {
     EXPECT_CONTAINS(error_of([&] { module_pattern_matches(pattern, "layers.0"); }), "module pattern '" + pattern + "'");
   }
   EXPECT_NO_THROW(module_pattern_check("dit.block.layers.{*}"));
+}
+
+// A pattern from a checkpoint's trainer_state.json is hostile: 300,000 '*' once overflowed the
+// matcher's recursion (SIGSEGV). Patterns are bounded, and the longest allowed one of stars
+// matches by a table, not a recursion.
+TEST(ModulePatternTest, LongPatternsAreBoundedAndNeverRecurse) {
+  EXPECT_CONTAINS(error_of([&] { module_pattern_check(std::string(300000, '*')); }),
+                  "300000 characters, over the 1024 a module pattern may have");
+  const ModulePattern stars(std::string(kMaxModulePatternChars - 1, '*') + "x");
+  EXPECT_TRUE(stars.matches(std::string(5000, 'a') + "x"));
+  EXPECT_FALSE(stars.matches(std::string(5000, 'a') + "y"));
+  const ModulePattern alternating(std::string(kMaxModulePatternChars / 2, '*') + std::string(kMaxModulePatternChars / 2, '?'));
+  EXPECT_FALSE(alternating.matches(std::string(kMaxModulePatternChars / 2 - 1, 'b')));
+  EXPECT_TRUE(alternating.matches(std::string(kMaxModulePatternChars, 'b')));
 }
 
 TEST(ModulePatternTest, ModulesMatchingKeepsModuleOrderOnce) {

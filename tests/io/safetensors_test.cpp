@@ -199,6 +199,16 @@ TEST(Safetensors, EachCorruptionGivesAClearErrorNamingTheFile) {
       {"trailing_bytes", R"({"weight":{"dtype":"F32","shape":[4,4],"data_offsets":[0,64]}})", data,
        {"80 bytes", "cover 64", "trailing"}},
       {"metadata_not_strings", R"({"__metadata__":{"step":3}})", "", {"__metadata__", "'step'", "string"}},
+      // Issue 55, item 6: the header is parsed without a DOM; what a DOM took silently is named.
+      {"duplicate", R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},"w":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})",
+       "", {"'w'", "given twice"}},
+      {"entry_not_object", R"({"w":5})", "", {"'w' must be an object"}},
+      {"float_dim", R"({"w":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}})", data.substr(0, 8),
+       {"'w'", "shape must be an array of non-negative integers", "2.0"}},
+      {"three_offsets", R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8,9]}})", data.substr(0, 8),
+       {"'w'", "data_offsets must be [begin, end]"}},
+      {"huge_number", R"({"w":{"dtype":"F32","shape":[1e400],"data_offsets":[0,8]}})", data.substr(0, 8),
+       {"not valid JSON"}},
   };
   for (const auto& c : cases) {
     const std::string path = dir / (c.name + ".safetensors");
@@ -218,6 +228,26 @@ TEST(Safetensors, EachCorruptionGivesAClearErrorNamingTheFile) {
   SafetensorsFile file(good);
   EXPECT_THROW_WITH(file.info("nope"), good, "'nope'");
   EXPECT_THROW_WITH(file.read("nope"), good, "'nope'");
+}
+
+// Issue 55, item 6: a header over the reference reader's 100,000,000-byte cap is refused before
+// a byte of it is allocated (the file is sparse: nothing was written); unknown fields of an entry
+// are skipped whole, as the reference reader skips them.
+TEST(Safetensors, AHeaderOverTheCapIsRefusedUnreadAndUnknownFieldsAreSkipped) {
+  TempDir dir;
+  const std::string big = dir / "big.safetensors";
+  {
+    const uint64_t n = 100'000'008;
+    std::ofstream(big, std::ios::binary).write(reinterpret_cast<const char*>(&n), 8);
+    std::filesystem::resize_file(big, 8 + n);
+  }
+  EXPECT_THROW_WITH(SafetensorsFile{big}, big, "header length 100000008 bytes, over the 100000000");
+  const std::string extra = dir / "extra.safetensors";
+  write_raw(extra, R"({"w":{"dtype":"F32","note":{"a":[1,{"b":2}]},"shape":[2],"x":null,"data_offsets":[0,8]}})",
+            std::string(8, '\0'));
+  const SafetensorsFile file(extra);
+  EXPECT_EQ(file.info("w").shape, (std::vector<int64_t>{2}));
+  EXPECT_EQ(file.info("w").data_end, 8);
 }
 
 TEST(SafetensorsIndex, ReadsShardedAndSingleFileDirectories) {

@@ -4,10 +4,20 @@
 #include "checkpoint/checkpoint_test_util.h"
 #include "core/checked_math.h"
 #include "io/atomic_file.h"
+#include "core/error.h"
+#include "core/subprocess.h"
 #include "io/user_file.h"
 #include "test_util.h"
 
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <thread>
 
 #include <cstdint>
 #include <filesystem>
@@ -87,6 +97,67 @@ TEST(CheckedMath, OverflowIsANamedError) {
   EXPECT_CONTAINS(error_of([] { checked_tokens(kMaxTokens + 1, "--seqlen"); }),
                   "--seqlen: 4294967297 tokens, more than the 2^32");
   EXPECT_CONTAINS(error_of([] { checked_tokens(-1, "--seqlen"); }), "--seqlen: -1 tokens, negative");
+}
+
+// Issue 55, item 7: a FIFO swapped in between open_append_no_follow's lstat and its open once
+// blocked the run before step 1 (metrics.jsonl, TensorBoard). A child process races a swapper
+// thread (a file, then a FIFO without reader, renamed over the path, over and over) against
+// opens for 2 s; the parent gives it 30 s, and an open that blocked never returns.
+TEST(OpenAppendNoFollow, AFifoSwappedInNeverBlocksTheOpen) {
+  TempDir dir;
+  const std::string path = dir.str() + "/metrics.jsonl", file = dir.str() + "/f", fifo = dir.str() + "/p";
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::atomic<bool> done{false};
+    std::thread swapper([&] {
+      while (!done) {
+        std::ofstream(file).put('x');
+        std::rename(file.c_str(), path.c_str());
+        ::mkfifo(fifo.c_str(), 0644);
+        std::rename(fifo.c_str(), path.c_str());
+      }
+    });
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (std::chrono::steady_clock::now() < end) {
+      try {
+        std::fclose(open_append_no_follow(path, "metrics.jsonl"));
+      } catch (const Error&) {
+        // a FIFO seen by the lstat or on the descriptor: refused, never blocked on
+      }
+    }
+    done = true;
+    swapper.join();
+    std::_Exit(0);
+  }
+  int status = 0;
+  bool exited = false;
+  for (int waited_ms = 0; waited_ms < 30000 && !exited; waited_ms += 10) {
+    exited = ::waitpid(child, &status, WNOHANG) == child;
+    if (!exited) ::usleep(10000);
+  }
+  if (!exited) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, &status, 0);
+    FAIL() << "an open of " << path << " blocked (a FIFO swapped in after the lstat)";
+  }
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// Issue 55, item 5: a program's log (dcp_bridge.py's <to>.bridge.log) is a new file of its own:
+// a symlink planted at its name is replaced, and the file it pointed to is never truncated.
+TEST(RunProcess, AnOutputPathIsNeverFollowedOrTruncatedThroughALink) {
+  TempDir dir;
+  const std::string victim = dir.str() + "/victim", log = dir.str() + "/x.bridge.log";
+  std::ofstream(victim) << "precious";
+  std::filesystem::create_symlink(victim, log);
+  ProcessOptions options;
+  options.output_path = log;
+  EXPECT_EQ(run_process({"sh", "-c", "echo hello"}, options), 0);
+  EXPECT_EQ(slurp(victim), "precious");
+  EXPECT_FALSE(std::filesystem::is_symlink(log));
+  EXPECT_EQ(slurp(log), "hello\n");
 }
 
 }  // namespace

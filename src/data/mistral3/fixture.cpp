@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <stb/stb_image_write.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -44,9 +45,17 @@ void write_tekken(const fs::path& path) {
   std::ofstream(path) << file.dump();
 }
 
+// The colour with a texture over it (a diagonal ramp and a 4-pixel checker, +-28 per channel):
+// patches of a solid image are all alike, so the vision tower's attention would see one token
+// repeated and its q/k would get no gradient; the colour still dominates every pixel.
 void write_png(const fs::path& path, int64_t height, int64_t width, const uint8_t rgb[3]) {
   std::vector<uint8_t> pixels(static_cast<size_t>(height * width * 3));
-  for (size_t i = 0; i < pixels.size(); i += 3) std::copy(rgb, rgb + 3, pixels.begin() + i);
+  for (int64_t y = 0; y < height; ++y)
+    for (int64_t x = 0; x < width; ++x) {
+      const int texture = static_cast<int>((x * 7 + y * 13) % 32) - 16 + (((x / 4 + y / 4) % 2) ? 12 : -12);
+      for (int c = 0; c < 3; ++c)
+        pixels[static_cast<size_t>((y * width + x) * 3 + c)] = static_cast<uint8_t>(std::clamp(rgb[c] + texture, 0, 255));
+    }
   if (!stbi_write_png(path.c_str(), int(width), int(height), 3, pixels.data(), int(width * 3)))
     fail("fixture mistral3: cannot write ", path.string());
 }

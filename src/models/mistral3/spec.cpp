@@ -149,6 +149,8 @@ ModelSpec mistral3_spec() {
   spec.lora_supported_targets = {text + "self_attn.?_proj", text + "mlp.*_proj", vision + "attention.?_proj",
                                  vision + "feed_forward.*_proj", "model.multi_modal_projector.linear_?",
                                  "model.multi_modal_projector.patch_merger.merging_layer"};
+  spec.peft_task_type = "CAUSAL_LM";
+  spec.hf_config_defaults = {{"model_type", "mistral3"}, {"architectures", {"Mistral3ForConditionalGeneration"}}};
   spec.converter_alias = "Mistral3Converter";
   spec.build = [](const nlohmann::json& j) { return make_mistral3(Mistral3Config::from_json(j)); };
   spec.hf_adapter = [](const nlohmann::json&) { return std::make_shared<Mistral3HfAdapter>(); };
