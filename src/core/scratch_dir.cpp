@@ -101,12 +101,12 @@ ScratchDir::ScratchDir(const std::string& parent, const std::string& prefix) {
     if (::mkdir(path_.c_str(), 0700) == 0) break;  // mkdir never follows a link at the name
     if (errno != EEXIST || attempt == 16) fail("cannot create a scratch directory ", path_, ": ", std::strerror(errno));
   }
-  // An absolute path: the handler may run after the working directory changed.
-  const std::string absolute = std::filesystem::absolute(path_).string();
-  if (absolute.size() < kMaxPath) {
+  // An absolute path for the removal: the working directory may change before it.
+  absolute_ = std::filesystem::absolute(path_).string();
+  if (absolute_.size() < kMaxPath) {
     for (int i = 0; i < kSlots; ++i) {
       if (slots[i].used.exchange(true)) continue;
-      std::memcpy(slots[i].path, absolute.c_str(), absolute.size() + 1);
+      std::memcpy(slots[i].path, absolute_.c_str(), absolute_.size() + 1);
       slots[i].live.store(true);
       slot_ = i;
       break;
@@ -120,7 +120,7 @@ ScratchDir::~ScratchDir() {
     slots[slot_].live.store(false);
     slots[slot_].used.store(false);
   }
-  remove_tree_at(AT_FDCWD, path_.c_str(), 0);
+  remove_tree_at(AT_FDCWD, absolute_.c_str(), 0);
 }
 
 }  // namespace mmtrain

@@ -26,6 +26,7 @@ class ScratchDir {
 
  private:
   std::string path_;
+  std::string absolute_;  // what is removed
   uint64_t id_ = 0;
   int slot_ = -1;  // in the signal handler's table
 };
