@@ -1,6 +1,6 @@
 // `mmtrain fixture mistral3`: a self-contained image-text SFT set for tiny mistral3 configs, in
 // the "huggingface" dataset layout: out_dir/tekken.json (byte-level: the 20 mistral-common
-// control tokens then the 256 bytes, vocab 276), out_dir/images/*.png (solid colours, sides in
+// control tokens then the 256 bytes, vocab 276), out_dir/images/*.png (a colour under a texture, sides in
 // [min_side, max_side]), out_dir/conversations.json (LLaVA style; a quarter of the records hold
 // two images). Each answer names the colour (and for two-image records, which is wider), so a
 // model that reads its images can lower the loss well below one that cannot. bad_records appends
