@@ -7,7 +7,8 @@
 //   {3} {0-20,22-40} {1,5,7-9}
 //                  one or more digits whose integer value is in one of the inclusive ranges;
 //   {q,k,v,o}      one of the listed words (brace alternation, as a shell expands it): every
-//                  item a non-empty word without wildcards, and at least one not a number or range;
+//                  item a word (a letter or '_', then letters, digits or '_'); words and
+//                  numbers do not mix in one pair of braces;
 //   *              any run of characters, dots included ("vision.*" matches every descendant);
 //   ?              any one character.
 // A name matches only when the pattern covers all of it: "layers.{*}" does not match

@@ -2,7 +2,6 @@
 
 #include "core/error.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>

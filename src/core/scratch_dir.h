@@ -12,7 +12,7 @@ namespace mmtrain {
 
 class ScratchDir {
  public:
-  // Creates <parent>/<prefix><16 hex digits>, mode 0700; parent must exist.
+  // Creates <parent>/<prefix><12 hex digits>, mode 0700; parent must exist.
   ScratchDir(const std::string& parent, const std::string& prefix);
   ~ScratchDir();
   ScratchDir(const ScratchDir&) = delete;

@@ -1,11 +1,11 @@
 #include "dist/failure_report.h"
 
+#include "io/user_file.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdlib>
 #include <ctime>
-#include <cstdio>
-#include <fstream>
 
 #include <unistd.h>
 
@@ -33,18 +33,12 @@ void report_failure_to_launcher(const std::string& message) {
   const nlohmann::json file = {
       {"message", {{"message", shown}, {"extraInfo", {{"py_callstack", shown}, {"timestamp", std::to_string(timestamp)}}}}}};
   // Whole or not at all: torchrun parses this file, and an empty or cut one (ENOSPC) makes it
-  // print a JSONDecodeError instead of the rank's message. A temporary beside it, renamed over it.
-  const std::string tmp = std::string(path) + ".tmp-" + std::to_string(::getpid());
-  ::unlink(tmp.c_str());
-  bool written = false;
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << file.dump() << "\n";
-    written = static_cast<bool>(out.flush());
-  }
-  if (!written || std::rename(tmp.c_str(), path) != 0) {
-    ::unlink(tmp.c_str());
-    ::unlink(path);  // none is better than a stale or empty one: torchrun then reports the exit code
+  // print a JSONDecodeError instead of the rank's message. None is better: torchrun then reports
+  // the exit code.
+  try {
+    write_file_no_follow(path, file.dump() + "\n", "TORCHELASTIC_ERROR_FILE");
+  } catch (const std::exception&) {
+    ::unlink(path);
   }
 }
 

@@ -1,7 +1,8 @@
 // The JSON header of a safetensors file, parsed as it streams by (nlohmann's SAX interface), never
 // as a DOM: a header costs about its own size in memory, where a DOM costs ~30 bytes per header
-// byte (a 96 MB hostile header once took 2.8 GB). The header is capped at 100,000,000 bytes, as
-// the reference (Rust) reader caps it. Only the shape of the header is checked here (an object of
+// byte (a 96 MB hostile header once took 2.8 GB). A reader refuses a header over
+// kMaxSafetensorsHeaderBytes before it allocates it (SafetensorsFile), as the reference (Rust)
+// reader does. Only the shape of the header is checked here (an object of
 // {"dtype": string, "shape": [uint...], "data_offsets": [uint, uint]} entries and a
 // "__metadata__" object of strings); SafetensorsFile checks what the values mean.
 #pragma once

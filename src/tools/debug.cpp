@@ -55,8 +55,7 @@ namespace {
 // lora_A's rows are the rank, in no layout.
 std::string hf_layout_name(const std::string& name) {
   const std::string lora_b = ".lora_B.weight";
-  if (name.size() > lora_b.size() && name.compare(name.size() - lora_b.size(), lora_b.size(), lora_b) == 0)
-    return name.substr(0, name.size() - lora_b.size()) + ".weight";
+  if (name.ends_with(lora_b)) return name.substr(0, name.size() - lora_b.size()) + ".weight";
   return name;
 }
 

@@ -44,6 +44,15 @@ struct LoraCheckpoint {
   nlohmann::json base;  // trainer_state.json's lora_base
 };
 
+// The Linears apply_lora adapted, by name.
+std::map<std::string, Linear*> adapted_linears(Module& model, const LoraSummary& summary) {
+  const std::set<std::string> adapted(summary.adapted.begin(), summary.adapted.end());
+  std::map<std::string, Linear*> linears;
+  for (auto& [name, module] : model.named_modules())
+    if (adapted.count(name)) linears[name] = dynamic_cast<Linear*>(module);
+  return linears;
+}
+
 LoraCheckpoint open_lora_checkpoint(const std::string& model_id, const std::string& load_dir, const std::string& command) {
   LoraCheckpoint out;
   out.reader = std::make_unique<CheckpointReader>(load_dir);
@@ -67,10 +76,8 @@ LoraCheckpoint open_lora_checkpoint(const std::string& model_id, const std::stri
     fail(command, ": ", where, ": its config and its lora_base disagree: ", why);
   const ModelSpec& spec = model_spec(model_id, command);
   out.model = spec.build(out.config.model.config);
-  const auto summary = apply_lora(*out.model, out.config.features.lora, spec.lora_default_targets, spec.lora_supported_targets);
-  std::set<std::string> adapted(summary.adapted.begin(), summary.adapted.end());
-  for (auto& [name, module] : out.model->named_modules())
-    if (adapted.count(name)) out.adapted[name] = dynamic_cast<Linear*>(module);
+  out.adapted = adapted_linears(
+      *out.model, apply_lora(*out.model, out.config.features.lora, spec.lora_default_targets, spec.lora_supported_targets));
   for (auto& [name, param] : out.model->named_parameters()) {  // every trained tensor, at the model's shape
     if (!param->trainable || !param->requires_grad) continue;
     const auto key = state_model_key(name);
@@ -183,8 +190,7 @@ void copy_base_files(const std::string& base_dir, const std::string& to, const s
   for (const auto& entry : fs::directory_iterator(base)) {
     const auto name = entry.path().filename().string();
     const auto extension = entry.path().extension().string();
-    if (name.rfind('.', 0) == 0 || kWeightExtensions.count(extension) ||
-        (name.size() > 11 && name.compare(name.size() - 11, 11, ".index.json") == 0))
+    if (name.starts_with('.') || kWeightExtensions.count(extension) || name.ends_with(".index.json"))
       continue;
     std::error_code error;
     const fs::path target = fs::weakly_canonical(entry.path(), error);
@@ -300,10 +306,7 @@ void convert_peft_to_ckpt(const std::string& model_id, const std::string& config
   const SafetensorsFile file((dir / "adapter_model.safetensors").string());
   // Every trained param by its key in the adapter file; the file holds exactly these.
   std::map<std::string, std::pair<std::string, Param*>> by_key;  // peft key -> (name, param)
-  std::set<std::string> adapted(summary.adapted.begin(), summary.adapted.end());
-  std::map<std::string, int64_t> experts;  // of each adapted Linear
-  for (auto& [name, module] : model->named_modules())
-    if (adapted.count(name)) experts[name] = dynamic_cast<Linear&>(*module).experts();
+  const auto adapted = adapted_linears(*model, summary);
   for (auto& [name, param] : model->named_parameters()) {
     if (!param->trainable || !param->requires_grad) continue;
     const std::string module = name.substr(0, name.rfind('.'));
@@ -314,8 +317,8 @@ void convert_peft_to_ckpt(const std::string& model_id, const std::string& config
     if (param->adapter_dtype && !adapted.count(owner)) fail(command, ": internal: '", name, "' has no adapted layer");
     // The two directions agree: what lora-to-peft refuses to write is refused when read.
     const std::string layer = param->adapter_dtype ? owner : name.substr(0, name.rfind('.'));
-    if (param->adapter_dtype && experts.at(owner) != 1)
-      fail(command, ": '", owner, "' holds ", experts.at(owner), " modality experts, which a PEFT LoRA ",
+    if (param->adapter_dtype && adapted.at(owner)->experts() != 1)
+      fail(command, ": '", owner, "' holds ", adapted.at(owner)->experts(), " modality experts, which a PEFT LoRA ",
            "layer cannot express; lora-to-peft writes no such adapter either");
     if (hf->layout_differs(param->adapter_dtype ? owner + ".weight" : name))
       fail(command, ": '", layer, "' has another row layout in HF than in training; its adapter has no PEFT form here ",
@@ -386,6 +389,7 @@ void convert_merge_lora(const std::string& model_id, const std::string& load_dir
     }
   auto base_key = [&](const std::string& hf_key) { return source ? key_in_base.at(hf_key) : hf_key; };
   auto read_hf = [&](const std::string& key, int64_t b, int64_t e) { return source->read_rows(base_key(key), b, e); };
+  auto out_dtype = [&dtype](const Param& param) { return dtype == "fp32" ? at::kFloat : param.checkpoint_dtype; };
   // One merged tensor in memory at a time: each is computed when the writer reaches it.
   auto merged = [&, seed](const std::string& name, Param* param) {
     const int64_t rows = param->shape.empty() ? 1 : param->shape[0];
@@ -407,16 +411,14 @@ void convert_merge_lora(const std::string& model_id, const std::string& load_dir
       for (int64_t k = 0; k < e; ++k) delta.push_back(at::mm(b.chunk(e, 0)[k], a.chunk(e, 0)[k]));
       full = full + at::cat(delta, 0) * linear.lora_scale;
     }
-    const at::ScalarType out_dtype = dtype == "fp32" ? at::kFloat : param->checkpoint_dtype;
-    return ckpt.hf->to_hf_layout(name, full).to(out_dtype).contiguous();
+    return ckpt.hf->to_hf_layout(name, full).to(out_dtype(*param)).contiguous();
   };
   std::vector<SafetensorsSource> tensors;
   int64_t conversions = 0;
   for (auto& [name, param] : ckpt.model->named_parameters()) {
     if (param->adapter_dtype) continue;
     if (ckpt.hf->layout_differs(name)) ++conversions;
-    const at::ScalarType out_dtype = dtype == "fp32" ? at::kFloat : param->checkpoint_dtype;
-    tensors.push_back({base_key(ckpt.hf->hf_key(name)), out_dtype, param->shape,
+    tensors.push_back({base_key(ckpt.hf->hf_key(name)), out_dtype(*param), param->shape,
                        [&merged, name = name, param = param] { return merged(name, param); }});
   }
   if (conversions != ckpt.hf->expected_layout_conversions())

@@ -143,14 +143,17 @@ std::string held_out_draw_difference(const nlohmann::json& saved, const nlohmann
   if (now.is_null())
     return "the checkpoint's run held " + saved.value("validation_split", nlohmann::json()).dump() + " of its data out "
            "(data.validation_split), and this config holds none out (its training would see them)";
-  for (const char* key : {"validation_split", "seed", "samples"})
-    if (saved.contains(key) && saved[key] != now[key])  // an older checkpoint records no "samples"
-      return std::string("the held-out set would be drawn anew: ") +
-             (std::string(key) == "samples" ? "the data set holds " + now[key].dump() + " samples, the checkpoint's run's held "
-                                            : std::string(key == std::string("seed") ? "training.seed" : "data.validation_split") +
-                                                  " is " + now[key].dump() + ", the checkpoint's run's was ") +
-             saved.value(key, nlohmann::json()).dump() +
-             " (samples trained on would become validation samples); keep them as they were, or start a new run";
+  // Each recorded key as a sentence: what it is now, then what the checkpoint's run had.
+  struct Said {
+    const char *key, *now, *then;
+  };
+  for (const Said& said : {Said{"validation_split", "data.validation_split is ", ", the checkpoint's run's was "},
+                           Said{"seed", "training.seed is ", ", the checkpoint's run's was "},
+                           Said{"samples", "the data set holds ", " samples, the checkpoint's run's held "}})
+    if (saved.contains(said.key) && saved[said.key] != now[said.key])  // an older checkpoint records no "samples"
+      return std::string("the held-out set would be drawn anew: ") + said.now + now[said.key].dump() + said.then +
+             saved[said.key].dump() + " (samples trained on would become validation samples); keep them as they were, "
+             "or start a new run";
   return "";
 }
 

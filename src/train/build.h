@@ -50,8 +50,6 @@ nlohmann::json held_out_draw(const Config& config, const Dataset& training);
 // "" when a resume's draw (now) holds out the same samples as the checkpoint's (saved); else why not.
 std::string held_out_draw_difference(const nlohmann::json& saved, const nlohmann::json& now);
 
-
-
 // The held-out set evaluation reads: data.validation's data set, or the samples
 // data.validation_split holds out of the training set (training: build_data's data set, a
 // SubsetDataset whose base is reused, not read again); null when the config names neither.

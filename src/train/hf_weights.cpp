@@ -7,7 +7,6 @@
 #include "core/text.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -71,9 +70,7 @@ std::string weights_fingerprint(const std::string& path) {
     crc = crc32c(header.data(), header.size(), crc);
     crc = source.crc32c_of(name, crc);
   }
-  char text[9];
-  std::snprintf(text, sizeof text, "%08x", crc);
-  return text;
+  return crc32c_hex(crc);
 }
 
 int64_t load_hf_weights(Model& model, const HfAdapter& adapter, Fsdp& fsdp, const WeightSource& source,

@@ -87,10 +87,6 @@ void offload_moments(Run& run) {
                  static_cast<long long>(swapped->chunk_numel())));
 }
 
-}  // namespace
-
-namespace {
-
 // Settings that are valid but do something the user may not have meant, said once at the start.
 void warn_quiet_settings(const Run& r) {
   const auto& c = r.config;

@@ -32,13 +32,11 @@ void lock_save_root(Run& run) {
 
 namespace {
 
-// training.keep_best: <save>/best.json from the list the committed checkpoint holds (a later
-// evaluation may already have changed run.best while a background save was writing).
-void write_best_index(const Run& run, const std::string& dir) {
-  const std::string state_path = dir + "/trainer_state.json";
+// training.keep_best: <save>/best.json from the list `latest`'s checkpoint holds. keep_latest_k's
+// pruning rewrites it before it removes anything; without pruning, it is rewritten here.
+void write_best_index(const Run& run) {
   try {
-    const auto state = nlohmann::json::parse(read_user_file(state_path, state_path, kMaxSmallJsonBytes));
-    best_checkpoints_write_index(run.config.training.save, best_checkpoints_of(state, state_path));
+    best_checkpoints_sync_index(run.config.training.save);
   } catch (const std::exception& e) {
     run.log(std::string("warning: training.keep_best: ") + e.what() + " (the checkpoint is saved)");
   }
@@ -48,7 +46,8 @@ void write_best_index(const Run& run, const std::string& dir) {
 // warnings what it could not remove (the checkpoint is committed all the same).
 void finish_save(const Run& run, const std::string& dir, const CheckpointPruned& pruned) {
   if (!dir.empty()) run.log("saved checkpoint " + dir);
-  if (!dir.empty() && run.is_rank0() && run.config.training.keep_best > 0) write_best_index(run, dir);
+  const auto& t = run.config.training;
+  if (!dir.empty() && run.is_rank0() && t.keep_best > 0 && t.keep_latest_k == 0) write_best_index(run);
   const std::string what = "training.keep_latest_k " + std::to_string(run.config.training.keep_latest_k);
   for (const auto& name : pruned.removed) run.log(what + ": removed " + name);
   for (const auto& warning : pruned.warnings) run.log("warning: " + what + ": " + warning + " (the checkpoint is saved)");

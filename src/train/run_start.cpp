@@ -95,13 +95,6 @@ std::string utc_stamp() {
   return text;
 }
 
-// A run starting at start_step saves its own line of checkpoints into training.save: complete
-// checkpoints there of a later iteration belong to another branch (a rollback, another run), and
-// this run's saves would interleave with them, be pruned for them or replace one of them. Refused
-// naming them, or, with training.archive_newer_checkpoints, moved aside (never deleted). Under
-// training.load: auto the run continues from `latest`, its root's last commit: a complete
-// checkpoint newer than that is a save killed between its rename and `latest` (or a hand-edited
-// `latest`), moved aside without asking, so that a requeued job restarts by itself.
 // training.keep_best's list as the checkpoints on disk have it (a run killed while pruning, or a
 // list from before only saved checkpoints entered it), and best.json rewritten to match. After
 // claim_save_root: the save root is this run's.
@@ -115,6 +108,13 @@ void rebuild_best_index(Run& run) {
   }
 }
 
+// A run starting at start_step saves its own line of checkpoints into training.save: complete
+// checkpoints there of a later iteration belong to another branch (a rollback, another run), and
+// this run's saves would interleave with them, be pruned for them or replace one of them. Refused
+// naming them, or, with training.archive_newer_checkpoints, moved aside (never deleted). Under
+// training.load: auto the run continues from `latest`, its root's last commit: a complete
+// checkpoint newer than that is a save killed between its rename and `latest` (or a hand-edited
+// `latest`), moved aside without asking, so that a requeued job restarts by itself.
 void claim_save_root(Run& run) {
   const auto& t = run.config.training;
   if (t.save.empty()) return;
