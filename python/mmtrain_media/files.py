@@ -51,12 +51,16 @@ def read_regular(path, what, max_bytes, follow_links=False):
 
 
 def confined(base_dir, relative, what):
-    """`relative` joined to `base_dir`, refused when it is absolute or climbs out with '..'."""
-    if not isinstance(relative, str) or not relative:
+    """`relative` joined to `base_dir`, refused when it is absolute, climbs out with '..', or leads
+    out through a linked directory: what is opened must lie under the directory itself."""
+    if not isinstance(relative, str) or not relative or "\0" in relative:
         raise InputError("bad_manifest", f"{what}: expected a relative path, found {relative!r}")
-    if os.path.isabs(relative) or ".." in relative.replace("\\", "/").split("/") or "\0" in relative:
+    path = os.path.join(base_dir, relative)
+    real_base = os.path.realpath(base_dir)
+    real_dir = os.path.realpath(os.path.dirname(path))
+    if os.path.isabs(relative) or os.path.commonpath([real_base, real_dir]) != real_base:
         raise InputError("path_outside_input", f"{what} '{relative}' must stay inside {base_dir}")
-    return os.path.join(base_dir, relative)
+    return path
 
 
 def make_dir(path):

@@ -135,6 +135,9 @@ class Run:
             make_dir(out)
             for sub in list(OUTPUT_DIRS.values()) + [".records"]:
                 make_dir(os.path.join(out, sub))
+                for name in os.listdir(os.path.join(out, sub)):  # a killed run's half-written files
+                    if name.startswith(".") and ".tmp-" in name:
+                        remove_quietly(os.path.join(out, sub, name))
             settings_path = os.path.join(self.records, "settings.json")
             if not os.path.lexists(settings_path):
                 write_json(settings_path, settings)

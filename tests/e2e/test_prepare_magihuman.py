@@ -133,22 +133,29 @@ def test_two_ranks_write_what_one_rank_writes(encoders, clips, prepared, tmp_pat
     assert one == two
 
 
-def test_train_runs_on_the_output(prepared, tmp_path):
-    config = write_config(tmp_path / "train.yaml", f"""
+def train_config(path, prepared, run_dir, text_channels=CT):
+    return write_config(path, f"""
 model:
   model_id: magihuman
   config: {{num_layers: 2, hidden_size: 64, head_dim: 16, num_query_groups: 2, video_in_channels: {CV},
-           audio_in_channels: {CA}, text_in_channels: {CT}, mm_layers: [0], gelu7_layers: [0]}}
+           audio_in_channels: {CA}, text_in_channels: {text_channels}, mm_layers: [0], gelu7_layers: [0]}}
 data:
   dataset_param: {{dataset_type: magihuman_precomputed, data_root: {prepared}}}
   dataloader_param: {{collate_param: {{model_name: magihuman}}}}
 training: {{micro_batch_size: 1, train_iters: 3, seed: 1, lr: 1.0e-3}}
-logging: {{output_dir: {tmp_path / 'run'}}}
+logging: {{output_dir: {run_dir}}}
 """)
-    run_mmtrain(["train", str(config)])
+
+
+def test_train_runs_on_the_output_and_refuses_it_for_another_width(prepared, tmp_path):
+    run_mmtrain(["train", str(train_config(tmp_path / "train.yaml", prepared, tmp_path / "run"))])
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if "loss" in r]
     assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+
+    other = train_config(tmp_path / "other.yaml", prepared, tmp_path / "other", text_channels=32)
+    proc = run_mmtrain(["train", str(other)], check=False)
+    assert proc.returncode != 0 and "prepare.json" in proc.stderr and "text tokens 24 wide" in proc.stderr
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,3 +265,130 @@ def test_latents_match_a_reference_written_from_the_spec(encoders, clips, prepar
     with torch.no_grad():
         hidden = encoder(**tokenizer([caption], return_tensors="pt"))["last_hidden_state"].half()[0][:640]
     assert torch.equal(load_file(prepared / "conditions" / f"{stem}.safetensors")["prompt_embeds"], hidden)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: each clip refused by name in prepare.json, the others prepared, nothing partial left.
+
+def test_each_bad_input_is_refused_by_name_and_the_rest_is_prepared(encoders, tmp_path):
+    src = tmp_path / "bad"
+    src.mkdir()
+    good = src / "good.mp4"
+    write_clip(good, moving_frames(25))
+    cases = {  # stem -> the expected error code, or "ok" with a warning
+        "good": "ok", "corrupt": "corrupt_file", "truncated": "corrupt_file", "silent": "no_audio",
+        "short": "too_short", "vfr": "variable_frame_rate", "rotated": "rotated", "strip": "extreme_aspect_ratio",
+        "big": "source_too_large", "long": "ok", "emptycap": "empty_caption", "latin1": "caption_not_utf8",
+        "longcap": "ok", "nocap": "missing_file", "link": "not_regular_file", "fifo": "not_regular_file",
+        "fifocap": "not_regular_file", "dup": "stem_collision",
+    }
+    (src / "corrupt.mp4").write_bytes(np.random.default_rng(0).integers(0, 256, 20000, dtype=np.uint8).tobytes())
+    (src / "truncated.mp4").write_bytes(good.read_bytes()[:len(good.read_bytes()) * 2 // 5])
+    write_clip(src / "silent.mp4", moving_frames(25), audio=False)
+    write_clip(src / "short.mp4", moving_frames(3))
+    write_clip(src / "vfr.mp4", moving_frames(25), pts=[i * 40 + (25 if i % 3 == 1 else 0) for i in range(25)])
+    write_clip(src / "rotated.mp4", moving_frames(25), rotation=90)
+    write_clip(src / "strip.mp4", moving_frames(25, 32, 320))
+    write_clip(src / "big.mp4", moving_frames(10, 256, 384))
+    write_clip(src / "long.mp4", moving_frames(50))
+    for stem in ("emptycap", "latin1", "longcap", "nocap", "fifocap", "dup"):
+        (src / f"{stem}.mp4").write_bytes(good.read_bytes())
+    (src / "dup.mkv").write_bytes(good.read_bytes())
+    os.symlink(good, src / "link.mp4")
+    os.mkfifo(src / "fifo.mp4")
+    os.mkfifo(src / "fifocap.txt")
+    for stem in cases:
+        if stem not in ("nocap", "fifocap"):
+            (src / f"{stem}.txt").write_text("A square moves across a wall.")
+    (src / "emptycap.txt").write_text("  \n")
+    (src / "latin1.txt").write_bytes("caf\u00e9 au lait".encode("latin-1"))
+    (src / "longcap.txt").write_text("a" * 700)  # the fixture's tokenizer: a token a byte, + <bos> <eos>
+
+    out = tmp_path / "out"
+    proc = prepare(["--input", str(src), "--out", str(out), *encoder_flags(encoders), "--resolution", f"{H}x{W}",
+                    "--max-source-pixels", "20000", "--max-seconds", "1"], check=False, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    summary = json.loads((out / "prepare.json").read_text())
+    status = {c["stem"]: (c["status"] if c["status"] == "ok" else c["error"]["code"]) for c in summary["clips"]}
+    assert status == cases
+    for clip in summary["clips"]:
+        for sub in ("latents", "audio_latents", "conditions"):
+            assert (out / sub / f"{clip['stem']}.safetensors").exists() == (clip["status"] == "ok"), clip
+        if clip["status"] != "ok":
+            assert clip["error"]["code"] in proc.stderr  # named in the log as well
+    by_stem = {c["stem"]: c for c in summary["clips"]}
+    assert by_stem["long"]["frames"] == 25 and by_stem["long"]["warnings"][0].startswith("cut_at_max_seconds")
+    assert by_stem["longcap"]["caption_tokens"] == 702 and by_stem["longcap"]["prompt_embeds"] == [640, CT]
+    assert by_stem["longcap"]["warnings"][0].startswith("caption_trimmed")
+    assert not [p for p in out.rglob("*tmp-*")]
+
+
+def test_a_manifest_selects_spans_and_keeps_paths_inside_its_directory(encoders, clips, tmp_path):
+    manifest = tmp_path / "clips.jsonl"
+    (tmp_path / "media").mkdir()
+    for stem in ("clip_000", "clip_001"):
+        (tmp_path / "media" / f"{stem}.mp4").write_bytes((clips / f"{stem}.mp4").read_bytes())
+    os.symlink(clips, tmp_path / "linked")
+    lines = [{"video": "media/clip_000.mp4", "caption": "a span", "start": 0.2, "end": 0.9},
+             {"video": "../outside.mp4", "caption": "escapes"},
+             {"video": "media/clip_001.mp4", "caption": "", "start": 0},
+             {"video": "linked/clip_002.mp4", "caption": "leaves through a linked directory"}]
+    manifest.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    out = tmp_path / "out"
+    proc = prepare(["--input", str(manifest), "--out", str(out), *encoder_flags(encoders), "--resolution",
+                    f"{H}x{W}"], check=False, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    clips_json = json.loads((out / "prepare.json").read_text())["clips"]
+    assert clips_json[0]["status"] == "ok" and clips_json[0]["frames"] == 17  # 0.7 s: 17.5 -> 1 + 4 * 4
+    assert clips_json[1]["error"]["code"] == "path_outside_input"
+    assert clips_json[2]["error"]["code"] == "empty_caption"
+    assert clips_json[3]["error"]["code"] == "path_outside_input"
+
+
+def test_resume_after_a_kill_finishes_what_one_run_writes(encoders, clips, prepared, tmp_path):
+    out = tmp_path / "out"
+    args = ["prepare", "magihuman", "--input", str(clips), "--out", str(out), *encoder_flags(encoders),
+            "--resolution", f"{H}x{W}", "--audio-window-seconds", "0.4"]
+    proc = subprocess.Popen([str(mmtrain_bin()), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    first = out / ".records" / "clip_000.json"
+    deadline = time.monotonic() + 120
+    while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert first.exists(), proc.stderr.read().decode()[-2000:]
+    finished = out / "latents" / "clip_000.safetensors"
+    stamp = finished.stat().st_mtime_ns
+
+    refused = run_mmtrain([*args[:-2], "--audio-window-seconds", "0.5", "--resume"], check=False)
+    assert refused.returncode == 1 and "audio_window_seconds" in refused.stderr  # a resume never mixes settings
+
+    run_mmtrain([*args, "--resume"])
+    assert finished.stat().st_mtime_ns == stamp  # the finished clip was skipped, not redone
+    assert files_of(out) == files_of(prepared)
+    assert not [p for p in out.rglob("*tmp-*")]
+    assert [c["status"] for c in json.loads((out / "prepare.json").read_text())["clips"]] == ["ok"] * 3
+
+
+def test_decode_gives_mp4s_with_sound_that_encode_to_the_same_shapes(encoders, clips, prepared, tmp_path):
+    decoded = tmp_path / "decoded"
+    prepare(["--decode", "--input", str(prepared), "--out", str(decoded), "--vae", str(encoders / "vae"),
+             "--audio-vae", str(encoders / "audio_vae")])
+    for stem in ("clip_000", "clip_001", "clip_002"):
+        with av.open(str(decoded / f"{stem}.mp4")) as container:
+            frames = [f for f in container.decode(video=0)]
+            assert len(frames) == 25 and (frames[0].width, frames[0].height) == (W, H)
+        with av.open(str(decoded / f"{stem}.mp4")) as container:
+            audio = container.streams.audio[0]
+            samples = sum(f.samples for f in container.decode(audio=0))
+            assert audio.sample_rate == 44100 and audio.channels == 2
+            assert abs(samples / 44100 - 1.0) < 0.05
+        (decoded / f"{stem}.txt").write_text((clips / f"{stem}.txt").read_text())
+    again = tmp_path / "again"
+    prepare(["--input", str(decoded), "--out", str(again), *encoder_flags(encoders), "--resolution", f"{H}x{W}"])
+    shapes = [{k: c[k] for k in ("frames", "video_grid_thw", "audio_latent")}
+              for c in json.loads((again / "prepare.json").read_text())["clips"]]
+    original = [{k: c[k] for k in ("frames", "video_grid_thw", "audio_latent")}
+                for c in json.loads((prepared / "prepare.json").read_text())["clips"]]
+    assert shapes == original

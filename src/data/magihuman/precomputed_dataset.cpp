@@ -5,6 +5,7 @@
 
 #include "core/checked_math.h"
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/param_map.h"
 #include "core/pickle_scan.h"
 #include "core/regular_file.h"
@@ -245,6 +246,28 @@ void write_pt_file(const std::string& path, const std::vector<std::pair<std::str
   file.commit();
 }
 
+// `mmtrain prepare magihuman` records the encoders' token widths in prepare.json; data made for
+// another model is refused here, before the first step, instead of at the first sample read.
+void PrecomputedDataset::check_prepared_widths(const std::filesystem::path& root) const {
+  const auto path = (root / "prepare.json").string();
+  std::error_code error;
+  if (fs::symlink_status(path, error).type() == fs::file_type::not_found) return;
+  const auto summary = json_parse_checked(read_user_file(path, "prepare summary", int64_t{64} << 20), path);
+  if (!summary.is_object() || !summary.contains("channels")) return;  // not written by prepare: nothing to check
+  const auto& channels = summary["channels"];
+  const std::pair<const char*, int64_t> widths[] = {{"video", options_.video_in_channels},
+                                                    {"audio", options_.audio_in_channels},
+                                                    {"text", options_.text_in_channels}};
+  for (const auto& [modality, width] : widths) {
+    if (!channels.is_object() || !channels.contains(modality) || !channels[modality].is_number_integer())
+      fail(path, ": 'channels' must hold integer video, audio and text widths");
+    const int64_t prepared = channels[modality].get<int64_t>();
+    if (prepared != width)
+      fail(path, ": the data was prepared with ", modality, " tokens ", prepared, " wide, the model takes ", width,
+           " (model.config.", modality, "_in_channels): prepare it with the encoders of this model");
+  }
+}
+
 PrecomputedDataset::PrecomputedDataset(PrecomputedDataOptions options) : options_(std::move(options)) {
   const fs::path root(options_.data_root);
   if (!fs::is_directory(root))
@@ -273,6 +296,7 @@ PrecomputedDataset::PrecomputedDataset(PrecomputedDataOptions options) : options
     samples_.push_back({stem, files[0].at(stem), files[1].at(stem), files[2].at(stem)});
   }
   if (samples_.empty()) fail((root / "latents").string(), ": no samples (*.pt or *.safetensors)");
+  check_prepared_widths(root);
   if (options_.max_samples > 0 && options_.max_samples < size()) samples_.resize(options_.max_samples);
 }
 

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <map>
 #include <string>
 #include <utility>
@@ -65,6 +66,8 @@ class PrecomputedDataset : public Dataset {
     std::string stem;
     std::string latents, audio_latents, conditions;  // full paths
   };
+  void check_prepared_widths(const std::filesystem::path& root) const;
+
   PrecomputedDataOptions options_;
   std::vector<SampleFiles> samples_;  // sorted by stem
 };
