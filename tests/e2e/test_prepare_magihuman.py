@@ -392,3 +392,21 @@ def test_decode_gives_mp4s_with_sound_that_encode_to_the_same_shapes(encoders, c
     original = [{k: c[k] for k in ("frames", "video_grid_thw", "audio_latent")}
                 for c in json.loads((prepared / "prepare.json").read_text())["clips"]]
     assert shapes == original
+
+
+def test_flags_are_checked_before_any_work(encoders, clips, prepared, tmp_path):
+    base = ["--input", str(clips), *encoder_flags(encoders)]
+    cases = [
+        (["--out", str(tmp_path / "a"), "--resolution", "64x90"], "multiples of 32"),
+        (["--out", str(tmp_path / "a"), "--resolution", "64by96"], "expected HxW"),
+        (["--out", str(prepared)], "exists; give a new directory (or --resume"),
+        (["--out", str(tmp_path / "a"), "--max-seconds", "0"], "--max-seconds must be in (0, 3600]"),
+        (["--out", str(tmp_path / "a"), "--vae", str(tmp_path / "nowhere")], "--vae"),
+    ]
+    for extra, message in cases:
+        proc = prepare([*base, *extra], check=False, timeout=60)
+        assert proc.returncode != 0 and message in proc.stderr, (extra, proc.stderr)
+    assert not (tmp_path / "a").exists()
+    proc = prepare(["--decode", "--input", str(clips), "--out", str(tmp_path / "d"), "--vae", str(encoders / "vae"),
+                    "--audio-vae", str(encoders / "audio_vae")], check=False, timeout=60)
+    assert proc.returncode == 1 and "has no latents/ and audio_latents/" in proc.stderr
