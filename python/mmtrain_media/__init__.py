@@ -12,6 +12,7 @@ diffusers, and the T5Gemma text encoder through transformers. The C++ side (`mmt
 - text.py      the T5Gemma encoder's last hidden state, trimmed to 640 tokens
 - prepare.py   `mmtrain prepare magihuman`: clips in, the magihuman_precomputed layout out
 - decode.py    `mmtrain prepare magihuman --decode`: that layout back to mp4s with sound
+- mp4.py       writing an mp4 with sound (H.264 + AAC)
 - fixtures.py  tiny random-weight encoders of the real classes, and synthetic clips
 
 docs/prepare.md writes the encoding down.

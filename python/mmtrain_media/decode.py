@@ -7,20 +7,16 @@ unpatchified and decoded by the Wan2.2 VAE, the audio latents by the Oobleck VAE
 
 import argparse
 import os
-import secrets
 import sys
 
-import av
-import numpy as np
 import torch
 from safetensors import safe_open
 
-from . import audio, video
+from . import audio, mp4, video
 from .files import InputError, make_dir, open_regular
 
 MAX_LATENT_BYTES = 1 << 32
 AUDIO_RATE_OUT = 44100
-AAC_FRAME = 1024  # samples per AAC frame
 
 
 def parse(argv):
@@ -44,36 +40,6 @@ def read_tensors(path, keys):
             return [f.get_tensor(k) for k in keys]
     except (OSError, RuntimeError, ValueError) as error:  # what safetensors raises for a bad file
         raise InputError("corrupt_file", f"{path}: not a safetensors file ({error})") from None
-
-
-def mux(path, frames, fps, stereo, rate):
-    """frames [F, H, W, 3] uint8 and stereo [2, n] fp32 -> an H.264 + AAC mp4 at `path`, written to
-    a new temporary file (never through a link) and renamed into place when whole."""
-    if os.path.lexists(path):
-        raise InputError("output_exists", f"{path} exists; mmtrain never overwrites an output")
-    directory, name = os.path.split(path)
-    temporary = os.path.join(directory, f".{name}.tmp-{secrets.token_hex(6)}")
-    fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    try:
-        with os.fdopen(fd, "w+b") as f, av.open(f, mode="w", format="mp4") as container:
-            v = container.add_stream("libx264", rate=fps)
-            v.width, v.height, v.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
-            v.options = {"crf": "18"}
-            a = container.add_stream("aac", rate=rate, layout="stereo")
-            for frame in frames:
-                container.mux(v.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
-            container.mux(v.encode())
-            samples = np.clip(stereo, -1, 1).astype(np.float32)
-            for start in range(0, samples.shape[1], AAC_FRAME):
-                chunk = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples[:, start:start + AAC_FRAME]),
-                                                   format="fltp", layout="stereo")
-                chunk.sample_rate, chunk.pts = rate, start
-                container.mux(a.encode(chunk))
-            container.mux(a.encode())
-        os.rename(temporary, path)
-    finally:
-        if os.path.lexists(temporary):
-            os.unlink(temporary)
 
 
 def main(argv=None):
@@ -110,7 +76,7 @@ def run(args):
         frames = video.decode(video_vae, video.unpatchify(tokens.float(), grid.tolist()), dtype)
         stereo = audio.decode(audio_vae, audio_latent.float(), AUDIO_RATE_OUT)
         out = os.path.join(args.out, stem + ".mp4")
-        mux(out, frames, args.fps, stereo, AUDIO_RATE_OUT)
+        mp4.write(out, frames, args.fps, stereo, AUDIO_RATE_OUT)
         print(f"decode: {index}/{len(stems)} {out}: {frames.shape[0]} frames {frames.shape[2]}x{frames.shape[1]}, "
               f"{stereo.shape[1] / AUDIO_RATE_OUT:.2f} s of audio", file=sys.stderr, flush=True)
     return 0

@@ -19,6 +19,7 @@ import sys
 import numpy as np
 import torch
 
+from . import mp4
 from .files import InputError, make_dir, write_atomic
 
 
@@ -113,28 +114,11 @@ def clip_frames(index, seconds, height, width, fps, rng):
     return frames
 
 
-def write_clip(path, frames, fps, tone_hz, rate=44100):
-    import av
-
-    seconds = frames.shape[0] / fps
+def clip_sound(seconds, tone_hz, rate=44100):
+    """[2, n] fp32: a steady sine at 0.3 amplitude on both channels."""
     t = np.arange(int(seconds * rate)) / rate
     tone = (0.3 * np.sin(2 * math.pi * tone_hz * t)).astype(np.float32)
-    stereo = np.stack([tone, tone])
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    with os.fdopen(fd, "w+b") as f, av.open(f, mode="w", format="mp4") as container:
-        v = container.add_stream("libx264", rate=fps)
-        v.width, v.height, v.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
-        v.options = {"crf": "10"}
-        a = container.add_stream("aac", rate=rate, layout="stereo")
-        for frame in frames:
-            container.mux(v.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
-        container.mux(v.encode())
-        for start in range(0, stereo.shape[1], 1024):
-            chunk = av.AudioFrame.from_ndarray(np.ascontiguousarray(stereo[:, start:start + 1024]), format="fltp",
-                                               layout="stereo")
-            chunk.sample_rate, chunk.pts = rate, start
-            container.mux(a.encode(chunk))
-        container.mux(a.encode())
+    return np.stack([tone, tone])
 
 
 def write_clips(out, count, seconds, height, width, seed):
@@ -145,7 +129,8 @@ def write_clips(out, count, seconds, height, width, seed):
     for index in range(count):
         stem = f"clip_{index:03d}"
         tone = 220.0 * (1 + index)
-        write_clip(os.path.join(out, stem + ".mp4"), clip_frames(index, seconds, height, width, 25, rng), 25, tone)
+        frames = clip_frames(index, seconds, height, width, 25, rng)
+        mp4.write(os.path.join(out, stem + ".mp4"), frames, 25, clip_sound(frames.shape[0] / 25, tone), 44100, crf=10)
         caption = (f"A synthetic clip: a coloured square slides from left to right across a textured wall "
                    f"while a steady {tone:.0f} Hz tone plays.")
         write_atomic(os.path.join(out, stem + ".txt"), (caption + "\n").encode())
