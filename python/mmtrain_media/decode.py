@@ -1,4 +1,5 @@
-"""`mmtrain prepare magihuman --decode`: the magihuman_precomputed layout back to mp4s with sound.
+"""`mmtrain prepare magihuman --decode`: the magihuman_precomputed layout back to mp4s with sound
+(and, with --beside, `mmtrain sample`'s latents to an mp4 beside each).
 
 Each stem in latents/ with its audio_latents/ file becomes OUT/<stem>.mp4: the video tokens
 unpatchified and decoded by the Wan2.2 VAE, the audio latents by the Oobleck VAE and resampled to
@@ -24,6 +25,8 @@ def parse(argv):
     for name in ("--input", "--out", "--vae", "--audio-vae", "--device", "--dtype"):
         p.add_argument(name, required=True)
     p.add_argument("--fps", type=int, required=True)
+    p.add_argument("--beside", action="store_true",
+                   help="--input holds `mmtrain sample`'s <index>.safetensors: write <index>.mp4 beside each")
     return p.parse_args(argv)
 
 
@@ -51,18 +54,29 @@ def main(argv=None):
         return 1
 
 
-def run(args):
-    from diffusers import AutoencoderKLWan, AutoencoderOobleck
-
+def sources(args):
+    """(stem, video file, audio file) for each sample: the prepared layout's latents/ and
+    audio_latents/, or with --beside one file per sample holding both."""
+    if args.beside:
+        names = sorted(n for n in os.listdir(args.input) if n.endswith(".safetensors") and not n.startswith("."))
+        return [(n[:-len(".safetensors")], os.path.join(args.input, n), os.path.join(args.input, n)) for n in names]
     latents_dir = os.path.join(args.input, "latents")
     audio_dir = os.path.join(args.input, "audio_latents")
     if not os.path.isdir(latents_dir) or not os.path.isdir(audio_dir):
         raise InputError("not_precomputed", f"--input {args.input} has no latents/ and audio_latents/ "
                          "(the layout `mmtrain prepare magihuman` writes)")
     stems = sorted(name[:-len(".safetensors")] for name in os.listdir(latents_dir) if name.endswith(".safetensors"))
-    if not stems:
-        raise InputError("no_clips", f"{latents_dir} holds no .safetensors files")
-    if os.path.lexists(args.out):
+    return [(stem, os.path.join(latents_dir, stem + ".safetensors"), os.path.join(audio_dir, stem + ".safetensors"))
+            for stem in stems]
+
+
+def run(args):
+    from diffusers import AutoencoderKLWan, AutoencoderOobleck
+
+    samples = sources(args)
+    if not samples:
+        raise InputError("no_clips", f"{args.input} holds no latents (.safetensors files)")
+    if not args.beside and os.path.lexists(args.out):
         raise InputError("output_exists", f"--out {args.out} exists; give a new directory")
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     video_vae = AutoencoderKLWan.from_pretrained(args.vae, torch_dtype=dtype, local_files_only=True,
@@ -70,14 +84,14 @@ def run(args):
     audio_vae = AutoencoderOobleck.from_pretrained(args.audio_vae, torch_dtype=torch.float32, local_files_only=True,
                                                    use_safetensors=True).to(args.device).eval()
     make_dir(args.out)
-    for index, stem in enumerate(stems, start=1):
-        tokens, grid = read_tensors(os.path.join(latents_dir, stem + ".safetensors"), ["video_latent", "video_grid_thw"])
-        (audio_latent,) = read_tensors(os.path.join(audio_dir, stem + ".safetensors"), ["audio_latent"])
+    for index, (stem, video_file, audio_file) in enumerate(samples, start=1):
+        tokens, grid = read_tensors(video_file, ["video_latent", "video_grid_thw"])
+        (audio_latent,) = read_tensors(audio_file, ["audio_latent"])
         frames = video.decode(video_vae, video.unpatchify(tokens.float(), grid.tolist()), dtype)
         stereo = audio.decode(audio_vae, audio_latent.float(), AUDIO_RATE_OUT)
         out = os.path.join(args.out, stem + ".mp4")
         mp4.write(out, frames, args.fps, stereo, AUDIO_RATE_OUT)
-        print(f"decode: {index}/{len(stems)} {out}: {frames.shape[0]} frames {frames.shape[2]}x{frames.shape[1]}, "
+        print(f"decode: {index}/{len(samples)} {out}: {frames.shape[0]} frames {frames.shape[2]}x{frames.shape[1]}, "
               f"{stereo.shape[1] / AUDIO_RATE_OUT:.2f} s of audio", file=sys.stderr, flush=True)
     return 0
 

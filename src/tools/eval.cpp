@@ -1,10 +1,7 @@
 // `mmtrain eval CONFIG --load DIR`: the held-out loss of a model's weights without training
-// (train/evaluate.h, the same keys, data and parallelism as the run of CONFIG). DIR is one of
-//   an mmtrain checkpoint   an iter_N directory (index.json) or a save root (latest)
-//   an HF model directory   *.safetensors (with its index), or one .safetensors file
-//   a PyTorch DCP           .metadata: its weights are converted (rank 0) into a model-only
-//                           checkpoint in <output_dir>/.eval_from_dcp_<random>/ (core/scratch_dir.h),
-//                           removed after, on an error and on SIGTERM / SIGINT / SIGHUP too
+// (train/evaluate.h, the same keys, data and parallelism as the run of CONFIG). DIR is an mmtrain
+// checkpoint, an HF model directory or a PyTorch DCP (tools/tool_weights.h; a DCP is staged in
+// <output_dir>/.eval_from_dcp_<random>/).
 // Prints a table and writes the record as JSON (--out; default <output_dir>/eval_iter_<N>.json,
 // never over an existing file). At a checkpoint of step N it equals the run's own evaluation after N.
 #include "config/config.h"
@@ -15,6 +12,7 @@
 #include "dist/runtime.h"
 #include "io/user_file.h"
 #include "tools/command.h"
+#include "tools/tool_weights.h"
 #include "tools/convert.h"
 #include "train/build.h"
 #include "train/evaluate.h"
@@ -38,93 +36,6 @@ namespace mmtrain {
 namespace fs = std::filesystem;
 
 namespace {
-
-enum class WeightsKind { checkpoint, hf, dcp };
-
-WeightsKind kind_of(const std::string& dir) {
-  const fs::path path(dir);
-  std::error_code error;
-  if (fs::is_regular_file(path, error) && path.extension() == ".safetensors") return WeightsKind::hf;
-  if (!fs::is_directory(path, error)) fail("eval --load ", dir, ": no such directory");
-  if (fs::is_regular_file(path / ".metadata")) return WeightsKind::dcp;
-  if (fs::is_regular_file(path / "index.json") || fs::is_regular_file(path / "latest")) return WeightsKind::checkpoint;
-  for (const auto& entry : fs::directory_iterator(path))
-    if (entry.is_regular_file() && entry.path().extension() == ".safetensors") return WeightsKind::hf;
-  fail("eval --load ", dir, ": not a model's weights: expected an mmtrain checkpoint (an iter_N directory with ",
-       "index.json, or a save root with latest), an HF model directory (*.safetensors) or a PyTorch DCP (.metadata)");
-}
-
-// Loads DIR's weights into the run's model; returns the iteration they are of (0: not a training
-// checkpoint). Collective.
-int64_t load_weights(Run& run, const std::string& dir) {
-  const Config& c = run.config;
-  StateLoadOptions options;
-  options.model_id = c.model.model_id;
-  options.model_config = c.model.config;
-  options.execution_only_keys = config_model_spec(c).execution_only_keys;
-  options.lora_base = lora_base(c, &run.comm());
-  switch (kind_of(dir)) {
-    case WeightsKind::checkpoint:
-      if (!options.lora_base.is_null()) load_initial_weights(c, *run.model, *run.fsdp);  // the adapters' base
-      return state_load_weights(dir, *run.model, *run.fsdp, options).iteration;
-    case WeightsKind::hf: {
-      Config with_weights = c;
-      with_weights.model.checkpoint_path = dir;
-      load_initial_weights(with_weights, *run.model, *run.fsdp);
-      return 0;
-    }
-    case WeightsKind::dcp: {
-      // Rank 0 converts the weights into a model-only checkpoint in a scratch directory of its own
-      // (a random name, created exclusively, removed on every exit: scratch_dir.h); the others
-      // learn its name, then wait for the conversion in short collectives, so a conversion longer
-      // than parallel.timeout_s cannot expire their wait.
-      const std::string prefix = ".eval_from_dcp_";
-      std::unique_ptr<ScratchDir> scratch;
-      std::string failed;
-      if (run.is_rank0()) {
-        try {
-          fs::create_directories(c.logging.output_dir);
-          scratch = std::make_unique<ScratchDir>(c.logging.output_dir, prefix);
-        } catch (const std::exception& e) {
-          failed = e.what();
-        }
-      }
-      if (run.comm().any_rank(!failed.empty())) {
-        if (!run.is_rank0()) fail("eval --load ", dir, ": rank 0 could not create its scratch directory (see its error)");
-        fail("eval --load ", dir, ": ", failed);
-      }
-      const auto id = static_cast<uint64_t>(run.comm().all_reduce_sum(scratch ? double(scratch->id()) : 0.0));
-      const std::string staging = (fs::path(ScratchDir::path_of(c.logging.output_dir, prefix, id)) / "ckpt").string();
-      std::atomic<bool> converted{false};
-      std::thread converter;
-      struct Join {  // an error while it runs still waits for it
-        std::thread& thread;
-        ~Join() {
-          if (thread.joinable()) thread.join();
-        }
-      } join{converter};
-      if (run.is_rank0())
-        converter = std::thread([&] {
-          try {
-            convert_dcp_weights_to_ckpt(c.model.model_id, c.model.config, dir, staging);
-          } catch (const std::exception& e) {
-            failed = e.what();
-          }
-          converted = true;
-        });
-      while (!run.comm().any_rank(converted.load())) std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      if (converter.joinable()) converter.join();
-      if (run.comm().any_rank(!failed.empty())) {
-        if (!run.is_rank0()) fail("eval --load ", dir, ": rank 0 could not read the DCP (see its error)");
-        fail("eval --load ", dir, ": ", failed);
-      }
-      state_load_weights(staging, *run.model, *run.fsdp, options);
-      run.comm().barrier();  // every rank has read it before rank 0 removes it
-      return 0;
-    }
-  }
-  return 0;
-}
 
 void print_record(const EvalRecord& record, const std::string& dir) {
   std::printf("\nheld-out evaluation of %s (iteration %lld)\n", printable(dir).c_str(),
@@ -228,7 +139,7 @@ void add_eval_commands(CLI::App& app, Commands& commands) {
     };
     if (!o->out.empty()) refuse_bad_out(o->out);
     build_run(run);
-    const int64_t iteration = load_weights(run, o->load);
+    const int64_t iteration = load_tool_weights(run, o->load, "eval --load", ".eval_from_dcp_");
     const std::string out = !o->out.empty() ? o->out
                                             : run.config.logging.output_dir + "/eval_" + checkpoint_dir_name(iteration) +
                                                   ".json";

@@ -82,6 +82,7 @@ int main(int argc, char** argv) {
   add_ablate_commands(app, commands);
   add_ckpt_commands(app, commands);
   add_prepare_commands(app, commands);
+  add_sample_commands(app, commands);
 
   if (!subcommands_exist(app, argc, argv)) return 2;
   CLI11_PARSE(app, argc, argv);

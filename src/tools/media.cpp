@@ -27,14 +27,6 @@ namespace fs = std::filesystem;
 constexpr int64_t kPixelsPerToken = 32;  // the VAE's 16x16 stride times the 2x2 patch
 constexpr int64_t kFps = 25;             // MagiHuman's frame rate (python/mmtrain_media/spec.py)
 
-std::string media_path() {
-  if (const char* path = std::getenv("MMTRAIN_MEDIA_PATH")) return path;
-  const auto beside = fs::path(executable_dir()) / ".." / "share" / "mmtrain" / "python";
-  if (fs::exists(beside / "mmtrain_media")) return fs::weakly_canonical(beside).string();
-  fail("cannot find the media room: expected ", beside.string(), "/mmtrain_media (the build copies it there) or "
-       "$MMTRAIN_MEDIA_PATH");
-}
-
 void require_directory(const std::string& path, const std::string& flag) {
   std::error_code error;
   if (!fs::is_directory(path, error)) fail(flag, " ", path, ": not a directory");
@@ -162,6 +154,14 @@ const FixtureRegistration clips_fixture(
      }});
 
 }  // namespace
+
+std::string media_path() {
+  if (const char* path = std::getenv("MMTRAIN_MEDIA_PATH")) return path;
+  const auto beside = fs::path(executable_dir()) / ".." / "share" / "mmtrain" / "python";
+  if (fs::exists(beside / "mmtrain_media")) return fs::weakly_canonical(beside).string();
+  fail("cannot find the media room: expected ", beside.string(), "/mmtrain_media (the build copies it there) or "
+       "$MMTRAIN_MEDIA_PATH");
+}
 
 std::pair<int64_t, int64_t> parse_resolution(const std::string& text, int64_t multiple, const std::string& flag) {
   const auto x = text.find('x');

@@ -6,13 +6,19 @@
 //   fixture magihuman-encoders --out DIR [--config YAML]
 //   fixture clips --out DIR [--count N] [--seconds S] [--size HxW]
 #pragma once
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace mmtrain {
 
 // "HxW" -> {H, W}; both must be positive multiples of `multiple`, else fails naming `flag`.
 std::pair<int64_t, int64_t> parse_resolution(const std::string& text, int64_t multiple, const std::string& flag);
+
+// The directory holding the room's package mmtrain_media: share/mmtrain/python beside the binary,
+// or $MMTRAIN_MEDIA_PATH.
+std::string media_path();
 
 // Replaces this process with `<tools python> -m mmtrain_media.<module> args...`, the room found
 // beside the binary (share/mmtrain/python) or at $MMTRAIN_MEDIA_PATH. Never returns.
