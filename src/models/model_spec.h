@@ -63,10 +63,11 @@ struct ModelSpec {
   // adapter_config.json's task_type for `lora-to-peft` ("CAUSAL_LM": peft builds a
   // PeftModelForCausalLM); empty: null (a plain PeftModel).
   std::string peft_task_type;
-  // model.config is the HF config.json itself with these added when absent ({"model_type", ...}):
-  // `fixture MODEL-weights` writes it beside the weights, so HF tools build the tiny model the
-  // directory holds (not the full-size default). Null: the model has no such config.json.
-  nlohmann::json hf_config_defaults;
+  // The HF config.json of a model.config, every value the model uses written out (HF's class
+  // defaults differ from the model's own: an absent rms_norm_eps is 1e-6 to transformers, 1e-5 to
+  // Magistral): `fixture MODEL-weights` writes it beside the weights, so HF tools build exactly the
+  // model the directory holds. Empty: the model has no such config.json.
+  std::function<nlohmann::json(const nlohmann::json& model_config)> hf_config;
 };
 
 Registry<ModelSpec>& model_spec_registry();

@@ -40,6 +40,7 @@ void add_measure_commands(CLI::App& app, Commands& commands);  // measure gemm
 void add_ablate_commands(CLI::App& app, Commands& commands);   // ablate CONFIG --feature ...
 void add_ckpt_commands(CLI::App& app, Commands& commands);     // ckpt verify DIR
 void add_prepare_commands(CLI::App& app, Commands& commands);  // prepare magihuman (tools/media.cpp)
-void add_sample_commands(CLI::App& app, Commands& commands);   // sample magihuman
+void add_sample_commands(CLI::App& app, Commands& commands);   // sample magihuman | mistral3
+void add_sample_mistral3_command(CLI::App& sample, Commands& commands);  // (tools/sample_mistral3.cpp)
 
 }  // namespace mmtrain

@@ -12,7 +12,7 @@
 #include "dist/runtime.h"
 #include "io/user_file.h"
 #include "tools/command.h"
-#include "tools/tool_weights.h"
+#include "tools/tool_model.h"
 #include "tools/convert.h"
 #include "train/build.h"
 #include "train/evaluate.h"

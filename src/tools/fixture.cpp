@@ -128,12 +128,9 @@ void add_fixture_commands(CLI::App& app, Commands& commands) {
       const auto& spec = model_spec(name);
       const auto model = spec.build(config.model.config);
       write_weights_fixture(*model, *make_hf_adapter(spec, config.model.config), o->out_dir, o->shards, o->seed);
-      if (spec.hf_config_defaults.is_object()) {  // the tiny model's own config.json, for HF tools
-        nlohmann::json hf_config = config.model.config;
-        for (const auto& [key, value] : spec.hf_config_defaults.items())
-          if (!hf_config.contains(key)) hf_config[key] = value;
+      if (spec.hf_config) {  // the tiny model's own config.json, for HF tools
         const std::string path = (std::filesystem::path(o->out_dir) / "config.json").string();
-        write_file_no_follow(path, hf_config.dump(2) + "\n", path);
+        write_file_no_follow(path, spec.hf_config(config.model.config).dump(2) + "\n", path);
       }
       std::printf("wrote %s\n", o->out_dir.c_str());
     });

@@ -20,7 +20,7 @@
 #include "tools/command.h"
 #include "tools/media.h"
 #include "tools/plots.h"
-#include "tools/tool_weights.h"
+#include "tools/tool_model.h"
 #include "train/build.h"
 #include "train/run.h"
 
@@ -122,26 +122,6 @@ at::Tensor read_embedding(const std::string& path, int64_t text_channels) {
   return t;
 }
 
-// Runs work on rank 0 in a thread while every rank polls in short collectives, so a long step
-// (a 9B text encoder loading) cannot expire parallel.timeout_s; rank 0's error reaches all ranks.
-void on_rank0_while_others_wait(Run& run, const std::string& what, const std::function<void()>& work) {
-  std::string failed;
-  std::atomic<bool> done{!run.is_rank0()};
-  std::thread worker;
-  if (run.is_rank0())
-    worker = std::thread([&] {
-      try {
-        work();
-      } catch (const std::exception& e) {
-        failed = e.what();
-      }
-      done = true;
-    });
-  while (run.comm().any_rank(!done.load())) std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  if (worker.joinable()) worker.join();
-  if (run.comm().any_rank(!failed.empty())) fail(run.is_rank0() ? failed : what + ": failed on rank 0 (see its error)");
-}
-
 void run_media(const std::vector<std::string>& args, const std::string& log, const std::string& what) {
   ProcessOptions options;
   options.output_path = log;
@@ -192,15 +172,7 @@ void run_sample(const SampleOptions& o) {
   run.config = std::move(config);
   run.runtime = std::move(runtime);
   const Config& c = run.config;
-  std::string refused;
-  if (run.is_rank0()) {
-    std::error_code error;
-    if (fs::symlink_status(o.out, error).type() != fs::file_type::not_found)
-      refused = "--out " + o.out + " exists; give a new directory (samples are never overwritten)";
-    else if (!fs::create_directories(o.out, error) || error)
-      refused = "--out " + o.out + ": cannot create it (" + error.message() + ")";
-  }
-  if (run.comm().any_rank(!refused.empty())) fail(run.is_rank0() ? refused : "sample --out: refused by rank 0");
+  make_new_output_dir(run, o.out, "--out");
 
   // The embeddings: each text prompt's and the negative prompt's, written by the media room into a
   // scratch directory inside --out (removed on every exit), read by every rank.
@@ -241,14 +213,7 @@ void run_sample(const SampleOptions& o) {
             "forward a step, the DDIM-style update)");
 
   // The model: FSDP over the ranks as the config shards it, forward only (no optimizer, no data).
-  const ParallelDims dims = config_resolve_world(run.config, run.comm().world_size());
-  if (dims.cp() > 1)
-    fail("sample: context parallelism (parallel.ring_attention_size / ulysses_size) is not built for sampling yet; "
-         "sample with it off");
-  run.mesh = std::make_unique<DeviceMesh>(build_mesh(dims, run.runtime));
-  run.model = build_model(c);
-  run.tiers = OffloadTiers::make(run.comm().device());
-  run.fsdp = parallelize_model(c, *run.model, *run.mesh, run.tiers);
+  build_tool_model(run, "sample magihuman");
   load_tool_weights(run, o.load, "sample --load", ".sample_from_dcp_");
 
   at::NoGradGuard no_grad;
@@ -336,6 +301,7 @@ void add_sample_commands(CLI::App& app, Commands& commands) {
       ->capture_default_str();
   cmd->add_option("--set", o->overrides, "override a config key (repeatable)");
   commands.add(cmd, [o] { run_sample(*o); });
+  add_sample_mistral3_command(*sample, commands);
 }
 
 }  // namespace mmtrain

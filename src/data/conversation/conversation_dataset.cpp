@@ -61,7 +61,10 @@ enum class Role { user, assistant, system };
 // LLaVA / sharegpt ("conversations", from/value) or LLaMA-Factory ("messages", role/content)
 // -> conversation + image paths, or why not (LLaMA-Factory's converter rules: an optional first
 // system message, then user/assistant alternating, an even count).
-std::variant<std::pair<chat::Conversation, std::vector<std::string>>, Rejected> parse_record(const nlohmann::json& r) {
+// generation: the record is a prompt (`mmtrain sample`): a final assistant message is dropped, and
+// the conversation ends with a user message whose turn has an empty answer.
+std::variant<std::pair<chat::Conversation, std::vector<std::string>>, Rejected> parse_record(const nlohmann::json& r,
+                                                                                           bool generation) {
   if (!r.is_object()) return Rejected{"malformed record (not a JSON object)"};
   const bool sharegpt = r.contains("conversations");
   const char* list_key = sharegpt ? "conversations" : "messages";
@@ -91,6 +94,11 @@ std::variant<std::pair<chat::Conversation, std::vector<std::string>>, Rejected> 
   if (!messages.empty() && messages[0].first == Role::system) {
     conversation.system = messages[0].second;
     begin = 1;
+  }
+  if (generation) {
+    if (messages.size() > begin && messages.back().first == Role::assistant) messages.pop_back();
+    if (messages.size() == begin) return Rejected{"no user message"};
+    messages.emplace_back(Role::assistant, "");  // the answer the model writes
   }
   bool any_assistant = false;
   for (size_t i = begin; i < messages.size(); ++i) any_assistant = any_assistant || messages[i].first == Role::assistant;
@@ -200,7 +208,7 @@ ConversationDataset::ConversationDataset(const ConversationDataOptions& options)
       std::fflush(stdout);
     }
     const std::string label = record_label(records[i], i);
-    auto parsed = parse_record(records[i]);
+    auto parsed = parse_record(records[i], options_.generation);
     if (auto* rejected = std::get_if<Rejected>(&parsed)) {
       drop(rejected->reason, label);
       continue;
@@ -269,6 +277,17 @@ ConversationDataset::Encoded ConversationDataset::encode(const Sample& sample) c
     image_tokens.emplace_back(ids.begin(), ids.end());
   }
   Encoded out;
+  if (options_.generation) {  // the prompt: every turn but the last one's answer, never truncated
+    auto turns = template_->encode(sample.conversation, image_tokens);
+    turns.back().target.clear();
+    out.sequence = chat::truncate_turns(turns, 0);
+    const auto& seq = out.sequence;
+    if (options_.cutoff_len > 0 && static_cast<int64_t>(seq.input_ids.size()) > options_.cutoff_len)
+      out.problem = "prompt longer than cutoff_len";
+    else if (auto problem = check_image_tokens(seq.input_ids, seq.labels, layouts, image_ids_); !problem.empty())
+      out.problem = "image tokens do not match the images";
+    return out;
+  }
   out.sequence = chat::truncate_turns(template_->encode(sample.conversation, image_tokens), options_.cutoff_len);
   const auto& seq = out.sequence;
   if (auto problem = check_image_tokens(seq.input_ids, seq.labels, layouts, image_ids_); !problem.empty()) {

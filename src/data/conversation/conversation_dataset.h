@@ -59,6 +59,10 @@ struct ConversationDataOptions {
   // From the model spec's VisionInputs and the processor's preprocess_parameters.
   std::shared_ptr<const image::ImageProcessor> images;
   int64_t max_image_pixels = image::kDefaultMaxImagePixels;  // preprocess_parameters.max_image_pixels
+  // Prompts for generation (`mmtrain sample`), not training samples: a record's final assistant
+  // message, if any, is dropped; an item's input_ids are the conversation up to where the answer
+  // starts (labels all -100), never truncated (a prompt over cutoff_len is dropped); packing is off.
+  bool generation = false;
 
   static ConversationDataOptions from_config(const DataConfig& data, const ModelConfig& model);
 };

@@ -15,6 +15,7 @@ class FileTokenizer final : public TextTokenizer {
  public:
   FileTokenizer(const std::string& path, Tokenizer tokenizer) : path_(path), tok_(std::move(tokenizer)) {}
   std::vector<int32_t> encode(const std::string& text) const override { return tok_.encode(text); }
+  std::string decode(const std::vector<int32_t>& ids) const override { return tok_.decode(ids); }
   int32_t special_id(const std::string& name) const override { return tok_.special_id(name); }
   int32_t vocab_size() const override { return tok_.vocab_size(); }
   const std::string& path() const override { return path_; }

@@ -1,6 +1,6 @@
 // One interface over the two tokenizer file formats a Mistral checkpoint may ship: tekken.json
-// (TekkenTokenizer) and HF tokenizer.json (HfBpeTokenizer). The chat template only needs text ->
-// ids and control-token ids by name, so that is all this offers.
+// (TekkenTokenizer) and HF tokenizer.json (HfBpeTokenizer). The chat template needs text -> ids
+// and control-token ids by name; generation (`mmtrain sample`) needs ids -> text.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -15,6 +15,9 @@ class TextTokenizer {
   // Ids of plain text, without BOS/EOS. Tekken never turns control-token strings in the text into
   // control ids; tokenizer.json does unless split_special_tokens (the `tokenizers` behaviour).
   virtual std::vector<int32_t> encode(const std::string& text) const = 0;
+  // The text of ids, control tokens skipped (mistral-common's and HF's skip_special_tokens);
+  // invalid UTF-8 is replaced.
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   // Id of a control token ("<s>", "[INST]", "[IMG]", ...); fails naming the file when absent.
   virtual int32_t special_id(const std::string& name) const = 0;
   virtual int32_t vocab_size() const = 0;

@@ -133,4 +133,43 @@ Mistral3Config Mistral3Config::from_json(const nlohmann::json& j) {
   return c;
 }
 
+nlohmann::json Mistral3Config::to_hf_json() const {
+  return {
+      {"architectures", {"Mistral3ForConditionalGeneration"}},
+      {"model_type", "mistral3"},
+      {"image_token_index", image_token_index},
+      {"spatial_merge_size", spatial_merge_size},
+      {"projector_hidden_act", "gelu"},
+      {"multimodal_projector_bias", false},
+      {"vision_feature_layer", -1},
+      {"tie_word_embeddings", false},
+      {"text_config",
+       {{"model_type", "mistral"},
+        {"vocab_size", vocab_size},
+        {"hidden_size", hidden_size},
+        {"num_hidden_layers", num_layers},
+        {"num_attention_heads", num_heads},
+        {"num_key_value_heads", num_kv_heads},
+        {"head_dim", head_dim},
+        {"intermediate_size", intermediate_size},
+        {"rms_norm_eps", rms_norm_eps},
+        {"rope_theta", rope_theta},
+        {"hidden_act", "silu"},
+        {"sliding_window", nullptr},
+        {"tie_word_embeddings", false}}},
+      {"vision_config",
+       {{"model_type", "pixtral"},
+        {"hidden_size", vision_hidden_size},
+        {"num_hidden_layers", vision_num_layers},
+        {"num_attention_heads", vision_num_heads},
+        {"head_dim", vision_head_dim()},
+        {"intermediate_size", vision_intermediate_size},
+        {"patch_size", patch_size},
+        {"image_size", image_size},
+        {"num_channels", num_channels},
+        {"hidden_act", vision_act},
+        {"rope_theta", vision_rope_theta}}},
+  };
+}
+
 }  // namespace mmtrain::mistral3

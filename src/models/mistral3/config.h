@@ -58,6 +58,9 @@ struct Mistral3Config {
   int64_t vision_head_dim() const { return vision_hidden_size / vision_num_heads; }
 
   static Mistral3Config from_json(const nlohmann::json& j);
+  // HF's config.json for this model, every value written out: Mistral3ForConditionalGeneration
+  // built from it computes what this config does (from_json reads it back to the same config).
+  nlohmann::json to_hf_json() const;
 };
 
 }  // namespace mmtrain::mistral3

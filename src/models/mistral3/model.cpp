@@ -5,6 +5,7 @@
 #include "models/mistral3/model.h"
 
 #include "core/error.h"
+#include "models/incremental_decoder.h"
 #include "models/mistral3/flops.h"
 #include "nn/attention.h"
 #include "nn/chunked_cross_entropy.h"
@@ -179,6 +180,31 @@ class TextLayer : public Module {
     return h + mlp->forward(rms_norm(h, post_attention_layernorm->weight.value, c_.rms_norm_eps), /*silu=*/true);
   }
 
+  // Generation: x [T, H] the new tokens, at positions keys.size(0) onwards; their keys and values
+  // are appended to the layer's cache (keys/values [length, kv_heads, hd], undefined when empty).
+  // Each new token attends causally to every cached position and to the new ones up to itself.
+  at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& keys,
+                            at::Tensor& values) const {
+    const int64_t T = x.size(0), nh = c_.num_heads, nkv = c_.num_kv_heads, hd = c_.head_dim;
+    auto n1 = rms_norm(x, input_layernorm->weight.value, c_.rms_norm_eps);
+    auto q = apply_rope(lin(n1, self_attn->q_proj).view({T, nh, hd}), cos, sin);
+    auto k = apply_rope(lin(n1, self_attn->k_proj).view({T, nkv, hd}), cos, sin);
+    auto v = lin(n1, self_attn->v_proj).view({T, nkv, hd});
+    keys = keys.defined() ? at::cat({keys, k}) : k;
+    values = values.defined() ? at::cat({values, v}) : v;
+    const int64_t L = keys.size(0), group = nh / nkv;
+    auto key_heads = keys.repeat_interleave(group, 1).transpose(0, 1);  // [nh, L, hd]
+    auto value_heads = values.repeat_interleave(group, 1).transpose(0, 1);
+    std::optional<at::Tensor> mask;
+    if (T > 1) {  // query i sits at position L - T + i: it sees keys 0 .. L - T + i
+      auto rows = at::arange(L - T, L, at::TensorOptions().dtype(at::kLong).device(x.device())).unsqueeze(1);
+      mask = at::arange(L, rows.options()).unsqueeze(0) <= rows;
+    }
+    auto o = at::scaled_dot_product_attention(q.transpose(0, 1), key_heads, value_heads, mask);  // [nh, T, hd]
+    auto h = x + lin(o.transpose(0, 1).reshape({T, nh * hd}), self_attn->o_proj);
+    return h + mlp->forward(rms_norm(h, post_attention_layernorm->weight.value, c_.rms_norm_eps), /*silu=*/true);
+  }
+
   std::shared_ptr<Norm> input_layernorm, post_attention_layernorm;
   std::shared_ptr<Projections> self_attn;
   std::shared_ptr<GatedMlp> mlp;
@@ -187,7 +213,7 @@ class TextLayer : public Module {
   Mistral3Config c_;
 };
 
-class Mistral3Model : public Model, public SplitsSequence {
+class Mistral3Model : public Model, public SplitsSequence, public IncrementalDecoder {
  public:
   explicit Mistral3Model(const Mistral3Config& config) : c_(config) {
     const auto& c = c_;
@@ -238,28 +264,7 @@ class Mistral3Model : public Model, public SplitsSequence {
     }
 
     ModelOutput result;
-    auto embeds = at::embedding(embed_tokens->weight.value, input_ids);  // [B, S, H]
-    const auto image_mask = input_ids == c.image_token_index;
-    const int64_t image_tokens = image_mask.sum().item<int64_t>();
-    auto pixels = batch.find("pixel_values");
-    if (pixels != batch.end() && pixels->second.size(0) > 0) {
-      auto features = image_features(pixels->second, batch_get(batch, "image_sizes"), result);
-      if (features.size(0) != image_tokens)
-        fail("mistral3: ", image_tokens, " [IMG] tokens (id ", c.image_token_index, ") in input_ids but the images give ",
-             features.size(0), " features: image tokens and image_sizes do not match");
-      embeds = embeds.masked_scatter(image_mask.unsqueeze(-1), features.to(embeds.scalar_type()));
-    } else if (image_tokens > 0) {
-      fail("mistral3: input_ids hold ", image_tokens, " [IMG] tokens but the batch has no pixel_values");
-    } else if (!vision->layers.empty()) {
-      // No image here: run the tower on one blank image anyway, so every rank issues the same
-      // collectives (the vision units' all-gathers, and their reduce-scatters when trained),
-      // as LLaMA-Factory's dummy image does. It adds exactly zero to the embeddings.
-      const int64_t side = c.patch_size * c.spatial_merge_size;
-      ModelOutput discard;
-      auto dummy = image_features(at::zeros({1, c.num_channels, side, side}, embeds.options()),
-                                  at::tensor(std::vector<int64_t>{side, side}, at::kLong).view({1, 2}), discard);
-      embeds = embeds + dummy.sum().to(embeds.scalar_type()) * 0.0;
-    }
+    auto embeds = input_embeddings(batch, input_ids, result);  // [B, S, H]
 
     // The LM runs over one packed stream of T = B * S rows: the batch's rows are its samples
     // (right padding sits after every real token of its row, so causal attention keeps it out of
@@ -312,6 +317,22 @@ class Mistral3Model : public Model, public SplitsSequence {
     }
     result.tensors["logits"] = logits;
     return result;
+  }
+
+  at::Tensor prefill(const Batch& prompt, Cache& cache) override {
+    const auto& input_ids = batch_get(prompt, "input_ids");
+    if (input_ids.dim() != 2 || input_ids.size(0) != 1 || input_ids.scalar_type() != at::kLong)
+      fail("mistral3 prefill: input_ids must be int64 [1, S], got ", input_ids.scalar_type(), " ", input_ids.sizes());
+    cache = Cache{std::vector<at::Tensor>(layers.size()), std::vector<at::Tensor>(layers.size()), 0};
+    ModelOutput discard;
+    const auto embeds = input_embeddings(prompt, input_ids, discard);
+    return run_cached(embeds[0], cache);
+  }
+
+  at::Tensor decode(int64_t token, Cache& cache) override {
+    if (token < 0 || token >= c_.vocab_size) fail("mistral3 decode: token ", token, " outside the vocabulary");
+    const auto ids = at::full({1, 1}, token, at::TensorOptions().dtype(at::kLong).device(embed_tokens->weight.value.device()));
+    return run_cached(at::embedding(embed_tokens->weight.value, ids)[0], cache);
   }
 
   // The loss over a split stream: local h [T_loc, H], labels [B, S] of the whole batch. Each rank
@@ -377,6 +398,54 @@ class Mistral3Model : public Model, public SplitsSequence {
   }
 
  private:
+  // The text embeddings of input_ids [B, S] with the images' features at the [IMG] tokens.
+  at::Tensor input_embeddings(const Batch& batch, const at::Tensor& input_ids, ModelOutput& result) {
+    const auto& c = c_;
+    auto embeds = at::embedding(embed_tokens->weight.value, input_ids);  // [B, S, H]
+    const auto image_mask = input_ids == c.image_token_index;
+    const int64_t image_tokens = image_mask.sum().item<int64_t>();
+    auto pixels = batch.find("pixel_values");
+    if (pixels != batch.end() && pixels->second.size(0) > 0) {
+      auto features = image_features(pixels->second, batch_get(batch, "image_sizes"), result);
+      if (features.size(0) != image_tokens)
+        fail("mistral3: ", image_tokens, " [IMG] tokens (id ", c.image_token_index, ") in input_ids but the images give ",
+             features.size(0), " features: image tokens and image_sizes do not match");
+      embeds = embeds.masked_scatter(image_mask.unsqueeze(-1), features.to(embeds.scalar_type()));
+    } else if (image_tokens > 0) {
+      fail("mistral3: input_ids hold ", image_tokens, " [IMG] tokens but the batch has no pixel_values");
+    } else if (!vision->layers.empty()) {
+      // No image here: run the tower on one blank image anyway, so every rank issues the same
+      // collectives (the vision units' all-gathers, and their reduce-scatters when trained),
+      // as LLaMA-Factory's dummy image does. It adds exactly zero to the embeddings.
+      const int64_t side = c.patch_size * c.spatial_merge_size;
+      ModelOutput discard;
+      auto dummy = image_features(at::zeros({1, c.num_channels, side, side}, embeds.options()),
+                                  at::tensor(std::vector<int64_t>{side, side}, at::kLong).view({1, 2}), discard);
+      embeds = embeds + dummy.sum().to(embeds.scalar_type()) * 0.0;
+    }
+    return embeds;
+  }
+
+  // Generation: the new rows x [T, H] through every layer with its cache, then the final norm and
+  // lm_head of the last row: logits [V] fp32.
+  at::Tensor run_cached(at::Tensor h, Cache& cache) {
+    const int64_t T = h.size(0);
+    const auto positions = at::arange(cache.length, cache.length + T,
+                                      at::TensorOptions().dtype(at::kLong).device(h.device()));
+    const auto [cos, sin] = rope_tables(positions, c_.head_dim, c_.rope_theta);
+    for (size_t i = 0; i < layers.size(); ++i) {
+      auto layer_ptr = layers[i];
+      at::Tensor& keys = cache.keys[i];
+      at::Tensor& values = cache.values[i];
+      h = layers[i]->apply({h, cos, sin}, [layer_ptr, &keys, &values](const std::vector<at::Tensor>& in) {
+        return layer_ptr->forward_cached(in[0], in[1], in[2], keys, values);
+      });
+    }
+    cache.length += T;
+    const auto last = rms_norm(h.narrow(0, T - 1, 1), norm->weight.value, c_.rms_norm_eps);
+    return lin(last, lm_head).to(at::kFloat)[0];
+  }
+
   // Vision tower + projector for all images of the batch: [sum_i L_i, H] in the text order.
   at::Tensor image_features(const at::Tensor& pixel_values, const at::Tensor& image_sizes, ModelOutput& result) {
     const auto& c = c_;

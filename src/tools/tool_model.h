@@ -1,4 +1,4 @@
-// The weights a tool runs a model with (`mmtrain eval`, `mmtrain sample`), given as one --load:
+// The model a tool runs (`mmtrain eval`, `mmtrain sample`) and its weights, given as one --load:
 //   an mmtrain checkpoint   an iter_N directory (index.json) or a save root (latest)
 //   an HF model directory   *.safetensors (with its index), or one .safetensors file
 //   a PyTorch DCP           .metadata: its weights are converted (rank 0) into a model-only
@@ -9,6 +9,7 @@
 #include "train/run.h"
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace mmtrain {
@@ -18,5 +19,17 @@ namespace mmtrain {
 // Collective.
 int64_t load_tool_weights(Run& run, const std::string& dir, const std::string& flag,
                           const std::string& dcp_scratch_prefix);
+
+// Runs work on rank 0 in a thread while every rank polls in short collectives, so a long step (a
+// DCP conversion, a 9B text encoder loading) cannot expire parallel.timeout_s; rank 0's error
+// reaches every rank, prefixed with `what`. Collective.
+void on_rank0_while_others_wait(Run& run, const std::string& what, const std::function<void()>& work);
+
+// Rank 0 creates `dir`, refused (on every rank) when anything is there already. Collective.
+void make_new_output_dir(Run& run, const std::string& dir, const std::string& flag);
+
+// For a forward-only tool: the mesh, the model and its FSDP sharding as run.config says (no data,
+// no optimizer). Context parallelism is refused naming `what` (no tool runs it yet).
+void build_tool_model(Run& run, const std::string& what);
 
 }  // namespace mmtrain

@@ -1,8 +1,9 @@
-#include "tools/tool_weights.h"
+#include "tools/tool_model.h"
 
 #include "config/registries.h"
 #include "core/error.h"
 #include "core/scratch_dir.h"
+#include "offload/offload_tiers.h"
 #include "tools/convert.h"
 #include "train/build.h"
 #include "train/lora_base.h"
@@ -11,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <thread>
 
@@ -76,29 +78,9 @@ int64_t load_tool_weights(Run& run, const std::string& dir, const std::string& f
       }
       const auto id = static_cast<uint64_t>(run.comm().all_reduce_sum(scratch ? double(scratch->id()) : 0.0));
       const std::string staging = (fs::path(ScratchDir::path_of(c.logging.output_dir, prefix, id)) / "ckpt").string();
-      std::atomic<bool> converted{false};
-      std::thread converter;
-      struct Join {  // an error while it runs still waits for it
-        std::thread& thread;
-        ~Join() {
-          if (thread.joinable()) thread.join();
-        }
-      } join{converter};
-      if (run.is_rank0())
-        converter = std::thread([&] {
-          try {
-            convert_dcp_weights_to_ckpt(c.model.model_id, c.model.config, dir, staging);
-          } catch (const std::exception& e) {
-            failed = e.what();
-          }
-          converted = true;
-        });
-      while (!run.comm().any_rank(converted.load())) std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      if (converter.joinable()) converter.join();
-      if (run.comm().any_rank(!failed.empty())) {
-        if (!run.is_rank0()) fail(flag, " ", dir, ": rank 0 could not read the DCP (see its error)");
-        fail(flag, " ", dir, ": ", failed);
-      }
+      on_rank0_while_others_wait(run, flag + " " + dir, [&] {
+        convert_dcp_weights_to_ckpt(c.model.model_id, c.model.config, dir, staging);
+      });
       state_load_weights(staging, *run.model, *run.fsdp, options);
       run.comm().barrier();  // every rank has read it before rank 0 removes it
       return 0;
@@ -107,5 +89,53 @@ int64_t load_tool_weights(Run& run, const std::string& dir, const std::string& f
   return 0;
 }
 
+
+void on_rank0_while_others_wait(Run& run, const std::string& what, const std::function<void()>& work) {
+  std::string failed;
+  std::atomic<bool> done{!run.is_rank0()};
+  std::thread worker;
+  struct Join {  // an error while it runs still waits for it
+    std::thread& thread;
+    ~Join() {
+      if (thread.joinable()) thread.join();
+    }
+  } join{worker};
+  if (run.is_rank0())
+    worker = std::thread([&] {
+      try {
+        work();
+      } catch (const std::exception& e) {
+        failed = e.what();
+      }
+      done = true;
+    });
+  while (run.comm().any_rank(!done.load())) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  if (worker.joinable()) worker.join();
+  if (run.comm().any_rank(!failed.empty()))
+    fail(what, ": ", run.is_rank0() ? failed : std::string("failed on rank 0 (see its error)"));
+}
+
+void make_new_output_dir(Run& run, const std::string& dir, const std::string& flag) {
+  std::string refused;
+  if (run.is_rank0()) {
+    std::error_code error;
+    if (fs::symlink_status(dir, error).type() != fs::file_type::not_found)
+      refused = flag + " " + dir + " exists; give a new directory (nothing is ever overwritten)";
+    else if (!fs::create_directories(dir, error) || error)
+      refused = flag + " " + dir + ": cannot create it (" + error.message() + ")";
+  }
+  if (run.comm().any_rank(!refused.empty())) fail(run.is_rank0() ? refused : flag + ": refused by rank 0");
+}
+
+void build_tool_model(Run& run, const std::string& what) {
+  const ParallelDims dims = config_resolve_world(run.config, run.comm().world_size());
+  if (dims.cp() > 1)
+    fail(what, ": context parallelism (parallel.ring_attention_size / ulysses_size) is not built here yet; run it with "
+         "context parallelism off");
+  run.mesh = std::make_unique<DeviceMesh>(build_mesh(dims, run.runtime));
+  run.model = build_model(run.config);
+  run.tiers = OffloadTiers::make(run.comm().device());
+  run.fsdp = parallelize_model(run.config, *run.model, *run.mesh, run.tiers);
+}
 
 }  // namespace mmtrain

@@ -1,0 +1,41 @@
+// Generating tokens from a causal language model with a key/value cache (`mmtrain sample mistral3`):
+// the prompt once (prefill), then one token at a time, greedy or sampled with temperature and
+// top-p, until EOS or max_new_tokens. docs/sampling.md.
+#pragma once
+#include "core/batch.h"
+#include "models/incremental_decoder.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace mmtrain::sample {
+
+struct TokenSampling {
+  int64_t max_new_tokens = 256;
+  double temperature = 0.0;  // 0: greedy (argmax, the first of equal maxima)
+  double top_p = 1.0;        // with temperature > 0: sample from the fewest tokens whose probability reaches top_p
+  bool kv_cache = true;      // false: recompute the whole prefix for every token (the reference path)
+};
+
+// The next token from logits [V] fp32: argmax when temperature is 0; otherwise softmax(logits / T)
+// cut to the most probable tokens whose cumulative probability reaches top_p (at least one, as HF's
+// TopPLogitsWarper), renormalized, one draw from the generator.
+int64_t next_token(const at::Tensor& logits, const TokenSampling& sampling, at::Generator& generator);
+
+struct Generation {
+  std::vector<int64_t> tokens;     // the generated ids, EOS included when it ended the generation
+  std::vector<at::Tensor> logits;  // with keep_logits: each generated token's logits [V]
+};
+
+// `run` wraps each decoder call (the caller's FSDP gathers). `others_active(active)` is asked after
+// every token with whether this generation still runs and returns whether any rank's does: a
+// finished rank keeps stepping on a dummy token, its results dropped, so every rank issues the
+// same collectives. Returns when no rank is active.
+Generation generate(IncrementalDecoder& decoder, const std::function<at::Tensor(const std::function<at::Tensor()>&)>& run,
+                    const Batch& prompt, int64_t eos, const TokenSampling& sampling, at::Generator& generator,
+                    bool keep_logits, const std::function<bool(bool)>& others_active);
+
+}  // namespace mmtrain::sample
