@@ -7,8 +7,18 @@ Registry<CliCommand>& fixture_registry() {
   return registry;
 }
 
-FixtureRegistration::FixtureRegistration(const std::string& name, CliCommand command) {
-  fixture_registry().add(name, std::move(command));
+Registry<CliCommand>& prepare_registry() {
+  static Registry<CliCommand> registry("prepare");
+  return registry;
+}
+
+Registry<CliCommand>& sample_registry() {
+  static Registry<CliCommand> registry("sample");
+  return registry;
+}
+
+CliRegistration::CliRegistration(Registry<CliCommand>& registry, const std::string& name, CliCommand command) {
+  registry.add(name, std::move(command));
 }
 
 }  // namespace mmtrain

@@ -1,6 +1,6 @@
 // A subcommand a component contributes to the mmtrain command line without src/tools/ naming it:
 // the data fixtures (`mmtrain fixture NAME`) are registered from the dataset folders that know
-// their formats. define() adds the command's options to the CLI11 command it is given and
+// their formats, `prepare NAME` and `sample NAME` from the folders that know their model. define() adds the command's options to the CLI11 command it is given and
 // returns what runs it once the line is parsed.
 #pragma once
 #include "core/registry.h"
@@ -21,10 +21,14 @@ struct CliCommand {
 
 // `mmtrain fixture NAME`: synthetic data sets, so that nothing is ever downloaded.
 Registry<CliCommand>& fixture_registry();
+// `mmtrain prepare NAME`: raw media encoded into a model's training data (src/media).
+Registry<CliCommand>& prepare_registry();
+// `mmtrain sample NAME`: what a model makes (src/sample).
+Registry<CliCommand>& sample_registry();
 
-// Registers at static initialisation: `static const FixtureRegistration r("tokens", {...});`.
-struct FixtureRegistration {
-  FixtureRegistration(const std::string& name, CliCommand command);
+// Registers at static initialisation: `static const CliRegistration r(fixture_registry(), "tokens", {...});`.
+struct CliRegistration {
+  CliRegistration(Registry<CliCommand>& registry, const std::string& name, CliCommand command);
 };
 
 }  // namespace mmtrain

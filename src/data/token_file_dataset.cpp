@@ -87,7 +87,7 @@ const CollatorRegistration collator("causal_lm", [](const DataConfig& data, cons
       .check_known_keys({"model_name"});
   return std::make_shared<CausalLmCollator>();
 });
-const FixtureRegistration fixture(
+const CliRegistration fixture(fixture_registry(), 
     "tokens", {"token data: safetensors `tokens` int64 [samples, seq_len] (dataset token_file)", [](CLI::App& cmd) {
       auto o = std::make_shared<TokensFixture>();
       cmd.add_option("--out", o->out_path, "output .safetensors file")->required();

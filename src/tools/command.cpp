@@ -33,4 +33,15 @@ bool Commands::run_parsed() const {
   return false;
 }
 
+void add_registered_commands(CLI::App& app, Commands& commands, const std::string& name, const std::string& help,
+                             Registry<CliCommand>& registry) {
+  auto* parent = app.add_subcommand(name, help);
+  parent->require_subcommand(1);
+  for (const auto& sub : registry.names()) {
+    const auto& entry = registry.get(sub);
+    auto* cmd = parent->add_subcommand(sub, entry.help);
+    commands.add(cmd, entry.define(*cmd));
+  }
+}
+
 }  // namespace mmtrain

@@ -2,6 +2,8 @@
 // options on the CLI11 app main() hands it, next to the code that uses them, and registers what
 // runs once that subcommand is parsed. main() only calls the add_*_commands functions below.
 #pragma once
+#include "core/cli_command.h"
+
 #include <functional>
 #include <string>
 #include <utility>
@@ -28,6 +30,11 @@ class Commands {
 // line. They come before the command line's own --set, which therefore win.
 std::vector<std::string> read_set_file(const std::string& path);
 
+// `mmtrain NAME SUB ...` for each SUB a component registered in `registry` (core/cli_command.h):
+// `prepare` and `sample` come from the folders that know their model (src/media, src/sample).
+void add_registered_commands(CLI::App& app, Commands& commands, const std::string& name, const std::string& help,
+                             Registry<CliCommand>& registry);
+
 void add_train_commands(CLI::App& app, Commands& commands);    // train (tools/train.cpp)
 void add_eval_commands(CLI::App& app, Commands& commands);     // eval CONFIG --load DIR
 void add_fixture_commands(CLI::App& app, Commands& commands);  // fixture NAME, fixture MODEL-weights
@@ -39,8 +46,5 @@ void add_debug_commands(CLI::App& app, Commands& commands);    // debug collate 
 void add_measure_commands(CLI::App& app, Commands& commands);  // measure gemm
 void add_ablate_commands(CLI::App& app, Commands& commands);   // ablate CONFIG --feature ...
 void add_ckpt_commands(CLI::App& app, Commands& commands);     // ckpt verify DIR
-void add_prepare_commands(CLI::App& app, Commands& commands);  // prepare magihuman (tools/media.cpp)
-void add_sample_commands(CLI::App& app, Commands& commands);   // sample magihuman | mistral3
-void add_sample_mistral3_command(CLI::App& sample, Commands& commands);  // (tools/sample_mistral3.cpp)
 
 }  // namespace mmtrain

@@ -81,8 +81,8 @@ int main(int argc, char** argv) {
   add_measure_commands(app, commands);
   add_ablate_commands(app, commands);
   add_ckpt_commands(app, commands);
-  add_prepare_commands(app, commands);
-  add_sample_commands(app, commands);
+  add_registered_commands(app, commands, "prepare", "encode raw media into a model's training data", prepare_registry());
+  add_registered_commands(app, commands, "sample", "generate with a model (launch with torchrun for N ranks)", sample_registry());
 
   if (!subcommands_exist(app, argc, argv)) return 2;
   CLI11_PARSE(app, argc, argv);

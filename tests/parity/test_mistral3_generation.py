@@ -4,7 +4,6 @@ path equal to recomputing the whole prefix; sampling reproducible from its seed;
 2 ranks; the refused prompt files."""
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest

@@ -131,7 +131,7 @@ void write_samples(const DataFixture& o) {
   std::printf("wrote %lld samples to %s\n", static_cast<long long>(o.samples), o.out_dir.c_str());
 }
 
-const FixtureRegistration fixture(
+const CliRegistration fixture(fixture_registry(), 
     "magihuman", {"MagiHuman precomputed samples: DIR/{latents,audio_latents,conditions}/ (dataset magihuman_precomputed)",
                   [](CLI::App& cmd) {
                     auto o = std::make_shared<DataFixture>();

@@ -161,7 +161,7 @@ struct FixtureArgs {
   Mistral3DataFixture options;
 };
 
-const FixtureRegistration fixture(
+const CliRegistration fixture(fixture_registry(), 
     "mistral3", {"image-text SFT set for mistral3: tekken.json, images/, conversations.json (dataset huggingface)",
                  [](CLI::App& cmd) {
                    auto a = std::make_shared<FixtureArgs>();

@@ -17,8 +17,8 @@
 #include "models/magihuman/config.h"
 #include "offload/offload_tiers.h"
 #include "sample/magihuman_sampler.h"
-#include "tools/command.h"
-#include "tools/media.h"
+#include "core/cli_command.h"
+#include "media/media_room.h"
 #include "tools/plots.h"
 #include "tools/tool_model.h"
 #include "train/build.h"
@@ -122,18 +122,6 @@ at::Tensor read_embedding(const std::string& path, int64_t text_channels) {
   return t;
 }
 
-void run_media(const std::vector<std::string>& args, const std::string& log, const std::string& what) {
-  ProcessOptions options;
-  options.output_path = log;
-  options.environment.push_back({"PYTHONPATH", media_path()});
-  std::vector<std::string> argv = {tools_python(), "-m"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  const int status = run_process(argv, options);
-  const std::string printed = file_read_text(log);
-  fs::remove(log);
-  if (status != 0) fail(what, " failed (status ", status, "): ", trim(printed));
-}
-
 void write_json(const std::string& path, const nlohmann::json& j) { write_file_no_follow(path, j.dump(2) + "\n", path); }
 
 void run_sample(const SampleOptions& o) {
@@ -192,7 +180,7 @@ void run_sample(const SampleOptions& o) {
       const bool cuda = run.comm().device().is_cuda();
       const std::string device = o.text_device.empty() ? (cuda ? "cuda" : "cpu") : o.text_device;
       run.log("embedding " + std::to_string(prompts.size()) + " prompt(s) and the negative prompt with " + o.text_encoder);
-      run_media({"mmtrain_media.embed", "--text-encoder", o.text_encoder, "--prompts", list, "--out", scratch->path(),
+      run_media_module("embed", {"--text-encoder", o.text_encoder, "--prompts", list, "--out", scratch->path(),
                  "--device", device, "--dtype", device == "cuda" ? "bf16" : "fp32", "--negative"},
                 scratch->path() + "/embed.log", "the prompt embeddings (mmtrain_media.embed)");
     });
@@ -264,20 +252,18 @@ void run_sample(const SampleOptions& o) {
   if (o.vae.empty()) return;
   on_rank0_while_others_wait(run, "sample: decoding", [&] {
     const bool cuda = run.comm().device().is_cuda();
-    run_media({"mmtrain_media.decode", "--beside", "--input", o.out, "--out", o.out, "--vae", o.vae, "--audio-vae",
+    run_media_module("decode", {"--beside", "--input", o.out, "--out", o.out, "--vae", o.vae, "--audio-vae",
                o.audio_vae, "--device", cuda ? "cuda" : "cpu", "--dtype", cuda ? "bf16" : "fp32", "--fps", "25"},
               (fs::path(o.out) / ".decode.log").string(), "decoding the samples (mmtrain_media.decode)");
     run.log("decoded the samples to " + o.out + "/<index>.mp4");
   });
 }
 
-}  // namespace
 
-void add_sample_commands(CLI::App& app, Commands& commands) {
-  auto* sample = app.add_subcommand("sample", "generate with a model (launch with torchrun for N ranks)");
-  sample->require_subcommand(1);
-  auto* cmd = sample->add_subcommand("magihuman", "clips with sound from prompts: upstream's base sampler "
-                                                  "(FlowUniPC, classifier-free guidance)");
+const CliRegistration sample_command(
+    sample_registry(), "magihuman",
+    {"clips with sound from prompts: upstream's base sampler (FlowUniPC, classifier-free guidance)", [](CLI::App& command) {
+  auto* cmd = &command;
   auto o = std::make_shared<SampleOptions>();
   cmd->add_option("config", o->config_path, "YAML config of the model (its model section and parallelism)")->required();
   cmd->add_option("--load", o->load, "mmtrain checkpoint, HF model directory or DCP")->required();
@@ -300,8 +286,10 @@ void add_sample_commands(CLI::App& app, Commands& commands) {
   cmd->add_option("--seed", o->seed, "the first prompt's seed when its line gives none (then +1 a prompt)")
       ->capture_default_str();
   cmd->add_option("--set", o->overrides, "override a config key (repeatable)");
-  commands.add(cmd, [o] { run_sample(*o); });
-  add_sample_mistral3_command(*sample, commands);
-}
+  return [o] { run_sample(*o); };
+}});
+
+
+}  // namespace
 
 }  // namespace mmtrain

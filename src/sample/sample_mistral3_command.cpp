@@ -12,7 +12,7 @@
 #include "io/user_file.h"
 #include "models/incremental_decoder.h"
 #include "sample/token_generation.h"
-#include "tools/command.h"
+#include "core/cli_command.h"
 #include "tools/tool_model.h"
 #include "train/run.h"
 
@@ -186,10 +186,11 @@ void run_sample(const Options& o) {
   run.log("wrote " + out + " (" + std::to_string(all.size()) + " completions)");
 }
 
-}  // namespace
 
-void add_sample_mistral3_command(CLI::App& sample, Commands& commands) {
-  auto* cmd = sample.add_subcommand("mistral3", "Magistral's answers to conversations (greedy or top-p, KV cache)");
+const CliRegistration sample_command(
+    sample_registry(), "mistral3",
+    {"Magistral's answers to conversations (greedy or top-p, KV cache)", [](CLI::App& command) {
+  auto* cmd = &command;
   auto o = std::make_shared<Options>();
   cmd->add_option("config", o->config_path, "YAML config of the model (model, data template and images, parallelism)")
       ->required();
@@ -206,7 +207,10 @@ void add_sample_mistral3_command(CLI::App& sample, Commands& commands) {
   cmd->add_flag("--no-kv-cache", o->no_kv_cache, "recompute the whole prefix for every token (the reference path)");
   cmd->add_flag("--save-logits", o->save_logits, "also write logits_<i>.safetensors: each generated token's logits");
   cmd->add_option("--set", o->overrides, "override a config key (repeatable)");
-  commands.add(cmd, [o] { run_sample(*o); });
-}
+  return [o] { run_sample(*o); };
+}});
+
+
+}  // namespace
 
 }  // namespace mmtrain

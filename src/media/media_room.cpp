@@ -1,0 +1,86 @@
+#include "media/media_room.h"
+
+#include "core/error.h"
+#include "core/subprocess.h"
+#include "core/text.h"
+#include "io/atomic_file.h"
+#include "tools/plots.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+namespace mmtrain {
+
+namespace fs = std::filesystem;
+
+std::string argument_number(double value) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.17g", value);
+  return text;
+}
+
+void require_new_path(const std::string& path, const std::string& flag, const std::string& hint) {
+  std::error_code error;
+  if (fs::symlink_status(path, error).type() != fs::file_type::not_found)
+    fail(flag, " ", path, " exists; give a new directory", hint);
+}
+
+std::string media_path() {
+  if (const char* path = std::getenv("MMTRAIN_MEDIA_PATH")) return path;
+  const auto beside = fs::path(executable_dir()) / ".." / "share" / "mmtrain" / "python";
+  if (fs::exists(beside / "mmtrain_media")) return fs::weakly_canonical(beside).string();
+  fail("cannot find the media room: expected ", beside.string(), "/mmtrain_media (the build copies it there) or "
+       "$MMTRAIN_MEDIA_PATH");
+}
+
+std::pair<int64_t, int64_t> parse_resolution(const std::string& text, int64_t multiple, const std::string& flag) {
+  const auto x = text.find('x');
+  char* end = nullptr;
+  errno = 0;
+  const long long height = x == std::string::npos ? 0 : std::strtoll(text.c_str(), &end, 10);
+  const bool height_ok = x != std::string::npos && end == text.c_str() + x;
+  const long long width = height_ok ? std::strtoll(text.c_str() + x + 1, &end, 10) : 0;
+  if (!height_ok || *end != '\0' || errno != 0 || height <= 0 || width <= 0 || height > 16384 || width > 16384)
+    fail(flag, " '", text, "': expected HxW, two positive integers up to 16384 (e.g. 256x480)");
+  if (height % multiple != 0 || width % multiple != 0)
+    fail(flag, " ", text, ": both sides must be multiples of ", multiple,
+         multiple == 32 ? " (the VAE's 16x16 stride times the 2x2 patch)" : "");
+  return {height, width};
+}
+
+void exec_media_module(const std::string& module, const std::vector<std::string>& args) {
+  const std::string path = media_path();
+  const char* existing = std::getenv("PYTHONPATH");
+  const std::string python_path = existing && *existing ? path + ":" + existing : path;
+  ::setenv("PYTHONPATH", python_path.c_str(), 1);
+  const std::string python = tools_python();
+  std::vector<std::string> argv = {python, "-m", "mmtrain_media." + module};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> pointers;
+  for (auto& arg : argv) pointers.push_back(arg.data());
+  pointers.push_back(nullptr);
+  std::fflush(nullptr);
+  ::execvp(pointers[0], pointers.data());
+  fail("cannot run the media room's Python '", python, "': ", std::strerror(errno),
+       " (set $MMTRAIN_PYTHON to a Python with diffusers, transformers and av: scripts/setup.sh installs them in .venv)");
+}
+
+void run_media_module(const std::string& module, const std::vector<std::string>& args, const std::string& log,
+                      const std::string& what) {
+  ProcessOptions options;
+  options.output_path = log;
+  options.environment.push_back({"PYTHONPATH", media_path()});
+  std::vector<std::string> argv = {tools_python(), "-m", "mmtrain_media." + module};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const int status = run_process(argv, options);
+  const std::string printed = file_read_text(log);
+  fs::remove(log);
+  if (status != 0) fail(what, " failed (status ", status, "): ", trim(printed));
+}
+
+}  // namespace mmtrain
