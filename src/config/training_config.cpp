@@ -43,6 +43,9 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
       .field("eval_at_start", &T::eval_at_start)
       .field("eval_batch_size", &T::eval_batch_size)
       .field("eval_timesteps", &T::eval_timesteps)
+      .field("sample_interval", &T::sample_interval)
+      .field("sample_prompts", &T::sample_prompts)
+      .field("sample_at_start", &T::sample_at_start)
       .check([](const T& t, const ConfigCheck& check) {
         const auto number = ConfigCheck::number;
         check.at_least("micro_batch_size", t.micro_batch_size, 1);
@@ -88,6 +91,13 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
           check.invalid("eval_iters", "a number of global batches >= 1, or -1 (one full pass over the validation set)",
                         std::to_string(t.eval_iters));
         check.at_least("eval_batch_size", t.eval_batch_size, 0);
+        check.at_least("sample_interval", t.sample_interval, 0);
+        const bool sampling = t.sample_interval > 0 || t.sample_at_start;
+        if (sampling && t.sample_prompts.empty())
+          check.invalid("sample_prompts", "a prompts file when training.sample_interval or sample_at_start is set", "\"\"");
+        if (!sampling && !t.sample_prompts.empty())
+          check.invalid("sample_prompts", "empty unless training.sample_interval or sample_at_start is set (nothing would "
+                        "sample them)", t.sample_prompts);
         if (t.eval_timesteps.empty()) check.invalid("eval_timesteps", "at least one quantile in (0, 1)", "[]");
         for (size_t i = 0; i < t.eval_timesteps.size(); ++i) {
           const double q = t.eval_timesteps[i];

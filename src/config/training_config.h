@@ -56,6 +56,11 @@ struct TrainingConfig {
   int eval_batch_size = 0;                     // samples per rank per micro-batch; 0 = micro_batch_size
   // A diffusion model's fixed timesteps, as quantiles of the training distribution (sorted, in (0, 1)).
   std::vector<double> eval_timesteps = {0.1, 0.3, 0.5, 0.7, 0.9};
+  // Samples during training (train/training_sampler.h): what the model makes from fixed prompts and
+  // seeds, written to <output_dir>/samples/iter_N/ (docs/sampling.md).
+  int64_t sample_interval = 0;                 // sample after every N steps; 0 = never
+  std::string sample_prompts;                  // the prompts file, in `mmtrain sample`'s format for the model
+  bool sample_at_start = false;                // also sample before the first step
 
   static void declare(ConfigSection<TrainingConfig>& section);
 };

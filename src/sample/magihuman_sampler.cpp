@@ -24,10 +24,10 @@ at::Tensor video_tokens(const at::Tensor& latent) {
 
 MagiHumanLatentShape MagiHumanLatentShape::of_clip(double seconds, int64_t height_px, int64_t width_px,
                                                    int64_t video_in_channels, int64_t audio_in_channels) {
-  if (!(seconds > 0)) fail("sampling: --seconds must be > 0, found ", seconds);
+  if (!(seconds > 0)) fail("sampling: seconds must be > 0, found ", seconds);
   const double rounded = std::round(seconds * kFps);
   if (std::abs(seconds * kFps - rounded) > 1e-6)
-    fail("sampling: --seconds ", seconds, " is not a whole number of frames at ", kFps, " fps");
+    fail("sampling: seconds ", seconds, " is not a whole number of frames at ", kFps, " fps");
   const int64_t pixels = kSpatialStride * kPatch;
   if (height_px <= 0 || width_px <= 0 || height_px % pixels || width_px % pixels)
     fail("sampling: resolution ", height_px, "x", width_px, ": both sides must be positive multiples of ", pixels);

@@ -1,15 +1,20 @@
 #include "train/trainer.h"
 
+#include "checkpoint/sharded_checkpoint.h"
 #include "core/error.h"
+#include "core/text.h"
 #include "record/metrics.h"
 #include "train/evaluate.h"
 #include "train/run.h"
 #include "train/run_save.h"
 #include "train/run_start.h"
 #include "train/step_report.h"
+#include "train/training_sampler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <optional>
 
 namespace mmtrain {
@@ -65,8 +70,35 @@ void Trainer::run() {
       run.best = best_checkpoints_update(run.best, iteration, eval.loss, t.keep_best);
     return eval;
   };
+  std::unique_ptr<TrainingSampler> sampler;
+  if (t.sample_interval > 0 || t.sample_at_start) {
+    if (!training_sampler_registry().contains(run.config.model.model_id))
+      fail("training.sample_interval: model '", run.config.model.model_id, "' has no sampler");
+    sampler = training_sampler_registry().get(run.config.model.model_id)(run);
+  }
+  // What the model makes after `iteration` steps, if the config samples then: after that step's
+  // evaluation, before its save. An iteration already sampled (a resume repeating it) is kept.
+  auto sample_if_due = [&](int64_t iteration) {
+    if (!sampler || !(iteration == 0 ? t.sample_at_start : t.sample_interval > 0 && iteration % t.sample_interval == 0))
+      return;
+    const auto dir = std::filesystem::path(run.config.logging.output_dir) / "samples" / checkpoint_dir_name(iteration);
+    std::error_code error;
+    const bool exists = std::filesystem::symlink_status(dir, error).type() != std::filesystem::file_type::not_found;
+    if (run.comm().any_rank(exists)) {
+      run.log("samples of iteration " + std::to_string(iteration) + " exist in " + dir.string() + ": kept, not redone");
+      return;
+    }
+    run.comm().barrier();
+    if (run.is_rank0()) std::filesystem::create_directories(dir);
+    run.comm().barrier();
+    const auto began = std::chrono::steady_clock::now();
+    sampler->sample(run, dir.string());
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+    run.log(format("samples of iteration %lld in %s (%.1f s)", static_cast<long long>(iteration), dir.c_str(), seconds));
+  };
   if (run.start_step == 0) {
     if (const auto eval = evaluate_if_due(0)) metrics.record(*eval);  // eval_at_start: before any step
+    sample_if_due(0);
   }
   for (int64_t step = run.start_step; step < t.train_iters; ++step) {
     const int64_t iteration = step + 1;
@@ -80,6 +112,7 @@ void Trainer::run() {
     // A background save that finished (or failed) during this step is settled at its boundary.
     settle_async_save(run);
     const std::optional<EvalRecord> eval = evaluate_if_due(iteration);
+    sample_if_due(iteration);
     const bool exiting = t.exit_interval > 0 && iteration % t.exit_interval == 0;
     const bool last = iteration == t.train_iters || exiting;
     const bool logged = iteration % t.log_interval == 0 || iteration == t.train_iters;

@@ -223,7 +223,7 @@ def test_bad_input_is_refused_by_name(setup, tmp_path):
         (["--prompts", str(tmp_path / "both.jsonl")], "exactly one of"),
         (["--prompts", str(tmp_path / "text.jsonl")], "give --text-encoder"),
         (["--resolution", "64x90"], "multiples of 32"),
-        (["--seconds", "0"], "--seconds must be in"),
+        (["--seconds", "0"], "seconds must be in (0, 600]"),
         (["--seconds", "0.5"], "whole number of frames"),
         (["--guidance-video", "nan"], "must be finite"),
         (["--vae", str(tmp)], "--vae and --audio-vae go together"),

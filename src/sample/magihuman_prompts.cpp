@@ -1,0 +1,198 @@
+#include "sample/magihuman_prompts.h"
+
+#include "core/error.h"
+#include "core/json_read.h"
+#include "core/text.h"
+#include "io/safetensors.h"
+#include "io/user_file.h"
+#include "media/media_room.h"
+#include "models/magihuman/config.h"
+#include "train/run.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+namespace mmtrain::sample {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kMaxPrompts = 10000;
+constexpr int64_t kMaxTextTokens = 640;  // upstream's t5_gemma_target_length
+constexpr double kMaxSeconds = 600;
+
+// FILE relative to base, refused unless it resolves inside base.
+std::string inside(const fs::path& base, const std::string& relative, const std::string& where, const char* key) {
+  const fs::path joined = base / relative;
+  const fs::path resolved = fs::weakly_canonical(joined);
+  const auto [end, _] = std::mismatch(base.begin(), base.end(), resolved.begin(), resolved.end());
+  if (relative.empty() || fs::path(relative).is_absolute() || end != base.end())
+    fail(where, ": '", key, "' ", printable(relative), " must be a file inside ", base.string());
+  return joined.string();
+}
+
+double finite_number(const nlohmann::json& j, const char* key, const std::string& where) {
+  if (!j[key].is_number()) fail(where, ": '", key, "' must be a number");
+  const double value = j[key].get<double>();
+  if (!std::isfinite(value)) fail(where, ": '", key, "' must be finite, found ", value);
+  return value;
+}
+
+// Checks a prompt's settings whatever their source (flags or line): the errors name `where`.
+void check_settings(const MagiHumanSampleSettings& s, const std::string& where) {
+  if (!(s.seconds > 0 && s.seconds <= kMaxSeconds)) fail(where, ": seconds must be in (0, ", kMaxSeconds, "], found ", s.seconds);
+  MagiHumanLatentShape::of_clip(s.seconds, s.height, s.width, 4, 1);  // whole frames, multiples of 32
+  if (s.sampling.steps < 1 || s.sampling.steps > 1000) fail(where, ": steps must be in 1..1000, found ", s.sampling.steps);
+  if (!(s.sampling.shift > 0)) fail(where, ": shift must be > 0, found ", s.sampling.shift);
+  if (!std::isfinite(s.sampling.guidance_video) || !std::isfinite(s.sampling.guidance_audio))
+    fail(where, ": the guidance scales must be finite, found ", s.sampling.guidance_video, " and ", s.sampling.guidance_audio);
+}
+
+}  // namespace
+
+std::vector<MagiHumanPrompt> read_magihuman_prompts(const std::string& path, uint64_t default_seed,
+                                                    const MagiHumanSampleSettings& defaults) {
+  check_settings(defaults, "the settings (--seconds, --resolution, --steps, --shift, --guidance-*)");
+  const std::string text = read_user_file(path, "prompts", int64_t{16} << 20);
+  const fs::path base = fs::weakly_canonical(fs::absolute(path)).parent_path();
+  const char* known[] = {"prompt", "conditions", "seed", "negative_conditions", "seconds", "resolution", "steps",
+                         "shift", "guidance_video", "guidance_audio"};
+  std::vector<MagiHumanPrompt> prompts;
+  std::istringstream lines(text);
+  std::string line;
+  for (int64_t number = 1; std::getline(lines, line); ++number) {
+    if (trim(line).empty()) continue;
+    const std::string where = path + ":" + std::to_string(number);
+    const nlohmann::json j = json_parse_checked(line, where);
+    if (!j.is_object()) fail(where, ": expected an object {\"prompt\": TEXT, \"seed\": N}");
+    for (const auto& [key, _] : j.items())
+      if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return key == k; }) == std::end(known))
+        fail(where, ": unknown key '", printable(key), "' (", join(std::vector<std::string>(std::begin(known), std::end(known)), ", "), ")");
+    MagiHumanPrompt p;
+    p.seed = default_seed + prompts.size();
+    p.settings = defaults;
+    if (j.contains("seed")) {
+      if (!j["seed"].is_number_unsigned()) fail(where, ": 'seed' must be an integer >= 0");
+      p.seed = j["seed"].get<uint64_t>();
+    }
+    if (j.contains("prompt") == j.contains("conditions")) fail(where, ": give exactly one of 'prompt' and 'conditions'");
+    if (j.contains("prompt")) {
+      p.text = json_string(j, "prompt", where);
+      if (trim(p.text).empty()) fail(where, ": the prompt is empty");
+    } else {
+      p.conditions = inside(base, json_string(j, "conditions", where), where, "conditions");
+    }
+    if (j.contains("negative_conditions"))
+      p.negative_conditions = inside(base, json_string(j, "negative_conditions", where), where, "negative_conditions");
+    if (j.contains("seconds")) p.settings.seconds = finite_number(j, "seconds", where);
+    if (j.contains("resolution")) {
+      const auto [h, w] = parse_resolution(json_string(j, "resolution", where), 32, where + ": 'resolution'");
+      p.settings.height = h;
+      p.settings.width = w;
+    }
+    if (j.contains("steps")) {
+      if (!j["steps"].is_number_integer()) fail(where, ": 'steps' must be an integer");
+      p.settings.sampling.steps = j["steps"].get<int64_t>();
+    }
+    if (j.contains("shift")) p.settings.sampling.shift = finite_number(j, "shift", where);
+    if (j.contains("guidance_video")) p.settings.sampling.guidance_video = finite_number(j, "guidance_video", where);
+    if (j.contains("guidance_audio")) p.settings.sampling.guidance_audio = finite_number(j, "guidance_audio", where);
+    check_settings(p.settings, where);
+    prompts.push_back(std::move(p));
+    if (static_cast<int64_t>(prompts.size()) > kMaxPrompts) fail(path, ": more than ", kMaxPrompts, " prompts");
+  }
+  if (prompts.empty()) fail(path, ": no prompts (one JSON object a line)");
+  return prompts;
+}
+
+at::Tensor read_text_embedding(const std::string& path, int64_t text_channels) {
+  const SafetensorsFile file(path, SafetensorsFile::Symlinks::refuse);
+  std::string key;
+  for (const char* name : {"prompt_embeds", "text_embed"})
+    if (file.contains(name)) key = name;
+  if (key.empty()) fail(path, ": no 'prompt_embeds' (or 'text_embed') tensor");
+  at::Tensor t = file.read(key);
+  if (t.dim() == 3 && t.size(0) == 1) t = t.squeeze(0);
+  if (t.dim() != 2 || t.size(1) != text_channels || t.size(0) < 1 || t.size(0) > kMaxTextTokens)
+    fail(path, ": ", key, " must be [1..", kMaxTextTokens, ", ", text_channels, "] (model.config.text_in_channels), found ",
+         t.sizes());
+  if (!at::isFloatingType(t.scalar_type())) fail(path, ": ", key, " must be floating, found ", t.scalar_type());
+  t = t.to(at::kFloat);
+  if (!at::isfinite(t).all().item<bool>()) fail(path, ": ", key, " holds NaN or Inf");
+  return t;
+}
+
+void sample_magihuman_prompts(Run& run, const std::vector<MagiHumanPrompt>& prompts, const std::string& out_dir,
+                              const std::string& load) {
+  const auto model_config = magihuman::MagiHumanConfig::from_json(run.config.model.config);
+  at::NoGradGuard no_grad;
+  auto forward = [&](const Batch& batch) {
+    Batch on_device = batch;
+    for (auto& [key, tensor] : on_device) tensor = tensor.to(run.comm().device());
+    run.fsdp->begin_forward();
+    const ModelOutput out = run.model->forward(on_device);
+    run.fsdp->finish_forward_only();
+    return out.tensors.at("prediction").to(at::kCPU);
+  };
+  // Every rank must run as many forwards as the others (each is a sequence of FSDP gathers), but
+  // prompts differ in steps and guidance: a rank whose prompt needs fewer runs the difference on a
+  // one-token-per-modality batch after it. Every rank knows every prompt, so no collective is needed.
+  auto forwards_of = [&](int64_t i) {
+    const auto& p = prompts[i < static_cast<int64_t>(prompts.size()) ? i : 0];
+    return p.settings.sampling.steps * (p.negative ? 2 : 1);
+  };
+  const Batch idle = pack_magihuman_input(at::zeros({model_config.video_in_channels / 4, 1, 2, 2}),
+                                          at::zeros({1, model_config.audio_in_channels}),
+                                          at::zeros({1, model_config.text_in_channels}), model_config.io_width(),
+                                          model_config.out_width());
+  const int64_t dp = run.mesh->dp_size(), dp_rank = run.mesh->dp_rank(), count = static_cast<int64_t>(prompts.size());
+  for (int64_t round = 0; round < (count + dp - 1) / dp; ++round) {
+    const int64_t index = round * dp + dp_rank;
+    const bool padding = index >= count;
+    const MagiHumanPrompt& p = prompts[padding ? 0 : index];
+    int64_t most = 0;
+    for (int64_t r = 0; r < dp; ++r) most = std::max(most, forwards_of(round * dp + r));
+    for (int64_t extra = forwards_of(index); extra < most; ++extra) forward(idle);
+    const auto& s = p.settings;
+    const auto shape = MagiHumanLatentShape::of_clip(s.seconds, s.height, s.width, model_config.video_in_channels,
+                                                     model_config.audio_in_channels);
+    const auto began = std::chrono::steady_clock::now();
+    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(p.seed);
+    const auto result = sample_magihuman(forward, p.embedding, p.negative, shape, s.sampling, generator,
+                                         model_config.io_width(), model_config.out_width());
+    if (padding) continue;
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+    const std::string stem = (fs::path(out_dir) / format("%04lld", static_cast<long long>(index))).string();
+    const at::Tensor tokens = result.video.reshape({shape.latent_channels, shape.frames, shape.height / 2, 2,
+                                                    shape.width / 2, 2})
+                                  .permute({1, 2, 4, 0, 3, 5})
+                                  .reshape({-1, 4 * shape.latent_channels});
+    safetensors_write(stem + ".safetensors",
+                      {{"video_latent", tokens.contiguous()},
+                       {"video_grid_thw", at::tensor({shape.frames, shape.height / 2, shape.width / 2}, at::kLong)},
+                       {"audio_latent", result.audio.contiguous()}});
+    nlohmann::json record = {{"index", index}, {"seed", p.seed}, {"steps", s.sampling.steps}, {"shift", s.sampling.shift},
+                             {"guidance_video", s.sampling.guidance_video},
+                             {"guidance_video_low_noise", s.sampling.guidance_video_low_noise},
+                             {"guidance_switch_timestep", s.sampling.guidance_switch_timestep},
+                             {"guidance_audio", s.sampling.guidance_audio}, {"cfg_number", p.negative ? 2 : 1},
+                             {"seconds", s.seconds}, {"resolution", {s.height, s.width}}, {"load", load},
+                             {"video_latent", tokens.sizes().vec()}, {"audio_latent", result.audio.sizes().vec()},
+                             {"sampling_s", took}};
+    if (p.text.empty()) record["conditions"] = p.conditions;
+    else record["prompt"] = p.text;
+    write_file_no_follow(stem + ".json", record.dump(2) + "\n", stem + ".json");
+    std::printf("[mmtrain] sample %lld: %s.safetensors (%.1f s)\n", static_cast<long long>(index), stem.c_str(), took);
+    std::fflush(stdout);
+  }
+  run.comm().barrier();
+}
+
+}  // namespace mmtrain::sample

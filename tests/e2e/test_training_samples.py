@@ -1,0 +1,98 @@
+"""Samples during training (training.sample_interval, sample_prompts, sample_at_start):
+- MagiHuman writes <output_dir>/samples/iter_N/ at the iterations asked, and training is bitwise the
+  one without samples (losses, grad norms, the saved weights): sampling draws from its own generators,
+  reads no data and runs forward-only gathers;
+- a training sample equals `mmtrain sample magihuman` on that iteration's checkpoint, bitwise;
+- Magistral writes its completions; a text prompt for MagiHuman and prompts without an interval
+  are refused by name."""
+import json
+
+import torch
+from safetensors.torch import save_file
+
+from conftest import REPO, read_metrics, run_mmtrain, write_config
+
+MODEL = ("{num_layers: 2, hidden_size: 64, head_dim: 16, num_query_groups: 2, video_in_channels: 16, "
+         "audio_in_channels: 8, text_in_channels: 24, mm_layers: [0], gelu7_layers: [0]}")
+
+
+def magihuman_setup(tmp):
+    run_mmtrain(["fixture", "magihuman", "--out", str(tmp / "data"), "--samples", "8", "--video-grid", "2,2,3",
+                 "--audio-tokens", "5", "--text-tokens", "6", "--video-channels", "16", "--audio-channels", "8",
+                 "--text-channels", "24", "--format", "safetensors"])
+    gen = torch.Generator().manual_seed(0)
+    for name, rows in (("a", 7), ("neg", 9)):
+        save_file({"prompt_embeds": torch.randn(rows, 24, generator=gen)}, str(tmp / f"{name}.safetensors"))
+    (tmp / "prompts.jsonl").write_text(
+        '{"conditions": "a.safetensors", "negative_conditions": "neg.safetensors", "seed": 3, "seconds": 0.16, '
+        '"resolution": "64x64", "steps": 3}\n'
+        '{"conditions": "a.safetensors", "seed": 4, "seconds": 0.16, "resolution": "32x64", "steps": 2}\n')
+
+
+def magihuman_config(tmp, name, sampling=""):
+    return write_config(tmp / f"{name}.yaml", f"""
+parallel: {{fsdp_plan: {{apply_modules: ["dit.block.layers.{{*}}"]}}}}
+model: {{model_id: magihuman, config: {MODEL}}}
+data:
+  dataset_param: {{dataset_type: magihuman_precomputed, data_root: {tmp / 'data'}}}
+  dataloader_param: {{collate_param: {{model_name: magihuman}}}}
+training: {{micro_batch_size: 2, train_iters: 4, seed: 9, lr: 1.0e-3, save: {tmp / name / 'ckpt'}, save_interval: 2
+           {sampling}}}
+logging: {{output_dir: {tmp / name}}}
+""")
+
+
+def test_magihuman_samples_leave_training_untouched_and_equal_mmtrain_sample(tmp_path):
+    magihuman_setup(tmp_path)
+    sampling = f", sample_interval: 2, sample_at_start: true, sample_prompts: {tmp_path / 'prompts.jsonl'}"
+    run_mmtrain(["train", str(magihuman_config(tmp_path, "plain"))], world=2)
+    run_mmtrain(["train", str(magihuman_config(tmp_path, "sampled", sampling))], world=2)
+    keys = ("loss", "grad_norm")
+    plain = [{k: r[k] for k in keys} for r in read_metrics(tmp_path / "plain") if "loss" in r]
+    sampled = [{k: r[k] for k in keys} for r in read_metrics(tmp_path / "sampled") if "loss" in r]
+    assert plain == sampled and len(plain) == 4
+    for shard in sorted((tmp_path / "plain" / "ckpt" / "iter_0000004").glob("*.safetensors")):
+        twin = tmp_path / "sampled" / "ckpt" / "iter_0000004" / shard.name
+        assert shard.read_bytes() == twin.read_bytes(), shard.name
+    samples = tmp_path / "sampled" / "samples"
+    assert sorted(p.name for p in samples.iterdir()) == ["iter_0000000", "iter_0000002", "iter_0000004"]
+    for it in samples.iterdir():
+        assert sorted(p.name for p in it.iterdir()) == ["0000.json", "0000.safetensors", "0001.json", "0001.safetensors"]
+    record = json.loads((samples / "iter_0000002" / "0000.json").read_text())
+    assert record["cfg_number"] == 2 and record["steps"] == 3 and record["resolution"] == [64, 64]
+    assert json.loads((samples / "iter_0000002" / "0001.json").read_text())["cfg_number"] == 1
+
+    out = tmp_path / "cli"
+    run_mmtrain(["sample", "magihuman", str(magihuman_config(tmp_path, "plain")), "--load",
+                 str(tmp_path / "plain" / "ckpt" / "iter_0000002"), "--prompts", str(tmp_path / "prompts.jsonl"),
+                 "--out", str(out)])
+    for name in ("0000.safetensors", "0001.safetensors"):
+        assert (out / name).read_bytes() == (samples / "iter_0000002" / name).read_bytes()
+
+
+def test_bad_sampling_settings_are_refused_by_name(tmp_path):
+    magihuman_setup(tmp_path)
+    (tmp_path / "text.jsonl").write_text('{"prompt": "a face"}\n')
+    cases = [
+        (f", sample_interval: 2, sample_prompts: {tmp_path / 'text.jsonl'}", "the text encoder is not loaded"),
+        (f", sample_prompts: {tmp_path / 'prompts.jsonl'}", "training.sample_prompts"),
+        (", sample_interval: 2", "training.sample_prompts"),
+        (", sample_interval: -1, sample_prompts: x", "training.sample_interval"),
+    ]
+    for index, (sampling, message) in enumerate(cases):
+        proc = run_mmtrain(["train", str(magihuman_config(tmp_path, f"bad{index}", sampling))], check=False)
+        assert proc.returncode != 0 and message in proc.stderr, (sampling, proc.stderr[-1500:])
+
+
+def test_magistral_writes_its_completions(tmp_path):
+    run_mmtrain(["fixture", "mistral3", "--out", str(tmp_path / "data"), "--samples", "8", "--seed", "1"])
+    records = json.loads((tmp_path / "data" / "conversations.json").read_text())
+    (tmp_path / "data" / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[:3]))
+    text = (REPO / "examples" / "magistral" / "magistral_tiny.yaml").read_text()
+    text = text.replace("runs/magistral_tiny/data", str(tmp_path / "data")).replace("runs/magistral_tiny", str(tmp_path / "run"))
+    text = text.replace("train_iters: 60", f"train_iters: 2\n  sample_interval: 2\n  sample_prompts: {tmp_path / 'data' / 'prompts.jsonl'}")
+    config = write_config(tmp_path / "m3.yaml", text)
+    run_mmtrain(["train", str(config)], world=2)
+    lines = (tmp_path / "run" / "samples" / "iter_0000002" / "completions.jsonl").read_text().splitlines()
+    assert [json.loads(line)["index"] for line in lines] == [0, 1, 2]
+    assert all(1 <= len(json.loads(line)["token_ids"]) <= 128 for line in lines)
