@@ -41,13 +41,7 @@ struct SampleOptions {
 void write_json(const std::string& path, const nlohmann::json& j) { write_file_no_follow(path, j.dump(2) + "\n", path); }
 
 void run_sample(const SampleOptions& o) {
-  Config config = config_load(o.config_path, o.overrides);
-  if (config.model.model_id != "magihuman")
-    fail("sample magihuman: config ", o.config_path, " is a '", config.model.model_id, "' model");
-  config.training.save.clear();
-  config.training.load.clear();
-  config.training.async_save = false;
-  config.training.keep_best = 0;
+  Config config = load_tool_config(o.config_path, o.overrides, "magihuman", "sample magihuman");
   const auto model_config = magihuman::MagiHumanConfig::from_json(config.model.config);
   sample::MagiHumanSampleSettings defaults;
   std::tie(defaults.height, defaults.width) = parse_resolution(o.resolution, 32, "--resolution");

@@ -30,13 +30,7 @@ struct Options {
 };
 
 void run_sample(const Options& o) {
-  Config config = config_load(o.config_path, o.overrides);
-  if (config.model.model_id != "mistral3")
-    fail("sample mistral3: config ", o.config_path, " is a '", config.model.model_id, "' model");
-  config.training.save.clear();
-  config.training.load.clear();
-  config.training.async_save = false;
-  config.training.keep_best = 0;
+  Config config = load_tool_config(o.config_path, o.overrides, "mistral3", "sample mistral3");
   sample::TokenSampling sampling;
   sampling.max_new_tokens = o.max_new_tokens;
   sampling.temperature = o.temperature;

@@ -102,15 +102,10 @@ void add_eval_commands(CLI::App& app, Commands& commands) {
   commands.add(eval, [o] {
     auto overrides = o->set_file.empty() ? std::vector<std::string>{} : read_set_file(o->set_file);
     overrides.insert(overrides.end(), o->overrides.begin(), o->overrides.end());
-    Config config = config_load(o->config_path, overrides);
+    Config config = load_tool_config(o->config_path, overrides, "", "eval");
     if (config.data.validation.empty() && config.data.validation_split == 0.0)
       fail("eval: config ", config.source_path, " names no validation set: set data.validation (a data set section) ",
            "or data.validation_split");
-    // An evaluation trains nothing and saves nothing: the training's save root is not taken.
-    config.training.save.clear();
-    config.training.load.clear();
-    config.training.async_save = false;
-    config.training.keep_best = 0;
     // Nothing trains: with a validation set of its own, the training set is not read at all (the
     // run's data pipeline is built over the validation set instead; the timestep keys stay the
     // training section's, which validation_data carries over).

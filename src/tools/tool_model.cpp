@@ -90,6 +90,18 @@ int64_t load_tool_weights(Run& run, const std::string& dir, const std::string& f
 }
 
 
+Config load_tool_config(const std::string& path, const std::vector<std::string>& overrides, const std::string& model_id,
+                        const std::string& what) {
+  Config config = config_load(path, overrides);
+  if (!model_id.empty() && config.model.model_id != model_id)
+    fail(what, ": config ", path, " is a '", config.model.model_id, "' model");
+  config.training.save.clear();
+  config.training.load.clear();
+  config.training.async_save = false;
+  config.training.keep_best = 0;
+  return config;
+}
+
 void on_rank0_while_others_wait(Run& run, const std::string& what, const std::function<void()>& work) {
   std::string failed;
   std::atomic<bool> done{!run.is_rank0()};

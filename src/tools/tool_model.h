@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace mmtrain {
 
@@ -19,6 +20,12 @@ namespace mmtrain {
 // Collective.
 int64_t load_tool_weights(Run& run, const std::string& dir, const std::string& flag,
                           const std::string& dcp_scratch_prefix);
+
+// The config of a run for a tool that trains nothing (eval, sample): loaded with its overrides,
+// saving and resuming off (the training's save root is not taken). A non-empty model_id is
+// required of it, naming `what` otherwise.
+Config load_tool_config(const std::string& path, const std::vector<std::string>& overrides, const std::string& model_id,
+                        const std::string& what);
 
 // Runs work on rank 0 in a thread while every rank polls in short collectives, so a long step (a
 // DCP conversion, a 9B text encoder loading) cannot expire parallel.timeout_s; rank 0's error
