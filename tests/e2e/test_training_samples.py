@@ -96,3 +96,28 @@ def test_magistral_writes_its_completions(tmp_path):
     lines = (tmp_path / "run" / "samples" / "iter_0000002" / "completions.jsonl").read_text().splitlines()
     assert [json.loads(line)["index"] for line in lines] == [0, 1, 2]
     assert all(1 <= len(json.loads(line)["token_ids"]) <= 128 for line in lines)
+
+
+def test_a_lora_checkpoint_samples_with_its_adapters(tmp_path):
+    """`mmtrain sample` on a LoRA checkpoint equals sampling its merge-lora weights, and differs from
+    the base: the adapters are applied."""
+    magihuman_setup(tmp_path)
+    plain = magihuman_config(tmp_path, "plain")
+    run_mmtrain(["fixture", "magihuman-weights", "--config", str(plain), "--out", str(tmp_path / "base"), "--seed", "1"])
+    text = plain.read_text().replace("model: {model_id: magihuman,", f"model: {{model_id: magihuman, model_name_or_path: {tmp_path / 'base'},")
+    text = text.replace("lr: 1.0e-3", "lr: 5.0e-2").replace(str(tmp_path / "plain"), str(tmp_path / "lora"))
+    text = text.replace("\ndata:", "\nfeatures: {enable_lora: true, lora: {rank: 4, alpha: 8}}\ndata:", 1)
+    lora = write_config(tmp_path / "lora.yaml", text)
+    run_mmtrain(["train", str(lora)])
+    ckpt = tmp_path / "lora" / "ckpt" / "iter_0000004"
+    run_mmtrain(["convert", "magihuman", "merge-lora", "--load_dir", str(ckpt), "--save_dir", str(tmp_path / "merged"),
+                 "--dtype", "fp32"])
+    outs = {}
+    for name, config, load in (("lora", lora, ckpt), ("merged", plain, tmp_path / "merged"), ("base", plain, tmp_path / "base")):
+        outs[name] = tmp_path / f"s_{name}"
+        run_mmtrain(["sample", "magihuman", str(config), "--load", str(load), "--prompts", str(tmp_path / "prompts.jsonl"),
+                     "--out", str(outs[name])])
+    from safetensors.torch import load_file
+    got, merged, base = (load_file(str(outs[n] / "0000.safetensors"))["video_latent"] for n in ("lora", "merged", "base"))
+    assert (got - merged).abs().max() <= 1e-4
+    assert (got - base).abs().max() > 1e-2
