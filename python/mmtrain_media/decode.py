@@ -7,14 +7,18 @@ unpatchified and decoded by the Wan2.2 VAE, the audio latents by the Oobleck VAE
 """
 
 import argparse
+import io
 import os
 import sys
+import wave
 
+import numpy as np
 import torch
+from PIL import Image
 from safetensors import safe_open
 
 from . import audio, mp4, video
-from .files import InputError, make_dir, open_regular
+from .files import InputError, make_dir, open_regular, write_atomic
 
 MAX_LATENT_BYTES = 1 << 32
 AUDIO_RATE_OUT = 44100
@@ -27,6 +31,8 @@ def parse(argv):
     p.add_argument("--fps", type=int, required=True)
     p.add_argument("--beside", action="store_true",
                    help="--input holds `mmtrain sample`'s <index>.safetensors: write <index>.mp4 beside each")
+    p.add_argument("--previews", action="store_true",
+                   help="also <stem>.grid.png (8 frames, 2 x 4) and <stem>.wav (16-bit), what TensorBoard shows")
     return p.parse_args(argv)
 
 
@@ -43,6 +49,28 @@ def read_tensors(path, keys):
             return [f.get_tensor(k) for k in keys]
     except (OSError, RuntimeError, ValueError) as error:  # what safetensors raises for a bad file
         raise InputError("corrupt_file", f"{path}: not a safetensors file ({error})") from None
+
+
+def frame_grid(frames, rows=2, cols=4):
+    """[F, H, W, 3] uint8 -> one [rows H, cols W, 3] image of rows * cols frames evenly spread."""
+    count = frames.shape[0]
+    picks = [round(i * (count - 1) / max(1, rows * cols - 1)) for i in range(rows * cols)]
+    tiles = [frames[i] for i in picks]
+    return np.concatenate([np.concatenate(tiles[r * cols:(r + 1) * cols], axis=1) for r in range(rows)], axis=0)
+
+
+def write_previews(stem_path, frames, stereo, rate):
+    """stem.grid.png and stem.wav (16-bit PCM), each written atomically."""
+    image = io.BytesIO()
+    Image.fromarray(frame_grid(frames)).save(image, format="PNG")
+    write_atomic(stem_path + ".grid.png", image.getvalue())
+    sound = io.BytesIO()
+    with wave.open(sound, "wb") as w:
+        w.setnchannels(stereo.shape[0])
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((np.clip(stereo.T, -1, 1) * 32767).astype("<i2").tobytes())
+    write_atomic(stem_path + ".wav", sound.getvalue())
 
 
 def main(argv=None):
@@ -91,6 +119,8 @@ def run(args):
         stereo = audio.decode(audio_vae, audio_latent.float(), AUDIO_RATE_OUT)
         out = os.path.join(args.out, stem + ".mp4")
         mp4.write(out, frames, args.fps, stereo, AUDIO_RATE_OUT)
+        if args.previews:
+            write_previews(os.path.join(args.out, stem), frames, stereo, AUDIO_RATE_OUT)
         print(f"decode: {index}/{len(samples)} {out}: {frames.shape[0]} frames {frames.shape[2]}x{frames.shape[1]}, "
               f"{stereo.shape[1] / AUDIO_RATE_OUT:.2f} s of audio", file=sys.stderr, flush=True)
     return 0

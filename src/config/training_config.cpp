@@ -46,6 +46,8 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
       .field("sample_interval", &T::sample_interval)
       .field("sample_prompts", &T::sample_prompts)
       .field("sample_at_start", &T::sample_at_start)
+      .field("sample_vae", &T::sample_vae)
+      .field("sample_audio_vae", &T::sample_audio_vae)
       .check([](const T& t, const ConfigCheck& check) {
         const auto number = ConfigCheck::number;
         check.at_least("micro_batch_size", t.micro_batch_size, 1);
@@ -95,6 +97,11 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
         const bool sampling = t.sample_interval > 0 || t.sample_at_start;
         if (sampling && t.sample_prompts.empty())
           check.invalid("sample_prompts", "a prompts file when training.sample_interval or sample_at_start is set", "\"\"");
+        if (t.sample_vae.empty() != t.sample_audio_vae.empty())
+          check.invalid(t.sample_vae.empty() ? "sample_vae" : "sample_audio_vae",
+                        "set together with the other (both decoders decode a sample)", "only one of them set");
+        if (!sampling && !t.sample_vae.empty())
+          check.invalid("sample_vae", "empty unless training.sample_interval or sample_at_start is set", t.sample_vae);
         if (!sampling && !t.sample_prompts.empty())
           check.invalid("sample_prompts", "empty unless training.sample_interval or sample_at_start is set (nothing would "
                         "sample them)", t.sample_prompts);

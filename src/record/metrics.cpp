@@ -114,6 +114,17 @@ void MetricsLog::record(const EvalRecord& eval) {
   std::fflush(stdout);
 }
 
+void MetricsLog::record(const SampleRecord& samples) {
+  if (!is_writer_) return;
+  std::fprintf(file_, "%s\n", samples.to_json().dump().c_str());
+  std::fflush(file_);
+  if (tensorboard_ && !(samples.images.empty() && samples.audio.empty() && samples.texts.empty()))
+    tensorboard_->samples(samples);
+  std::printf(" samples after iteration %8lld | %s | time (s): %.1f\n", static_cast<long long>(samples.iteration),
+              samples.dir.c_str(), samples.seconds);
+  std::fflush(stdout);
+}
+
 namespace {
 
 // The iteration of one metrics.jsonl line; nullopt for a line that is not a record (a crash can

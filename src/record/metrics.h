@@ -5,6 +5,7 @@
 //   global batch size: G | loss: X | grad norm: Y | TFLOP/s per device: F | MFU: U %
 #pragma once
 #include "record/eval_record.h"
+#include "record/sample_record.h"
 #include "record/logging_config.h"
 #include "record/step_record.h"
 #include "record/tensorboard.h"
@@ -27,6 +28,8 @@ class MetricsLog {
   void record(const StepRecord& step, int64_t train_iters);
   // An evaluation: its line in metrics.jsonl, eval/... TensorBoard scalars, a console line.
   void record(const EvalRecord& eval);
+  // A sampling phase: its line in metrics.jsonl, its images, audio and texts in TensorBoard.
+  void record(const SampleRecord& samples);
 
  private:
   std::FILE* file_ = nullptr;

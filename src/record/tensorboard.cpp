@@ -82,6 +82,56 @@ void TensorBoardWriter::scalars(int64_t step, const std::vector<std::pair<std::s
   write_record(event(step, "", summary));
 }
 
+void TensorBoardWriter::samples(const SampleRecord& record) {
+  std::string summary;
+  for (const auto& image : record.images) {
+    std::string encoded;  // Summary.Image
+    put_key(encoded, 1, 0);
+    put_varint(encoded, static_cast<uint64_t>(image.height));
+    put_key(encoded, 2, 0);
+    put_varint(encoded, static_cast<uint64_t>(image.width));
+    put_key(encoded, 3, 0);
+    put_varint(encoded, 3);  // colorspace RGB
+    put_bytes(encoded, 4, image.png);
+    std::string v;
+    put_bytes(v, 1, image.tag);
+    put_bytes(v, 4, encoded);
+    put_bytes(summary, 1, v);
+  }
+  for (const auto& audio : record.audio) {
+    std::string encoded;  // Summary.Audio
+    put_key(encoded, 1, 5);
+    put_fixed(encoded, static_cast<float>(audio.sample_rate));
+    put_key(encoded, 2, 0);
+    put_varint(encoded, static_cast<uint64_t>(audio.channels));
+    put_key(encoded, 3, 0);
+    put_varint(encoded, static_cast<uint64_t>(audio.frames));
+    put_bytes(encoded, 4, audio.wav);
+    put_bytes(encoded, 5, "audio/wav");
+    std::string v;
+    put_bytes(v, 1, audio.tag);
+    put_bytes(v, 6, encoded);
+    put_bytes(summary, 1, v);
+  }
+  for (const auto& text : record.texts) {
+    std::string plugin, metadata, shape, dim, tensor, v;
+    put_bytes(plugin, 1, "text");  // PluginData.plugin_name
+    put_bytes(metadata, 1, plugin);  // SummaryMetadata.plugin_data
+    put_key(dim, 1, 0);
+    put_varint(dim, 1);              // TensorShapeProto.Dim.size
+    put_bytes(shape, 2, dim);
+    put_key(tensor, 1, 0);
+    put_varint(tensor, 7);           // DT_STRING
+    put_bytes(tensor, 2, shape);
+    put_bytes(tensor, 8, text.text);  // string_val
+    put_bytes(v, 1, text.tag);
+    put_bytes(v, 8, tensor);
+    put_bytes(v, 9, metadata);
+    put_bytes(summary, 1, v);
+  }
+  write_record(event(record.iteration, "", summary));
+}
+
 void TensorBoardWriter::write_record(const std::string& data) {
   std::string record;
   const uint64_t length = data.size();

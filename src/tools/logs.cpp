@@ -221,8 +221,9 @@ std::vector<LogRecord> parse_training_log(std::istream& in, const std::string& s
     std::optional<LogRecord> record;
     if (text.front() == '{') {
       auto parsed = ordered_json_parse_checked(text, source + ":" + std::to_string(line_number) + ": a metrics record");
+      // A record with a kind (an evaluation, a sampling phase) is not a step.
       if (parsed.is_object() && parsed.contains("iteration") && parsed["iteration"].is_number_integer() &&
-          !is_eval_record(parsed))
+          !parsed.contains("kind"))
         record = std::move(parsed);
     } else {
       record = parse_log_line(text);

@@ -92,9 +92,11 @@ void Trainer::run() {
     if (run.is_rank0()) std::filesystem::create_directories(dir);
     run.comm().barrier();
     const auto began = std::chrono::steady_clock::now();
-    sampler->sample(run, dir.string());
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-    run.log(format("samples of iteration %lld in %s (%.1f s)", static_cast<long long>(iteration), dir.c_str(), seconds));
+    SampleRecord record = sampler->sample(run, dir.string());
+    record.iteration = iteration;
+    record.dir = dir.string();
+    record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+    metrics.record(record);
   };
   if (run.start_step == 0) {
     if (const auto eval = evaluate_if_due(0)) metrics.record(*eval);  // eval_at_start: before any step

@@ -7,6 +7,7 @@
 // bitwise the one without it.
 #pragma once
 #include "core/registry.h"
+#include "record/sample_record.h"
 
 #include <functional>
 #include <memory>
@@ -19,8 +20,9 @@ struct Run;
 class TrainingSampler {
  public:
   virtual ~TrainingSampler() = default;
-  // Every rank calls it (FSDP's gathers are collective); out_dir exists.
-  virtual void sample(Run& run, const std::string& out_dir) = 0;
+  // Every rank calls it (FSDP's gathers are collective); out_dir exists. Returns what TensorBoard
+  // shows of the samples (rank 0's is the one recorded); the caller fills iteration, dir and time.
+  virtual SampleRecord sample(Run& run, const std::string& out_dir) = 0;
 };
 
 // Reads and checks training.sample_prompts when the run is built, so a bad prompt fails at once.

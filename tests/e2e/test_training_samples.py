@@ -91,11 +91,16 @@ def test_magistral_writes_its_completions(tmp_path):
     text = (REPO / "examples" / "magistral" / "magistral_tiny.yaml").read_text()
     text = text.replace("runs/magistral_tiny/data", str(tmp_path / "data")).replace("runs/magistral_tiny", str(tmp_path / "run"))
     text = text.replace("train_iters: 60", f"train_iters: 2\n  sample_interval: 2\n  sample_prompts: {tmp_path / 'data' / 'prompts.jsonl'}")
+    text = text.replace("logging:\n", "logging:\n  tensorboard: true\n")
     config = write_config(tmp_path / "m3.yaml", text)
     run_mmtrain(["train", str(config)], world=2)
     lines = (tmp_path / "run" / "samples" / "iter_0000002" / "completions.jsonl").read_text().splitlines()
     assert [json.loads(line)["index"] for line in lines] == [0, 1, 2]
     assert all(1 <= len(json.loads(line)["token_ids"]) <= 128 for line in lines)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"), size_guidance={"tensors": 0}).Reload()
+    texts = events.Tensors("samples/completion_0001")
+    assert texts[0].step == 2 and records[1]["conversations"][0]["value"] in texts[0].tensor_proto.string_val[0].decode()
 
 
 def test_a_lora_checkpoint_samples_with_its_adapters(tmp_path):
@@ -121,3 +126,30 @@ def test_a_lora_checkpoint_samples_with_its_adapters(tmp_path):
     got, merged, base = (load_file(str(outs[n] / "0000.safetensors"))["video_latent"] for n in ("lora", "merged", "base"))
     assert (got - merged).abs().max() <= 1e-4
     assert (got - base).abs().max() > 1e-2
+
+
+def test_tensorboard_shows_the_samples(tmp_path):
+    """With logging.tensorboard: MagiHuman's decoded samples as frame grids and audio, Magistral's
+    completions as text; metrics.jsonl records each sampling phase and `logs parse` skips it."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    magihuman_setup(tmp_path)
+    run_mmtrain(["fixture", "magihuman-encoders", "--out", str(tmp_path / "enc"), "--config",
+                 str(REPO / "examples" / "magihuman" / "magihuman_tiny.yaml")])
+    sampling = (f", sample_interval: 4, sample_prompts: {tmp_path / 'prompts.jsonl'}, "
+                f"sample_vae: {tmp_path / 'enc' / 'vae'}, sample_audio_vae: {tmp_path / 'enc' / 'audio_vae'}")
+    config = magihuman_config(tmp_path, "tb", sampling)
+    config.write_text(config.read_text().replace("logging: {", "logging: {tensorboard: true, "))
+    run_mmtrain(["train", str(config)])
+    samples = tmp_path / "tb" / "samples" / "iter_0000004"
+    assert (samples / "0000.mp4").exists() and (samples / "0001.grid.png").exists()
+    events = EventAccumulator(str(tmp_path / "tb" / "tensorboard"), size_guidance={"images": 0, "audio": 0}).Reload()
+    assert sorted(events.Tags()["images"]) == ["samples/0000", "samples/0001"]
+    image = events.Images("samples/0000")[0]
+    assert image.step == 4 and (image.width, image.height) == (4 * 64, 2 * 64)
+    audio = events.Audio("samples/0001")[0]
+    assert audio.sample_rate == 44100 and audio.length_frames > 0
+    records = read_metrics(tmp_path / "tb")
+    assert [r["iteration"] for r in records if r.get("kind") == "samples"] == [4]
+    parsed = run_mmtrain(["logs", "parse", str(tmp_path / "tb" / "metrics.jsonl")]).stdout.splitlines()
+    assert len(parsed) == 4 and all('"kind"' not in line for line in parsed)

@@ -1,0 +1,41 @@
+// What a sampling phase of training reports (train/training_sampler.h): where its samples are, how
+// long it took, and what TensorBoard shows of them (MagiHuman: a grid of frames and the audio of
+// each decoded sample; Magistral: each completion as text). metrics.jsonl gets one line,
+// {"kind": "samples", "iteration", "dir", "samples_s"}.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mmtrain {
+
+inline constexpr const char* kSampleRecordKind = "samples";
+
+struct SampleRecord {
+  struct Image {
+    std::string tag;
+    std::string png;  // the encoded image
+    int64_t height = 0, width = 0;
+  };
+  struct Audio {
+    std::string tag;
+    std::string wav;  // 16-bit PCM
+    double sample_rate = 0;
+    int64_t channels = 0, frames = 0;
+  };
+  struct Text {
+    std::string tag, text;
+  };
+  int64_t iteration = 0;
+  std::string dir;
+  double seconds = 0;
+  std::vector<Image> images;
+  std::vector<Audio> audio;
+  std::vector<Text> texts;
+
+  nlohmann::json to_json() const;
+};
+
+}  // namespace mmtrain
