@@ -61,7 +61,7 @@ struct TrainingConfig {
   int64_t sample_interval = 0;                 // sample after every N steps; 0 = never
   std::string sample_prompts;                  // the prompts file, in `mmtrain sample`'s format for the model
   bool sample_at_start = false;                // also sample before the first step
-  std::string sample_vae, sample_audio_vae;    // MagiHuman: decode the samples (mp4, TensorBoard frames and audio)
+  std::string sample_vae, sample_audio_vae;    // a video model's decoders: samples to mp4, TensorBoard frames and audio
 
   static void declare(ConfigSection<TrainingConfig>& section);
 };

@@ -77,40 +77,40 @@ void run_prepare(const PrepareOptions& o) {
   exec_media_module("prepare", args);
 }
 
-
 const CliRegistration prepare_command(
     prepare_registry(), "magihuman",
-    {"clips (video, sound, caption) -> the magihuman_precomputed layout, or back with --decode", [](CLI::App& command) {
-  auto* cmd = &command;
-  auto o = std::make_shared<PrepareOptions>();
-  cmd->add_option("--input", o->input, "a directory of clips (<stem>.mp4|mkv|webm|mov + <stem>.txt [+ <stem>.wav|flac]) "
-                  "or a JSONL manifest; with --decode, a prepared directory")->required();
-  cmd->add_option("--out", o->out, "output directory (new, or the one --resume finishes)")->required();
-  cmd->add_option("--vae", o->vae, "the Wan2.2 VAE (diffusers AutoencoderKLWan directory)")->required();
-  cmd->add_option("--audio-vae", o->audio_vae, "Stable Audio Open's VAE (diffusers AutoencoderOobleck directory)")
-      ->required();
-  cmd->add_option("--text-encoder", o->text_encoder, "T5Gemma (transformers directory with its tokenizer)");
-  cmd->add_option("--resolution", o->resolution, "output HxW, multiples of 32")->capture_default_str();
-  cmd->add_option("--fps", o->fps, "frames per second of the output (MagiHuman trains at 25)")
-      ->capture_default_str()->check(CLI::Range(1, 120));
-  cmd->add_option("--max-seconds", o->max_seconds, "a longer clip keeps its first S seconds")->capture_default_str();
-  cmd->add_option("--max-source-pixels", o->max_source_pixels, "a source frame with more pixels is refused")
-      ->capture_default_str();
-  cmd->add_option("--audio-window-seconds", o->audio_window_seconds,
-                  "the audio VAE's window, overlapping by half (upstream's 29 s)")->capture_default_str();
-  cmd->add_option("--device", o->device, "where the encoders run (default cuda when there is one)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
-  cmd->add_option("--dtype", o->dtype, "video VAE and text encoder weights (default bf16 on cuda, fp32 on cpu; the "
-                  "audio VAE runs in fp32 as upstream)")->check(CLI::IsMember({"bf16", "fp32"}));
-  cmd->add_option("--text-device", o->text_device, "where the text encoder runs (cpu keeps it off the GPU; "
-                  "default --device)")->check(CLI::IsMember({"cpu", "cuda"}));
-  cmd->add_option("--seed", o->seed, "seed of the audio posterior's noise (per clip: seed and stem)")
-      ->capture_default_str();
-  cmd->add_flag("--vae-tiling", o->vae_tiling, "encode in spatial tiles (diffusers' tiling: less memory, other numerics)");
-  cmd->add_flag("--resume", o->resume, "finish an interrupted --out: clips whose files are complete are skipped");
-  cmd->add_flag("--decode", o->decode, "the inverse: --input's latents back to <out>/<stem>.mp4 with sound");
-  return [o] { run_prepare(*o); };
-}});
+    {"clips (video, sound, caption) -> the magihuman_precomputed layout, or back with --decode",
+     [](CLI::App& command) {
+       auto* cmd = &command;
+       auto o = std::make_shared<PrepareOptions>();
+       cmd->add_option("--input", o->input, "a directory of clips (<stem>.mp4|mkv|webm|mov + <stem>.txt [+ <stem>.wav|flac]) "
+                       "or a JSONL manifest; with --decode, a prepared directory")->required();
+       cmd->add_option("--out", o->out, "output directory (new, or the one --resume finishes)")->required();
+       cmd->add_option("--vae", o->vae, "the Wan2.2 VAE (diffusers AutoencoderKLWan directory)")->required();
+       cmd->add_option("--audio-vae", o->audio_vae, "Stable Audio Open's VAE (diffusers AutoencoderOobleck directory)")
+           ->required();
+       cmd->add_option("--text-encoder", o->text_encoder, "T5Gemma (transformers directory with its tokenizer)");
+       cmd->add_option("--resolution", o->resolution, "output HxW, multiples of 32")->capture_default_str();
+       cmd->add_option("--fps", o->fps, "frames per second of the output (MagiHuman trains at 25)")
+           ->capture_default_str()->check(CLI::Range(1, 120));
+       cmd->add_option("--max-seconds", o->max_seconds, "a longer clip keeps its first S seconds")->capture_default_str();
+       cmd->add_option("--max-source-pixels", o->max_source_pixels, "a source frame with more pixels is refused")
+           ->capture_default_str();
+       cmd->add_option("--audio-window-seconds", o->audio_window_seconds,
+                       "the audio VAE's window, overlapping by half (upstream's 29 s)")->capture_default_str();
+       cmd->add_option("--device", o->device, "where the encoders run (default cuda when there is one)")
+           ->check(CLI::IsMember({"cpu", "cuda"}));
+       cmd->add_option("--dtype", o->dtype, "video VAE and text encoder weights (default bf16 on cuda, fp32 on cpu; the "
+                       "audio VAE runs in fp32 as upstream)")->check(CLI::IsMember({"bf16", "fp32"}));
+       cmd->add_option("--text-device", o->text_device, "where the text encoder runs (cpu keeps it off the GPU; "
+                       "default --device)")->check(CLI::IsMember({"cpu", "cuda"}));
+       cmd->add_option("--seed", o->seed, "seed of the audio posterior's noise (per clip: seed and stem)")
+           ->capture_default_str();
+       cmd->add_flag("--vae-tiling", o->vae_tiling, "encode in spatial tiles (diffusers' tiling: less memory, other numerics)");
+       cmd->add_flag("--resume", o->resume, "finish an interrupted --out: clips whose files are complete are skipped");
+       cmd->add_flag("--decode", o->decode, "the inverse: --input's latents back to <out>/<stem>.mp4 with sound");
+       return [o] { run_prepare(*o); };
+     }});
 
 
 }  // namespace

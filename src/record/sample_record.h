@@ -1,6 +1,6 @@
 // What a sampling phase of training reports (train/training_sampler.h): where its samples are, how
-// long it took, and what TensorBoard shows of them (MagiHuman: a grid of frames and the audio of
-// each decoded sample; Magistral: each completion as text). metrics.jsonl gets one line,
+// long it took, and what TensorBoard shows of them (a video model: a grid of frames and the audio
+// of each decoded sample; a language model: each completion as text). metrics.jsonl gets one line,
 // {"kind": "samples", "iteration", "dir", "samples_s"}.
 #pragma once
 #include <nlohmann/json.hpp>

@@ -47,12 +47,15 @@ double finite_number(const nlohmann::json& j, const char* key, const std::string
 
 // Checks a prompt's settings whatever their source (flags or line): the errors name `where`.
 void check_settings(const MagiHumanSampleSettings& s, const std::string& where) {
-  if (!(s.seconds > 0 && s.seconds <= kMaxSeconds)) fail(where, ": seconds must be in (0, ", kMaxSeconds, "], found ", s.seconds);
+  if (!(s.seconds > 0 && s.seconds <= kMaxSeconds))
+    fail(where, ": seconds must be in (0, ", kMaxSeconds, "], found ", s.seconds);
   MagiHumanLatentShape::of_clip(s.seconds, s.height, s.width, 4, 1);  // whole frames, multiples of 32
-  if (s.sampling.steps < 1 || s.sampling.steps > 1000) fail(where, ": steps must be in 1..1000, found ", s.sampling.steps);
+  if (s.sampling.steps < 1 || s.sampling.steps > 1000)
+    fail(where, ": steps must be in 1..1000, found ", s.sampling.steps);
   if (!(s.sampling.shift > 0)) fail(where, ": shift must be > 0, found ", s.sampling.shift);
   if (!std::isfinite(s.sampling.guidance_video) || !std::isfinite(s.sampling.guidance_audio))
-    fail(where, ": the guidance scales must be finite, found ", s.sampling.guidance_video, " and ", s.sampling.guidance_audio);
+    fail(where, ": the guidance scales must be finite, found ", s.sampling.guidance_video, " and ",
+         s.sampling.guidance_audio);
 }
 
 }  // namespace
@@ -74,7 +77,8 @@ std::vector<MagiHumanPrompt> read_magihuman_prompts(const std::string& path, uin
     if (!j.is_object()) fail(where, ": expected an object {\"prompt\": TEXT, \"seed\": N}");
     for (const auto& [key, _] : j.items())
       if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return key == k; }) == std::end(known))
-        fail(where, ": unknown key '", printable(key), "' (", join(std::vector<std::string>(std::begin(known), std::end(known)), ", "), ")");
+        fail(where, ": unknown key '", printable(key), "' (",
+             join(std::vector<std::string>(std::begin(known), std::end(known)), ", "), ")");
     MagiHumanPrompt p;
     p.seed = default_seed + prompts.size();
     p.settings = defaults;
@@ -82,7 +86,8 @@ std::vector<MagiHumanPrompt> read_magihuman_prompts(const std::string& path, uin
       if (!j["seed"].is_number_unsigned()) fail(where, ": 'seed' must be an integer >= 0");
       p.seed = j["seed"].get<uint64_t>();
     }
-    if (j.contains("prompt") == j.contains("conditions")) fail(where, ": give exactly one of 'prompt' and 'conditions'");
+    if (j.contains("prompt") == j.contains("conditions"))
+      fail(where, ": give exactly one of 'prompt' and 'conditions'");
     if (j.contains("prompt")) {
       p.text = json_string(j, "prompt", where);
       if (trim(p.text).empty()) fail(where, ": the prompt is empty");
@@ -178,7 +183,8 @@ void sample_magihuman_prompts(Run& run, const std::vector<MagiHumanPrompt>& prom
                       {{"video_latent", tokens.contiguous()},
                        {"video_grid_thw", at::tensor({shape.frames, shape.height / 2, shape.width / 2}, at::kLong)},
                        {"audio_latent", result.audio.contiguous()}});
-    nlohmann::json record = {{"index", index}, {"seed", p.seed}, {"steps", s.sampling.steps}, {"shift", s.sampling.shift},
+    nlohmann::json record = {{"index", index}, {"seed", p.seed}, {"steps", s.sampling.steps},
+                             {"shift", s.sampling.shift},
                              {"guidance_video", s.sampling.guidance_video},
                              {"guidance_video_low_noise", s.sampling.guidance_video_low_noise},
                              {"guidance_switch_timestep", s.sampling.guidance_switch_timestep},

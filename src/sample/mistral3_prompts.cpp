@@ -52,7 +52,8 @@ std::vector<std::string> last_user_messages(const std::string& path) {
 Mistral3Prompts read_mistral3_prompts(const Config& config, const std::string& path, const std::string& image_dir) {
   DataConfig data = config.data;
   if (data.dataset_type != "huggingface")
-    fail("mistral3 prompts ", path, ": config ", config.source_path, ": data.dataset_param.dataset_type must be the conversation data ",
+    fail("mistral3 prompts ", path, ": config ", config.source_path,
+         ": data.dataset_param.dataset_type must be the conversation data ",
          "set (huggingface), found '", data.dataset_type, "': the prompts are read with its template and images");
   auto& basic = data.dataset_param["basic_parameters"];
   basic["dataset"] = path;
@@ -67,7 +68,8 @@ Mistral3Prompts read_mistral3_prompts(const Config& config, const std::string& p
   const auto& prompts = *out.records;
   if (!prompts.dropped().empty()) {
     std::string reasons;
-    for (const auto& [reason, count] : prompts.dropped()) reasons += (reasons.empty() ? "" : "; ") + reason + " (" + std::to_string(count) + ")";
+    for (const auto& [reason, count] : prompts.dropped())
+      reasons += (reasons.empty() ? "" : "; ") + reason + " (" + std::to_string(count) + ")";
     fail(path, ": ", prompts.records() - prompts.size(), " of ", prompts.records(), " prompts are unusable: ", reasons,
          " (", prompts.summary(), ")");
   }
@@ -104,7 +106,8 @@ void generate_completions(Run& run, const Mistral3Prompts& prompts, const TokenS
     prompt.erase("labels");
     prompt["input_ids"] = prompt["input_ids"].unsqueeze(0);
     for (auto& [key, tensor] : prompt) tensor = tensor.to(run.comm().device());
-    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(seed + static_cast<uint64_t>(padding ? 0 : index));
+    at::Generator generator =
+        at::make_generator<at::CPUGeneratorImpl>(seed + static_cast<uint64_t>(padding ? 0 : index));
     const auto began = std::chrono::steady_clock::now();
     const auto generation = generate(*decoder, fsdp_call, prompt, prompts.eos, sampling, generator, save_logits,
                                              any_active);

@@ -126,35 +126,35 @@ void run_sample(const SampleOptions& o) {
   });
 }
 
-
 const CliRegistration sample_command(
     sample_registry(), "magihuman",
-    {"clips with sound from prompts: upstream's base sampler (FlowUniPC, classifier-free guidance)", [](CLI::App& command) {
-  auto* cmd = &command;
-  auto o = std::make_shared<SampleOptions>();
-  cmd->add_option("config", o->config_path, "YAML config of the model (its model section and parallelism)")->required();
-  cmd->add_option("--load", o->load, "mmtrain checkpoint, HF model directory or DCP")->required();
-  cmd->add_option("--prompts", o->prompts, "JSONL: {\"prompt\": TEXT, \"seed\": N} or {\"conditions\": FILE, \"seed\": N} "
-                  "a line")->required();
-  cmd->add_option("--out", o->out, "output directory (new): <index>.safetensors, .json and, decoded, .mp4")->required();
-  cmd->add_option("--text-encoder", o->text_encoder, "T5Gemma: embeds text prompts and upstream's negative prompt");
-  cmd->add_option("--text-device", o->text_device, "where T5Gemma runs (default: the run's device)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
-  cmd->add_option("--negative-conditions", o->negative_conditions, "the negative prompt's precomputed embedding");
-  cmd->add_option("--vae", o->vae, "the Wan2.2 VAE (diffusers): decode to <index>.mp4 (with --audio-vae)");
-  cmd->add_option("--audio-vae", o->audio_vae, "Stable Audio Open's VAE (diffusers)");
-  cmd->add_option("--steps", o->steps, "denoising steps")->capture_default_str();
-  cmd->add_option("--shift", o->shift, "the schedule's shift")->capture_default_str();
-  cmd->add_option("--guidance-video", o->guidance_video, "video text guidance (upstream uses 2.0 below t = 500)")
-      ->capture_default_str();
-  cmd->add_option("--guidance-audio", o->guidance_audio, "audio text guidance")->capture_default_str();
-  cmd->add_option("--seconds", o->seconds, "clip length (a whole number of frames at 25 fps)")->capture_default_str();
-  cmd->add_option("--resolution", o->resolution, "HxW, multiples of 32")->capture_default_str();
-  cmd->add_option("--seed", o->seed, "the first prompt's seed when its line gives none (then +1 a prompt)")
-      ->capture_default_str();
-  cmd->add_option("--set", o->overrides, "override a config key (repeatable)");
-  return [o] { run_sample(*o); };
-}});
+    {"clips with sound from prompts: upstream's base sampler (FlowUniPC, classifier-free guidance)",
+     [](CLI::App& command) {
+       auto* cmd = &command;
+       auto o = std::make_shared<SampleOptions>();
+       cmd->add_option("config", o->config_path, "YAML config of the model (its model section and parallelism)")->required();
+       cmd->add_option("--load", o->load, "mmtrain checkpoint, HF model directory or DCP")->required();
+       cmd->add_option("--prompts", o->prompts, "JSONL: {\"prompt\": TEXT, \"seed\": N} or {\"conditions\": FILE, \"seed\": N} "
+                       "a line")->required();
+       cmd->add_option("--out", o->out, "output directory (new): <index>.safetensors, .json and, decoded, .mp4")->required();
+       cmd->add_option("--text-encoder", o->text_encoder, "T5Gemma: embeds text prompts and upstream's negative prompt");
+       cmd->add_option("--text-device", o->text_device, "where T5Gemma runs (default: the run's device)")
+           ->check(CLI::IsMember({"cpu", "cuda"}));
+       cmd->add_option("--negative-conditions", o->negative_conditions, "the negative prompt's precomputed embedding");
+       cmd->add_option("--vae", o->vae, "the Wan2.2 VAE (diffusers): decode to <index>.mp4 (with --audio-vae)");
+       cmd->add_option("--audio-vae", o->audio_vae, "Stable Audio Open's VAE (diffusers)");
+       cmd->add_option("--steps", o->steps, "denoising steps")->capture_default_str();
+       cmd->add_option("--shift", o->shift, "the schedule's shift")->capture_default_str();
+       cmd->add_option("--guidance-video", o->guidance_video, "video text guidance (upstream uses 2.0 below t = 500)")
+           ->capture_default_str();
+       cmd->add_option("--guidance-audio", o->guidance_audio, "audio text guidance")->capture_default_str();
+       cmd->add_option("--seconds", o->seconds, "clip length (a whole number of frames at 25 fps)")->capture_default_str();
+       cmd->add_option("--resolution", o->resolution, "HxW, multiples of 32")->capture_default_str();
+       cmd->add_option("--seed", o->seed, "the first prompt's seed when its line gives none (then +1 a prompt)")
+           ->capture_default_str();
+       cmd->add_option("--set", o->overrides, "override a config key (repeatable)");
+       return [o] { run_sample(*o); };
+     }});
 
 
 }  // namespace

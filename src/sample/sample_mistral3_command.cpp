@@ -53,29 +53,29 @@ void run_sample(const Options& o) {
   sample::generate_completions(run, prompts, sampling, o.seed, o.save_logits, o.out);
 }
 
-
 const CliRegistration sample_command(
     sample_registry(), "mistral3",
-    {"Magistral's answers to conversations (greedy or top-p, KV cache)", [](CLI::App& command) {
-  auto* cmd = &command;
-  auto o = std::make_shared<Options>();
-  cmd->add_option("config", o->config_path, "YAML config of the model (model, data template and images, parallelism)")
-      ->required();
-  cmd->add_option("--load", o->load, "mmtrain checkpoint, HF model directory or DCP")->required();
-  cmd->add_option("--prompts", o->prompts, "JSONL of records in the training data's format; a final assistant "
-                  "message is dropped")->required();
-  cmd->add_option("--out", o->out, "output directory (new): completions.jsonl")->required();
-  cmd->add_option("--image-dir", o->image_dir, "root of relative image paths (default the config's dataset_dir)");
-  cmd->add_option("--max-new-tokens", o->max_new_tokens, "stop after this many tokens (or at </s>)")
-      ->capture_default_str();
-  cmd->add_option("--temperature", o->temperature, "0: greedy")->capture_default_str();
-  cmd->add_option("--top-p", o->top_p, "with --temperature > 0: nucleus sampling")->capture_default_str();
-  cmd->add_option("--seed", o->seed, "prompt i samples with seed + i")->capture_default_str();
-  cmd->add_flag("--no-kv-cache", o->no_kv_cache, "recompute the whole prefix for every token (the reference path)");
-  cmd->add_flag("--save-logits", o->save_logits, "also write logits_<i>.safetensors: each generated token's logits");
-  cmd->add_option("--set", o->overrides, "override a config key (repeatable)");
-  return [o] { run_sample(*o); };
-}});
+    {"Magistral's answers to conversations (greedy or top-p, KV cache)",
+     [](CLI::App& command) {
+       auto* cmd = &command;
+       auto o = std::make_shared<Options>();
+       cmd->add_option("config", o->config_path, "YAML config of the model (model, data template and images, parallelism)")
+           ->required();
+       cmd->add_option("--load", o->load, "mmtrain checkpoint, HF model directory or DCP")->required();
+       cmd->add_option("--prompts", o->prompts, "JSONL of records in the training data's format; a final assistant "
+                       "message is dropped")->required();
+       cmd->add_option("--out", o->out, "output directory (new): completions.jsonl")->required();
+       cmd->add_option("--image-dir", o->image_dir, "root of relative image paths (default the config's dataset_dir)");
+       cmd->add_option("--max-new-tokens", o->max_new_tokens, "stop after this many tokens (or at </s>)")
+           ->capture_default_str();
+       cmd->add_option("--temperature", o->temperature, "0: greedy")->capture_default_str();
+       cmd->add_option("--top-p", o->top_p, "with --temperature > 0: nucleus sampling")->capture_default_str();
+       cmd->add_option("--seed", o->seed, "prompt i samples with seed + i")->capture_default_str();
+       cmd->add_flag("--no-kv-cache", o->no_kv_cache, "recompute the whole prefix for every token (the reference path)");
+       cmd->add_flag("--save-logits", o->save_logits, "also write logits_<i>.safetensors: each generated token's logits");
+       cmd->add_option("--set", o->overrides, "override a config key (repeatable)");
+       return [o] { run_sample(*o); };
+     }});
 
 
 }  // namespace

@@ -55,11 +55,21 @@ def figure_runs(spec):
         panels.insert(1, ("eval_timesteps", "validation loss per timestep", 1.0))
     if not panels:
         raise SystemExit("plot: the runs have no loss, grad norm, lr, step time, MFU or memory to draw")
+    # The first run's latest sample (a grid of decoded frames), as a panel of its own after the curves.
+    sample = next(((r["name"], r["sample_grid"]) for r in runs if r.get("sample_grid")), None)
+    if sample:
+        panels.append(("sample_grid", "latest sample", 1.0))
     cols = 3 if len(panels) > 4 else 2 if len(panels) > 1 else 1
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (key, label, scale) in zip(axes.flat, panels):
+        if key == "sample_grid":
+            name, grid = sample
+            ax.imshow(plt.imread(grid["path"]))
+            ax.set_title(f"{name}: sample after iteration {grid['iteration']} (frames across the clip)", fontsize=10)
+            ax.axis("off")
+            continue
         for i, run in enumerate(runs):
             s = run["series"]
             color = colors[i % len(colors)]

@@ -52,6 +52,34 @@ void add_eval_series(const NamedRun& run, nlohmann::json& series) {
 
 std::string plot_script() { return tools_script("plot_figures.py", "MMTRAIN_PLOT_SCRIPT"); }
 
+// The frame grid of the run's latest sample (<dir>/samples/iter_N/<first>.grid.png, written by
+// training's sampling with a decoder: train/training_sampler.h), for a panel beside the curves.
+// Null when the run has none; a grid that is not a small regular file is left out.
+nlohmann::json latest_sample_grid(const NamedRun& run) {
+  constexpr uintmax_t kMaxGridBytes = uintmax_t{64} << 20;
+  const fs::path samples = fs::path(run.dir) / "samples";
+  std::error_code error;
+  if (!fs::is_directory(samples, error)) return nullptr;
+  std::map<std::string, fs::path> grids;  // iter_N directory name (zero-padded: sorts) -> its first grid
+  for (const auto& iteration : fs::directory_iterator(samples, error)) {
+    const std::string name = iteration.path().filename().string();
+    if (name.rfind("iter_", 0) != 0 || name.size() > 24 || !iteration.is_directory(error) || iteration.is_symlink(error))
+      continue;
+    for (const auto& file : fs::directory_iterator(iteration.path(), error)) {
+      const std::string file_name = file.path().filename().string();
+      if (file_name.size() > 9 && file_name.compare(file_name.size() - 9, 9, ".grid.png") == 0 &&
+          file.is_regular_file(error) && !file.is_symlink(error) && file.file_size(error) <= kMaxGridBytes &&
+          (!grids.count(name) || file.path() < grids[name]))
+        grids[name] = file.path();
+    }
+  }
+  if (grids.empty()) return nullptr;
+  const auto& [directory, grid] = *grids.rbegin();
+  const size_t digits = directory.find_first_of("0123456789");
+  if (digits == std::string::npos) return nullptr;
+  return {{"path", grid.string()}, {"iteration", std::stoll(directory.substr(digits))}};
+}
+
 }  // namespace
 
 std::string tools_script(const std::string& file_name, const char* env_override) {
@@ -148,7 +176,7 @@ nlohmann::json runs_figure(const std::vector<NamedRun>& runs, const RunsPlotOpti
       series["loss_smoothed"] = std::move(smoothed);
     }
     add_eval_series(run, series);
-    spec["runs"].push_back({{"name", run.name}, {"series", std::move(series)}});
+    spec["runs"].push_back({{"name", run.name}, {"series", std::move(series)}, {"sample_grid", latest_sample_grid(run)}});
   }
   return spec;
 }

@@ -153,3 +153,14 @@ def test_tensorboard_shows_the_samples(tmp_path):
     assert [r["iteration"] for r in records if r.get("kind") == "samples"] == [4]
     parsed = run_mmtrain(["logs", "parse", str(tmp_path / "tb" / "metrics.jsonl")]).stdout.splitlines()
     assert len(parsed) == 4 and all('"kind"' not in line for line in parsed)
+
+    # `logs plot` puts the latest sample's frames beside the curves: the figure spec names the grid,
+    # and the real plotter draws it.
+    spy = tmp_path / "spy.py"
+    spy.write_text(f"import sys\nopen({str(tmp_path / 'spec.json')!r}, 'w').write(sys.stdin.read())\n")
+    run_mmtrain(["logs", "plot", str(tmp_path / "tb"), "--out", str(tmp_path / "spied.png")],
+                env_extra={"MMTRAIN_PLOT_SCRIPT": str(spy)})
+    grid = json.loads((tmp_path / "spec.json").read_text())["runs"][0]["sample_grid"]
+    assert grid == {"path": str(samples / "0000.grid.png"), "iteration": 4}
+    run_mmtrain(["logs", "plot", str(tmp_path / "tb"), "--out", str(tmp_path / "plot.png")])
+    assert (tmp_path / "plot.png").stat().st_size > 0
