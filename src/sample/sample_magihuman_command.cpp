@@ -58,11 +58,8 @@ void run_sample(const SampleOptions& o) {
   for (const auto& p : prompts) any_text = any_text || !p.text.empty();
   if (any_text && o.text_encoder.empty()) fail(o.prompts, ": a prompt is text: give --text-encoder to embed it");
 
-  auto runtime = runtime_init(LaunchEnv::from_environment(), default_device(),
-                              std::chrono::seconds(config.parallel.timeout_s));
   Run run;
-  run.config = std::move(config);
-  run.runtime = std::move(runtime);
+  start_tool_run(run, std::move(config));
   make_new_output_dir(run, o.out, "--out");
 
   // The embeddings: each text prompt's and the negative prompt's, written by the media room into a

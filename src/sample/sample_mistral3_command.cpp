@@ -42,11 +42,8 @@ void run_sample(const Options& o) {
 
   const auto prompts = sample::read_mistral3_prompts(config, o.prompts, o.image_dir);
 
-  auto runtime = runtime_init(LaunchEnv::from_environment(), default_device(),
-                              std::chrono::seconds(config.parallel.timeout_s));
   Run run;
-  run.config = std::move(config);
-  run.runtime = std::move(runtime);
+  start_tool_run(run, std::move(config));
   make_new_output_dir(run, o.out, "--out");
   build_tool_model(run, "sample mistral3");
   load_tool_weights(run, o.load, "sample --load", ".sample_from_dcp_");

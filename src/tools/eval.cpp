@@ -114,11 +114,8 @@ void add_eval_commands(CLI::App& app, Commands& commands) {
       config.data = config.data.validation_data();
       config.data.validation = validation;
     }
-    auto runtime = runtime_init(LaunchEnv::from_environment(), default_device(),
-                                std::chrono::seconds(config.parallel.timeout_s));
     Run run;
-    run.config = std::move(config);
-    run.runtime = std::move(runtime);
+    start_tool_run(run, std::move(config));
     // A named --out is checked before anything is built or read; the default one's name needs
     // the iteration, so it is checked once the weights are loaded, still before the evaluation.
     auto refuse_bad_out = [&](const std::string& out) {

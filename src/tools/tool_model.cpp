@@ -3,6 +3,7 @@
 #include "config/registries.h"
 #include "core/error.h"
 #include "core/scratch_dir.h"
+#include "dist/runtime.h"
 #include "offload/offload_tiers.h"
 #include "tools/convert.h"
 #include "train/build.h"
@@ -100,6 +101,11 @@ Config load_tool_config(const std::string& path, const std::vector<std::string>&
   config.training.async_save = false;
   config.training.keep_best = 0;
   return config;
+}
+
+void start_tool_run(Run& run, Config config) {
+  run.runtime = runtime_init(LaunchEnv::from_environment(), default_device(), std::chrono::seconds(config.parallel.timeout_s));
+  run.config = std::move(config);
 }
 
 void on_rank0_while_others_wait(Run& run, const std::string& what, const std::function<void()>& work) {

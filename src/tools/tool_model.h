@@ -27,6 +27,10 @@ int64_t load_tool_weights(Run& run, const std::string& dir, const std::string& f
 Config load_tool_config(const std::string& path, const std::vector<std::string>& overrides, const std::string& model_id,
                         const std::string& what);
 
+// run.config and run.runtime of a tool's run: the process group over torchrun's ranks (or one rank),
+// on the default device, with the config's parallel.timeout_s.
+void start_tool_run(Run& run, Config config);
+
 // Runs work on rank 0 in a thread while every rank polls in short collectives, so a long step (a
 // DCP conversion, a 9B text encoder loading) cannot expire parallel.timeout_s; rank 0's error
 // reaches every rank, prefixed with `what`. Collective.
