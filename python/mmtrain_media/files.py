@@ -64,7 +64,9 @@ def confined(base_dir, relative, what):
 
 
 def make_dir(path):
-    """Creates `path` (one level) or accepts it when it is a real directory, never a link."""
+    """Creates `path` (and its missing parents) or accepts it when it is a real directory, never a link."""
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
     try:
         os.mkdir(path)
     except FileExistsError:

@@ -27,6 +27,10 @@ struct EncodersFixture {
 // The three token widths come from the config's model (its defaults where it is silent), so the
 // encoders' outputs fit the model that trains on them.
 void run_encoders_fixture(const EncodersFixture& o) {
+  std::error_code error;
+  if (!fs::exists(o.config, error))
+    fail("fixture magihuman-encoders: config ", o.config, " does not exist (the default is relative to the repository ",
+         "root: run from there, or give --config)");
   const auto config = config_load(o.config);
   if (config.model.model_id != "magihuman")
     fail("fixture magihuman-encoders: ", o.config, ": model.model_id must be magihuman, found '", config.model.model_id, "'");
