@@ -19,35 +19,7 @@
 
 namespace mmtrain::sample {
 
-namespace {
-
 namespace fs = std::filesystem;
-
-// The last user message of each JSONL record (what the completion answers), for the output.
-std::vector<std::string> last_user_messages(const std::string& path) {
-  std::istringstream lines(read_user_file(path, "--prompts", int64_t{1} << 30));
-  std::vector<std::string> out;
-  std::string line;
-  for (int64_t number = 1; std::getline(lines, line); ++number) {
-    if (trim(line).empty()) continue;
-    const std::string where = path + ":" + std::to_string(number);
-    const nlohmann::json record = json_parse_checked(line, where);
-    std::string last;
-    for (const char* list : {"conversations", "messages"}) {
-      if (!record.is_object() || !record.contains(list) || !record[list].is_array()) continue;
-      for (const auto& m : record[list]) {
-        const bool sharegpt = m.contains("from");
-        const auto role = m.value(sharegpt ? "from" : "role", std::string());
-        if ((role == "human" || role == "user") && m.contains(sharegpt ? "value" : "content"))
-          last = m[sharegpt ? "value" : "content"].get<std::string>();
-      }
-    }
-    out.push_back(last);
-  }
-  return out;
-}
-
-}  // namespace
 
 Mistral3Prompts read_mistral3_prompts(const Config& config, const std::string& path, const std::string& image_dir) {
   DataConfig data = config.data;
@@ -74,7 +46,9 @@ Mistral3Prompts read_mistral3_prompts(const Config& config, const std::string& p
          " (", prompts.summary(), ")");
   }
   if (prompts.size() == 0) fail(path, ": no prompts");
-  out.questions = last_user_messages(path);
+  // Every image decoded once now (the reader checks only headers), so a prompt that cannot be
+  // built fails before any output exists rather than halfway through the generations.
+  for (int64_t i = 0; i < prompts.size(); ++i) prompts.get(i);
   out.tokenizer = tokenizer::load_text_tokenizer(options.tokenizer_path, options.tokenizer);
   out.eos = out.tokenizer->special_id("</s>");
   return out;
@@ -120,7 +94,7 @@ void generate_completions(Run& run, const Mistral3Prompts& prompts, const TokenS
       if (id < prompts.tokenizer->vocab_size()) answer.push_back(static_cast<int32_t>(id));
     const auto prompt_ids = prompt["input_ids"][0].to(at::kCPU);
     nlohmann::json line = {{"index", index},
-                           {"prompt", index < static_cast<int64_t>(prompts.questions.size()) ? prompts.questions[index] : ""},
+                           {"prompt", prompts.records->last_user_message(index)},
                            {"completion", prompts.tokenizer->decode(answer)},
                            {"token_ids", generation.tokens},
                            {"prompt_ids", std::vector<int64_t>(prompt_ids.data_ptr<int64_t>(),

@@ -19,14 +19,13 @@ namespace mmtrain::sample {
 
 struct Mistral3Prompts {
   std::unique_ptr<conversation::ConversationDataset> records;  // generation mode: each item a prompt
-  std::vector<std::string> questions;                          // each record's last user message
   std::shared_ptr<tokenizer::TextTokenizer> tokenizer;
   int64_t eos = 0;
 };
 
 // The JSONL `path` through config.data's conversation reader (dataset_type huggingface), images
 // relative to image_dir (empty: the config's dataset_dir, else the file's folder). A record the
-// reader would drop fails the whole file, naming the reasons.
+// reader would drop, or an image that does not decode, fails the whole file, naming the reasons.
 Mistral3Prompts read_mistral3_prompts(const Config& config, const std::string& path, const std::string& image_dir);
 
 // Generates every prompt's completion (prompt i on data-parallel rank i % dp, its generator seeded

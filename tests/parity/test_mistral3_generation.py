@@ -140,6 +140,11 @@ def test_bad_prompt_files_are_refused_by_name(gen, tmp_path):
         ('{"conversations": [{"from": "human", "value": "<image> what?"}]}\n', "<image> count"),
         ("not json\n", "line 1: not valid JSON"),
     ]
+    # A PNG whose header reads but whose pixels do not: the prompt fails by name, never swapped for the next.
+    png = sorted((tmp / "data" / "images").glob("*.png"))[0]
+    (tmp / "data" / "images" / "truncated.png").write_bytes(png.read_bytes()[:60])
+    cases.append(('{"conversations": [{"from": "human", "value": "<image> what?"}], "image": "images/truncated.png"}\n'
+                  '{"conversations": [{"from": "human", "value": "and this?"}]}\n', "prompt 0: "))
     for text, message in cases:
         bad.write_text(text)
         out = tmp_path / "out"

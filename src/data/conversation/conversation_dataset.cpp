@@ -298,6 +298,12 @@ ConversationDataset::Encoded ConversationDataset::encode(const Sample& sample) c
   return out;
 }
 
+const std::string& ConversationDataset::last_user_message(int64_t index) const {
+  if (index < 0 || index >= static_cast<int64_t>(samples_.size()))
+    fail("dataset ", options_.dataset_file, ": sample ", index, " out of range [0, ", samples_.size(), ")");
+  return samples_[static_cast<size_t>(index)].conversation.turns.back().user;
+}
+
 int64_t ConversationDataset::size() const {
   return options_.packing ? static_cast<int64_t>(bins_.size()) : static_cast<int64_t>(samples_.size());
 }
@@ -323,6 +329,8 @@ std::optional<Batch> ConversationDataset::build(int64_t index) const {
     try {
       rgb = image::decode_image_file(path, options_.max_image_pixels);
     } catch (const Error& e) {
+      // A prompt is never swapped for the next one: its completion would answer another prompt.
+      if (options_.generation) fail("dataset ", options_.dataset_file, ": prompt ", index, ": ", e.what());
       std::lock_guard<std::mutex> lock(undecodable_mutex_);
       if (undecodable_.insert(index).second)
         std::fprintf(stderr, "[mmtrain] warning: dataset %s: sample %lld skipped: %s (%zu skipped so far)\n",

@@ -62,6 +62,7 @@ struct ConversationDataOptions {
   // Prompts for generation (`mmtrain sample`), not training samples: a record's final assistant
   // message, if any, is dropped; an item's input_ids are the conversation up to where the answer
   // starts (labels all -100), never truncated (a prompt over cutoff_len is dropped); packing is off.
+  // An image that does not decode is an error, not a skip to the next prompt.
   bool generation = false;
 
   static ConversationDataOptions from_config(const DataConfig& data, const ModelConfig& model);
@@ -79,6 +80,8 @@ class ConversationDataset : public Dataset {
 
   // Per-reason counts of dropped records, and how many records were read.
   const std::map<std::string, int64_t>& dropped() const { return dropped_; }
+  // Sample i's last user message (generation: what its completion answers).
+  const std::string& last_user_message(int64_t index) const;
   int64_t records() const { return records_; }
   // Samples skipped so far because an image failed to decode (on this process).
   int64_t skipped() const;
