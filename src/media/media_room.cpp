@@ -2,8 +2,6 @@
 
 #include "core/error.h"
 #include "core/subprocess.h"
-#include "core/text.h"
-#include "io/atomic_file.h"
 #include "tools/plots.h"
 
 #include <unistd.h>
@@ -53,11 +51,18 @@ std::pair<int64_t, int64_t> parse_resolution(const std::string& text, int64_t mu
   return {height, width};
 }
 
-void exec_media_module(const std::string& module, const std::vector<std::string>& args) {
-  const std::string path = media_path();
+namespace {
+
+// The room first, then whatever PYTHONPATH the user has.
+std::string media_python_path() {
   const char* existing = std::getenv("PYTHONPATH");
-  const std::string python_path = existing && *existing ? path + ":" + existing : path;
-  ::setenv("PYTHONPATH", python_path.c_str(), 1);
+  return existing && *existing ? media_path() + ":" + existing : media_path();
+}
+
+}  // namespace
+
+void exec_media_module(const std::string& module, const std::vector<std::string>& args) {
+  ::setenv("PYTHONPATH", media_python_path().c_str(), 1);
   const std::string python = tools_python();
   std::vector<std::string> argv = {python, "-m", "mmtrain_media." + module};
   argv.insert(argv.end(), args.begin(), args.end());
@@ -72,15 +77,9 @@ void exec_media_module(const std::string& module, const std::vector<std::string>
 
 void run_media_module(const std::string& module, const std::vector<std::string>& args, const std::string& log,
                       const std::string& what) {
-  ProcessOptions options;
-  options.output_path = log;
-  options.environment.push_back({"PYTHONPATH", media_path()});
-  std::vector<std::string> argv = {tools_python(), "-m", "mmtrain_media." + module};
+  std::vector<std::string> argv = {"-m", "mmtrain_media." + module};
   argv.insert(argv.end(), args.begin(), args.end());
-  const int status = run_process(argv, options);
-  const std::string printed = file_read_text(log);
-  fs::remove(log);
-  if (status != 0) fail(what, " failed (status ", status, "): ", trim(printed));
+  run_tools_python(argv, log, what, {{"PYTHONPATH", media_python_path()}});
 }
 
 }  // namespace mmtrain

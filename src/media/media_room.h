@@ -27,7 +27,7 @@ std::string argument_number(double value);
 [[noreturn]] void exec_media_module(const std::string& module, const std::vector<std::string>& args);
 
 // Runs `<tools python> -m mmtrain_media.<module> args...` and waits; its output goes to `log`
-// (removed after). Fails naming `what` with what it printed when it fails.
+// (removed after). Fails naming `what` with what it printed when it fails (tools/plots.h).
 void run_media_module(const std::string& module, const std::vector<std::string>& args, const std::string& log,
                       const std::string& what);
 

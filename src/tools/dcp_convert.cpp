@@ -40,15 +40,9 @@ bool starts_with(const std::string& s, const std::string& prefix) { return s.rfi
 // Runs the bridge ("list", "read" or "write", then its paths); on failure, fails with what it printed.
 void run_bridge(const std::string& verb, const std::string& from, const std::string& to, const std::string& what,
                 const std::vector<std::string>& more = {}) {
-  const std::string log = to + ".bridge.log";
-  ProcessOptions options;
-  options.output_path = log;
-  std::vector<std::string> argv = {tools_python(), tools_script("dcp_bridge.py", "MMTRAIN_DCP_BRIDGE"), verb, from, to};
-  argv.insert(argv.end(), more.begin(), more.end());
-  const int status = run_process(argv, options);
-  const std::string printed = file_read_text(log);
-  fs::remove(log);
-  if (status != 0) fail(what, ": ", trim(printed));
+  std::vector<std::string> args = {tools_script("dcp_bridge.py", "MMTRAIN_DCP_BRIDGE"), verb, from, to};
+  args.insert(args.end(), more.begin(), more.end());
+  run_tools_python(args, to + ".bridge.log", what);
 }
 
 // The temporary flat file beside `out` (removed when this goes out of scope).

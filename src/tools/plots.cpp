@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/subprocess.h"
 #include "core/text.h"
+#include "io/atomic_file.h"
 
 #include <cmath>
 #include <cstdlib>
@@ -92,6 +93,19 @@ std::string tools_script(const std::string& file_name, const char* env_override)
 std::string tools_python() {
   if (const char* python = std::getenv("MMTRAIN_PYTHON")) return python;
   return MMTRAIN_DEFAULT_PYTHON;
+}
+
+void run_tools_python(const std::vector<std::string>& args, const std::string& log, const std::string& what,
+                      const std::vector<std::pair<std::string, std::string>>& environment) {
+  ProcessOptions options;
+  options.output_path = log;
+  options.environment = environment;
+  std::vector<std::string> argv = {tools_python()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const int status = run_process(argv, options);
+  const std::string printed = file_read_text(log);
+  fs::remove(log);
+  if (status != 0) fail(what, " failed (exit status ", status, "): ", trim(printed));
 }
 
 std::string run_log_path(const std::string& path) {

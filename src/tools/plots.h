@@ -56,6 +56,10 @@ std::string tools_python();
 // A Python script the build installs beside the binary (share/mmtrain/<file_name>), or the path in
 // $env_override.
 std::string tools_script(const std::string& file_name, const char* env_override);
+// Runs `<tools python> args...` with its output in `log` (removed after) and `environment` added,
+// and waits; when it fails, fails with "<what> failed (exit status N): <its output>".
+void run_tools_python(const std::vector<std::string>& args, const std::string& log, const std::string& what,
+                      const std::vector<std::pair<std::string, std::string>>& environment = {});
 
 // Draws spec (its "out" set to out_path; the format from the extension: .png, .svg or .pdf).
 void draw_figure(nlohmann::json spec, const std::string& out_path);
