@@ -134,6 +134,14 @@ at::Tensor read_text_embedding(const std::string& path, int64_t text_channels) {
   return t;
 }
 
+void read_magihuman_embeddings(std::vector<MagiHumanPrompt>& prompts, int64_t text_channels,
+                               const std::optional<at::Tensor>& negative) {
+  for (auto& p : prompts) {
+    if (p.text.empty()) p.embedding = read_text_embedding(p.conditions, text_channels);
+    p.negative = p.negative_conditions.empty() ? negative : read_text_embedding(p.negative_conditions, text_channels);
+  }
+}
+
 void sample_magihuman_prompts(Run& run, const std::vector<MagiHumanPrompt>& prompts, const std::string& out_dir,
                               const std::string& load) {
   const auto model_config = magihuman::MagiHumanConfig::from_json(run.config.model.config);
@@ -175,10 +183,7 @@ void sample_magihuman_prompts(Run& run, const std::vector<MagiHumanPrompt>& prom
     if (padding) continue;
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     const std::string stem = (fs::path(out_dir) / format("%04lld", static_cast<long long>(index))).string();
-    const at::Tensor tokens = result.video.reshape({shape.latent_channels, shape.frames, shape.height / 2, 2,
-                                                    shape.width / 2, 2})
-                                  .permute({1, 2, 4, 0, 3, 5})
-                                  .reshape({-1, 4 * shape.latent_channels});
+    const at::Tensor tokens = video_tokens(result.video);
     safetensors_write(stem + ".safetensors",
                       {{"video_latent", tokens.contiguous()},
                        {"video_grid_thw", at::tensor({shape.frames, shape.height / 2, shape.width / 2}, at::kLong)},

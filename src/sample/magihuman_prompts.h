@@ -47,6 +47,11 @@ std::vector<MagiHumanPrompt> read_magihuman_prompts(const std::string& path, uin
 // "text_embed"), checked: shape, dtype, finite. Fails naming the file.
 at::Tensor read_text_embedding(const std::string& path, int64_t text_channels);
 
+// Reads each prompt's embedding files: its `conditions` (a text prompt keeps the embedding the caller
+// set) and its negative, from its line's `negative_conditions`, else `negative` (none: no guidance).
+void read_magihuman_embeddings(std::vector<MagiHumanPrompt>& prompts, int64_t text_channels,
+                               const std::optional<at::Tensor>& negative);
+
 // Samples every prompt (embeddings set), prompt i on data-parallel rank i % dp, into
 // out_dir/<i>.safetensors (video_latent tokens, video_grid_thw, audio_latent) and <i>.json (the
 // settings). A rank with fewer prompts samples prompt 0 again and drops it (FSDP's gathers need

@@ -14,13 +14,12 @@ namespace {
 constexpr int64_t kFps = 25;
 constexpr int64_t kTemporalStride = 4, kSpatialStride = 16, kPatch = 2;
 
-// [z, T, h, w] -> [T * h/2 * w/2, 4z], column c*4 + kh*2 + kw (upstream's UnfoldNd 1x2x2).
+}  // namespace
+
 at::Tensor video_tokens(const at::Tensor& latent) {
   const int64_t z = latent.size(0), t = latent.size(1), h = latent.size(2) / kPatch, w = latent.size(3) / kPatch;
   return latent.reshape({z, t, h, kPatch, w, kPatch}).permute({1, 2, 4, 0, 3, 5}).reshape({t * h * w, z * 4});
 }
-
-}  // namespace
 
 MagiHumanLatentShape MagiHumanLatentShape::of_clip(double seconds, int64_t height_px, int64_t width_px,
                                                    int64_t video_in_channels, int64_t audio_in_channels) {

@@ -40,6 +40,10 @@ struct MagiHumanSample {
   at::Tensor audio;  // [Na, Ca] fp32
 };
 
+// A video latent [z, T, h, w] as tokens [T * h/2 * w/2, 4z] in upstream's input order (UnfoldNd 1x2x2:
+// column c*4 + kh*2 + kw, tokens t-major then h then w): what the DiT reads and prepare writes.
+at::Tensor video_tokens(const at::Tensor& latent);
+
 // One packed sample as the DiT reads it, from noisy latents and a text embedding [Nt, Ct]:
 // x [L, io_width] = [video tokens (1x2x2 patches, channel c*4 + kh*2 + kw) | audio rows | text rows],
 // coords_mapping, modality_mapping, cu_seqlens, max_seqlen, and the zero target_velocity and false

@@ -17,6 +17,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <memory>
@@ -94,16 +95,8 @@ void run_sample(const SampleOptions& o) {
     scratch.reset();
   }
   if (!o.negative_conditions.empty()) negative = sample::read_text_embedding(o.negative_conditions, model_config.text_in_channels);
-  bool unguided = false;
-  for (auto& p : prompts) {
-    if (p.text.empty()) p.embedding = sample::read_text_embedding(p.conditions, model_config.text_in_channels);
-    p.negative = p.negative_conditions.empty()
-                     ? negative
-                     : std::optional<at::Tensor>(sample::read_text_embedding(p.negative_conditions,
-                                                                             model_config.text_in_channels));
-    unguided = unguided || !p.negative;
-  }
-  if (unguided)
+  sample::read_magihuman_embeddings(prompts, model_config.text_in_channels, negative);
+  if (std::any_of(prompts.begin(), prompts.end(), [](const auto& p) { return !p.negative; }))
     run.log("a prompt has no negative embedding (no --text-encoder, --negative-conditions or its line's "
             "negative_conditions): it samples without guidance (upstream's cfg_number 1: one forward a step, the "
             "DDIM-style update)");

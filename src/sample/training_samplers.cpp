@@ -63,14 +63,12 @@ class MagiHumanTrainingSampler : public TrainingSampler {
     const auto& path = run.config.training.sample_prompts;
     prompts_ = read_magihuman_prompts(path, run.config.training.seed, MagiHumanSampleSettings{});
     const int64_t text = magihuman::MagiHumanConfig::from_json(run.config.model.config).text_in_channels;
-    for (auto& p : prompts_) {
+    for (const auto& p : prompts_)
       if (!p.text.empty())
         fail("training.sample_prompts ", path, ": a text prompt (\"", p.text.substr(0, 40), "\"): training samples need ",
              "precomputed 'conditions' (the conditions/ files of `mmtrain prepare magihuman`); the text encoder is not ",
              "loaded beside a training run");
-      p.embedding = read_text_embedding(p.conditions, text);
-      if (!p.negative_conditions.empty()) p.negative = read_text_embedding(p.negative_conditions, text);
-    }
+    read_magihuman_embeddings(prompts_, text, std::nullopt);
   }
   SampleRecord sample(Run& run, const std::string& out_dir) override {
     sample_magihuman_prompts(run, prompts_, out_dir, "training");
