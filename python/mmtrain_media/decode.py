@@ -15,7 +15,8 @@ import wave
 import numpy as np
 import torch
 from PIL import Image
-from safetensors import safe_open
+from safetensors import SafetensorError
+from safetensors.torch import load as safetensors_load
 
 from . import audio, mp4, video
 from .files import InputError, make_dir, open_regular, write_atomic
@@ -37,18 +38,19 @@ def parse(argv):
 
 
 def read_tensors(path, keys):
-    """The named tensors of a safetensors file the user gave: a regular file, its header parsed by
-    the safetensors library (which caps it), each key required."""
-    with open_regular(path, "latents", MAX_LATENT_BYTES):
-        pass
+    """The named tensors of a safetensors file the user gave: a regular file, read through the
+    descriptor that was checked and parsed by the safetensors library (which caps its header),
+    each key required."""
+    with open_regular(path, "latents", MAX_LATENT_BYTES) as f:
+        data = f.read()
     try:
-        with safe_open(path, framework="pt") as f:
-            missing = [k for k in keys if k not in f.keys()]
-            if missing:
-                raise InputError("missing_key", f"{path}: no '{missing[0]}' (it holds {sorted(f.keys())})")
-            return [f.get_tensor(k) for k in keys]
-    except (OSError, RuntimeError, ValueError) as error:  # what safetensors raises for a bad file
+        tensors = safetensors_load(data)
+    except (SafetensorError, OSError, RuntimeError, ValueError) as error:
         raise InputError("corrupt_file", f"{path}: not a safetensors file ({error})") from None
+    missing = [k for k in keys if k not in tensors]
+    if missing:
+        raise InputError("missing_key", f"{path}: no '{missing[0]}' (it holds {sorted(tensors)})")
+    return [tensors[k] for k in keys]
 
 
 def frame_grid(frames, rows=2, cols=4):

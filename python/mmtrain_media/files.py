@@ -103,12 +103,15 @@ def write_json(path, value, replace=False):
     write_atomic(path, (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode(), replace)
 
 
-def read_json(path, what, max_bytes=1 << 26, follow_links=False):
-    data = read_regular(path, what, max_bytes, follow_links)
+def parse_json(data, where):
     try:
         return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise InputError("bad_json", f"{what} {path}: {error}") from None
+        raise InputError("bad_json", f"{where}: {error}") from None
+
+
+def read_json(path, what, max_bytes=1 << 26, follow_links=False):
+    return parse_json(read_regular(path, what, max_bytes, follow_links), f"{what} {path}")
 
 
 def remove_quietly(path):

@@ -22,8 +22,8 @@ import torch
 
 from . import audio, spec, text, video
 from .clips import find_clips
-from .files import InputError, make_dir, open_regular, read_json, read_regular, remove_quietly, write_json, \
-    write_safetensors
+from .files import InputError, make_dir, open_regular, parse_json, read_json, read_regular, remove_quietly, \
+    write_json, write_safetensors
 
 OUTPUT_DIRS = {"video": "latents", "audio": "audio_latents", "text": "conditions"}
 FORMAT = "mmtrain prepare magihuman v1"
@@ -50,23 +50,26 @@ def dtype_of(name):
     return {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
 
 
-def config_sha256(directory, what):
-    return hashlib.sha256(read_regular(os.path.join(directory, "config.json"), f"{what} config", 1 << 20,
-                                       follow_links=True)).hexdigest()
+ENCODERS = (("vae", "--vae"), ("audio_vae", "--audio-vae"), ("text_encoder", "--text-encoder"))
 
 
-def channels_of(args):
-    """The token widths the three encoders give, from their configs: what model.config's
-    video_in_channels, audio_in_channels and text_in_channels must equal."""
-    def config(directory, what):
-        return read_json(os.path.join(directory, "config.json"), f"{what} config", 1 << 20, follow_links=True)
-
+def encoder_settings(args):
+    """(encoders, channels): each encoder's path and the SHA-256 of its config.json, and the token
+    widths the three give (what model.config's video_in_channels, audio_in_channels and
+    text_in_channels must equal), each config.json read once."""
+    encoders, configs = {}, {}
+    for name, flag in ENCODERS:
+        path = os.path.join(getattr(args, name), "config.json")
+        data = read_regular(path, f"{flag} config", 1 << 20, follow_links=True)
+        encoders[name] = {"path": os.path.abspath(getattr(args, name)), "config_sha256": hashlib.sha256(data).hexdigest()}
+        configs[name] = parse_json(data, f"{flag} config {path}")
     try:
-        return {"video": 4 * int(config(args.vae, "--vae")["z_dim"]),
-                "audio": int(config(args.audio_vae, "--audio-vae")["decoder_input_channels"]),
-                "text": int(config(args.text_encoder, "--text-encoder")["encoder"]["hidden_size"])}
+        channels = {"video": 4 * int(configs["vae"]["z_dim"]),
+                    "audio": int(configs["audio_vae"]["decoder_input_channels"]),
+                    "text": int(configs["text_encoder"]["encoder"]["hidden_size"])}
     except (KeyError, TypeError, ValueError) as error:
         raise InputError("bad_encoder", f"an encoder's config.json lacks {error} (is it the right model?)") from None
+    return encoders, channels
 
 
 def clip_seed(seed, stem):
@@ -111,13 +114,11 @@ class Run:
 
     def settings(self):
         a = self.args
+        encoders, channels = encoder_settings(a)
         return {"format": FORMAT, "resolution": [a.height, a.width], "fps": a.fps, "max_seconds": a.max_seconds,
                 "dtype": a.dtype, "seed": a.seed, "audio_window_seconds": a.audio_window_seconds,
                 "vae_tiling": a.vae_tiling, "sample_rate": spec.AUDIO_SAMPLE_RATE, "text_tokens": spec.TEXT_TOKENS,
-                "encoders": {name: {"path": os.path.abspath(path), "config_sha256": config_sha256(path, name)}
-                             for name, path in (("vae", a.vae), ("audio_vae", a.audio_vae),
-                                                ("text_encoder", a.text_encoder))},
-                "channels": channels_of(a)}
+                "encoders": encoders, "channels": channels}
 
     def open_output(self, settings):
         """Rank 0 creates OUT (refused when it exists without --resume) or checks a resumed one's settings."""
