@@ -18,6 +18,9 @@ all, with the ones skipped (out of budget, or not asked for). In order of priori
                   packed sample, bf16, recompute: step time, TFLOP/s and MFU (the seed's convention)
                   against the datasheet's dense bf16 peak and a measured bf16 GEMM; the same with
                   the MLP layout transform off (deinterleave_mlp: false)
+  sampling        the same model sampling the seed's 5 s 256x480 clip (32 steps, guidance) during
+                  training: the phase's time and allocated peak against the step's, and the plan's
+                  predicted sampling time
   offload         the same model at half the layers: each offload feature's allocated and reserved
                   peaks, step time and copy waits against none; at two layers, an async save
                   against a sync one
@@ -31,13 +34,14 @@ import json
 import os
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHECKS = ["comm", "tiny_parity", "attention", "magihuman_real", "offload"]
+CHECKS = ["comm", "tiny_parity", "attention", "magihuman_real", "sampling", "offload"]
 PARITY_BOUND = 1e-5
 MAGIHUMAN_TINY = os.path.join(REPO, "examples", "magihuman", "magihuman_tiny.yaml")
 MAGIHUMAN_REAL = os.path.join(REPO, "examples", "magihuman", "magihuman_config_t2av.yaml")
@@ -227,6 +231,44 @@ def check_magihuman_real(ctx):
             "fused_ops": "no CUDA kernels for the fused ops: on a GPU both settings run the reference ops"}
 
 
+def write_zero_embedding(path, rows, channels):
+    """A safetensors file holding prompt_embeds [rows, channels] fp16 zeros (the values do not time)."""
+    header = json.dumps({"prompt_embeds": {"dtype": "F16", "shape": [rows, channels],
+                                           "data_offsets": [0, 2 * rows * channels]}}).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header + bytes(2 * rows * channels))
+
+
+def check_sampling(ctx):
+    config, sets = magihuman_shape_sets(ctx, ctx.args.real_layers)
+    tiny = ctx.args.width == "tiny"
+    channels, seconds, resolution, steps = (24, 0.48, "64x96", 4) if tiny else (3584, 5, "256x480", 32)
+    prompts = os.path.join(ctx.work, "sample_prompts")
+    os.makedirs(prompts, exist_ok=True)
+    for name in ("prompt", "negative"):
+        write_zero_embedding(os.path.join(prompts, f"{name}.safetensors"), 640, channels)
+    with open(os.path.join(prompts, "prompts.jsonl"), "w") as f:
+        f.write(json.dumps({"conditions": "prompt.safetensors", "negative_conditions": "negative.safetensors", "seed": 1,
+                            "seconds": seconds, "resolution": resolution, "steps": steps}) + "\n")
+    sampling = [f"training.sample_prompts={os.path.join(prompts, 'prompts.jsonl')}", "training.sample_interval=2"]
+    records = ctx.train("sampling", config, ctx.args.device, sets + sampling + ["training.train_iters=3"], timeout=400)
+    steps_records = [r for r in records if "loss" in r]
+    samples = [r for r in records if r.get("kind") == "samples"]
+    plan_argv = [ctx.bin, "plan", config, "--device", ctx.args.profile]
+    for s in sets + sampling:
+        plan_argv += ["--set", s]
+    plan = json.loads(ctx.run(plan_argv, "cpu", timeout=60).stdout.strip().splitlines()[-1])
+    step_peak = steady(steps_records, "peak_device_allocated_mb")
+    sample_peak = samples[0].get("peak_device_allocated_mb") if samples else None
+    return {"ok": len(samples) == 1 and (sample_peak is None or step_peak is None or sample_peak <= step_peak),
+            "layers": ctx.args.real_layers, "width": ctx.args.width, "seconds": seconds, "resolution": resolution,
+            "steps": steps, "samples_s": samples[0]["samples_s"] if samples else None,
+            "sample_peak_device_allocated_mb": sample_peak, "step_peak_device_allocated_mb": step_peak,
+            "step_time_ms": steady(steps_records, "step_time_ms"),
+            "predicted_samples_s": plan["sampling"]["time_ms"] / 1e3 if "time_ms" in plan.get("sampling", {}) else None,
+            "predicted_forwards": plan.get("sampling", {}).get("forwards"), "profile": ctx.args.profile}
+
+
 def check_offload(ctx):
     layers = max(2, ctx.args.real_layers // 2)
     config, sets = magihuman_shape_sets(ctx, layers)
@@ -283,7 +325,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     ctx = Context(args)
     functions = {"comm": check_comm, "tiny_parity": check_tiny_parity, "attention": check_attention,
-                 "magihuman_real": check_magihuman_real, "offload": check_offload}
+                 "magihuman_real": check_magihuman_real, "sampling": check_sampling, "offload": check_offload}
     summary = {"device": args.device, "width": args.width, "checks": {}}
     try:
         for name in CHECKS:

@@ -26,6 +26,9 @@ struct ActivationEstimate {
   int64_t q_width = 0;                // attention query heads x head_dim (context-parallel buffers)
   int64_t kv_width = 0;               // attention KV heads x head_dim
   int64_t without_recompute_bytes() const { return layers_full_bytes + outside_bytes + backward_bytes; }
+  // A forward under no-grad (an evaluation's, a sampler's) frees each layer's tensors as it
+  // goes: one layer's working set at a time, plus what lies outside the layers.
+  int64_t forward_only_bytes() const { return max_layer_full_bytes + outside_bytes; }
   int64_t with_recompute_bytes() const {
     return layer_inputs_bytes + max_layer_full_bytes + outside_bytes + backward_bytes;
   }

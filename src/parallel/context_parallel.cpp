@@ -220,6 +220,24 @@ at::Tensor SequenceShard::real_mask(at::Device device) const {
   return at::tensor(local_index_, at::kLong).lt(total_rows()).to(device);
 }
 
+at::Tensor SequenceShard::gather(const at::Tensor& local) const {
+  const int64_t rows = local_rows(), W = cp_->world_size();
+  if (local.dim() == 0 || local.size(0) != rows)
+    fail("context parallel: expected this rank's ", rows, " rows to gather, got ", local.sizes());
+  // Every rank's rows and their global indices, block r from CP rank r (equal blocks: T_pad / W).
+  auto shape = local.sizes().vec();
+  shape[0] = W * rows;
+  at::Tensor all = at::empty(shape, local.options());
+  all.narrow(0, cp_->rank() * rows, rows).copy_(local);
+  at::Tensor index = at::empty({W * rows}, local.options().dtype(at::kLong));
+  index.narrow(0, cp_->rank() * rows, rows).copy_(at::tensor(local_index_, at::kLong));
+  cp_->all_gather_in_place({all.view({-1})}).wait();
+  cp_->all_gather_in_place({index}).wait();
+  const at::Tensor real = index.lt(total_rows()).nonzero().view(-1);
+  shape[0] = total_rows();
+  return at::empty(shape, local.options()).index_copy_(0, index.index_select(0, real), all.index_select(0, real));
+}
+
 std::vector<AttentionSegment> SequenceShard::ring_segments(int mine, int source, bool causal) const {
   std::vector<AttentionSegment> segments;
   int64_t q_offset = 0;

@@ -76,6 +76,10 @@ class SequenceShard : public SequenceSplit {
   at::Tensor take(const at::Tensor& full, double pad_value = 0) const override;
   // [local_rows] bool on device: true on real rows, false on padding.
   at::Tensor real_mask(at::Device device) const;
+  // The inverse of take for a forward-only output (a sampler's prediction): every CP rank's
+  // local rows [local_rows, ...] -> the whole stream [T, ...] on every rank, padding dropped.
+  // Collective over the CP group; not differentiable.
+  at::Tensor gather(const at::Tensor& local) const;
 
   // Attention of local q [T_loc, Hq, d] to local k, v [T_loc, Hkv, d] within each sample.
   at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) const override;

@@ -94,6 +94,7 @@ std::vector<Phase> config_phases(const PhaseBytes& phases, const Config& config)
   if (!t.save.empty()) out.push_back({"a checkpoint save", t.async_save ? phases.async_save : phases.save});
   if (!t.load.empty()) out.push_back({"the resume", phases.resume});
   if (t.eval_interval > 0 || t.eval_at_start) out.push_back({"an evaluation", phases.evaluation});
+  if (t.sample_interval > 0 || t.sample_at_start) out.push_back({"a sampling phase", phases.sampling});
   return out;
 }
 

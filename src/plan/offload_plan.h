@@ -67,17 +67,18 @@ TierBytes offload_tier_bytes(const OffloadPlanInputs& in, const OffloadSetting& 
 //     most U of host RAM), and with the moments on disk one U on its way there.
 // device_is_host: a CPU run (nothing is copied to the host to be written). saves_frozen: the
 // checkpoint holds the frozen params too (false for LoRA, whose base is its model weights).
-// evaluation: not an offload rule (offload_phase_bytes leaves it zero): PlanEstimate::
-// evaluation_bytes fills it where there is an activation estimate.
+// evaluation and sampling: not offload rules (offload_phase_bytes leaves them zero):
+// PlanEstimate::phase_bytes fills them (plan/plan_estimate.h, plan/sampling_plan.h).
 struct PhaseBytes {
-  TierBytes startup, save, async_save, resume, evaluation;
+  TierBytes startup, save, async_save, resume, evaluation, sampling;
 };
 PhaseBytes offload_phase_bytes(const FsdpMemoryPlan& plan, const OffloadSetting& setting, bool device_is_host,
                                bool saves_frozen);
 
 // The phases a run of `config` goes through beside its steps, named for messages: start-up, the
 // save it asks for (synchronous, or training.async_save's staging), when it loads the resume, and
-// when it evaluates (training.eval_interval, eval_at_start) an evaluation.
+// when it evaluates (training.eval_interval, eval_at_start) an evaluation, and when it samples
+// (training.sample_interval, sample_at_start) a sampling phase.
 // The pre-flight, `plan --auto` and the run's own prediction all count the largest of these.
 struct Phase {
   const char* name;

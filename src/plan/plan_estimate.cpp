@@ -3,6 +3,7 @@
 #include "core/checked_math.h"
 #include "core/error.h"
 #include "optim/swapped_moments.h"
+#include "plan/sampling_plan.h"
 
 #include <c10/core/ScalarType.h>
 
@@ -96,11 +97,17 @@ TierBytes PlanEstimate::evaluation_bytes() const {
   const auto& t = cfg.training;
   const bool budget = cfg.data.loader.micro_batch_tokens > 0;  // the estimate is of one budget-full micro-batch
   const double scale = budget ? 1.0 : static_cast<double>(t.eval_batch_size > 0 ? t.eval_batch_size : micro) / micro;
-  const double forward = static_cast<double>(checked_add(act.max_layer_full_bytes, act.outside_bytes,
-                                                         "plan: an evaluation's activations")) * scale;
+  const double forward = static_cast<double>(act.forward_only_bytes()) * scale;
   const int64_t step = recompute ? act.with_recompute_bytes() : act.without_recompute_bytes();
   out.device = std::max<int64_t>(0, static_cast<int64_t>(forward) - step);
   return out;
+}
+
+PhaseBytes PlanEstimate::phase_bytes(const OffloadSetting& setting, bool device_is_host) const {
+  PhaseBytes phases = offload_phase_bytes(plan, setting, device_is_host, !cfg.features.enable_lora);
+  phases.evaluation = evaluation_bytes();
+  if (const auto sampling = plan_sampling(*this, nullptr, 1)) phases.sampling = sampling->beyond_step;
+  return phases;
 }
 
 OffloadPlanInputs PlanEstimate::offload_inputs() const {

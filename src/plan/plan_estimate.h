@@ -40,6 +40,9 @@ struct PlanEstimate {
   // backward. Beyond the step only where that exceeds the step's own activations; zero without an
   // activation estimate. On the device tier (on CPU the device is the host).
   TierBytes evaluation_bytes() const;
+  // Every phase around the step for `setting` (plan/offload_plan.h), with the evaluation above and
+  // the sampling phase (plan/sampling_plan.h) filled in.
+  PhaseBytes phase_bytes(const OffloadSetting& setting, bool device_is_host) const;
   // offload_tier_bytes' inputs (they point into this estimate: do not copy it after asking).
   OffloadPlanInputs offload_inputs() const;
   // The step-time model's inputs, without the FLOPs when the model has no formula (flops false).

@@ -16,8 +16,7 @@ RunPrediction predict_run(const Config& config, int world, int devices_per_node,
   const auto estimate = plan_estimate(config, world, longest, model, {}, seqlens);
   const OffloadSetting setting = OffloadSetting::of(config);
   const TierBytes step = offload_tier_bytes(estimate->offload_inputs(), setting);
-  PhaseBytes phases = offload_phase_bytes(estimate->plan, setting, /*device_is_host=*/!cuda, !config.features.enable_lora);
-  phases.evaluation = estimate->evaluation_bytes();
+  const PhaseBytes phases = estimate->phase_bytes(setting, /*device_is_host=*/!cuda);
   const auto around = config_phases(phases, config);
   const int64_t device_peak = largest_phase(around, [](const TierBytes& b) { return b.device; }).bytes;
   const int64_t process_peak = largest_phase(around, [](const TierBytes& b) { return b.device + b.host; }).bytes;

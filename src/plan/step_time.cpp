@@ -41,7 +41,10 @@ StepTime predict_step_time(const StepTimeInputs& in, const DeviceProfile& p, at:
   const double peak = (compute_dtype == at::kFloat ? p.peak_fp32_tflops : p.peak_bf16_tflops) * 1e12;
   t.gemm_ms = in.gemm_flops_per_sample * samples / (peak * p.gemm_efficiency) * 1e3;
   t.attention_ms = in.attention_flops_per_sample * samples / (peak * p.attention_efficiency) * 1e3;
-  if (in.recompute) t.recompute_ms = t.gemm_ms / 3.0 + t.attention_ms * 2.0 / 7.0;
+  const bool backward = !in.forward_only;
+  if (in.forward_only)
+    t.gemm_ms = std::max(t.gemm_ms, ms(static_cast<double>(in.fsdp->unsharded_param_bytes), p.memory_gb_per_s));
+  if (in.recompute && backward) t.recompute_ms = t.gemm_ms / 3.0 + t.attention_ms * 2.0 / 7.0;
   const double compute = t.compute_ms();
   const double hideable = p.overlap * compute;
 
@@ -58,41 +61,41 @@ StepTime predict_step_time(const StepTimeInputs& in, const DeviceProfile& p, at:
   const double reduce = element_size(plan.config.reduce_dtype);
   const double fsdp_link = group_gb_per_s(W, 1, in, p);
   double fsdp_bytes = share * gathered;                                              // forward gathers
-  if (plan.config.reshard_after_forward) fsdp_bytes += share * (gathered - root_gathered);  // backward's
-  fsdp_bytes += share * static_cast<double>(plan.trained_numel) * reduce;            // reduce-scatter
+  if (backward && plan.config.reshard_after_forward) fsdp_bytes += share * (gathered - root_gathered);  // backward's
+  if (backward) fsdp_bytes += share * static_cast<double>(plan.trained_numel) * reduce;  // reduce-scatter
   t.fsdp_ms = accum * ms(fsdp_bytes, fsdp_link);
-  if (R > 1) t.fsdp_ms += accum * ms(2.0 * (R - 1.0) / R * shard_elements * reduce, group_gb_per_s(R, W, in, p));
+  if (R > 1 && backward) t.fsdp_ms += accum * ms(2.0 * (R - 1.0) / R * shard_elements * reduce, group_gb_per_s(R, W, in, p));
   const double first_gather_ms = accum * ms(share * root_gathered, fsdp_link);
   t.fsdp_exposed_ms = std::max(0.0, t.fsdp_ms - first_gather_ms - hideable) + first_gather_ms;
 
   // Context parallelism, from the activation estimate's widths.
   const double e = element_size(compute_dtype), T = static_cast<double>(in.tokens_per_rank);
-  const double layers = static_cast<double>(in.num_layers), forwards = in.recompute ? 2.0 : 1.0;
+  const double layers = static_cast<double>(in.num_layers), forwards = in.recompute && backward ? 2.0 : 1.0;
   const bool widths = in.tokens_per_rank > 0 && in.q_width > 0 && in.kv_width > 0 && in.num_layers > 0;
   if (d.cp() > 1 && !widths) t.notes.push_back("context-parallel communication not modeled (no activation estimate)");
   if (d.ulysses > 1 && widths) {
     const double U = d.ulysses;
     const double forward = (U - 1.0) / U * e * T * (2.0 * in.q_width + 2.0 * in.kv_width);
-    t.ulysses_ms = accum * layers * ms(forward * (forwards + 2.0), group_gb_per_s(d.ulysses, 1, in, p));
+    t.ulysses_ms = accum * layers * ms(forward * (forwards + (backward ? 2.0 : 0.0)), group_gb_per_s(d.ulysses, 1, in, p));
   }
   if (d.ring > 1 && widths) {
     const double Tr = d.ulysses * T, kv = std::max(1.0, static_cast<double>(in.kv_width) / d.ulysses);
     const double block = 2.0 * e * Tr * kv, dkv = 8.0 * Tr * kv;
-    const double per_layer = (d.ring - 1.0) * (forwards * block + block + dkv);
+    const double per_layer = (d.ring - 1.0) * (forwards * block + (backward ? block + dkv : 0.0));
     t.ring_ms = accum * layers * ms(per_layer, group_gb_per_s(d.ring, d.ulysses, in, p));
-    const double attention_hides = p.overlap * (t.attention_ms + t.attention_ms * (in.recompute ? 2.0 / 7.0 : 0.0));
+    const double attention_hides = p.overlap * (t.attention_ms + t.attention_ms * (in.recompute && backward ? 2.0 / 7.0 : 0.0));
     t.ring_exposed_ms = std::max(0.0, t.ring_ms - attention_hides);
   }
 
   // Offload traffic: copies beside compute, and what streams beside the update.
   const OffloadSetting& o = in.offload;
   double host_bytes = 0;
+  const double gathers = backward && plan.config.reshard_after_forward ? 2.0 : 1.0;
   if (o.cpu_offload) {
-    const double gathers = plan.config.reshard_after_forward ? 2.0 : 1.0;
     // Every shard comes over (trained fp32, frozen in their dtype: param_bytes); trained grads go back.
-    host_bytes += accum * (gathers * static_cast<double>(plan.param_bytes) + reduce * shard_elements);
+    host_bytes += accum * (gathers * static_cast<double>(plan.param_bytes) + (backward ? reduce * shard_elements : 0.0));
   }
-  if (o.activations) {
+  if (o.activations && backward) {
     if (in.offloaded_activation_bytes > 0)
       host_bytes += accum * 2.0 * static_cast<double>(in.offloaded_activation_bytes);
     else
@@ -105,7 +108,6 @@ StepTime predict_step_time(const StepTimeInputs& in, const DeviceProfile& p, at:
     beside_update_ms += ms(8.0 * shard_elements, p.disk_read_gb_per_s) + ms(8.0 * shard_elements, p.disk_write_gb_per_s);
   if (o.cpu_offload && o.disk) {
     beside_update_ms += ms(4.0 * shard_elements, p.disk_read_gb_per_s) + ms(4.0 * shard_elements, p.disk_write_gb_per_s);
-    const double gathers = plan.config.reshard_after_forward ? 2.0 : 1.0;
     t.disk_ms = accum * ms(gathers * 4.0 * shard_elements, p.disk_read_gb_per_s);
   }
   // The copies and the disk reads share the compute that hides them with the gathers.
@@ -115,7 +117,7 @@ StepTime predict_step_time(const StepTimeInputs& in, const DeviceProfile& p, at:
 
   // The update: a memory-bound pass, or the traffic beside it.
   const double update_gb_per_s = o.cpu_offload ? p.host_memory_gb_per_s : p.memory_gb_per_s;
-  t.optimizer_ms = std::max(ms(28.0 * shard_elements, update_gb_per_s), beside_update_ms);
+  if (backward) t.optimizer_ms = std::max(ms(28.0 * shard_elements, update_gb_per_s), beside_update_ms);
 
   t.total_ms = compute + t.fsdp_exposed_ms + t.ulysses_ms + t.ring_exposed_ms + t.host_exposed_ms + t.disk_exposed_ms +
                t.optimizer_ms;

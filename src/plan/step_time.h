@@ -26,6 +26,7 @@
 //              for each gather (read ahead: exposed beyond overlap x compute)
 //   optimizer  a memory-bound pass of 28 bytes per element (p, g, m, v read; p, m, v written) at
 //              device memory bandwidth (host memory under cpu_offload)
+// A forward-only pass (StepTimeInputs::forward_only) keeps the forward's share of each rule.
 #pragma once
 #include "fsdp/plan.h"
 #include "parallel/parallel_dims.h"
@@ -55,6 +56,10 @@ struct StepTimeInputs {
   int64_t tokens_per_rank = 0;       // T: a micro-batch's tokens on this rank
   int64_t q_width = 0, kv_width = 0, num_layers = 0;
   int64_t offloaded_activation_bytes = 0;  // per micro-batch, to the host and back (activation offload)
+  // One forward under no-grad (a sampler's; plan/sampling_plan.h) instead of a step: the FLOPs are
+  // the forward's, one micro-batch; no backward, reduction, recompute or update. Its GEMMs run no
+  // faster than reading the gathered weights at memory bandwidth once (a decode step's bound).
+  bool forward_only = false;
 };
 
 struct StepTime {

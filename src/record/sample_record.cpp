@@ -3,7 +3,9 @@
 namespace mmtrain {
 
 nlohmann::json SampleRecord::to_json() const {
-  return {{"kind", kSampleRecordKind}, {"iteration", iteration}, {"dir", dir}, {"samples_s", seconds}};
+  nlohmann::json j = {{"kind", kSampleRecordKind}, {"iteration", iteration}, {"dir", dir}, {"samples_s", seconds}};
+  if (peak_device_allocated_mb) j["peak_device_allocated_mb"] = *peak_device_allocated_mb;
+  return j;
 }
 
 }  // namespace mmtrain

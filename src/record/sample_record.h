@@ -1,11 +1,14 @@
 // What a sampling phase of training reports (train/training_sampler.h): where its samples are, how
 // long it took, and what TensorBoard shows of them (a video model: a grid of frames and the audio
 // of each decoded sample; a language model: each completion as text). metrics.jsonl gets one line,
-// {"kind": "samples", "iteration", "dir", "samples_s"}.
+// {"kind": "samples", "iteration", "dir", "samples_s"} and, on a GPU, "peak_device_allocated_mb":
+// the phase's own peak (the allocator's, reset when it begins; the largest over ranks), which the
+// step records beside it show against their own.
 #pragma once
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +34,7 @@ struct SampleRecord {
   int64_t iteration = 0;
   std::string dir;
   double seconds = 0;
+  std::optional<double> peak_device_allocated_mb;
   std::vector<Image> images;
   std::vector<Audio> audio;
   std::vector<Text> texts;

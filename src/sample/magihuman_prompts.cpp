@@ -7,6 +7,8 @@
 #include "io/user_file.h"
 #include "media/media_room.h"
 #include "models/magihuman/config.h"
+#include "nn/sequence_split.h"
+#include "parallel/context_parallel.h"
 #include "train/run.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -16,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 
 namespace mmtrain::sample {
@@ -25,7 +28,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr int64_t kMaxPrompts = 10000;
-constexpr int64_t kMaxTextTokens = 640;  // upstream's t5_gemma_target_length
 constexpr double kMaxSeconds = 600;
 
 // FILE relative to base, refused unless it resolves inside base.
@@ -146,14 +148,25 @@ void sample_magihuman_prompts(Run& run, const std::vector<MagiHumanPrompt>& prom
                               const std::string& load) {
   const auto model_config = magihuman::MagiHumanConfig::from_json(run.config.model.config);
   at::NoGradGuard no_grad;
+  // Under context parallelism the CP ranks share one prompt: the model predicts this rank's rows of
+  // the split it makes of the packed stream (full attention), and the sampler needs them all.
+  std::optional<ContextParallel> context;
+  if (run.mesh->shape().cp() > 1) context.emplace(run.mesh->ring(), run.mesh->ulysses(), run.mesh->cp());
   auto forward = [&](const Batch& batch) {
     Batch on_device = batch;
     for (auto& [key, tensor] : on_device) tensor = tensor.to(run.comm().device());
     run.fsdp->begin_forward();
     const ModelOutput out = run.model->forward(on_device);
     run.fsdp->finish_forward_only();
-    return out.tensors.at("prediction").to(at::kCPU);
+    at::Tensor prediction = out.tensors.at("prediction");
+    if (context) {
+      const at::Tensor& cu_seqlens = batch.at("cu_seqlens");
+      const auto rows = cu_seqlens_from(cu_seqlens, cu_seqlens[-1].item<int64_t>(), "a sample's cu_seqlens");
+      prediction = context->shard(rows, /*causal=*/false)->gather(prediction);
+    }
+    return prediction.to(at::kCPU);
   };
+  const bool writes = !context || run.mesh->cp()->rank() == 0;  // one writer per prompt
   // Every rank must run as many forwards as the others (each is a sequence of FSDP gathers), but
   // prompts differ in steps and guidance: a rank whose prompt needs fewer runs the difference on a
   // one-token-per-modality batch after it. Every rank knows every prompt, so no collective is needed.
@@ -180,7 +193,7 @@ void sample_magihuman_prompts(Run& run, const std::vector<MagiHumanPrompt>& prom
     at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(p.seed);
     const auto result = sample_magihuman(forward, p.embedding, p.negative, shape, s.sampling, generator,
                                          model_config.io_width(), model_config.out_width());
-    if (padding) continue;
+    if (padding || !writes) continue;
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     const std::string stem = (fs::path(out_dir) / format("%04lld", static_cast<long long>(index))).string();
     const at::Tensor tokens = video_tokens(result.video);

@@ -22,6 +22,9 @@ struct Run;
 
 namespace mmtrain::sample {
 
+// A prompt's text rows at most: upstream's t5_gemma_target_length, to which text is padded or trimmed.
+constexpr int64_t kMaxTextTokens = 640;
+
 struct MagiHumanSampleSettings {
   double seconds = 5.0;
   int64_t height = 256, width = 480;

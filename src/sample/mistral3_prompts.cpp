@@ -55,6 +55,14 @@ Mistral3Prompts read_mistral3_prompts(const Config& config, const std::string& p
 
 }
 
+void refuse_context_parallel_generation(const Config& config, const std::string& who) {
+  const auto& p = config.parallel;
+  if (p.ring_attention_size > 1 || p.ulysses_parallel_size > 1)
+    fail(who, ": parallel.ring_attention_size = ", p.ring_attention_size, " and ulysses_parallel_size = ",
+         p.ulysses_parallel_size, ": Magistral's generation runs without context parallelism (its KV cache is not "
+         "split over ranks); set both to 1");
+}
+
 void generate_completions(Run& run, const Mistral3Prompts& prompts, const TokenSampling& sampling, uint64_t seed,
                           bool save_logits, const std::string& out_dir) {
   auto* decoder = dynamic_cast<IncrementalDecoder*>(run.model.get());

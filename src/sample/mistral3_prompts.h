@@ -28,6 +28,10 @@ struct Mistral3Prompts {
 // reader would drop, or an image that does not decode, fails the whole file, naming the reasons.
 Mistral3Prompts read_mistral3_prompts(const Config& config, const std::string& path, const std::string& image_dir);
 
+// Generation splits no sequence over ranks (the KV cache is not built for context parallelism):
+// fails naming parallel.ring_attention_size / ulysses_parallel_size when `config` sets them.
+void refuse_context_parallel_generation(const Config& config, const std::string& who);
+
 // Generates every prompt's completion (prompt i on data-parallel rank i % dp, its generator seeded
 // with seed + i) into out_dir/completions.jsonl, in order; with save_logits also
 // out_dir/logits_<i>.safetensors. Collective.

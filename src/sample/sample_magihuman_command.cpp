@@ -102,7 +102,7 @@ void run_sample(const SampleOptions& o) {
             "DDIM-style update)");
 
   // The model: FSDP over the ranks as the config shards it, forward only (no optimizer, no data).
-  build_tool_model(run, "sample magihuman");
+  build_tool_model(run);
   load_tool_weights(run, o.load, "sample --load", ".sample_from_dcp_");
 
   sample::sample_magihuman_prompts(run, prompts, o.out, o.load);

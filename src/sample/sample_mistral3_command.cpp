@@ -31,6 +31,7 @@ struct Options {
 
 void run_sample(const Options& o) {
   Config config = load_tool_config(o.config_path, o.overrides, "mistral3", "sample mistral3");
+  sample::refuse_context_parallel_generation(config, "sample mistral3");
   sample::TokenSampling sampling;
   sampling.max_new_tokens = o.max_new_tokens;
   sampling.temperature = o.temperature;
@@ -45,7 +46,7 @@ void run_sample(const Options& o) {
   Run run;
   start_tool_run(run, std::move(config));
   make_new_output_dir(run, o.out, "--out");
-  build_tool_model(run, "sample mistral3");
+  build_tool_model(run);
   load_tool_weights(run, o.load, "sample --load", ".sample_from_dcp_");
   sample::generate_completions(run, prompts, sampling, o.seed, o.save_logits, o.out);
 }

@@ -1,13 +1,17 @@
 // The samples a training run makes (train/training_sampler.h; training.sample_interval,
 // sample_prompts, sample_at_start), registered by model: MagiHuman's clips as latents, Magistral's
 // completions, with the settings of `mmtrain sample` and its prompts files (docs/sampling.md).
+// Beside each, the forwards it runs, which the plan prices (plan/sampling_plan.h).
 #include "config/config.h"
 #include "core/error.h"
 #include "core/text.h"
 #include "core/json_read.h"
 #include "io/user_file.h"
 #include "media/media_room.h"
+#include "core/checked_math.h"
 #include "models/magihuman/config.h"
+#include "models/mistral3/config.h"
+#include "plan/sampling_plan.h"
 #include "sample/magihuman_prompts.h"
 #include "sample/mistral3_prompts.h"
 #include "tools/tool_model.h"
@@ -94,14 +98,17 @@ class MagiHumanTrainingSampler : public TrainingSampler {
   std::vector<MagiHumanPrompt> prompts_;
 };
 
-// Magistral: greedy completions of 128 tokens at most.
+// Magistral: greedy completions of kTrainingNewTokens tokens at most.
+constexpr int64_t kTrainingNewTokens = 128;
+
 class Mistral3TrainingSampler : public TrainingSampler {
  public:
   explicit Mistral3TrainingSampler(Run& run)
       : prompts_(read_mistral3_prompts(run.config, run.config.training.sample_prompts, "")) {
     if (!run.config.training.sample_vae.empty())
       fail("training.sample_vae: a MagiHuman key (its video decoder); a mistral3 run samples text");
-    sampling_.max_new_tokens = 128;
+    refuse_context_parallel_generation(run.config, "training.sample_prompts");
+    sampling_.max_new_tokens = kTrainingNewTokens;
   }
   // Each completion as TensorBoard text: the question, then the answer.
   SampleRecord sample(Run& run, const std::string& out_dir) override {
@@ -123,6 +130,86 @@ class Mistral3TrainingSampler : public TrainingSampler {
   Mistral3Prompts prompts_;
   TokenSampling sampling_;
 };
+
+// The forwards of MagiHuman's training samples: per prompt `steps` forwards over its video tokens,
+// audio rows and text rows, and as many over the negative's with guidance. Prompt i runs on
+// data-parallel rank i % dp; a round of prompts takes as long as its longest.
+SamplingWork magihuman_sampling_work(const Config& config, const ParallelDims& dims) {
+  auto prompts = read_magihuman_prompts(config.training.sample_prompts, config.training.seed, MagiHumanSampleSettings{});
+  const auto model = magihuman::MagiHumanConfig::from_json(config.model.config);
+  for (auto& p : prompts)
+    if (!p.text.empty()) p.embedding = at::empty({kMaxTextTokens, model.text_in_channels});  // embedded to 640 rows
+  read_magihuman_embeddings(prompts, model.text_in_channels, std::nullopt);
+  SamplingWork work;
+  const int64_t dp = dims.dp(), count = static_cast<int64_t>(prompts.size());
+  int64_t forwards = 0, longest = 0;
+  for (int64_t round = 0; round * dp < count; ++round) {
+    std::vector<SamplingForward> slowest;
+    double slowest_cost = -1;
+    for (int64_t i = round * dp; i < std::min(count, (round + 1) * dp); ++i) {
+      const auto& p = prompts[i];
+      const auto& s = p.settings;
+      const auto shape = MagiHumanLatentShape::of_clip(s.seconds, s.height, s.width, model.video_in_channels,
+                                                       model.audio_in_channels);
+      const int64_t latent = shape.frames * (shape.height / 2) * (shape.width / 2) + shape.audio_frames;
+      std::vector<SamplingForward> mine = {{s.sampling.steps, latent + p.embedding.size(0), false, {}}};
+      if (p.negative) mine.push_back({s.sampling.steps, latent + p.negative->size(0), false, {}});
+      double cost = 0;
+      for (const auto& f : mine) cost += static_cast<double>(f.count) * static_cast<double>(f.tokens);
+      if (cost > slowest_cost) slowest_cost = cost, slowest = mine;
+    }
+    for (const auto& f : slowest) {
+      forwards += f.count;
+      longest = std::max(longest, f.tokens);
+      work.forwards.push_back(f);
+    }
+  }
+  work.summary = format("%lld prompt(s) over %lld data-parallel rank(s): %lld forwards of up to %s tokens",
+                        static_cast<long long>(count), static_cast<long long>(dp), static_cast<long long>(forwards),
+                        with_commas(longest).c_str());
+  return work;
+}
+
+// Magistral's: per prompt one forward over the prompt (its images included) and up to
+// kTrainingNewTokens - 1 cached decode steps, whose keys and values stay on the device.
+SamplingWork mistral3_sampling_work(const Config& config, const ParallelDims& dims) {
+  const auto prompts = read_mistral3_prompts(config, config.training.sample_prompts, "");
+  const auto model = mistral3::Mistral3Config::from_json(config.model.config);
+  const int64_t element = static_cast<int64_t>(c10::elementSize(config.parallel.fsdp_plan.param_dtype));
+  SamplingWork work;
+  const int64_t dp = dims.dp(), count = prompts.records->size();
+  int64_t longest = 0;
+  for (int64_t round = 0; round * dp < count; ++round) {
+    SamplingForward prefill{1, 0, false, {}};
+    for (int64_t i = round * dp; i < std::min(count, (round + 1) * dp); ++i) {
+      const Batch prompt = prompts.records->get(i);
+      const int64_t tokens = prompt.at("input_ids").size(0);
+      if (tokens <= prefill.tokens) continue;
+      prefill.tokens = tokens;
+      prefill.images.clear();
+      if (prompt.count("image_sizes")) {
+        const auto sizes = prompt.at("image_sizes").to(at::kLong).contiguous();
+        for (int64_t k = 0; k < sizes.size(0); ++k)
+          prefill.images.emplace_back(sizes[k][0].item<int64_t>(), sizes[k][1].item<int64_t>());
+      }
+    }
+    work.forwards.push_back(prefill);
+    // The decode steps attend over prefill.tokens + 1 .. + kTrainingNewTokens - 1: priced at the middle.
+    work.forwards.push_back({kTrainingNewTokens - 1, prefill.tokens + kTrainingNewTokens / 2, true, {}});
+    longest = std::max(longest, prefill.tokens);
+  }
+  work.held_device_bytes = checked_mul(checked_mul(2 * model.num_layers, model.num_kv_heads * model.head_dim, "plan"),
+                                       checked_mul(longest + kTrainingNewTokens, element, "plan"), "plan: the KV cache");
+  work.summary = format("%lld prompt(s) over %lld data-parallel rank(s): prompts of up to %s tokens, %lld new tokens "
+                        "each (KV cache %.1f MiB)",
+                        static_cast<long long>(count), static_cast<long long>(dp), with_commas(longest).c_str(),
+                        static_cast<long long>(kTrainingNewTokens),
+                        static_cast<double>(work.held_device_bytes) / (1024.0 * 1024.0));
+  return work;
+}
+
+const StaticRegistration<SamplingWorkFn> magihuman_work(sampling_work_registry(), "magihuman", magihuman_sampling_work);
+const StaticRegistration<SamplingWorkFn> mistral3_work(sampling_work_registry(), "mistral3", mistral3_sampling_work);
 
 const StaticRegistration<TrainingSamplerFactory> magihuman(
     training_sampler_registry(), "magihuman", [](Run& run) { return std::make_unique<MagiHumanTrainingSampler>(run); });

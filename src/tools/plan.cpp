@@ -15,12 +15,14 @@
 #include "plan/device_profile.h"
 #include "plan/offload_plan.h"
 #include "plan/plan_estimate.h"
+#include "plan/sampling_plan.h"
 #include "plan/step_time.h"
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -35,14 +37,15 @@ void row(const std::string& label, int64_t bytes) {
 
 // The step time for this config on the profile's devices (plan/step_time.h), printed as a
 // breakdown and added to the JSON.
-void print_step_time(const PlanOptions& o, const PlanEstimate& e, int devices_per_node, nlohmann::ordered_json& j) {
+std::optional<double> print_step_time(const PlanOptions& o, const PlanEstimate& e, int devices_per_node,
+                                      nlohmann::ordered_json& j) {
   const DeviceProfile profile = load_device_profile(o.device);
   bool flops = false;
   const StepTimeInputs in = e.step_inputs(devices_per_node, &flops);
   if (!flops) {
     std::printf("\n  step time: %s\n", !e.spec->flops ? ("no FLOPs formula for model '" + e.spec->name + "'").c_str()
                                                         : "pass --seqlen to predict it");
-    return;
+    return std::nullopt;
   }
   const StepTime t = predict_step_time(in, profile, e.plan.config.param_dtype);
   std::printf("\n  step time on %d x %s (%s), %d per node, per rank: %.1f ms\n", e.dims.world, profile.name.c_str(),
@@ -63,6 +66,27 @@ void print_step_time(const PlanOptions& o, const PlanEstimate& e, int devices_pe
   j["step_time"] = step_time_json(t);
   j["step_time"]["device"] = profile.name;
   j["step_time"]["devices_per_node"] = devices_per_node;
+  return t.total_ms;
+}
+
+// The sampling phase (plan/sampling_plan.h): its forwards, their memory and, with --device, its
+// time against the step's.
+void print_sampling(const PlanOptions& o, const PlanEstimate& e, int devices_per_node, std::optional<double> step_ms,
+                    nlohmann::ordered_json& j) {
+  const std::optional<DeviceProfile> profile =
+      o.device.empty() ? std::nullopt : std::optional<DeviceProfile>(load_device_profile(o.device));
+  const auto s = plan_sampling(e, profile ? &*profile : nullptr, devices_per_node);
+  if (!s) return;
+  std::printf("\n  sampling phase (training.sample_prompts), per rank: %s\n", s->work.summary.c_str());
+  row("the largest forward (no-grad) + what the sampler holds", s->forward_bytes);
+  if (!e.no_activations.empty()) std::printf("    (activations not counted: %s)\n", e.no_activations.c_str());
+  j["sampling"] = {{"forwards", s->forwards}, {"forward_bytes", s->forward_bytes},
+                   {"held_device_bytes", s->work.held_device_bytes}, {"beyond_step_device_bytes", s->beyond_step.device}};
+  if (s->time_ms) {
+    std::printf("    %-28s %10.1f s%s\n", "time", *s->time_ms / 1e3,
+                step_ms && *step_ms > 0 ? format(" = %.1f training steps", *s->time_ms / *step_ms).c_str() : "");
+    j["sampling"]["time_ms"] = *s->time_ms;
+  }
 }
 
 }  // namespace
@@ -224,22 +248,24 @@ void plan_memory(const PlanOptions& o) {
   }
   // Around the step, for this config's setting: what start-up, a checkpoint save and a resume hold
   // beyond it (plan/offload_plan.h), on a GPU; the pre-flight adds the largest to the step.
-  PhaseBytes phases = offload_phase_bytes(plan, chosen, /*device_is_host=*/false, !cfg.features.enable_lora);
-  phases.evaluation = e.evaluation_bytes();
+  const PhaseBytes phases = e.phase_bytes(chosen, /*device_is_host=*/false);
   std::printf("\n  around the step (%s), per rank, beyond it: device / host tier / disk\n", chosen.name().c_str());
   j["phases"] = nlohmann::ordered_json::object();
   for (const auto& [name, key, t] : {std::tuple<const char*, const char*, TierBytes>{"start-up", "startup", phases.startup},
                                      {"checkpoint save", "save", phases.save},
                                      {"checkpoint save, training.async_save", "async_save", phases.async_save},
                                      {"resume (training.load)", "resume", phases.resume},
-                                     {"evaluation (training.eval_interval)", "evaluation", phases.evaluation}}) {
+                                     {"evaluation (training.eval_interval)", "evaluation", phases.evaluation},
+                                     {"sampling (training.sample_interval)", "sampling", phases.sampling}}) {
     std::printf("    %-48s %9.3f / %9.3f / %9.3f GiB\n", name, gib(t.device), gib(t.host), gib(t.disk));
     j["phases"][key] = {{"device_bytes", t.device}, {"host_bytes", t.host}, {"disk_bytes", t.disk}};
   }
   j["offload_window_bytes"] = offload_in.window_bytes;
   j["largest_shard_numel"] = plan.largest_shard_numel();
   j["largest_param_numel"] = plan.largest_param_numel;
-  if (!o.device.empty()) print_step_time(o, e, devices_per_node, j);
+  std::optional<double> step_ms;
+  if (!o.device.empty()) step_ms = print_step_time(o, e, devices_per_node, j);
+  print_sampling(o, e, devices_per_node, step_ms, j);
   std::printf("  (on CPU the device is the host: device + host share its RAM, and a save copies nothing to it)\n");
   std::printf("  (no allocator reserve, comm library buffers, kernel workspaces or runtime context: "
               "docs/tools.md)\n");

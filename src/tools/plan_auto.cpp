@@ -163,8 +163,7 @@ void plan_auto(const PlanOptions& o) {
                 ++refused;  // a combination the config checks refuse (e.g. heads the degree does not divide)
                 continue;
               }
-              PhaseBytes phases = offload_phase_bytes(e->plan, s, /*device_is_host=*/false, !e->cfg.features.enable_lora);
-              phases.evaluation = e->evaluation_bytes();
+              const PhaseBytes phases = e->phase_bytes(s, /*device_is_host=*/false);
               c.bytes = with_phases(offload_tier_bytes(e->offload_inputs(), s), phases, e->cfg);
               least.device = std::min(least.device, c.bytes.device);
               least.host = std::min(least.host, c.bytes.host * per_node);

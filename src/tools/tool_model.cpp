@@ -145,11 +145,8 @@ void make_new_output_dir(Run& run, const std::string& dir, const std::string& fl
   if (run.comm().any_rank(!refused.empty())) fail(run.is_rank0() ? refused : flag + ": refused by rank 0");
 }
 
-void build_tool_model(Run& run, const std::string& what) {
+void build_tool_model(Run& run) {
   const ParallelDims dims = config_resolve_world(run.config, run.comm().world_size());
-  if (dims.cp() > 1)
-    fail(what, ": context parallelism (parallel.ring_attention_size / ulysses_size) is not built here yet; run it with "
-         "context parallelism off");
   run.mesh = std::make_unique<DeviceMesh>(build_mesh(dims, run.runtime));
   run.model = build_model(run.config);
   run.tiers = OffloadTiers::make(run.comm().device());

@@ -40,7 +40,7 @@ void on_rank0_while_others_wait(Run& run, const std::string& what, const std::fu
 void make_new_output_dir(Run& run, const std::string& dir, const std::string& flag);
 
 // For a forward-only tool: the mesh, the model and its FSDP sharding as run.config says (no data,
-// no optimizer). Context parallelism is refused naming `what` (no tool runs it yet).
-void build_tool_model(Run& run, const std::string& what);
+// no optimizer), context parallelism included (the model splits its sequence over the CP ranks).
+void build_tool_model(Run& run);
 
 }  // namespace mmtrain

@@ -3,6 +3,7 @@
 #include "checkpoint/sharded_checkpoint.h"
 #include "core/error.h"
 #include "core/text.h"
+#include "record/device_memory.h"
 #include "record/metrics.h"
 #include "train/evaluate.h"
 #include "train/run.h"
@@ -92,10 +93,13 @@ void Trainer::run() {
     if (run.is_rank0()) std::filesystem::create_directories(dir);
     run.comm().barrier();
     const auto began = std::chrono::steady_clock::now();
+    reset_device_memory_peak(run.comm().device());
     SampleRecord record = sampler->sample(run, dir.string());
     record.iteration = iteration;
     record.dir = dir.string();
     record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+    if (const auto peak = device_memory_peak(run.comm().device()))
+      record.peak_device_allocated_mb = run.comm().all_reduce_max(std::vector<double>{peak->allocated_mb})[0];
     metrics.record(record);
   };
   if (run.start_step == 0) {

@@ -20,7 +20,8 @@ def test_every_check_runs_on_the_cpu_and_writes_its_json(tmp_path):
     proc = run_gpu_check(tmp_path, "--features", "none,adamw_swap")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["checks"] == {name: "ok" for name in ["comm", "tiny_parity", "attention", "magihuman_real", "offload"]}
+    assert summary["checks"] == {name: "ok" for name in ["comm", "tiny_parity", "attention", "magihuman_real", "sampling",
+                                                          "offload"]}
 
     comm = json.loads((tmp_path / "comm.json").read_text())
     assert [t["name"] for t in comm["tests"]] == ["DeviceComm.EveryCollectiveOfOneRankOnTheRunsDevice"]
@@ -43,6 +44,10 @@ def test_every_check_runs_on_the_cpu_and_writes_its_json(tmp_path):
         assert result["step_time_ms"] > 0 and result["tflops_per_device"] > 0, result
         assert 0 < result["mfu_datasheet"] < result["mfu_measured_gemm"], result
         assert len(result["loss"]) == 4 and all(0 < loss < 10 for loss in result["loss"]), result
+
+    sampling = json.loads((tmp_path / "sampling.json").read_text())
+    assert sampling["samples_s"] > 0 and sampling["predicted_samples_s"] > 0 and sampling["predicted_forwards"] == 8
+    assert sampling["sample_peak_device_allocated_mb"] is None  # no CUDA allocator on the CPU
 
     offload = json.loads((tmp_path / "offload.json").read_text())
     assert set(offload["features"]) == {"none", "activation_offload", "adamw_swap", "cpu_offload"}

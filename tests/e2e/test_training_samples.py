@@ -4,7 +4,8 @@
   reads no data and runs forward-only gathers;
 - a training sample equals `mmtrain sample magihuman` on that iteration's checkpoint, bitwise;
 - Magistral writes its completions; a text prompt for MagiHuman and prompts without an interval
-  are refused by name."""
+  are refused by name;
+- `mmtrain plan` counts the sampling phase's forwards, memory and time."""
 import json
 
 import torch
@@ -70,6 +71,26 @@ def test_magihuman_samples_leave_training_untouched_and_equal_mmtrain_sample(tmp
         assert (out / name).read_bytes() == (samples / "iter_0000002" / name).read_bytes()
 
 
+def plan_json(config, *flags):
+    return json.loads(run_mmtrain(["plan", str(config), *flags]).stdout.strip().splitlines()[-1])
+
+
+def test_the_plan_counts_the_sampling_phase(tmp_path):
+    """Prompt 0: 8 video tokens + 5 audio + 7 text (22 with the negative's 9), 3 steps with guidance;
+    prompt 1: 4 + 5 + 7, 2 steps. One rank runs both (8 forwards); two run them side by side, as long
+    as the longer (6). The forwards fit in the step's activations, so nothing beyond it."""
+    magihuman_setup(tmp_path)
+    config = magihuman_config(tmp_path, "planned", f", sample_interval: 2, sample_prompts: {tmp_path / 'prompts.jsonl'}")
+    one = plan_json(config, "--device", "h100", "--seqlen", "23")
+    assert one["sampling"]["forwards"] == 8 and one["sampling"]["beyond_step_device_bytes"] == 0
+    assert 0 < one["sampling"]["forward_bytes"] <= one["activation_bytes_no_recompute"]
+    assert one["phases"]["sampling"]["device_bytes"] == 0
+    two = plan_json(config, "--device", "h100", "--seqlen", "23", "--world-size", "2")
+    assert two["sampling"]["forwards"] == 6 and two["sampling"]["time_ms"] > 0
+    # A config that does not sample has no phase.
+    assert "sampling" not in plan_json(magihuman_config(tmp_path, "plain"), "--seqlen", "23")
+
+
 def test_bad_sampling_settings_are_refused_by_name(tmp_path):
     magihuman_setup(tmp_path)
     (tmp_path / "text.jsonl").write_text('{"prompt": "a face"}\n')
@@ -101,6 +122,13 @@ def test_magistral_writes_its_completions(tmp_path):
     events = EventAccumulator(str(tmp_path / "run" / "tensorboard"), size_guidance={"tensors": 0}).Reload()
     texts = events.Tensors("samples/completion_0001")
     assert texts[0].step == 2 and records[1]["conversations"][0]["value"] in texts[0].tensor_proto.string_val[0].decode()
+    # The plan prices the phase: 3 prompts over 2 ranks are 2 rounds of a prefill and 127 cached decode
+    # steps, and the fp32 KV cache of the longest prompt + 128 tokens: 2 x 2 layers x 2 x 24 x (L + 128) x 4 B.
+    plan = plan_json(config, "--world-size", "2", "--device", "h100")["sampling"]
+    longest = max(len(json.loads(line)["prompt_ids"]) for line in lines[:2])
+    assert plan["forwards"] == 2 * 128
+    assert plan["held_device_bytes"] == 2 * 2 * 2 * 24 * (longest + 128) * 4
+    assert plan["time_ms"] > 0
 
 
 def test_a_lora_checkpoint_samples_with_its_adapters(tmp_path):

@@ -2,7 +2,8 @@
 // KV heads replicated), ring 2 and 4, hybrid 2 x 2, causal (zigzag) and full, on three packed
 // samples of odd lengths whose 37 rows divide by no degree (padding rows). Every rank's output
 // rows equal the whole attention's rows, and the CP sum of every rank's input grads equals the
-// whole attention's grads. Plus the device mesh's groups.
+// whole attention's grads, and gathering every rank's rows gives back the whole output. Plus the
+// device mesh's groups.
 #include "dist/device_mesh.h"
 #include "multirank_harness.h"
 #include "parallel/context_parallel.h"
@@ -45,6 +46,9 @@ TEST_P(ContextParallelAttention, EqualsAttentionOverTheWholeStream) {
     const auto out = shard->attention(shard->take(q), shard->take(k), shard->take(v), layout.causal);
     ASSERT_EQ(out.size(0), shard->local_rows());
     EXPECT_LE((out - shard->take(whole.detach())).abs().max().item<double>(), 1e-5) << "rank " << mesh.rank();
+    // gather undoes the split (zigzag and padding included): every rank gets the whole output.
+    const auto gathered = shard->gather(out.detach());
+    EXPECT_LE((gathered - whole.detach()).abs().max().item<double>(), 1e-5) << "rank " << mesh.rank();
 
     auto grads = torch::autograd::grad({out}, {q, k, v}, {shard->take(grad_out)});
     for (int i = 0; i < 3; ++i) {

@@ -154,3 +154,6 @@ def test_bad_prompt_files_are_refused_by_name(gen, tmp_path):
         assert not out.exists()
     proc = sample(gen, tmp_path / "t", "--temperature", "-1", check=False)
     assert proc.returncode != 0 and "--temperature must be >= 0" in proc.stderr
+    proc = sample(gen, tmp_path / "cp", "--set", "parallel.ulysses_parallel_size=2", world=2, check=False)
+    assert proc.returncode != 0 and "runs without context parallelism" in proc.stderr, proc.stderr[-1500:]
+    assert not (tmp_path / "cp").exists()

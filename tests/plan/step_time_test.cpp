@@ -180,6 +180,42 @@ TEST(StepTime, TheOptimizerIsAMemoryPassOrTheTrafficBesideIt) {
   EXPECT_DOUBLE_EQ(t.total_ms, t.fsdp_exposed_ms + t.host_exposed_ms + t.disk_exposed_ms + t.optimizer_ms);
 }
 
+TEST(StepTime, AForwardOnlyPassKeepsTheForwardsShareOfEachRule) {
+  auto plan = round_plan();
+  plan.unsharded_param_bytes = 2'000'000'000;  // 1e9 bf16 weights
+  auto in = round_inputs(plan);
+  in.forward_only = true;
+  in.recompute = true;  // ignored: nothing is recomputed without a backward
+  in.gemm_flops_per_sample = 1e15;
+  in.attention_flops_per_sample = 1e14;
+  auto t = predict_step_time(in, round_profile(0.0), at::kBFloat16);
+  EXPECT_DOUBLE_EQ(t.gemm_ms, 20'000);     // 1e15 / (1e14 x 0.5) s: one forward's GEMMs
+  EXPECT_DOUBLE_EQ(t.attention_ms, 4'000);
+  EXPECT_EQ(t.recompute_ms, 0);
+  EXPECT_DOUBLE_EQ(t.fsdp_ms, 17.5);       // the forward's gathers alone: 7/8 x 2e9 B at 100 GB/s
+  EXPECT_EQ(t.optimizer_ms, 0);
+  EXPECT_DOUBLE_EQ(t.total_ms, 20'000 + 4'000 + 17.5);
+  // A decode step's GEMMs are bounded by reading the weights once: 2e9 B at 1000 GB/s.
+  in.gemm_flops_per_sample = 1e9;
+  EXPECT_DOUBLE_EQ(predict_step_time(in, round_profile(), at::kBFloat16).gemm_ms, 2);
+  // Ulysses: the forward's four all-to-alls, once (the step's are 3 x); ring: the k/v block alone.
+  in.dims.dp_shard = 4;
+  in.dims.ulysses = 2;
+  in.tokens_per_rank = 4096;
+  in.q_width = 4096;
+  in.kv_width = 1024;
+  in.num_layers = 10;
+  EXPECT_DOUBLE_EQ(predict_step_time(in, round_profile(), at::kBFloat16).ulysses_ms, 41'943'040.0 * 10 / 100e9 * 1e3);
+  in.dims.ulysses = 1;
+  in.dims.ring = 2;
+  EXPECT_DOUBLE_EQ(predict_step_time(in, round_profile(), at::kBFloat16).ring_ms, 10 * 16'777'216.0 / 100e9 * 1e3);
+  // cpu_offload: the shards come over once, no grads go back.
+  in.dims.ring = 1;
+  in.dims.dp_shard = 8;
+  in.offload.cpu_offload = true;
+  EXPECT_DOUBLE_EQ(predict_step_time(in, round_profile(), at::kBFloat16).host_link_ms, 50);  // 5e8 B at 10 GB/s
+}
+
 // A run says its peak exceeds the plan when it does by more than 10 % and 64 MB: not for the
 // tens of MB allocators hold on a tiny model, yes for a real miss.
 TEST(RunPrediction, APeakOverThePlanIsOneBeyondTheMarginAndTheFloor) {

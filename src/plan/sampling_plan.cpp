@@ -1,0 +1,83 @@
+#include "plan/sampling_plan.h"
+
+#include "core/checked_math.h"
+#include "core/error.h"
+#include "plan/device_profile.h"
+#include "plan/plan_estimate.h"
+#include "plan/step_time.h"
+
+#include <algorithm>
+
+namespace mmtrain {
+
+Registry<SamplingWorkFn>& sampling_work_registry() {
+  static Registry<SamplingWorkFn> registry("sampler");
+  return registry;
+}
+
+namespace {
+
+// The forward share of the formula's forward + backward FLOPs at `seqlen` (plan/step_time.h's
+// recompute rule): GEMMs a third, attention 2 of its 7 parts.
+struct ForwardFlops {
+  double gemm = 0, attention = 0;
+};
+ForwardFlops forward_flops(const PlanEstimate& e, int64_t seqlen, const std::vector<std::pair<int64_t, int64_t>>& images) {
+  FlopsQuery query;
+  query.seqlens = {seqlen};
+  query.images = images;
+  const FlopsReport report = e.spec->flops(e.cfg.model.config, query);
+  return {(report.flops_per_sample - report.attention_flops_per_sample) / 3.0,
+          report.attention_flops_per_sample * 2.0 / 7.0};
+}
+
+}  // namespace
+
+std::optional<SamplingPlan> plan_sampling(const PlanEstimate& e, const DeviceProfile* profile, int devices_per_node) {
+  const auto& t = e.cfg.training;
+  if (t.sample_interval <= 0 && !t.sample_at_start) return std::nullopt;
+  const auto& id = e.cfg.model.model_id;
+  SamplingPlan out;
+  out.work = sampling_work_registry().get(id, "plan: training.sample_prompts of model '" + id + "'")(e.cfg, e.dims);
+  const int cp = e.dims.cp();
+  const std::string what = "plan: the sampling phase";
+  for (const auto& f : out.work.forwards) {
+    checked_tokens(f.tokens, what + "'s tokens");
+    out.forwards = checked_add(out.forwards, f.count, what);
+    if (f.cached || !e.no_activations.empty()) continue;
+    const int64_t local = (f.tokens + cp - 1) / cp;
+    const ActivationEstimate act =
+        e.spec->activations(ActivationQuery{e.cfg.model.config, local, 1, e.plan.config.param_dtype, cp == 1 ? f.images
+                                                                                                              : std::vector<std::pair<int64_t, int64_t>>{}});
+    out.forward_bytes = std::max(out.forward_bytes, act.forward_only_bytes());
+  }
+  out.forward_bytes = checked_add(out.forward_bytes, out.work.held_device_bytes, what);
+  const int64_t step = e.no_activations.empty() ? (e.recompute ? e.act.with_recompute_bytes() : e.act.without_recompute_bytes()) : 0;
+  out.beyond_step.device = std::max<int64_t>(0, out.forward_bytes - step);
+
+  if (!profile || !e.spec->flops) return out;
+  bool unused = false;
+  StepTimeInputs in = e.step_inputs(devices_per_node, &unused);
+  in.forward_only = true;
+  in.micro_batch_size = 1;
+  in.accumulation = 1;
+  in.recompute = false;
+  double total_ms = 0;
+  for (const auto& f : out.work.forwards) {
+    ForwardFlops flops;
+    if (f.cached) {  // one token's GEMMs; its attention over n cached tokens, 2 / n of a causal n-token forward's
+      flops.gemm = forward_flops(e, 1, {}).gemm;
+      flops.attention = forward_flops(e, f.tokens, {}).attention * 2.0 / static_cast<double>(f.tokens);
+    } else {
+      flops = forward_flops(e, f.tokens, f.images);
+    }
+    in.gemm_flops_per_sample = flops.gemm;
+    in.attention_flops_per_sample = flops.attention;
+    in.tokens_per_rank = f.cached ? 1 : (f.tokens + cp - 1) / cp;
+    total_ms += static_cast<double>(f.count) * predict_step_time(in, *profile, e.plan.config.param_dtype).total_ms;
+  }
+  out.time_ms = total_ms;
+  return out;
+}
+
+}  // namespace mmtrain
