@@ -7,6 +7,8 @@
 #include "tools/command.h"
 #include "tools/conversion_output.h"
 #include "tools/lora_convert.h"
+#include "tools/quantize_base.h"
+#include "core/dtype.h"
 #include "config/config.h"
 #include "train/hf_weights.h"
 #include "train/state.h"
@@ -167,6 +169,7 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
       int world_size = 0;
       std::string layout = "training";
       std::string dtype = "public";
+      std::string quant_dtype = "nf4", public_dtype = "bf16";
       bool overwrite = false;
     };
     auto o = std::make_shared<Options>();
@@ -229,8 +232,23 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
     to_dcp->add_option("--layout", o->layout, layout_help)->check(CLI::IsMember({"training", "hf"}))->capture_default_str();
     to_dcp->add_option("--load_dir", o->load_dir, "checkpoint iter_N directory or save root")->required();
     to_dcp->add_option("--save_dir", o->save_dir, "DCP directory to write")->required();
+    auto* quantize = model_cmd->add_subcommand("quantize-base", "HF directory -> the same with its LoRA-adaptable Linear "
+                                                                "weights quantized (nf4: bitsandbytes' layout)");
+    quantize->add_option("--load_dir", o->load_dir, "HF directory (its config.json and safetensors)")->required();
+    quantize->add_option("--save_dir", o->save_dir, "HF directory to write")->required();
+    quantize->add_option("--dtype", o->quant_dtype, "nf4 (bitsandbytes, blocks of 64, double-quantized), int8 "
+                                                    "(bitsandbytes LLM.int8 rows) or fp8_e4m3 (per-row scale)")
+        ->check(CLI::IsMember({"nf4", "int8", "fp8_e4m3"}))
+        ->capture_default_str();
+    auto* dequantize = model_cmd->add_subcommand("dequantize-base", "a quantize-base (or -bnb-4bit) directory -> its "
+                                                                    "weights dequantized");
+    dequantize->add_option("--load_dir", o->load_dir, "quantized HF directory")->required();
+    dequantize->add_option("--save_dir", o->save_dir, "HF directory to write")->required();
+    dequantize->add_option("--dtype", o->public_dtype, "the 8-bit formats' output dtype (nf4 records its own)")
+        ->check(CLI::IsMember({"bf16", "fp16", "fp32"}))
+        ->capture_default_str();
     const std::string overwrite_help = "replace what --save_dir holds (without it, a non-empty --save_dir is refused)";
-    for (auto* sub : {to_ckpt, to_hf, from_dcp, to_dcp, to_peft, from_peft, merge})
+    for (auto* sub : {to_ckpt, to_hf, from_dcp, to_dcp, to_peft, from_peft, merge, quantize, dequantize})
       sub->add_flag("--overwrite", o->overwrite, overwrite_help);
     commands.add(from_peft, [o, name] {
       convert_peft_to_ckpt(name, o->config_path, o->hf_dir, o->save_dir, std::max(1, o->world_size), o->overwrite);
@@ -245,6 +263,12 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
     commands.add(to_dcp, [o, name] {
       convert_ckpt_to_dcp(name, o->load_dir, o->save_dir, o->layout == "hf" ? DcpLayout::hf : DcpLayout::training,
                           o->overwrite);
+    });
+    commands.add(quantize, [o, name] {
+      convert_quantize_base(name, o->load_dir, o->save_dir, quant::parse_base_quant(o->quant_dtype, "--dtype"), o->overwrite);
+    });
+    commands.add(dequantize, [o, name] {
+      convert_dequantize_base(name, o->load_dir, o->save_dir, *dtype_parse(o->public_dtype), o->overwrite);
     });
     commands.add(to_hf, [o, name] { convert_ckpt_to_hf(name, o->load_dir, o->save_dir, o->assets_dir, o->overwrite); });
   }

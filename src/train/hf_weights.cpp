@@ -22,20 +22,69 @@ WeightSource::WeightSource(const std::string& path) : path_(path) {
     // Not a file or a directory: say what it is (missing, a FIFO, /dev/zero, a NUL in the name).
     require_regular_file(path, "model weights '" + path + "'", "a .safetensors file or an HF model directory");
   }
+  std::set<std::string> companions;
+  const auto has = [this](const std::string& key) { return stores(key); };
+  for (const auto& name : stored_names()) {
+    const quant::BaseQuant kind = quant::stored_quant(name, has);
+    if (kind == quant::BaseQuant::none) continue;
+    for (const auto& companion : quant::hf_companion_keys(name, kind))
+      if (stores(companion)) companions.insert(companion);
+    quantized_[name] = kind;
+    const quant::PublicForm form = quant::hf_public_form(
+        name, kind, [this](const std::string& key) { return read_stored(key); }, stored_info(name).shape,
+        "model weights " + file_of(name));
+    SafetensorsTensorInfo info;
+    info.dtype = form.dtype;
+    info.shape = form.shape;
+    quantized_infos_[name] = info;
+  }
+  for (const auto& name : stored_names())
+    if (!companions.count(name)) names_.push_back(name);
 }
 
-std::vector<std::string> WeightSource::names() const { return file_ ? file_->names() : index_->names(); }
+const std::vector<std::string>& WeightSource::stored_names() const { return file_ ? file_->names() : index_->names(); }
 
-bool WeightSource::contains(const std::string& name) const {
-  return file_ ? file_->contains(name) : index_->contains(name);
-}
+bool WeightSource::stores(const std::string& name) const { return file_ ? file_->contains(name) : index_->contains(name); }
 
-const SafetensorsTensorInfo& WeightSource::info(const std::string& name) const {
+const SafetensorsTensorInfo& WeightSource::stored_info(const std::string& name) const {
   return file_ ? file_->info(name) : index_->info(name);
 }
 
+at::Tensor WeightSource::read_stored(const std::string& name) const { return file_ ? file_->read(name) : index_->read(name); }
+
+std::vector<std::string> WeightSource::names() const { return names_; }
+
+bool WeightSource::contains(const std::string& name) const {
+  return std::find(names_.begin(), names_.end(), name) != names_.end();
+}
+
+const SafetensorsTensorInfo& WeightSource::info(const std::string& name) const {
+  if (const auto it = quantized_infos_.find(name); it != quantized_infos_.end()) return it->second;
+  return stored_info(name);
+}
+
+quant::BaseQuant WeightSource::quantization(const std::string& name) const {
+  const auto it = quantized_.find(name);
+  return it == quantized_.end() ? quant::BaseQuant::none : it->second;
+}
+
+quant::QuantizedWeight WeightSource::read_quantized(const std::string& name) const {
+  const quant::BaseQuant kind = quantization(name);
+  if (kind == quant::BaseQuant::none) fail("model weights ", path_, ": '", name, "' is not stored quantized");
+  return quant::read_hf_quantized(name, kind, [this](const std::string& key) { return read_stored(key); }, at::kFloat,
+                                  "model weights " + file_of(name));
+}
+
 at::Tensor WeightSource::read_rows(const std::string& name, int64_t begin, int64_t end) const {
-  auto rows = file_ ? file_->read_rows(name, begin, end) : index_->read_rows(name, begin, end);
+  at::Tensor rows;
+  if (quantization(name) != quant::BaseQuant::none) {
+    const auto& shape = info(name).shape;
+    if (shape.empty() || begin < 0 || end < begin || end > shape[0])
+      fail("model weights ", file_of(name), ": rows [", begin, ", ", end, ") of '", name, "' are out of range");
+    rows = quant::dequantize_weight(read_quantized(name), info(name).dtype).narrow(0, begin, end - begin);
+  } else {
+    rows = file_ ? file_->read_rows(name, begin, end) : index_->read_rows(name, begin, end);
+  }
   if (const int64_t bad = first_non_finite(rows); bad >= 0)
     fail("model weights ", file_of(name), ": tensor '", name, "' holds ", rows.reshape(-1)[bad].item<double>(),
          " (element ", bad, " of rows [", begin, ", ", end, ")): refusing to train from non-finite weights");
@@ -61,11 +110,11 @@ std::string source_key_of(const WeightSource& source, const HfAdapter& adapter, 
 
 std::string weights_fingerprint(const std::string& path) {
   const WeightSource source(path);
-  auto names = source.names();
+  auto names = source.stored_names();  // a quantized base's codes and scales included
   std::sort(names.begin(), names.end());
   uint32_t crc = 0;
   for (const auto& name : names) {
-    const auto& info = source.info(name);
+    const auto& info = source.stored_info(name);
     std::string header = name + "|" + c10::toString(info.dtype) + "|" + shape_str(info.shape) + "\n";
     crc = crc32c(header.data(), header.size(), crc);
     crc = source.crc32c_of(name, crc);

@@ -6,13 +6,19 @@
 #include "io/safetensors.h"
 #include "models/hf_adapter.h"
 #include "models/model.h"
+#include "quant/quantized_weight.h"
+
+#include <map>
 
 #include <memory>
 #include <string>
 
 namespace mmtrain {
 
-// A source of full tensors by name: one safetensors file, or an HF directory.
+// A source of full tensors by name: one safetensors file, or an HF directory. A weight stored
+// quantized (a `-bnb-4bit` checkpoint, or `convert quantize-base`: quant/quantized_weight.h) shows
+// as one tensor under its key, in its public dtype (nf4: the one its quant_state records; the
+// 8-bit formats: fp32), read dequantized; its companion tensors are not listed.
 class WeightSource {
  public:
   explicit WeightSource(const std::string& path);
@@ -23,12 +29,26 @@ class WeightSource {
   // Rows [begin, end) of name, checked finite: NaN/Inf is an error naming the tensor and its file.
   at::Tensor read_rows(const std::string& name, int64_t begin, int64_t end) const;
   std::string file_of(const std::string& name) const;  // the file holding name
-  uint32_t crc32c_of(const std::string& name, uint32_t crc) const;  // of its stored bytes (SafetensorsFile)
+  // How name is stored (none: as itself) and, when quantized, its stored form.
+  quant::BaseQuant quantization(const std::string& name) const;
+  quant::QuantizedWeight read_quantized(const std::string& name) const;
+
+  // Every stored tensor, companions included, with its stored dtype and shape and a crc32c of its
+  // bytes: what a fingerprint covers.
+  const std::vector<std::string>& stored_names() const;
+  const SafetensorsTensorInfo& stored_info(const std::string& name) const;
+  uint32_t crc32c_of(const std::string& stored_name, uint32_t crc) const;
 
  private:
+  bool stores(const std::string& name) const;
+  at::Tensor read_stored(const std::string& name) const;
+
   std::string path_;
   std::unique_ptr<SafetensorsFile> file_;
   std::unique_ptr<SafetensorsIndex> index_;
+  std::vector<std::string> names_;                                // the logical view
+  std::map<std::string, quant::BaseQuant> quantized_;             // weight key -> its format
+  std::map<std::string, SafetensorsTensorInfo> quantized_infos_;  // its public dtype and shape
 };
 
 // The key that holds param_name in source: adapter.hf_key, else the first of its legacy aliases

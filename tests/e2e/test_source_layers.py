@@ -5,7 +5,7 @@ import re
 
 from conftest import REPO
 
-LAYERS = ["core", "io", "nn", "dist", "offload", "optim", "checkpoint", "fsdp", "parallel", "models", "data",
+LAYERS = ["core", "io", "quant", "nn", "dist", "offload", "optim", "checkpoint", "fsdp", "parallel", "models", "data",
           "record", "config", "plan", "train", "tools", "media", "sample"]
 # Rooms of one trade each that must not lean on each other although the order would allow it: what a
 # run records about itself is not the planner's, and the planner predicts without the records' code.
