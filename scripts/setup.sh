@@ -26,7 +26,7 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   "$PYTHON" -m venv .venv
 fi
-if ! .venv/bin/python -c "import torch, safetensors, numpy, pytest, mistral_common, tokenizers, transformers, PIL, matplotlib, tensorboard, peft, diffusers, av" 2>/dev/null; then
+if ! .venv/bin/python -c "import torch, safetensors, numpy, pytest, mistral_common, tokenizers, transformers, PIL, matplotlib, tensorboard, peft, diffusers, av, bitsandbytes" 2>/dev/null; then
   echo "setup: installing Python packages into .venv (torch 2.13.0 CPU build)"
   .venv/bin/pip install -q --disable-pip-version-check -r scripts/requirements.txt
 fi

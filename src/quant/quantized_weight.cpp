@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 
 namespace mmtrain::quant {
 namespace {
@@ -190,6 +191,23 @@ BaseQuant stored_quant(const std::string& key, const HasKey& has) {
   if (has(prefix + "scale_weight")) return BaseQuant::fp8_e4m3;
   if (has(key + ".absmax")) fail("quantized weight '", key, "': an absmax without a bitsandbytes quant_state");
   return BaseQuant::none;
+}
+
+CheckpointView checkpoint_view(const std::vector<std::string>& stored, const HasKey& has, const ReadKey& read,
+                               const StoredShape& stored_shape, const std::string& where) {
+  CheckpointView view;
+  std::set<std::string> companions;
+  for (const auto& name : stored) {
+    const BaseQuant kind = stored_quant(name, has);
+    if (kind == BaseQuant::none) continue;
+    for (const auto& companion : hf_companion_keys(name, kind))
+      if (has(companion)) companions.insert(companion);
+    view.kinds[name] = kind;
+    view.forms[name] = hf_public_form(name, kind, read, stored_shape(name), where);
+  }
+  for (const auto& name : stored)
+    if (!companions.count(name)) view.names.push_back(name);
+  return view;
 }
 
 QuantizedWeight read_hf_quantized(const std::string& key, BaseQuant kind, const ReadKey& read,

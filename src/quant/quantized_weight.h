@@ -16,6 +16,7 @@
 #include <ATen/ATen.h>
 
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -59,6 +60,17 @@ struct PublicForm {
 };
 PublicForm hf_public_form(const std::string& key, BaseQuant kind, const ReadKey& read,
                           const std::vector<int64_t>& stored_shape, const std::string& where);
+
+// What a checkpoint's tensors show once each quantized weight stands for its companions: the
+// names (stored order, companions left out), and each quantized weight's format and public form.
+struct CheckpointView {
+  std::vector<std::string> names;
+  std::map<std::string, BaseQuant> kinds;
+  std::map<std::string, PublicForm> forms;
+};
+using StoredShape = std::function<std::vector<int64_t>(const std::string& key)>;
+CheckpointView checkpoint_view(const std::vector<std::string>& stored, const HasKey& has, const ReadKey& read,
+                               const StoredShape& stored_shape, const std::string& where);
 
 // Reads and checks K's quantized tensors (sizes against the recorded shape, finite scales, a known
 // quant_state: nf4, blocks of 64, double-quantized in blocks of 256); public_dtype is the 8-bit

@@ -21,9 +21,9 @@ namespace fs = std::filesystem;
 
 constexpr int64_t kMaxConfigBytes = int64_t{16} << 20;
 
-// The HF keys of the weights quantize-base stores quantized: every 2-D weight of a Linear the
-// model can adapt.
-std::set<std::string> quantizable_keys(const ModelSpec& spec, const std::string& hf_dir) {
+// The keys (as source names them) of the weights quantize-base stores quantized: every 2-D weight of
+// a Linear the model can adapt.
+std::set<std::string> quantizable_keys(const ModelSpec& spec, const WeightSource& source, const std::string& hf_dir) {
   if (!spec.config_from_checkpoint) fail("quantize-base: model '", spec.name, "' cannot read its config off ", hf_dir);
   const auto model_config = spec.config_from_checkpoint(hf_dir);
   auto model = spec.build(model_config);
@@ -35,17 +35,20 @@ std::set<std::string> quantizable_keys(const ModelSpec& spec, const std::string&
         name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
       continue;
     const std::string module = name.substr(0, name.size() - suffix.size());
-    for (const auto& pattern : spec.lora_supported_targets)
-      if (module_pattern_matches(pattern, module)) keys.insert(adapter->hf_key(name));
+    bool adaptable = false;
+    for (const auto& pattern : spec.lora_supported_targets) adaptable = adaptable || module_pattern_matches(pattern, module);
+    if (!adaptable) continue;
+    const std::string key = source_key_of(source, *adapter, name);
+    if (key.empty()) fail("quantize-base: ", hf_dir, " lacks '", adapter->hf_key(name), "', a weight of the model");
+    keys.insert(key);
   }
   if (keys.empty()) fail("quantize-base: model '", spec.name, "' has no Linear it adapts with LoRA: nothing to quantize");
   return keys;
 }
 
-// config.json with a transformers quantization_config for a bitsandbytes nf4 directory: the
-// Linear weights left in their dtype are skipped modules.
-std::string nf4_config_json(const std::string& text, const std::string& path, at::ScalarType compute_dtype,
-                            const std::vector<std::string>& skipped) {
+// config.json with the quantization_config transformers writes for a bitsandbytes nf4 model (its
+// default skipped modules: the output head, which quantize-base leaves in its dtype too).
+std::string nf4_config_json(const std::string& text, const std::string& path, at::ScalarType compute_dtype) {
   nlohmann::ordered_json config;
   try {
     config = nlohmann::ordered_json::parse(text);
@@ -54,14 +57,19 @@ std::string nf4_config_json(const std::string& text, const std::string& path, at
   }
   if (!config.is_object()) fail("quantize-base: ", path, " is not a JSON object");
   const char* dtype = compute_dtype == at::kFloat ? "float32" : compute_dtype == at::kHalf ? "float16" : "bfloat16";
-  config["quantization_config"] = {{"quant_method", "bitsandbytes"},
-                                   {"load_in_4bit", true},
-                                   {"load_in_8bit", false},
-                                   {"bnb_4bit_quant_type", "nf4"},
-                                   {"bnb_4bit_use_double_quant", true},
+  config["quantization_config"] = {{"_load_in_4bit", true},
+                                   {"_load_in_8bit", false},
                                    {"bnb_4bit_compute_dtype", dtype},
                                    {"bnb_4bit_quant_storage", "uint8"},
-                                   {"llm_int8_skip_modules", skipped}};
+                                   {"bnb_4bit_quant_type", "nf4"},
+                                   {"bnb_4bit_use_double_quant", true},
+                                   {"llm_int8_enable_fp32_cpu_offload", false},
+                                   {"llm_int8_has_fp16_weight", false},
+                                   {"llm_int8_skip_modules", nullptr},
+                                   {"llm_int8_threshold", 6.0},
+                                   {"load_in_4bit", true},
+                                   {"load_in_8bit", false},
+                                   {"quant_method", "bitsandbytes"}};
   return config.dump(2) + "\n";
 }
 
@@ -116,8 +124,7 @@ void convert_quantize_base(const std::string& model_id, const std::string& load_
   const auto& spec = model_spec(model_id, "convert");
   ConversionOutput output(save_dir, overwrite, "quantize-base");
   const WeightSource source(load_dir);
-  const std::set<std::string> keys = quantizable_keys(spec, load_dir);
-  std::vector<std::string> skipped;
+  const std::set<std::string> keys = quantizable_keys(spec, source, load_dir);
   at::ScalarType compute_dtype = at::kBFloat16;
   int64_t quantized = 0, bytes_in = 0, bytes_out = 0;
   auto convert = [&](const std::string& name) -> std::vector<std::pair<std::string, at::Tensor>> {
@@ -127,11 +134,7 @@ void convert_quantize_base(const std::string& model_id, const std::string& load_
     const auto& info = source.info(name);
     at::Tensor full = source.read_rows(name, 0, info.shape.empty() ? 1 : info.shape[0]);
     if (info.shape.empty()) full = full.reshape({});
-    if (!keys.count(name)) {
-      if (info.shape.size() == 2 && name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0)
-        skipped.push_back(name.substr(0, name.size() - 7));
-      return {{name, full}};
-    }
+    if (!keys.count(name)) return {{name, full}};
     compute_dtype = full.scalar_type();
     const quant::QuantizedWeight q = quant::quantize_weight(full, kind);
     ++quantized;
@@ -140,11 +143,9 @@ void convert_quantize_base(const std::string& model_id, const std::string& load_
     return quant::hf_tensors(name, q);
   };
   auto edit_config = [&](const std::string& text) {
-    return kind == quant::BaseQuant::nf4 ? nf4_config_json(text, load_dir + "/config.json", compute_dtype, skipped) : text;
+    return kind == quant::BaseQuant::nf4 ? nf4_config_json(text, load_dir + "/config.json", compute_dtype) : text;
   };
   rewrite_directory(source, load_dir, output.staging(), convert, edit_config, "quantize-base");
-  for (const auto& key : keys)
-    if (!source.contains(key)) fail("quantize-base: ", load_dir, " lacks '", key, "', a weight of the model");
   output.commit();
   std::printf("quantize-base: %s -> %s: %lld weights in %s, %s bytes -> %s (%.3fx)\n", load_dir.c_str(), save_dir.c_str(),
               static_cast<long long>(quantized), quant::base_quant_name(kind), with_commas(bytes_in).c_str(),

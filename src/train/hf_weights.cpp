@@ -22,24 +22,16 @@ WeightSource::WeightSource(const std::string& path) : path_(path) {
     // Not a file or a directory: say what it is (missing, a FIFO, /dev/zero, a NUL in the name).
     require_regular_file(path, "model weights '" + path + "'", "a .safetensors file or an HF model directory");
   }
-  std::set<std::string> companions;
-  const auto has = [this](const std::string& key) { return stores(key); };
-  for (const auto& name : stored_names()) {
-    const quant::BaseQuant kind = quant::stored_quant(name, has);
-    if (kind == quant::BaseQuant::none) continue;
-    for (const auto& companion : quant::hf_companion_keys(name, kind))
-      if (stores(companion)) companions.insert(companion);
-    quantized_[name] = kind;
-    const quant::PublicForm form = quant::hf_public_form(
-        name, kind, [this](const std::string& key) { return read_stored(key); }, stored_info(name).shape,
-        "model weights " + file_of(name));
+  view_ = quant::checkpoint_view(
+      stored_names(), [this](const std::string& key) { return stores(key); },
+      [this](const std::string& key) { return read_stored(key); },
+      [this](const std::string& key) { return stored_info(key).shape; }, "model weights " + path);
+  for (const auto& [name, form] : view_.forms) {
     SafetensorsTensorInfo info;
     info.dtype = form.dtype;
     info.shape = form.shape;
     quantized_infos_[name] = info;
   }
-  for (const auto& name : stored_names())
-    if (!companions.count(name)) names_.push_back(name);
 }
 
 const std::vector<std::string>& WeightSource::stored_names() const { return file_ ? file_->names() : index_->names(); }
@@ -52,10 +44,10 @@ const SafetensorsTensorInfo& WeightSource::stored_info(const std::string& name) 
 
 at::Tensor WeightSource::read_stored(const std::string& name) const { return file_ ? file_->read(name) : index_->read(name); }
 
-std::vector<std::string> WeightSource::names() const { return names_; }
+std::vector<std::string> WeightSource::names() const { return view_.names; }
 
 bool WeightSource::contains(const std::string& name) const {
-  return std::find(names_.begin(), names_.end(), name) != names_.end();
+  return quantized_infos_.count(name) || (stores(name) && std::find(view_.names.begin(), view_.names.end(), name) != view_.names.end());
 }
 
 const SafetensorsTensorInfo& WeightSource::info(const std::string& name) const {
@@ -64,8 +56,8 @@ const SafetensorsTensorInfo& WeightSource::info(const std::string& name) const {
 }
 
 quant::BaseQuant WeightSource::quantization(const std::string& name) const {
-  const auto it = quantized_.find(name);
-  return it == quantized_.end() ? quant::BaseQuant::none : it->second;
+  const auto it = view_.kinds.find(name);
+  return it == view_.kinds.end() ? quant::BaseQuant::none : it->second;
 }
 
 quant::QuantizedWeight WeightSource::read_quantized(const std::string& name) const {

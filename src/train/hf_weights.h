@@ -46,9 +46,8 @@ class WeightSource {
   std::string path_;
   std::unique_ptr<SafetensorsFile> file_;
   std::unique_ptr<SafetensorsIndex> index_;
-  std::vector<std::string> names_;                                // the logical view
-  std::map<std::string, quant::BaseQuant> quantized_;             // weight key -> its format
-  std::map<std::string, SafetensorsTensorInfo> quantized_infos_;  // its public dtype and shape
+  quant::CheckpointView view_;
+  std::map<std::string, SafetensorsTensorInfo> quantized_infos_;  // a quantized weight's public dtype and shape
 };
 
 // The key that holds param_name in source: adapter.hf_key, else the first of its legacy aliases

@@ -7,6 +7,7 @@
 #include "models/magihuman/memory.h"
 #include "models/magihuman/model.h"
 #include "models/model_spec.h"
+#include "quant/quantized_weight.h"
 
 #include <cmath>
 #include <map>
@@ -14,11 +15,17 @@
 namespace mmtrain::magihuman {
 namespace {
 
-// Shapes from the headers of the directory's safetensors files; no tensor data is read.
+// Shapes from the headers of the directory's safetensors files (a quantized weight's from its
+// quant_state); no weight data is read.
 nlohmann::json config_from_checkpoint(const std::string& hf_dir) {
   SafetensorsIndex index(hf_dir);
+  const quant::CheckpointView view = quant::checkpoint_view(
+      index.names(), [&](const std::string& key) { return index.contains(key); },
+      [&](const std::string& key) { return index.read(key); },
+      [&](const std::string& key) { return index.info(key).shape; }, hf_dir);
   std::map<std::string, std::vector<int64_t>> shapes;
-  for (const auto& name : index.names()) shapes[name] = index.info(name).shape;
+  for (const auto& name : view.names)
+    shapes[name] = view.forms.count(name) ? view.forms.at(name).shape : index.info(name).shape;
   return MagiHumanConfig::infer_from_shapes(shapes).to_json();
 }
 

@@ -10,13 +10,15 @@
 namespace mmtrain::mistral3 {
 namespace {
 
-// HF config.json keys that carry no math for training (ids, metadata, inference switches).
+// HF config.json keys that carry no math for training (ids, metadata, inference switches; a
+// quantization_config describes how the weights are stored, which the loader reads off the tensors
+// themselves: train/hf_weights.h).
 const std::vector<std::string> kIgnored = {
     "model_type", "architectures", "torch_dtype", "dtype", "transformers_version", "bos_token_id", "eos_token_id",
     "pad_token_id", "max_position_embeddings", "attention_dropout", "initializer_range", "use_cache",
     "output_attentions", "output_hidden_states", "return_dict", "_name_or_path", "id2label", "label2id",
     "problem_type", "chunk_size_feed_forward", "is_encoder_decoder", "_attn_implementation_autoset",
-    "text_config_dict", "vision_config_dict", "layer_types"};
+    "text_config_dict", "vision_config_dict", "layer_types", "quantization_config"};
 
 // A section of the config that refuses keys outside known (and the ignored ones).
 ParamMap section(const nlohmann::json& j, const std::string& where, std::vector<std::string> known) {

@@ -1,0 +1,173 @@
+"""The quantized frozen-base formats against their references (docs/qlora.md), on a tiny HF Magistral
+saved by transformers (fp32, GQA, Pixtral; the vision tower's 32-wide Linears are not multiples of a
+block) and its bf16 copy:
+
+  1. `convert mistral3 quantize-base --dtype nf4` writes, for every Linear weight transformers'
+     bitsandbytes integration quantizes, exactly bitsandbytes.functional.quantize_4bit's packed codes,
+     absmax codes, nested absmax, quant maps and quant_state (byte for byte); int8 exactly
+     int8_vectorwise_quant of the fp16 weight (codes and SCB); fp8_e4m3 exactly torch's cast at the
+     documented row scale; `dequantize-base` gives bitsandbytes' dequantization (its flat-block
+     reference; its AVX-512 CPU kernel agrees wherever a row is whole blocks, and indexes absmax per
+     row where it is not: see docs/qlora.md), int8_vectorwise_dequant, and fp32(q) * scale;
+  2. transformers + bitsandbytes save the same model quantized byte for byte as mmtrain writes it,
+     and load mmtrain's directory as Linear4bit modules;
+  3. training reads a quantized base as the dequantized one: a LoRA run over the nf4 directory has
+     bitwise the losses of one over its dequantize-base copy;
+  4. a hostile quantized checkpoint is refused by name.
+"""
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+bnb = pytest.importorskip("bitsandbytes")
+import bitsandbytes.functional as F  # noqa: E402
+from bitsandbytes.backends.default.ops import _dequantize_4bit_compute  # noqa: E402
+
+from test_lora_peft import hf_model, run_mmtrain, write_config, yaml  # noqa: E402
+
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # bitsandbytes' reference would compile for every shape
+
+
+def tensors(directory):
+    out = {}
+    for f in sorted(Path(directory).glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
+
+
+def quantize_base(src, out, dtype):
+    run_mmtrain(["convert", "mistral3", "quantize-base", "--dtype", dtype, "--load_dir", str(src), "--save_dir", str(out)])
+
+
+def dequantize_base(src, out, *extra, check=True):
+    return run_mmtrain(["convert", "mistral3", "dequantize-base", "--load_dir", str(src), "--save_dir", str(out), *extra],
+                       check=check)
+
+
+@pytest.fixture(scope="module")
+def bases(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("quantize_base")
+    model = hf_model()
+    model.save_pretrained(tmp / "fp32", safe_serialization=True)
+    model.to(torch.bfloat16).save_pretrained(tmp / "bf16", safe_serialization=True)
+    for base in ("fp32", "bf16"):
+        for dtype in ("nf4", "int8", "fp8_e4m3"):
+            quantize_base(tmp / base, tmp / f"{base}_{dtype}", dtype)
+            dequantize_base(tmp / f"{base}_{dtype}", tmp / f"{base}_{dtype}_back", "--dtype", "fp32")
+    return tmp
+
+
+@pytest.mark.parametrize("base", ["fp32", "bf16"])
+def test_nf4_is_bitsandbytes_bitwise(bases, base):
+    src, q, back = tensors(bases / base), tensors(bases / f"{base}_nf4"), tensors(bases / f"{base}_nf4_back")
+    quantized = [k for k in src if k + ".quant_state.bitsandbytes__nf4" in q]
+    assert len(quantized) == 24  # every Linear but lm_head: 2 text layers, the vision layer, the projector
+    whole_blocks = 0
+    for key in quantized:
+        w = src[key]
+        packed, state = F.quantize_4bit(w, blocksize=64, compress_statistics=True, quant_type="nf4")
+        assert torch.equal(q[key], packed), key
+        assert torch.equal(q[key + ".absmax"], state.absmax), key
+        assert torch.equal(q[key + ".nested_absmax"], state.state2.absmax), key
+        assert torch.equal(q[key + ".quant_map"], state.code) and torch.equal(q[key + ".nested_quant_map"], state.state2.code)
+        ours = q[key + ".quant_state.bitsandbytes__nf4"]
+        theirs = state.as_dict(packed=True)["quant_state.bitsandbytes__nf4"]
+        assert bytes(ours.tolist()) == bytes(theirs.tolist()), key
+        absmax = F.dequantize_blockwise(state.absmax, state.state2) + state.offset
+        reference = _dequantize_4bit_compute(packed.view(-1), absmax, state.code, 64, list(w.shape), w.dtype)
+        assert torch.equal(back[key].to(w.dtype), reference), key
+        if w.shape[-1] % 64 == 0:  # bitsandbytes' own CPU kernel indexes absmax per row: right for whole-block rows
+            whole_blocks += 1
+            assert torch.equal(back[key].to(w.dtype), F.dequantize_4bit(packed, state)), key
+    assert whole_blocks == 17
+
+
+@pytest.mark.parametrize("base", ["fp32", "bf16"])
+def test_int8_and_fp8_are_their_references_bitwise(bases, base):
+    src = tensors(bases / base)
+    int8, int8_back = tensors(bases / f"{base}_int8"), tensors(bases / f"{base}_int8_back")
+    fp8, fp8_back = tensors(bases / f"{base}_fp8_e4m3"), tensors(bases / f"{base}_fp8_e4m3_back")
+    checked = 0
+    for key, w in src.items():
+        module = key[: -len("weight")]
+        if module + "SCB" not in int8:
+            continue
+        checked += 1
+        codes, scb, _ = F.int8_vectorwise_quant(w.to(torch.float16))
+        assert torch.equal(int8[key], codes) and torch.equal(int8[module + "SCB"], scb), key
+        assert int8[module + "weight_format"].item() == 0
+        assert torch.equal(int8_back[key], F.int8_vectorwise_dequant(codes, scb)), key
+        scale = w.float().abs().amax(1) / 448.0
+        q = (w.float() / scale[:, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+        assert torch.equal(fp8[key].view(torch.uint8), q.view(torch.uint8)), key
+        assert torch.equal(fp8[module + "scale_weight"], scale), key
+        assert torch.equal(fp8_back[key], q.float() * scale[:, None]), key
+    assert checked == 24
+
+
+def test_transformers_and_bitsandbytes_write_the_same_directory(bases):
+    from transformers import AutoModelForImageTextToText, BitsAndBytesConfig
+    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                bnb_4bit_compute_dtype=torch.bfloat16)
+    theirs = AutoModelForImageTextToText.from_pretrained(bases / "bf16", device_map="cpu", quantization_config=config)
+    theirs.save_pretrained(bases / "hf_bnb")
+    ours, saved = tensors(bases / "bf16_nf4"), tensors(bases / "hf_bnb")
+    assert set(ours) == set(saved)
+    for key in ours:
+        assert ours[key].dtype == saved[key].dtype and torch.equal(ours[key].view(-1).view(torch.uint8),
+                                                                   saved[key].view(-1).view(torch.uint8)), key
+    # mmtrain reads transformers' directory, and transformers loads mmtrain's as Linear4bit.
+    dequantize_base(bases / "hf_bnb", bases / "hf_bnb_back")
+    back, mine = tensors(bases / "hf_bnb_back"), tensors(bases / "bf16_nf4_back")
+    assert all(torch.equal(back[k], mine[k].to(back[k].dtype)) for k in back)
+    loaded = AutoModelForImageTextToText.from_pretrained(bases / "bf16_nf4", device_map="cpu")
+    assert sum(isinstance(m, bnb.nn.Linear4bit) for m in loaded.modules()) == 24
+
+
+def test_training_reads_the_quantized_base_as_its_dequantization(bases, tmp_path):
+    data = tmp_path / "data"
+    run_mmtrain(["fixture", "mistral3", "--out", str(data), "--samples", "8", "--seed", "3", "--mix"])
+    losses = {}
+    for name, base in (("nf4", bases / "fp32_nf4"), ("dequantized", bases / "fp32_nf4_back")):
+        run = tmp_path / name
+        run.mkdir()
+        config = write_config(run / "train.yaml", yaml(run, base, data))
+        run_mmtrain(["train", str(config)])
+        losses[name] = [json.loads(line)["loss"] for line in (run / "run" / "metrics.jsonl").read_text().splitlines()
+                        if '"loss"' in line]
+    assert len(losses["nf4"]) == 2 and losses["nf4"] == losses["dequantized"]
+
+
+def test_hostile_quantized_checkpoints_are_refused_by_name(bases, tmp_path):
+    good = tensors(bases / "bf16_nf4")
+    key = next(k for k in good if k.endswith("q_proj.weight") and "language_model" in k)
+    config = (bases / "bf16_nf4" / "config.json").read_text()
+
+    def refused(name, edit, message):
+        broken = dict(good)
+        edit(broken)
+        directory = tmp_path / name
+        directory.mkdir()
+        save_file(broken, str(directory / "model.safetensors"))
+        (directory / "config.json").write_text(config)
+        proc = dequantize_base(directory, tmp_path / f"{name}_out", check=False)
+        assert proc.returncode != 0 and message in proc.stderr, (name, proc.stderr[-1500:])
+        assert not (tmp_path / f"{name}_out" / "model.safetensors").exists()
+
+    def state(broken, **changes):
+        text = json.loads(bytes(good[key + ".quant_state.bitsandbytes__nf4"].tolist()))
+        text.update(changes)
+        broken[key + ".quant_state.bitsandbytes__nf4"] = torch.tensor(list(json.dumps(text).encode()), dtype=torch.uint8)
+
+    refused("blocks", lambda b: b.update({key + ".absmax": good[key + ".absmax"][:-1].clone()}), "'absmax' must be")
+    refused("shape", lambda b: state(b, shape=[64, 128]), "'weight' must be")
+    refused("nan", lambda b: b.update({key + ".nested_absmax": torch.full_like(good[key + ".nested_absmax"], float("nan"))}),
+            "hold NaN or Inf")
+    refused("fp4", lambda b: state(b, quant_type="fp4"), "quant_type \"fp4\" is not supported")
+    refused("blocksize", lambda b: state(b, blocksize=128), "mmtrain reads blocks of 64")
+    refused("map", lambda b: b.update({key + ".quant_map": good[key + ".quant_map"].flip(0).contiguous()}),
+            "not the 16 NF4 levels")
