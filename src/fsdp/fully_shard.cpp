@@ -4,6 +4,7 @@
 #include "core/module_pattern.h"
 #include "fsdp/plan.h"
 #include "fsdp/shard_pager.h"
+#include "quant/quantized_rows.h"
 
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -165,9 +166,19 @@ Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Dev
       if (!p.param->adapter_dtype) fp32_flags.emplace_back(p.name, p.param->compute_in_fp32);  // adapters: their own
     unit.gather_dtype = unit_gather_dtype(unit.name, fp32_flags, config_.param_dtype);
     unit.engine = this;
-    int64_t total = 0, frozen_total = 0;
+    int64_t total = 0, frozen_total = 0, quant_total = 0;
     for (auto& p : unit.params) {
       p.frozen = !p.param->requires_grad;
+      if (p.param->base_quant != quant::BaseQuant::none) {
+        if (!p.frozen || !quant::row_quantizable(p.param->base_quant, p.param->shape))
+          fail("fsdp: '", p.name, "' is marked ", quant::base_quant_name(p.param->base_quant),
+               " but is trained or not rows of whole blocks");
+        p.quant = p.param->base_quant;
+        p.quant_row_bytes = quant::quantized_row_bytes(p.quant, p.param->shape[1]);
+        p.offset = quant_total;
+        quant_total += p.layout.padded_rows * p.quant_row_bytes;
+        continue;
+      }
       int64_t& end = p.frozen ? frozen_total : total;
       p.offset = end;
       end += p.layout.shard_numel();
@@ -175,6 +186,8 @@ Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Dev
     const auto frozen_options = fp32.dtype(unit.gather_dtype);
     unit.frozen_flat = tiers_ ? tiers_->host_pool->take_zeros({frozen_total}, unit.gather_dtype)
                               : at::zeros({frozen_total}, frozen_options);
+    unit.quant_flat = tiers_ ? tiers_->host_pool->take_zeros({quant_total}, at::kByte)
+                             : at::zeros({quant_total}, fp32.dtype(at::kByte));
     if (tiers_ && tiers_->disk) {  // the pager gives them their zeros (the file's) below
       unit.shard_flat = tiers_->host_pool->take({total}, at::kFloat);
       unit.grad_flat = tiers_->host_pool->take_zeros({total}, at::kFloat);
@@ -190,9 +203,16 @@ Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Dev
       std::vector<int64_t> shard_shape = p.param->shape;
       if (shard_shape.empty()) fail("parameter '", p.name, "' is 0-dim: FSDP shards dim 0");
       shard_shape[0] = p.layout.padded_rows;
-      p.shard = (p.frozen ? unit.frozen_flat : unit.shard_flat).narrow(0, p.offset, p.layout.shard_numel()).view(shard_shape);
       std::vector<int64_t> gathered_shape = p.param->shape;
       gathered_shape[0] = p.layout.padded_rows * world;
+      if (p.quant != quant::BaseQuant::none) {
+        const int64_t bytes = p.layout.padded_rows * p.quant_row_bytes;
+        p.shard = unit.quant_flat.narrow(0, p.offset, bytes).view({p.layout.padded_rows, p.quant_row_bytes});
+        p.quant_gathered = at::empty({p.layout.padded_rows * world, p.quant_row_bytes}, fp32.dtype(at::kByte));
+        release_gather_storage(p.quant_gathered);
+      } else {
+        p.shard = (p.frozen ? unit.frozen_flat : unit.shard_flat).narrow(0, p.offset, p.layout.shard_numel()).view(shard_shape);
+      }
       p.gathered = at::empty(gathered_shape, fp32.dtype(p.param->adapter_dtype.value_or(unit.gather_dtype)));
       release_gather_storage(p.gathered);
     }
@@ -216,24 +236,38 @@ std::vector<FsdpUnit*> Fsdp::units() {
   return out;
 }
 
-void Fsdp::load_params(const std::function<at::Tensor(const std::string&, int64_t, int64_t)>& read_rows, bool frozen_too) {
+void Fsdp::load_params(const std::function<at::Tensor(const std::string&, int64_t, int64_t)>& read_rows, bool frozen_too,
+                       const QuantRowReader& read_quantized) {
+  // Without a reader of quantized rows, a quantized weight is quantized here from its full values.
+  const QuantRowReader quantize_values = [&](const std::string& name, quant::BaseQuant kind, int64_t begin, int64_t end) {
+    const FsdpParam* found = nullptr;
+    for (auto& unit : units_)
+      for (auto& p : unit->params)
+        if (p.name == name) found = &p;
+    const at::Tensor full = read_rows(name, 0, found->layout.dim0);
+    return QuantizedRows{quant::quantized_rows(quant::quantize_weight(full.cpu(), kind)).narrow(0, begin, end - begin),
+                         full.scalar_type()};
+  };
   for (auto& unit : units_) {
     if (pager_) pager_->page_in(*unit);
-    for (auto& p : unit->params)
-      if (frozen_too || !p.frozen) fill_shard(p, read_rows);
+    for (auto& p : unit->params) {
+      if (!frozen_too && p.frozen) continue;
+      if (p.quant != quant::BaseQuant::none)
+        fill_quantized_shard(p, read_quantized ? read_quantized : quantize_values);
+      else
+        fill_shard(p, read_rows);
+    }
     if (pager_) pager_->page_out(*unit, /*changed=*/true);
   }
 }
 
 void Fsdp::init_params(uint64_t seed) {
-  for (auto& unit : units_) {
-    if (pager_) pager_->page_in(*unit);
-    for (auto& p : unit->params)
-      fill_shard(p, [&](const std::string& name, int64_t begin, int64_t end) {
-        return param_init_rows(*p.param, name, seed, begin, end);
-      });
-    if (pager_) pager_->page_out(*unit, /*changed=*/true);
-  }
+  load_params([&](const std::string& name, int64_t begin, int64_t end) {
+    for (auto& unit : units_)
+      for (auto& p : unit->params)
+        if (p.name == name) return param_init_rows(*p.param, name, seed, begin, end);
+    fail("init_params: no parameter '", name, "'");
+  });
 }
 
 void Fsdp::fill_shard(FsdpParam& p, const RowReader& read_rows) {
@@ -249,6 +283,29 @@ void Fsdp::fill_shard(FsdpParam& p, const RowReader& read_rows) {
     fail("loading '", p.name, "' rows [", begin, ", ", begin + rows, "): got shape ", values.sizes(),
          ", expected ", at::IntArrayRef(expected));
   p.shard.narrow(0, 0, rows).copy_(values);
+}
+
+void Fsdp::fill_quantized_shard(FsdpParam& p, const QuantRowReader& read_quantized) {
+  const int rank = comm_->rank();
+  const int64_t begin = p.layout.row_begin(rank), rows = p.layout.rows(rank);
+  p.shard.zero_();
+  if (rows == 0) return;
+  const QuantizedRows got = read_quantized(p.name, p.quant, begin, begin + rows);
+  if (got.bytes.scalar_type() != at::kByte || got.bytes.sizes() != at::IntArrayRef({rows, p.quant_row_bytes}))
+    fail("loading '", p.name, "' rows [", begin, ", ", begin + rows, ") as ", quant::base_quant_name(p.quant),
+         ": got ", got.bytes.scalar_type(), " ", got.bytes.sizes(), ", expected uint8 [", rows, ", ", p.quant_row_bytes, "]");
+  p.shard.narrow(0, 0, rows).copy_(got.bytes);
+  p.public_dtype = got.public_dtype;
+}
+
+void Fsdp::dequantize_gathered(FsdpParam& p) {
+  RECORD_USER_SCOPE("fsdp::dequantize");
+  acquire_gather_storage(p.gathered);
+  const int64_t rows = p.layout.dim0;
+  const at::Tensor values = quant::dequantize_rows(p.quant_gathered.narrow(0, 0, rows), p.quant, p.param->shape[1],
+                                                   p.public_dtype, p.gathered.scalar_type());
+  p.gathered.narrow(0, 0, rows).copy_(values);
+  release_gather_storage(p.quant_gathered);
 }
 
 void Fsdp::acquire_gather_storage(const at::Tensor& t) {
@@ -291,9 +348,10 @@ void Fsdp::unshard_async(FsdpUnit& unit) {
   std::vector<at::Tensor> outs;
   std::vector<CopyEvent> copies;
   for (auto& p : unit.params) {
-    acquire_gather_storage(p.gathered);
-    auto flat = p.gathered.view(-1);
-    const int64_t n = p.layout.shard_numel();
+    const at::Tensor& buffer = p.quant != quant::BaseQuant::none ? p.quant_gathered : p.gathered;
+    acquire_gather_storage(buffer);
+    auto flat = buffer.view(-1);
+    const int64_t n = p.shard.numel();
     if (tiers_)  // cpu_offload: the host shard comes to the device, cast on the way
       copies.push_back(tiers_->copies->to_device(flat.narrow(0, rank * n, n), p.shard.view(-1)));
     else
@@ -315,6 +373,8 @@ void Fsdp::wait_unshard(FsdpUnit& unit) {
     RECORD_USER_SCOPE(profile_name("fsdp::wait_all_gather", unit));
     timed_wait(unit.gather_work);
   }
+  for (auto& p : unit.params)
+    if (p.quant != quant::BaseQuant::none) dequantize_gathered(p);
   unit.state = FsdpUnit::State::unsharded;
 }
 
@@ -543,7 +603,7 @@ FsdpMemoryStats Fsdp::memory_stats() const {
   FsdpMemoryStats stats;
   for (auto& unit : units_) {
     stats.param_bytes += unit->shard_flat.numel() * unit->shard_flat.element_size() +
-                         unit->frozen_flat.numel() * unit->frozen_flat.element_size();
+                         unit->frozen_flat.numel() * unit->frozen_flat.element_size() + unit->quant_flat.numel();
     stats.grad_bytes += unit->grad_flat.numel() * unit->grad_flat.element_size();
     for (auto& p : unit->params)
       stats.unsharded_param_bytes += p.layout.dim0 * p.layout.row_numel * p.gathered.element_size();

@@ -30,6 +30,13 @@
 // identity Function on its inputs says when its backward is done (FSDP2's
 // RegisterPostBackwardFunction). The root, whose params are used anywhere in the model, keeps
 // frozen params gathered until finish_backward.
+//
+// A quantized frozen weight (Param::base_quant, QLoRA; quant/quantized_rows.h) is sharded as
+// rows of bytes, each row its codes and its scales (whole quantization blocks): its shard lives
+// in the unit's quant_flat, the gather moves those bytes (an nf4 row is 0.28x its bf16 bytes), and
+// once they are in, the weight is dequantized into its gather buffer in the unit's dtype, which
+// the model reads as any other frozen weight; the bytes' buffer is let go at once. Backward's
+// re-gather dequantizes again. quant/ owns the format; this file moves its bytes and calls it.
 // Non-goals: tensor parallelism, per-parameter placements.
 #pragma once
 #include "core/tensor_pool.h"
@@ -38,6 +45,7 @@
 #include "fsdp/shard_layout.h"
 #include "nn/module.h"
 #include "offload/offload_tiers.h"
+#include "quant/base_quant.h"
 
 #include <deque>
 #include <memory>
@@ -55,6 +63,13 @@ struct FsdpParam {
   int64_t offset = 0;          // into the unit's shard_flat (trained) or frozen_flat (frozen)
   at::Tensor shard;            // [padded_rows, ...] view of that flat: fp32, or the gather dtype when frozen
   at::Tensor gathered;         // [W * padded_rows, ...] in the dtype it computes in; storage freed while sharded
+  // Stored quantized (frozen only): shard is then uint8 [padded_rows, quant_row_bytes], a view of
+  // the unit's quant_flat, and quant_gathered uint8 [W * padded_rows, quant_row_bytes] receives the
+  // gather; public_dtype is the dtype the rows dequantize to (the base's), before gathered's.
+  quant::BaseQuant quant = quant::BaseQuant::none;
+  int64_t quant_row_bytes = 0;
+  at::Tensor quant_gathered;
+  at::ScalarType public_dtype = at::kBFloat16;
 
   // A trained param's [padded_rows, ...] view of a flat tensor laid out like its unit's
   // shard_flat (the shards, their grads, AdamW moments).
@@ -78,6 +93,7 @@ struct FsdpUnit {
   // gather_dtype [F]: the frozen params' shards, kept in the dtype they compute in (a LoRA base in
   // bf16 costs 2 bytes a parameter, not 4 + 4 + 8); never paged to disk (host tier with cpu_offload).
   at::Tensor frozen_flat;
+  at::Tensor quant_flat;       // uint8 [Q]: the quantized frozen weights' rows (host tier with cpu_offload)
   bool grad_is_zero = true;    // grad_flat holds zeros (since zero_grad): the reduction writes, not adds
   at::Tensor anchor;           // scalar leaf that makes UnitGather part of the graph
   State state = State::sharded;
@@ -93,6 +109,14 @@ struct FsdpUnit {
 
 // read(name, row_begin, row_end) returns those rows of the full tensor (any float dtype).
 using RowReader = std::function<at::Tensor(const std::string& name, int64_t row_begin, int64_t row_end)>;
+// A quantized weight's rows [row_begin, row_end) as bytes (quant/quantized_rows.h: uint8
+// [rows, row_bytes] in `kind`), and the public dtype they dequantize to.
+struct QuantizedRows {
+  at::Tensor bytes;
+  at::ScalarType public_dtype = at::kBFloat16;
+};
+using QuantRowReader =
+    std::function<QuantizedRows(const std::string& name, quant::BaseQuant kind, int64_t row_begin, int64_t row_end)>;
 
 struct FsdpMemoryStats {
   int64_t param_bytes = 0;     // shards: fp32 trained ones and the frozen ones in their dtype
@@ -125,7 +149,9 @@ class Fsdp {
 
   // Fills this rank's rows of every param from read_rows (cast to the shard's dtype here);
   // frozen_too false: the frozen params keep what they hold (a LoRA base under its adapters).
-  void load_params(const RowReader& read_rows, bool frozen_too = true);
+  // A quantized frozen weight reads its rows through read_quantized (without it: read_rows' values
+  // quantized here, a whole tensor at a time).
+  void load_params(const RowReader& read_rows, bool frozen_too = true, const QuantRowReader& read_quantized = {});
   // Fresh init: every Param's init rule with a generator seeded from (seed, param index), so
   // all world sizes produce the same model.
   void init_params(uint64_t seed);
@@ -179,6 +205,9 @@ class Fsdp {
 
  private:
   void fill_shard(FsdpParam& p, const RowReader& read_rows);
+  void fill_quantized_shard(FsdpParam& p, const QuantRowReader& read_quantized);
+  // The gathered bytes of a quantized weight -> its gather buffer, dequantized.
+  void dequantize_gathered(FsdpParam& p);
   // A gather buffer's memory comes from, and goes back to, a small per-size free list: every
   // unit of a transformer gathers the same sizes, and a fresh allocation of tens of MB per
   // gather costs page faults (glibc hands such sizes back to the kernel on free).

@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "core/module_pattern.h"
 #include "nn/layers.h"
+#include "quant/quantized_rows.h"
 
 #include <cmath>
 #include <set>
@@ -23,6 +24,7 @@ void LoraConfig::declare(ConfigSection<LoraConfig>& s) {
       .field("init", &LoraConfig::init)
       .field("modules_to_save", &LoraConfig::modules_to_save)
       .field("adapter_dtype", &LoraConfig::adapter_dtype)
+      .field("base_quant", &LoraConfig::base_quant)
       .check([](const LoraConfig& c, const ConfigCheck& check) {
         check.at_least("rank", c.rank, 1);
         if (!(c.alpha > 0.0) || !std::isfinite(c.alpha))
@@ -31,6 +33,7 @@ void LoraConfig::declare(ConfigSection<LoraConfig>& s) {
         if (c.dropout != 0.0)  // the mask would have to replay under recompute and agree across CP ranks
           check.invalid("dropout", "0 (LoRA dropout is not implemented yet)", ConfigCheck::number(c.dropout));
         check.one_of("init", c.init, {"kaiming", "gaussian"});
+        check.one_of("base_quant", c.base_quant, {"none", "nf4", "int8", "fp8_e4m3"});
         check.module_patterns("target_modules", c.target_modules);
         check.module_patterns("modules_to_save", c.modules_to_save);
       });
@@ -113,6 +116,22 @@ LoraSummary apply_lora(Module& model, const LoraConfig& config, const std::vecto
           summary.adapter_params += n;
         }
       }
+  // The frozen base's storage: every frozen weight of an adaptable Linear (modules_to_save train).
+  const quant::BaseQuant kind = quant::parse_base_quant(config.base_quant, "features.lora.base_quant");
+  if (kind != quant::BaseQuant::none)
+    for (auto& [name, module] : model.named_modules()) {
+      auto* linear = dynamic_cast<Linear*>(module);
+      bool is_adaptable = false;
+      for (const auto& pattern : adaptable) is_adaptable = is_adaptable || pattern.matches(name);
+      if (!linear || !is_adaptable || linear->weight.requires_grad) continue;
+      const std::string weight = name + ".weight";
+      if (quant::row_quantizable(kind, linear->weight.shape)) {
+        linear->weight.base_quant = kind;
+        summary.quantized.push_back(weight);
+      } else {
+        summary.left_unquantized.push_back(weight);
+      }
+    }
   summary.trainable_params = trainable_param_count(model);
   return summary;
 }

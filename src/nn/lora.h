@@ -27,6 +27,10 @@ struct LoraConfig {
   std::string init = "kaiming";               // A's init: kaiming (uniform +-1/sqrt(in)) | gaussian (normal, std 1/r)
   std::vector<std::string> modules_to_save;   // module patterns trained in full beside the adapters
   at::ScalarType adapter_dtype = at::kFloat;  // what the adapters are gathered and computed in
+  // The frozen base's storage (QLoRA; docs/qlora.md): none | nf4 | int8 | fp8_e4m3. Quantized are
+  // the frozen weights of the Linears the model can adapt whose rows hold whole blocks
+  // (quant/quantized_rows.h); the adapters and modules_to_save keep their dtypes.
+  std::string base_quant = "none";
 
   double scale() const;
   static void declare(ConfigSection<LoraConfig>& section);
@@ -37,6 +41,8 @@ struct LoraSummary {
   std::vector<std::string> adapted;   // the Linear modules that got an adapter
   int64_t adapter_params = 0;         // elements of every lora_A / lora_B
   int64_t trainable_params = 0;       // adapters plus modules_to_save
+  std::vector<std::string> quantized;  // the frozen weights stored in base_quant
+  std::vector<std::string> left_unquantized;  // adaptable frozen weights whose rows are not whole blocks
 };
 
 // Adds the adapters to model and freezes what does not train. default_targets: the model's

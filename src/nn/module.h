@@ -8,6 +8,8 @@
 // Modules that a parallelize step may wrap are "blocks": models call them through
 // Module::apply, which runs the block's hook chain around the block's forward.
 #pragma once
+#include "quant/base_quant.h"
+
 #include <ATen/ATen.h>
 
 #include <functional>
@@ -49,6 +51,10 @@ struct Param {
   // it by its rule), gathered and computed in this dtype (features.lora.adapter_dtype) whatever
   // param_dtype and the rest of its FSDP unit say. Unset for every other parameter.
   std::optional<at::ScalarType> adapter_dtype;
+  // A frozen weight stored quantized (features.lora.base_quant; quant/quantized_rows.h): its FSDP
+  // shard holds this rank's rows of codes and scales, gathered as bytes and dequantized into the
+  // dtype it computes in before its unit runs. none for every other parameter.
+  quant::BaseQuant base_quant = quant::BaseQuant::none;
 };
 
 // Rows [begin, end) of param's fresh value by its init rule, from a generator keyed by

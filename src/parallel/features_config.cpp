@@ -28,6 +28,9 @@ void FeaturesConfig::declare(ConfigSection<FeaturesConfig>& s) {
     if (f.enable_activation_offload && f.activation_offload_modules.empty())
       check.invalid("activation_offload_plan.apply_modules",
                     "at least one module pattern when features.enable_activation_offload is true", "an empty list");
+    if (!f.enable_lora && f.lora.base_quant != "none")
+      check.invalid("lora.base_quant", "none unless features.enable_lora is true (only LoRA keeps the base frozen)",
+                    f.lora.base_quant);
     check.module_patterns("recompute_plan.apply_modules", f.recompute_plan.apply_modules);
     check.module_patterns("activation_offload_plan.apply_modules", f.activation_offload_modules);
   });

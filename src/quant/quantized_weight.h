@@ -10,6 +10,7 @@
 //   fp8_e4m3 musubi-tuner's fp8_scaled: K float8_e4m3fn [out, in], <module>.scale_weight fp32 [out]
 //            (the public dtype, which the two 8-bit layouts do not record, is the caller's)
 #pragma once
+#include "quant/base_quant.h"
 #include "quant/nf4.h"
 #include "quant/rowwise.h"
 
@@ -23,11 +24,6 @@
 #include <vector>
 
 namespace mmtrain::quant {
-
-enum class BaseQuant { none, nf4, int8, fp8_e4m3 };
-// "none", "nf4", "int8", "fp8_e4m3"; parse fails naming `what` and the accepted names.
-const char* base_quant_name(BaseQuant kind);
-BaseQuant parse_base_quant(const std::string& text, const std::string& what);
 
 struct QuantizedWeight {
   BaseQuant kind = BaseQuant::none;

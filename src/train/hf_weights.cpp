@@ -5,6 +5,7 @@
 #include "core/finite.h"
 #include "core/regular_file.h"
 #include "core/text.h"
+#include "quant/quantized_rows.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -158,10 +159,41 @@ int64_t load_hf_weights(Model& model, const HfAdapter& adapter, Fsdp& fsdp, cons
     auto it = source_key.find(key);
     return source.read_rows(it == source_key.end() ? key : it->second, b, e);
   };
-  fsdp.load_params([&](const std::string& name, int64_t b, int64_t e) {
-    if (auto it = adapters.find(name); it != adapters.end()) return param_init_rows(*it->second, name, adapter_seed, b, e);
-    return adapter.load_rows(name, b, e, read);
-  });
+  // A quantized frozen weight's rows of bytes in the training layout: the checkpoint's own when it
+  // stores that format (bitwise what it holds), else quantized here from its values, one whole
+  // tensor at a time (kept while the adapter asks for more of its rows).
+  std::string cached_key;
+  at::Tensor cached_rows;
+  at::ScalarType cached_dtype = at::kFloat;
+  const QuantRowReader read_quantized = [&](const std::string& name, quant::BaseQuant kind, int64_t b, int64_t e) {
+    QuantizedRows out;
+    out.bytes = adapter.load_rows(name, b, e, [&](const std::string& key, int64_t row_begin, int64_t row_end) {
+      const auto it = source_key.find(key);
+      const std::string& stored = it == source_key.end() ? key : it->second;
+      if (stored != cached_key) {
+        quant::QuantizedWeight q;
+        if (source.quantization(stored) == kind) {
+          q = source.read_quantized(stored);
+          cached_dtype = kind == quant::BaseQuant::nf4 ? q.dtype : source.info(stored).dtype;
+        } else {
+          const at::Tensor full = source.read_rows(stored, 0, source.info(stored).shape.at(0));
+          q = quant::quantize_weight(full, kind);
+          cached_dtype = full.scalar_type();
+        }
+        cached_rows = quant::quantized_rows(q);
+        cached_key = stored;
+      }
+      return cached_rows.narrow(0, row_begin, row_end - row_begin);
+    });
+    out.public_dtype = cached_dtype;
+    return out;
+  };
+  fsdp.load_params(
+      [&](const std::string& name, int64_t b, int64_t e) {
+        if (auto it = adapters.find(name); it != adapters.end()) return param_init_rows(*it->second, name, adapter_seed, b, e);
+        return adapter.load_rows(name, b, e, read);
+      },
+      /*frozen_too=*/true, read_quantized);
   for (auto& [name, param] : model.named_parameters()) {
     if (param->trainable) continue;
     const int64_t rows = param->shape.empty() ? 1 : param->shape[0];

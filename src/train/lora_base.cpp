@@ -11,7 +11,8 @@ nlohmann::json lora_adapters(const LoraConfig& lora) {
           {"alpha", lora.alpha},
           {"use_rslora", lora.use_rslora},
           {"target_modules", lora.target_modules},
-          {"modules_to_save", lora.modules_to_save}};
+          {"modules_to_save", lora.modules_to_save},
+          {"base_quant", lora.base_quant}};
 }
 
 nlohmann::json lora_base(const Config& config, Comm* comm) {
@@ -46,7 +47,11 @@ nlohmann::json lora_base(const Config& config, Comm* comm) {
 
 nlohmann::json lora_adapters_of_checkpoint(const nlohmann::json& trainer_state) {
   const auto& base = trainer_state.at("lora_base");
-  if (base.is_object() && base.contains("adapters")) return base["adapters"];
+  if (base.is_object() && base.contains("adapters")) {
+    nlohmann::json adapters = base["adapters"];
+    if (adapters.is_object() && !adapters.contains("base_quant")) adapters["base_quant"] = "none";  // before QLoRA
+    return adapters;
+  }
   nlohmann::json adapters = lora_adapters(LoraConfig{});  // keys the saved config leaves out keep their defaults
   const auto config = trainer_state.value("config", nlohmann::json::object());
   const auto features = config.is_object() ? config.value("features", nlohmann::json::object()) : nlohmann::json();

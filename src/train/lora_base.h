@@ -1,7 +1,8 @@
 // A LoRA run's identity, which its checkpoints record (trainer_state.json "lora_base") and every
 // reader of them compares before applying the adapters: the base they sit on (its fingerprint, or
 // the seed of its random init) and what makes the adapters compute what they computed in training
-// (rank, alpha, use_rslora, target_modules, modules_to_save). Resume, `mmtrain eval`, `debug step`,
+// (rank, alpha, use_rslora, target_modules, modules_to_save, and base_quant: the base they were
+// trained over, as the model computed with it). Resume, `mmtrain eval`, `debug step`,
 // `merge-lora` and `lora-to-peft` refuse any difference by name (docs/lora.md).
 #pragma once
 #include "config/config.h"
@@ -20,8 +21,8 @@ namespace mmtrain {
 // null when features.enable_lora is off. With comm, rank 0 alone reads the base for its
 // fingerprint and every rank gets it (collective); without, this process reads it.
 nlohmann::json lora_base(const Config& config, Comm* comm = nullptr);
-// What makes adapters mean what they meant when trained: rank, alpha, use_rslora, target_modules
-// and modules_to_save (adapter_dtype, like param_dtype, is how they are computed and may change).
+// What makes adapters mean what they meant when trained: rank, alpha, use_rslora, target_modules,
+// modules_to_save and base_quant (adapter_dtype, like param_dtype, is how they are computed and may change).
 nlohmann::json lora_adapters(const LoraConfig& lora);
 // The adapters a checkpoint's trainer_state.json describes: its lora_base's "adapters", or (a
 // checkpoint from before they were recorded) its config's features.lora.
