@@ -76,6 +76,20 @@ void load_weights(Run& run) {
     std::printf("[mmtrain] rank %d loaded %s (%lld tensors with a converted layout)\n", run.comm().rank(), path.c_str(),
                 static_cast<long long>(conversions));
   }
+  const std::string& base_quant = run.config.features.lora.base_quant;
+  if (!run.config.features.enable_lora || base_quant == "none") return;
+  // What the quantized base holds on this rank, against the same weights in their gather dtype.
+  int64_t weights = 0, stored = 0, unquantized = 0;
+  for (auto* unit : run.fsdp->units())
+    for (const auto& p : unit->params)
+      if (p.quant != quant::BaseQuant::none) {
+        ++weights;
+        stored += p.shard.numel();
+        unquantized += p.layout.shard_numel() * static_cast<int64_t>(c10::elementSize(unit->gather_dtype));
+      }
+  run.log(format("features.lora.base_quant %s: %lld frozen weights as rows of codes and scales, %.2f MB on this rank "
+                 "(%.2f MB in their gather dtype); adaptable frozen weights whose rows are not whole blocks stay in it",
+                 base_quant.c_str(), static_cast<long long>(weights), stored / 1e6, unquantized / 1e6));
 }
 
 // A new lineage's name: 64 random bits from rank 0, the same on every rank.

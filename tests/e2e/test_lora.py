@@ -222,3 +222,39 @@ def test_magihuman_merge_lora_equals_the_adapted_model_and_leaves_the_base(tmp_p
     proc = run_mmtrain(["convert", "magihuman", "lora-to-peft", "--load_dir", str(trained / "ckpt"),
                         "--save_dir", str(tmp_path / "peft")], check=False)
     assert proc.returncode != 0 and "modality experts, which a PEFT LoRA layer cannot express" in proc.stderr, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def magihuman_bases(tmp_path_factory, magihuman_data):
+    """HF-layout MagiHuman weights, quantize-base nf4 of them, and dequantize-base of that."""
+    tmp = tmp_path_factory.mktemp("qlora")
+    cfg = config(tmp / "weights", magihuman_config, magihuman_data, lora=None)
+    run_mmtrain(["fixture", "magihuman-weights", "--config", str(cfg), "--out", str(tmp / "base"), "--seed", "4"])
+    run_mmtrain(["convert", "magihuman", "quantize-base", "--dtype", "nf4", "--load_dir", str(tmp / "base"),
+                 "--save_dir", str(tmp / "nf4")])
+    run_mmtrain(["convert", "magihuman", "dequantize-base", "--load_dir", str(tmp / "nf4"), "--save_dir", str(tmp / "back")])
+    return tmp
+
+
+@pytest.mark.parametrize("world,parallel", [(1, ""), (2, "\n  ulysses_parallel_size: 2")], ids=["1rank", "ulysses2"])
+def test_magihuman_qlora_is_lora_on_the_dequantized_base(tmp_path, magihuman_data, magihuman_bases, world, parallel):
+    """The nf4 base held by FSDP as rows of codes and scales (the gated MLP's rows moved to the training
+    layout with their scales) trains bitwise as LoRA over its dequantization: losses, grad norms and
+    the saved adapters."""
+    every = ("target_modules: ['dit.block.layers.{*}.attention.linear_qkv', 'dit.block.layers.{*}.attention.linear_proj', "
+             "'dit.block.layers.{*}.mlp.up_gate_proj', 'dit.block.layers.{*}.mlp.down_proj'], rank: 4, alpha: 8")
+    runs = {}
+    for name, base, quant in (("qlora", "nf4", "nf4"), ("lora", "back", "none")):
+        run = tmp_path / name
+        cfg = config(run, magihuman_config, magihuman_data, lora=every + f", base_quant: {quant}", parallel=parallel,
+                     training=f", save: {run / 'ckpt'}")
+        text = cfg.read_text().replace("model: {model_id: magihuman,",
+                                       f"model: {{model_id: magihuman, model_name_or_path: {magihuman_bases / base},")
+        write_config(cfg, text)
+        proc = run_mmtrain(["train", str(cfg)], world=world, timeout=600)
+        steps = [(r["loss"], r["grad_norm"]) for r in read_metrics(run / "run") if "loss" in r]
+        saved = {f.name: f.read_bytes() for f in sorted((run / "ckpt" / "iter_0000003").glob("*.safetensors"))}
+        runs[name] = (steps, saved, proc.stdout + proc.stderr)
+    assert len(runs["qlora"][0]) == 3 and runs["qlora"][:2] == runs["lora"][:2]
+    # 7 of the 8 adapted projections: the gated layer's down_proj rows (its MLP width) are not whole 64-blocks.
+    assert re.search(r"base_quant nf4: 7 frozen weights as rows of codes and scales", runs["qlora"][2]), runs["qlora"][2][-2000:]

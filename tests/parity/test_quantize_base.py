@@ -128,18 +128,46 @@ def test_transformers_and_bitsandbytes_write_the_same_directory(bases):
     assert sum(isinstance(m, bnb.nn.Linear4bit) for m in loaded.modules()) == 24
 
 
-def test_training_reads_the_quantized_base_as_its_dequantization(bases, tmp_path):
-    data = tmp_path / "data"
-    run_mmtrain(["fixture", "mistral3", "--out", str(data), "--samples", "8", "--seed", "3", "--mix"])
-    losses = {}
-    for name, base in (("nf4", bases / "fp32_nf4"), ("dequantized", bases / "fp32_nf4_back")):
-        run = tmp_path / name
-        run.mkdir()
-        config = write_config(run / "train.yaml", yaml(run, base, data))
-        run_mmtrain(["train", str(config)])
-        losses[name] = [json.loads(line)["loss"] for line in (run / "run" / "metrics.jsonl").read_text().splitlines()
-                        if '"loss"' in line]
-    assert len(losses["nf4"]) == 2 and losses["nf4"] == losses["dequantized"]
+def magistral_run(run, base, data, base_quant="none", world=1, sets=()):
+    """Two LoRA steps over `base`; the records and the saved adapters."""
+    run.mkdir()
+    text = yaml(run, base, data, f", save: {run / 'ckpt'}").replace(
+        "modules_to_save: [model.multi_modal_projector]}",
+        f"modules_to_save: [model.multi_modal_projector], base_quant: {base_quant}}}")
+    config = write_config(run / "train.yaml", text)
+    run_mmtrain(["train", str(config), *[arg for s in sets for arg in ("--set", s)]], world=world)
+    records = [json.loads(line) for line in (run / "run" / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+    saved = {f.name: f.read_bytes() for f in sorted((run / "ckpt" / "iter_0000002").glob("*.safetensors"))}
+    return [(r["loss"], r["grad_norm"]) for r in records], saved
+
+
+@pytest.fixture(scope="module")
+def data(bases):
+    run_mmtrain(["fixture", "mistral3", "--out", str(bases / "data"), "--samples", "8", "--seed", "3", "--mix"])
+    return bases / "data"
+
+
+def test_training_reads_the_quantized_base_as_its_dequantization(bases, data, tmp_path):
+    quantized = magistral_run(tmp_path / "nf4", bases / "fp32_nf4", data)
+    dequantized = magistral_run(tmp_path / "dequantized", bases / "fp32_nf4_back", data)
+    assert len(quantized[0]) == 2 and quantized == dequantized
+
+
+@pytest.mark.parametrize("world,sets", [(1, ()), (2, ()), (2, ("parallel.ulysses_parallel_size=2",))],
+                         ids=["1rank", "2ranks", "ulysses2"])
+def test_a_qlora_step_is_the_lora_step_on_the_dequantized_base(bases, data, tmp_path, world, sets):
+    """FSDP holds the nf4 base as rows of codes and block scales, gathers the bytes and dequantizes each
+    unit: losses, grad norms and the saved adapters are bitwise those of LoRA over the dequantized base."""
+    qlora = magistral_run(tmp_path / "qlora", bases / "fp32_nf4", data, "nf4", world, sets)
+    lora = magistral_run(tmp_path / "lora", bases / "fp32_nf4_back", data, "none", world, sets)
+    assert len(qlora[0]) == 2 and qlora == lora
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp8_e4m3"])
+def test_the_8bit_bases_train_as_their_dequantization(bases, data, tmp_path, dtype):
+    qlora = magistral_run(tmp_path / "qlora", bases / f"fp32_{dtype}", data, dtype)
+    lora = magistral_run(tmp_path / "lora", bases / f"fp32_{dtype}_back", data)
+    assert len(qlora[0]) == 2 and qlora == lora
 
 
 def test_hostile_quantized_checkpoints_are_refused_by_name(bases, tmp_path):
