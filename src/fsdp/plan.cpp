@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/module_pattern.h"
 #include "nn/module.h"
+#include "quant/quantized_rows.h"
 
 #include <algorithm>
 #include <set>
@@ -121,10 +122,20 @@ FsdpMemoryPlan fsdp_memory_plan(const std::vector<PlanParam>& params, const std:
     auto& unit = plan.units[assignment.owner[i]];
     const int64_t p = static_cast<int64_t>(c10::elementSize(params[i].adapter_dtype.value_or(unit.gather_dtype)));
     (params[i].frozen ? unit.frozen_shard_numel : unit.shard_numel) += layout.shard_numel();
-    if (params[i].frozen) plan.frozen_param_bytes += layout.shard_numel() * p;
     unit.gathered_numel += layout.shard_numel() * world;
     unit.gathered_bytes += layout.shard_numel() * world * p;
     unit.numel_bytes += elements(params[i].shape) * p;
+    if (params[i].quant != quant::BaseQuant::none) {
+      const int64_t row_bytes = quant::quantized_row_bytes(params[i].quant, params[i].shape.at(1));
+      plan.frozen_param_bytes += layout.padded_rows * row_bytes;
+      unit.gathered_bytes += layout.padded_rows * world * row_bytes;
+      unit.gather_bytes += layout.dim0 * row_bytes;
+      unit.quantized_bytes += layout.dim0 * row_bytes;
+      unit.quantized_numel += elements(params[i].shape);
+    } else {
+      if (params[i].frozen) plan.frozen_param_bytes += layout.shard_numel() * p;
+      unit.gather_bytes += elements(params[i].shape) * p;
+    }
   }
 
   const int64_t r = static_cast<int64_t>(c10::elementSize(config.reduce_dtype));
@@ -181,7 +192,8 @@ FsdpMemoryPlan fsdp_memory_plan(Module& model, const FsdpConfig& config, int wor
   std::vector<PlanParam> params;
   for (const auto& [name, param] : model.named_parameters())
     if (param->trainable)  // buffers are not sharded
-      params.push_back({name, param->shape, param->compute_in_fp32, !param->requires_grad, param->adapter_dtype});
+      params.push_back({name, param->shape, param->compute_in_fp32, !param->requires_grad, param->adapter_dtype,
+                        param->base_quant});
   return fsdp_memory_plan(params, module_names, config, world_size);
 }
 

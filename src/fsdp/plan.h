@@ -6,14 +6,17 @@
 // Per rank (all fp32 unless stated; S_u = Σ padded shard numel of unit u's trained params, F_u
 // of its frozen ones (Param::requires_grad false: LoRA's base), torch.chunk rule):
 //   params     4 · Σ_u S_u + Σ_u F_u · p_u   fp32 master shards (Fsdp::shard_flat), frozen ones in
-//                                            their gather dtype (Fsdp::frozen_flat)
+//                                            their gather dtype (Fsdp::frozen_flat); a quantized
+//                                            frozen weight (Param::base_quant) its padded rows of
+//                                            codes and scales instead (Fsdp::quant_flat)
 //   grads      4 · Σ_u S_u            fp32 reduced grads (Fsdp::grad_flat)
 //   optimizer  8 · Σ_u S_u            AdamW exp_avg + exp_avg_sq
 //   root       W · (S + F)_root · p   the root unit, gathered for the whole step (p = param_dtype size;
 //                                     LoRA adapters in their adapter_dtype)
 //   in flight  max over k consecutive non-root units of Σ W · (S + F)_u · p, k = 1 + max(forward,
 //              backward prefetch): the running unit plus the ones prefetched behind it, each
-//              gathered [W·(S + F)_u] (all units when reshard_after_forward is off)
+//              gathered [W·(S + F)_u] (all units when reshard_after_forward is off); a quantized
+//              weight adds the buffer its bytes are gathered into (let go once dequantized)
 //   reduce     backward of one unit: its trained params' unsharded grads (numel · p) plus, for the
 //              kFsdpReductionsInFlight + 1 largest units (in flight + the one being issued), 2W · S_u
 //              in reduce_dtype: the grads held until sent (or their staged copy) [W·S_u], the
@@ -22,6 +25,7 @@
 #pragma once
 #include "fsdp/fsdp_config.h"
 #include "fsdp/shard_layout.h"
+#include "quant/base_quant.h"
 
 #include <c10/core/ScalarType.h>
 
@@ -55,6 +59,7 @@ struct PlanParam {
   bool compute_in_fp32 = false; // Param::compute_in_fp32
   bool frozen = false;          // !Param::requires_grad: no grad, no moments, kept in its gather dtype
   std::optional<at::ScalarType> adapter_dtype;  // Param::adapter_dtype: gathered in it, outside the unit's agreement
+  quant::BaseQuant quant = quant::BaseQuant::none;  // Param::base_quant: stored and gathered as rows of bytes
 };
 
 // The dtype a unit's params are gathered in: fp32 when every one computes in fp32
@@ -73,6 +78,9 @@ struct UnitPlan {
   int64_t gathered_numel = 0;     // W · (S + F): the gather buffers (the full params are their prefix)
   int64_t gathered_bytes = 0;     // those buffers, each param in the dtype it computes in
   int64_t numel_bytes = 0;        // the full params in the dtypes they compute in
+  int64_t gather_bytes = 0;       // what its all-gather moves in all: numel_bytes, a quantized weight's rows of bytes instead
+  int64_t quantized_numel = 0;    // full elements of its quantized weights, dequantized after each gather
+  int64_t quantized_bytes = 0;    // their rows of bytes (part of gather_bytes)
   at::ScalarType gather_dtype = at::kFloat;  // unit_gather_dtype (adapters excepted)
 };
 

@@ -53,7 +53,7 @@ StepTime predict_step_time(const StepTimeInputs& in, const DeviceProfile& p, at:
   const double share = (W - 1.0) / W;
   double gathered = 0, root_gathered = 0;  // every unit in its gather dtype
   for (size_t u = 0; u < plan.units.size(); ++u) {
-    const double bytes = static_cast<double>(plan.units[u].numel_bytes);
+    const double bytes = static_cast<double>(plan.units[u].gather_bytes);  // a quantized weight moves its bytes
     gathered += bytes;
     if (u == 0) root_gathered = bytes;
   }
@@ -67,6 +67,18 @@ StepTime predict_step_time(const StepTimeInputs& in, const DeviceProfile& p, at:
   if (R > 1 && backward) t.fsdp_ms += accum * ms(2.0 * (R - 1.0) / R * shard_elements * reduce, group_gb_per_s(R, W, in, p));
   const double first_gather_ms = accum * ms(share * root_gathered, fsdp_link);
   t.fsdp_exposed_ms = std::max(0.0, t.fsdp_ms - first_gather_ms - hideable) + first_gather_ms;
+
+  // A quantized base: every gather of a unit dequantizes its weights, a memory-bound pass reading
+  // their bytes and writing them in the gather dtype, on the compute stream (forward, and the
+  // backward re-gather of the non-root units).
+  for (size_t u = 0; u < plan.units.size(); ++u) {
+    const auto& unit = plan.units[u];
+    if (unit.quantized_numel == 0) continue;
+    const double pass = static_cast<double>(unit.quantized_bytes) +
+                        static_cast<double>(unit.quantized_numel) * element_size(unit.gather_dtype);
+    const double passes = 1.0 + (backward && plan.config.reshard_after_forward && u > 0 ? 1.0 : 0.0);
+    t.dequantize_ms += accum * passes * ms(pass, p.memory_gb_per_s);
+  }
 
   // Context parallelism, from the activation estimate's widths.
   const double e = element_size(compute_dtype), T = static_cast<double>(in.tokens_per_rank);
@@ -119,7 +131,7 @@ StepTime predict_step_time(const StepTimeInputs& in, const DeviceProfile& p, at:
   const double update_gb_per_s = o.cpu_offload ? p.host_memory_gb_per_s : p.memory_gb_per_s;
   if (backward) t.optimizer_ms = std::max(ms(28.0 * shard_elements, update_gb_per_s), beside_update_ms);
 
-  t.total_ms = compute + t.fsdp_exposed_ms + t.ulysses_ms + t.ring_exposed_ms + t.host_exposed_ms + t.disk_exposed_ms +
+  t.total_ms = compute + t.dequantize_ms + t.fsdp_exposed_ms + t.ulysses_ms + t.ring_exposed_ms + t.host_exposed_ms + t.disk_exposed_ms +
                t.optimizer_ms;
   return t;
 }
@@ -131,7 +143,8 @@ nlohmann::ordered_json step_time_json(const StepTime& t) {
           {"ulysses_ms", t.ulysses_ms},      {"ring_ms", t.ring_ms},
           {"ring_exposed_ms", t.ring_exposed_ms}, {"host_link_ms", t.host_link_ms},
           {"host_exposed_ms", t.host_exposed_ms}, {"disk_ms", t.disk_ms},
-          {"disk_exposed_ms", t.disk_exposed_ms}, {"optimizer_ms", t.optimizer_ms}};
+          {"disk_exposed_ms", t.disk_exposed_ms}, {"optimizer_ms", t.optimizer_ms},
+          {"dequantize_ms", t.dequantize_ms}};
 }
 
 }  // namespace mmtrain

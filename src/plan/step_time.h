@@ -24,6 +24,9 @@
 //              moments (8 S read, 8 S written) and shards (4 S each way at the update) stream
 //              beside the update, which takes the longer of the two; shards on disk are also read
 //              for each gather (read ahead: exposed beyond overlap x compute)
+//   dequantize a quantized base (features.lora.base_quant): after each gather of a unit, a memory-
+//              bound pass over its quantized rows and the weights it writes in the gather dtype;
+//              the fsdp gathers move those rows, not the weights
 //   optimizer  a memory-bound pass of 28 bytes per element (p, g, m, v read; p, m, v written) at
 //              device memory bandwidth (host memory under cpu_offload)
 // A forward-only pass (StepTimeInputs::forward_only) keeps the forward's share of each rule.
@@ -69,6 +72,7 @@ struct StepTime {
   double host_link_ms = 0, host_exposed_ms = 0;            // copies that overlap compute
   double disk_ms = 0, disk_exposed_ms = 0;                 // shard reads ahead of the gathers
   double optimizer_ms = 0;  // the update, or the traffic streaming beside it when that is longer
+  double dequantize_ms = 0; // a quantized base's weights dequantized after each gather
   double total_ms = 0;
   std::vector<std::string> notes;  // what the model could not count
   double compute_ms() const { return gemm_ms + attention_ms + recompute_ms; }

@@ -61,6 +61,7 @@ std::optional<double> print_step_time(const PlanOptions& o, const PlanEstimate& 
   line("ring P2P, exposed", t.ring_exposed_ms, format("of %.1f ms", t.ring_ms));
   line("host copies, exposed", t.host_exposed_ms, format("of %.1f ms", t.host_link_ms));
   line("disk reads, exposed", t.disk_exposed_ms, format("of %.1f ms", t.disk_ms));
+  if (t.dequantize_ms > 0) line("dequantize the base", t.dequantize_ms, "after each gather (features.lora.base_quant)");
   line("optimizer step", t.optimizer_ms, in.offload.swap || in.offload.cpu_offload ? "with its offload traffic" : "memory-bound");
   for (const auto& note : t.notes) std::printf("    (%s)\n", note.c_str());
   j["step_time"] = step_time_json(t);
@@ -153,7 +154,9 @@ void plan_memory(const PlanOptions& o) {
                 with_commas(plan.trained_numel).c_str(), 100.0 * static_cast<double>(plan.trained_numel) / plan.total_numel,
                 p_name.c_str());
   std::printf("\n  per rank\n");
-  row(plan.trained_numel != plan.total_numel ? "param shards (fp32 trained, " + p_name + " frozen)" : "fp32 param shards",
+  const std::string& base_quant = cfg.features.lora.base_quant;
+  const std::string frozen_form = cfg.features.enable_lora && base_quant != "none" ? base_quant + " / " + p_name : p_name;
+  row(plan.trained_numel != plan.total_numel ? "param shards (fp32 trained, " + frozen_form + " frozen)" : "fp32 param shards",
       plan.param_bytes);
   row("fp32 grad shards", plan.grad_bytes);
   row("AdamW exp_avg + exp_avg_sq (fp32)", plan.optimizer_bytes);
