@@ -26,14 +26,16 @@ namespace {
 const nlohmann::json kModelConfig = {{"vocab_size", 97}, {"hidden_size", 40}, {"num_layers", 3},
                                      {"num_heads", 4},   {"num_kv_heads", 2}, {"ffn_hidden_size", 70}};
 
-// world, and whether the model carries LoRA adapters (a frozen bf16 base, fp32 adapters).
-class PlanVsFsdp : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+// world, and the base: 0 trained, 1 LoRA adapters over a frozen bf16 base (fp32 adapters), 2 the same
+// with the base in int8 rows (features.lora.base_quant; any shape splits into rows).
+class PlanVsFsdp : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
-std::shared_ptr<Model> planned_transformer(bool lora) {
+std::shared_ptr<Model> planned_transformer(int lora) {
   auto model = make_test_transformer(kModelConfig);
   if (lora) {
     LoraConfig config;
     config.rank = 3;
+    if (lora == 2) config.base_quant = "int8";
     apply_lora(*model, config, {"layers.{*}.attn.w?", "layers.{*}.mlp.w2"}, {"layers.{*}.attn.w?", "layers.{*}.mlp.w?"});
   }
   return model;
@@ -69,19 +71,24 @@ TEST_P(PlanVsFsdp, ShardBytesEqualFsdpMemoryStats) {
       EXPECT_EQ(units[u]->name, plan.units[u].name);
       EXPECT_EQ(static_cast<int64_t>(units[u]->params.size()), plan.units[u].num_params);
       EXPECT_EQ(units[u]->shard_flat.numel(), plan.units[u].shard_numel) << units[u]->name;
-      EXPECT_EQ(units[u]->frozen_flat.numel(), plan.units[u].frozen_shard_numel) << units[u]->name;
+      int64_t quantized = 0;
+      for (auto& p : units[u]->params) quantized += p.quant != quant::BaseQuant::none ? p.layout.shard_numel() : 0;
+      EXPECT_EQ(units[u]->frozen_flat.numel() + quantized, plan.units[u].frozen_shard_numel) << units[u]->name;
       int64_t gathered = 0;
       for (auto& p : units[u]->params) gathered += p.gathered.numel();
       EXPECT_EQ(gathered, plan.units[u].gathered_numel) << units[u]->name;
     }
   });
-  // Padding only ever adds: 4 ranks hold at least a quarter each (fp32, or bf16 where frozen).
-  EXPECT_GE(plan.param_bytes * world, plan.trained_numel * 4 + (plan.total_numel - plan.trained_numel) * 2);
+  // Padding only ever adds: 4 ranks hold at least a quarter each (fp32, or bf16 where frozen, about 1 byte in int8).
+  const int64_t frozen = plan.total_numel - plan.trained_numel;
+  EXPECT_GE(plan.param_bytes * world, plan.trained_numel * 4 + frozen * (lora == 2 ? 1 : 2));
+  if (lora == 2) EXPECT_LT(plan.param_bytes * world, plan.trained_numel * 4 + frozen * 2);
 }
 
-INSTANTIATE_TEST_SUITE_P(Worlds, PlanVsFsdp, ::testing::Combine(::testing::Values(1, 2, 4), ::testing::Bool()),
+INSTANTIATE_TEST_SUITE_P(Worlds, PlanVsFsdp, ::testing::Combine(::testing::Values(1, 2, 4), ::testing::Values(0, 1, 2)),
                          [](const auto& info) {
-                           return "w" + std::to_string(std::get<0>(info.param)) + (std::get<1>(info.param) ? "_lora" : "");
+                           const int lora = std::get<1>(info.param);
+                           return "w" + std::to_string(std::get<0>(info.param)) + (lora == 1 ? "_lora" : lora == 2 ? "_qlora" : "");
                          });
 
 TEST(FsdpPlan, DeepestUnitOwnsAParam) {

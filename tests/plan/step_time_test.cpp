@@ -45,7 +45,7 @@ FsdpMemoryPlan round_plan() {
   for (auto& unit : plan.units) {
     unit.gather_dtype = at::kBFloat16;
     unit.trained_numel = unit.numel;
-    unit.numel_bytes = 2 * unit.numel;
+    unit.numel_bytes = unit.gather_bytes = 2 * unit.numel;
   }
   plan.total_numel = plan.trained_numel = 1'000'000'000;
   plan.param_bytes = plan.grad_bytes = 4 * 125'000'000;
@@ -214,6 +214,20 @@ TEST(StepTime, AForwardOnlyPassKeepsTheForwardsShareOfEachRule) {
   in.dims.dp_shard = 8;
   in.offload.cpu_offload = true;
   EXPECT_DOUBLE_EQ(predict_step_time(in, round_profile(), at::kBFloat16).host_link_ms, 50);  // 5e8 B at 10 GB/s
+}
+
+TEST(StepTime, AQuantizedBaseGathersItsBytesAndDequantizesEachGather) {
+  auto plan = round_plan();
+  // The layer unit's 9e8 weights in nf4 rows (0.5625 B a weight): its gather moves 5.0625e8 B.
+  auto& layer = plan.units[1];
+  layer.quantized_numel = 900'000'000;
+  layer.quantized_bytes = layer.gather_bytes = 506'250'000;
+  auto in = round_inputs(plan);
+  const auto t = predict_step_time(in, round_profile(), at::kBFloat16);
+  // Gathers: 7/8 x (2e8 + 5.0625e8) forward, 7/8 x 5.0625e8 in backward; the reduce-scatter as before.
+  EXPECT_DOUBLE_EQ(t.fsdp_ms, (0.875 * (2e8 + 506.25e6) + 0.875 * 506.25e6 + 0.875 * 4e9) / 100e9 * 1e3);
+  // Each of the two gathers reads the bytes and writes 9e8 bf16 weights at 1000 GB/s.
+  EXPECT_DOUBLE_EQ(t.dequantize_ms, 2 * (506.25e6 + 1.8e9) / 1000e9 * 1e3);
 }
 
 // A run says its peak exceeds the plan when it does by more than 10 % and 64 MB: not for the
