@@ -145,6 +145,8 @@ def test_lora_refuses_mismatched_checkpoints_and_bad_settings(tmp_path, magihuma
          "it is a full fine-tuning checkpoint and this config trains LoRA adapters"),
         ("other_base", dict(training=f", load: {lora_ckpt}", iters=5, seed=6),
          "its adapters were trained over a random init with seed 5, and this run's base is a random init with seed 6"),
+        ("other_quant", dict(training=f", load: {lora_ckpt}", iters=5, lora=LORA_MAP + ", base_quant: int8"),
+         'features.lora.base_quant is "int8" in this config, and the checkpoint\'s adapters were trained with "none"'),
     ]
     settings = [
         ("rank: 0, alpha: 8", "features.lora.rank"),
@@ -156,6 +158,7 @@ def test_lora_refuses_mismatched_checkpoints_and_bad_settings(tmp_path, magihuma
         ("target_modules: ['dit.block.layers.{*}.attention.linear_q']", "matches no module"),
         ("target_modules: ['dit.adapter.video_embedder']", "computed from its raw weight"),
         ("modules_to_save: ['dit.block.layers.0.attention.linear_qkv']", "is both a target"),
+        ("rank: 4, base_quant: nf5", "features.lora.base_quant"),
     ]
     cases = resumes + [(f"bad{i}", dict(lora=lora), needle) for i, (lora, needle) in enumerate(settings)]
     for name, kw, needle in cases:
@@ -164,6 +167,12 @@ def test_lora_refuses_mismatched_checkpoints_and_bad_settings(tmp_path, magihuma
     proc = run_mmtrain(["convert", "magihuman", "lora-to-peft", "--load_dir", str(full_ckpt), "--save_dir",
                         str(tmp_path / "peft")], check=False)
     assert proc.returncode != 0 and "holds no LoRA adapters" in proc.stderr, proc.stderr
+    # A quantized base without LoRA: nothing would keep it frozen.
+    cfg = config(tmp_path / "no_lora_quant", magihuman_config, magihuman_data, lora="rank: 4, base_quant: nf4")
+    write_config(cfg, cfg.read_text().replace("enable_lora: true", "enable_lora: false"))
+    proc = run_mmtrain(["train", str(cfg)], check=False)
+    assert proc.returncode != 0 and "features.lora.base_quant: expected none unless features.enable_lora" in proc.stderr, \
+        proc.stderr[-1500:]
 
 
 def test_magihuman_merge_lora_equals_the_adapted_model_and_leaves_the_base(tmp_path, magihuman_data):
