@@ -199,3 +199,53 @@ def test_hostile_quantized_checkpoints_are_refused_by_name(bases, tmp_path):
     refused("blocksize", lambda b: state(b, blocksize=128), "mmtrain reads blocks of 64")
     refused("map", lambda b: b.update({key + ".quant_map": good[key + ".quant_map"].flip(0).contiguous()}),
             "not the 16 NF4 levels")
+
+
+def test_peft_on_the_bitsandbytes_model_equals_mmtrain_qlora(tmp_path, parity_report):
+    """mmtrain trains QLoRA (nf4) for two steps over a base it quantized, exports the adapters with
+    lora-to-peft; transformers loads the same directory as a bitsandbytes 4-bit model (Linear4bit,
+    fp32 compute), peft puts the export on it, and one more step's loss, logits and every adapter
+    grad agree with `mmtrain debug step` on the checkpoint within 1e-5. Every Linear's rows are whole
+    64-blocks here (the vision tower at width 64): bitsandbytes' CPU kernel is only right there."""
+    from test_lora_peft import TEXT, VISION, forward
+    from test_mistral3_parity import make_batch, rel_l2
+    from transformers import AutoModelForImageTextToText
+    peft = pytest.importorskip("peft")
+    vision = dict(VISION, hidden_size=64, intermediate_size=128)
+    hf_model(TEXT, vision).save_pretrained(tmp_path / "fp32", safe_serialization=True)
+    quantize_base(tmp_path / "fp32", tmp_path / "nf4", "nf4")
+    data = tmp_path / "data"
+    run_mmtrain(["fixture", "mistral3", "--out", str(data), "--samples", "16", "--seed", "3", "--mix"])
+    text = yaml(tmp_path, tmp_path / "nf4", data, f", save: {tmp_path / 'ckpt'}").replace(
+        "modules_to_save: [model.multi_modal_projector]}", "base_quant: nf4}")
+    cfg = write_config(tmp_path / "train.yaml", text)
+    run_mmtrain(["train", str(cfg)])
+    run_mmtrain(["convert", "mistral3", "lora-to-peft", "--load_dir", str(tmp_path / "ckpt"), "--save_dir", str(tmp_path / "peft")])
+    batch = make_batch()
+    save_file({k: v.contiguous() for k, v in batch.items()}, str(tmp_path / "batch.safetensors"))
+    step_cfg = write_config(tmp_path / "step.yaml", cfg.read_text().replace(f"save: {tmp_path / 'ckpt'}",
+                                                                            f"load: {tmp_path / 'ckpt'}"))
+    run_mmtrain(["debug", "step", str(step_cfg), "--batch", str(tmp_path / "batch.safetensors"), "--out",
+                 str(tmp_path / "step.safetensors")])
+    got = load_file(str(tmp_path / "step.safetensors"))
+
+    base = AutoModelForImageTextToText.from_pretrained(tmp_path / "nf4", device_map="cpu")
+    assert sum(isinstance(m, bnb.nn.Linear4bit) for m in base.modules()) == 24
+    for sub in base.modules():
+        if hasattr(sub, "config") and hasattr(sub.config, "_attn_implementation"):
+            sub.config._attn_implementation = "eager"
+    # Training mode: in eval mode bitsandbytes' CPU Linear4bit repacks the weight for a bf16 AVX-512 kernel
+    # at the first call without grad (the vision tower's), which is not the fp32 dequantize-then-matmul.
+    base.train()
+    model = peft.PeftModel.from_pretrained(base, str(tmp_path / "peft"), is_trainable=True)
+    adapters = {n: p for n, p in model.named_parameters() if "lora_" in n}
+    assert len(adapters) == 2 * 7 * TEXT["num_hidden_layers"]
+    out = forward(model, batch)
+    out.loss.backward()
+    worst = {"loss": rel_l2(got["loss"], out.loss.detach()), "logits": rel_l2(got["logits"], out.logits.detach())}
+    for name, p in adapters.items():
+        worst[name] = rel_l2(got["grad." + name.removeprefix("base_model.model.").replace(".default.", ".")], p.grad)
+    top = max(worst.items(), key=lambda kv: kv[1])
+    parity_report(f"mistral3 QLoRA nf4 vs bitsandbytes + peft: loss {worst['loss']:.2e}, logits {worst['logits']:.2e}, "
+                  f"worst adapter grad {top[0]} {top[1]:.2e}")
+    assert all(v <= 1e-5 for v in worst.values()), {k: v for k, v in worst.items() if v > 1e-5}
