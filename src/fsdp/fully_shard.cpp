@@ -356,6 +356,7 @@ void Fsdp::unshard_async(FsdpUnit& unit) {
       copies.push_back(tiers_->copies->to_device(flat.narrow(0, rank * n, n), p.shard.view(-1)));
     else
       flat.narrow(0, rank * n, n).copy_(p.shard.view(-1));
+    gathered_bytes_ += (flat.numel() - n) * static_cast<int64_t>(flat.element_size());
     outs.push_back(flat);
   }
   for (auto& copy : copies) {
@@ -523,6 +524,12 @@ void Fsdp::timed_wait(CommWork& work) {
   const auto started = std::chrono::steady_clock::now();
   work.wait();
   comm_wait_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+}
+
+int64_t Fsdp::take_gathered_bytes() {
+  const int64_t bytes = gathered_bytes_;
+  gathered_bytes_ = 0;
+  return bytes;
 }
 
 double Fsdp::take_comm_wait_ms() {

@@ -173,6 +173,9 @@ class Fsdp {
   // Milliseconds this rank spent blocked in waits for collectives (all-gathers, reduce-scatters,
   // the replica all-reduce) since the last call; resets the count.
   double take_comm_wait_ms();
+  // Bytes this rank's all-gathers received from the other ranks since the last call (a quantized
+  // base's count as its rows of codes and scales); resets the count.
+  int64_t take_gathered_bytes();
 
   std::vector<FsdpUnit*> units();
   const Comm& comm() const { return *comm_; }
@@ -243,6 +246,7 @@ class Fsdp {
   // empties at the end of each backward, so its buffers never add to the forward pass's peak.
   TensorPool reduce_buffers_;
   double comm_wait_ms_ = 0;
+  int64_t gathered_bytes_ = 0;
   std::unordered_map<size_t, std::vector<at::DataPtr>> free_gather_storage_;  // nbytes -> buffers
 };
 

@@ -3,12 +3,55 @@
 #include "core/error.h"
 #include "core/text.h"
 
+#include <ATen/Parallel.h>
+
+#include <array>
+#include <cstring>
+
 namespace mmtrain::quant {
 namespace {
 
 // The fp32 values of bytes [rows, 4k] read as k floats a row.
 at::Tensor as_floats(const at::Tensor& bytes) {
   return bytes.contiguous().view(at::kFloat);
+}
+
+// nf4 rows on the CPU, straight into the output: each byte's two levels from a 256-entry table,
+// times the block's scale (the same fp32 product as the ATen path), rounded once to the public
+// dtype and converted to the output's. Rows in parallel.
+template <typename Public, typename Out>
+void dequantize_nf4_rows_cpu(const uint8_t* rows, int64_t R, int64_t in, Out* out) {
+  const auto& level = nf4_levels();
+  std::array<std::array<float, 2>, 256> pair;
+  for (int b = 0; b < 256; ++b) pair[b] = {level[b >> 4], level[b & 15]};
+  const int64_t row_bytes = quantized_row_bytes(BaseQuant::nf4, in), blocks = in / kNf4Blocksize;
+  at::parallel_for(0, R, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const uint8_t* codes = rows + r * row_bytes;
+      float scales[1];
+      Out* o = out + r * in;
+      for (int64_t b = 0; b < blocks; ++b) {
+        std::memcpy(scales, codes + in / 2 + 4 * b, 4);  // the row's fp32 scales follow its codes (unaligned)
+        const float scale = scales[0];
+        for (int64_t i = 0; i < kNf4Blocksize / 2; ++i) {
+          const auto& two = pair[codes[b * kNf4Blocksize / 2 + i]];
+          o[b * kNf4Blocksize + 2 * i] = static_cast<Out>(static_cast<Public>(two[0] * scale));
+          o[b * kNf4Blocksize + 2 * i + 1] = static_cast<Out>(static_cast<Public>(two[1] * scale));
+        }
+      }
+    }
+  });
+}
+
+// The output dtypes the fast path writes; others go through ATen.
+template <typename Public>
+bool dequantize_nf4_rows_cpu_to(const at::Tensor& rows, int64_t in, at::Tensor& out) {
+  const uint8_t* data = rows.data_ptr<uint8_t>();
+  switch (out.scalar_type()) {
+    case at::kFloat: dequantize_nf4_rows_cpu<Public>(data, rows.size(0), in, out.data_ptr<float>()); return true;
+    case at::kBFloat16: dequantize_nf4_rows_cpu<Public>(data, rows.size(0), in, out.data_ptr<at::BFloat16>()); return true;
+    default: return false;
+  }
 }
 
 }  // namespace
@@ -48,6 +91,13 @@ at::Tensor dequantize_rows(const at::Tensor& rows, BaseQuant kind, int64_t in, a
   if (rows.dim() != 2 || rows.size(1) != row_bytes || rows.scalar_type() != at::kByte)
     fail("dequantize_rows: expected uint8 [R, ", row_bytes, "] for ", base_quant_name(kind), " rows of ", in,
          " elements, got ", rows.scalar_type(), " ", rows.sizes());
+  if (kind == BaseQuant::nf4 && rows.device().is_cpu() && (public_dtype == at::kFloat || public_dtype == at::kBFloat16)) {
+    const at::Tensor contiguous = rows.contiguous();
+    at::Tensor out = at::empty({R, in}, rows.options().dtype(dtype));
+    const bool done = public_dtype == at::kFloat ? dequantize_nf4_rows_cpu_to<float>(contiguous, in, out)
+                                                 : dequantize_nf4_rows_cpu_to<at::BFloat16>(contiguous, in, out);
+    if (done) return out;
+  }
   at::Tensor values;
   if (kind == BaseQuant::nf4) {
     const at::Tensor packed = rows.narrow(1, 0, in / 2);

@@ -17,6 +17,7 @@ nlohmann::json StepRecord::to_json() const {
   if (peak_device_reserved_mb) j["peak_device_reserved_mb"] = *peak_device_reserved_mb;
   if (!phases_ms.is_null()) j["phases_ms"] = phases_ms;
   if (!phases_max_ms.is_null()) j["phases_max_ms"] = phases_max_ms;
+  j["fsdp_gather_mib"] = fsdp_gather_mib;
   if (dp_work_imbalance) j["dp_work_imbalance"] = *dp_work_imbalance;
   if (dp_compute_imbalance) j["dp_compute_imbalance"] = *dp_compute_imbalance;
   if (dp_work_imbalance_bound) j["dp_work_imbalance_bound"] = *dp_work_imbalance_bound;

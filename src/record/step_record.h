@@ -24,6 +24,7 @@ struct StepRecord {
   // On CUDA: the caching allocator's peaks of the step, max over ranks (record/device_memory.h).
   std::optional<double> peak_device_allocated_mb, peak_device_reserved_mb;
   nlohmann::json phases_ms;                 // phase -> ms on rank 0 (data, forward, ..., comm_wait)
+  double fsdp_gather_mib = 0;               // what rank 0's FSDP all-gathers received in the step
   nlohmann::json phases_max_ms;             // the same, max over ranks
   // Balance over ranks, max / mean: of the model's FLOPs for each rank's micro-batches (when the
   // model counts them), and of the measured compute (forward + backward less comm_wait); and the

@@ -62,6 +62,7 @@ StepOutcome run_step(Run& run, DataLoader& loader, int64_t step) {
   const auto ms = run.phase_timer.take_ms();
   out.phases_ms.assign(ms.begin(), ms.end());
   out.phases_ms.push_back(run.fsdp->take_comm_wait_ms());
+  out.gathered_bytes = run.fsdp->take_gathered_bytes();
   return out;
 }
 
@@ -195,6 +196,7 @@ StepRecord report_step(Run& run, const StepOutcome& outcome, PlanWatch& plan_wat
     record.peak_device_reserved_mb = maxed[phases.size() + 2];
   }
   record.phases_ms = phases_record(phases);
+  record.fsdp_gather_mib = static_cast<double>(outcome.gathered_bytes) / (1024.0 * 1024.0);
   record.phases_max_ms = phases_record(maxed);
   // Balance across ranks: the busiest over the mean (1 = even).
   if (totals[1] > 0) {

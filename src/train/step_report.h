@@ -29,6 +29,7 @@ struct StepOutcome {
   double lr = 0;
   StepStats stats;
   std::vector<double> phases_ms;   // indexed by StepPhase, then comm_wait
+  int64_t gathered_bytes = 0;      // received by this rank's FSDP all-gathers
   bool memory_profiled = false;    // tools.memory_profile covered this step
   bool traced = false;             // tools.profile traced it
   OffloadCounts offload_before;    // the tiers' counters as the step began

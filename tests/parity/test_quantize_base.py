@@ -163,6 +163,13 @@ def test_a_qlora_step_is_the_lora_step_on_the_dequantized_base(bases, data, tmp_
     assert len(qlora[0]) == 2 and qlora == lora
 
 
+def test_a_qlora_step_over_a_bf16_base_is_the_lora_step_on_its_dequantization(bases, data, tmp_path):
+    """The nf4 weights round to bf16 (their public dtype) before the fp32 compute, as the dequantized base."""
+    qlora = magistral_run(tmp_path / "qlora", bases / "bf16_nf4", data, "nf4")
+    lora = magistral_run(tmp_path / "lora", bases / "bf16_nf4_back", data)
+    assert len(qlora[0]) == 2 and qlora == lora
+
+
 @pytest.mark.parametrize("dtype", ["int8", "fp8_e4m3"])
 def test_the_8bit_bases_train_as_their_dequantization(bases, data, tmp_path, dtype):
     qlora = magistral_run(tmp_path / "qlora", bases / f"fp32_{dtype}", data, dtype)

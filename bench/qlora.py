@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Benchmark: QLoRA (features.lora.base_quant) against LoRA over a bf16 base (issue 58), both models at
+the bench size of bench/bench_models.py (MagiHuman: 3 layers of width 384; Magistral: a 4-layer
+width-384 decoder and a 2-layer Pixtral tower), on 2 ranks (torchrun, FSDP over both), one intra-op
+thread each, param_dtype bf16 (the base LoRA keeps), random init, the same data and seed.
+
+Arms, interleaved over ROUNDS rounds (A B C D, then D C B A, ...):
+  lora        LoRA (rank 8, alpha 16, the default targets) over the bf16 base
+  nf4, int8   the same with features.lora.base_quant
+  lora2       LoRA again: the control, whose spread against `lora` is the noise floor
+
+Reported per model and arm (medians over rounds):
+  params_mib      rank 0's parameter shards (the run's log line): the frozen base and the fp32 adapters
+  quantized_mb    what the quantized weights hold on rank 0, and the same weights in bf16 (its log line)
+  peak_rss_mib    rank 0's peak RSS (metrics.jsonl peak_rss_mb)
+  gather_mib      what rank 0's FSDP all-gathers received per step (fsdp_gather_mib)
+  step_ms         median step time over the steps after the first two
+and the ratios arm / lora, with lora2 / lora as the noise floor.
+
+Usage: .venv/bin/python bench/qlora.py [BUILD_DIR]   (binary BUILD_DIR/bin/mmtrain or $MMTRAIN_BIN)
+Knobs (environment): MODELS (magihuman mistral3), ARMS (lora nf4 int8 lora2), STEPS (8), GLOBAL (8),
+ROUNDS (2), BENCH_DIR (default BUILD_DIR/bench_qlora). The last line of stdout is one JSON object.
+"""
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import bench_models
+
+BUILD = Path(sys.argv[1] if len(sys.argv) > 1 else "build").resolve()
+BIN = os.environ.get("MMTRAIN_BIN", str(BUILD / "bin" / "mmtrain"))
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+BENCH = Path(os.environ.get("BENCH_DIR", BUILD / "bench_qlora"))
+MODELS = os.environ.get("MODELS", "magihuman mistral3").split()
+ARMS = os.environ.get("ARMS", "lora nf4 int8 lora2").split()
+STEPS, GLOBAL, ROUNDS = int(os.environ.get("STEPS", 8)), int(os.environ.get("GLOBAL", 8)), int(os.environ.get("ROUNDS", 2))
+ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+
+PARAMS = re.compile(r"rank 0 holds params ([\d.]+) MiB")
+QUANTIZED = re.compile(r"base_quant \w+: (\d+) frozen weights as rows of codes and scales, ([\d.]+) MB on this rank "
+                       r"\(([\d.]+) MB in their gather dtype\)")
+
+
+def run(label, cmd, log):
+    print(f"bench: {label} (log {log})", file=sys.stderr)
+    with open(log, "w") as out:
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=ENV)
+    if proc.returncode != 0:
+        sys.stderr.write(Path(log).read_text()[-4000:])
+        raise SystemExit(f"bench: {label} failed")
+    return Path(log).read_text()
+
+
+def one_run(model, arm, r, data, root):
+    out = root / f"{arm}_r{r}"
+    subprocess.run(["rm", "-rf", str(out)], check=True)
+    cfg = out.with_suffix(".yaml")
+    quant = arm if arm in ("nf4", "int8", "fp8_e4m3") else "none"
+    cfg.write_text(bench_models.config(model, data, out, STEPS, GLOBAL,
+                                       features=f"enable_lora: true, lora: {{rank: 8, alpha: 16, base_quant: {quant}}}"))
+    log = run(f"{model} {arm} r{r}", [TORCHRUN, "--nproc-per-node", "2", "--no-python", BIN, "train", str(cfg),
+                                       "--set", "parallel.fsdp_plan.param_dtype=bf16"], str(out) + ".log")
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    timed = [s["step_time_ms"] for s in steps if 2 < s["iteration"] <= STEPS]
+    result = {"params_mib": float(PARAMS.search(log).group(1)), "peak_rss_mib": max(s["peak_rss_mb"] for s in steps),
+              "gather_mib": statistics.median(s["fsdp_gather_mib"] for s in steps), "step_ms": statistics.median(timed)}
+    if quant != "none":
+        weights, stored, bf16 = QUANTIZED.search(log).groups()
+        result.update(quantized_weights=int(weights), quantized_mb=float(stored), quantized_bf16_mb=float(bf16))
+    return result
+
+
+def bench_model(model):
+    root = BENCH / model
+    data = root / "data"
+    root.mkdir(parents=True, exist_ok=True)
+    if not data.exists():
+        run(f"{model} data", [BIN, *bench_models.fixture_args(model, data, 32)], root / "fixture.log")
+    runs = {arm: [] for arm in ARMS}
+    for r in range(1, ROUNDS + 1):
+        for arm in ARMS if r % 2 else list(reversed(ARMS)):
+            runs[arm].append(one_run(model, arm, r, data, root))
+    med = {arm: {k: statistics.median(x[k] for x in runs[arm]) for k in runs[arm][0]} for arm in ARMS}
+    base = med["lora"]
+    keys = ("params_mib", "peak_rss_mib", "gather_mib", "step_ms")
+    out = {"model": model, "arms": {arm: {k: round(v, 2) for k, v in med[arm].items()} for arm in ARMS},
+           "over_lora": {arm: {k: round(med[arm][k] / base[k], 3) for k in keys} for arm in ARMS if arm != "lora"}}
+    for arm in ARMS:
+        if "quantized_mb" in med[arm]:
+            out["over_lora"][arm]["quantized_over_bf16"] = round(med[arm]["quantized_mb"] / med[arm]["quantized_bf16_mb"], 3)
+    print(f"bench: {model}: over lora {out['over_lora']}", file=sys.stderr)
+    return out
+
+
+def main():
+    if not os.access(BIN, os.X_OK):
+        raise SystemExit(f"bench: no mmtrain binary at {BIN} (build first: make build)")
+    BENCH.mkdir(parents=True, exist_ok=True)
+    results = [bench_model(m) for m in MODELS]
+    print(json.dumps({"bench": "qlora", "ranks": 2, "steps": STEPS, "global_batch": GLOBAL, "rounds": ROUNDS,
+                      "param_dtype": "bf16", "models": results}))
+
+
+if __name__ == "__main__":
+    main()
