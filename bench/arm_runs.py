@@ -33,3 +33,27 @@ def arm_summary_args(doc: str) -> tuple[argparse.Namespace, dict]:
 
 def median(values: list[float]) -> float | None:
     return round(statistics.median(values), 1) if values else None
+
+
+def run_logged(label: str, cmd: list, log, env: dict) -> str:
+    """Runs cmd with its output in LOG and returns that output; on failure shows its tail and stops."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    print(f"bench: {label} (log {log})", file=sys.stderr)
+    with open(log, "w") as out:
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    if proc.returncode != 0:
+        sys.stderr.write(Path(log).read_text()[-4000:])
+        raise SystemExit(f"bench: {label} failed")
+    return Path(log).read_text()
+
+
+def interleaved(arms: list[str], rounds_count: int, one_run) -> dict:
+    """one_run(arm, round) for every arm in every round, A B C then C B A ... (drift hits every arm
+    alike); {arm: [its results, round by round]}."""
+    runs = {arm: [] for arm in arms}
+    for r in range(1, rounds_count + 1):
+        for arm in arms if r % 2 else list(reversed(arms)):
+            runs[arm].append(one_run(arm, r))
+    return runs

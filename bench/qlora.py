@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 import bench_models
+from arm_runs import interleaved, run_logged
 
 BUILD = Path(sys.argv[1] if len(sys.argv) > 1 else "build").resolve()
 BIN = os.environ.get("MMTRAIN_BIN", str(BUILD / "bin" / "mmtrain"))
@@ -46,13 +47,7 @@ QUANTIZED = re.compile(r"base_quant \w+: (\d+) frozen weights as rows of codes a
 
 
 def run(label, cmd, log):
-    print(f"bench: {label} (log {log})", file=sys.stderr)
-    with open(log, "w") as out:
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=ENV)
-    if proc.returncode != 0:
-        sys.stderr.write(Path(log).read_text()[-4000:])
-        raise SystemExit(f"bench: {label} failed")
-    return Path(log).read_text()
+    return run_logged(label, cmd, log, ENV)
 
 
 def one_run(model, arm, r, data, root):
@@ -80,10 +75,7 @@ def bench_model(model):
     root.mkdir(parents=True, exist_ok=True)
     if not data.exists():
         run(f"{model} data", [BIN, *bench_models.fixture_args(model, data, 32)], root / "fixture.log")
-    runs = {arm: [] for arm in ARMS}
-    for r in range(1, ROUNDS + 1):
-        for arm in ARMS if r % 2 else list(reversed(ARMS)):
-            runs[arm].append(one_run(model, arm, r, data, root))
+    runs = interleaved(ARMS, ROUNDS, lambda arm, r: one_run(model, arm, r, data, root))
     med = {arm: {k: statistics.median(x[k] for x in runs[arm]) for k in runs[arm][0]} for arm in ARMS}
     base = med["lora"]
     keys = ("params_mib", "peak_rss_mib", "gather_mib", "step_ms")

@@ -61,6 +61,15 @@ StepTimeInputs round_inputs(const FsdpMemoryPlan& plan) {
   return in;
 }
 
+// The activation widths the context-parallel rules read: 4096 tokens a rank, q 4096 and kv 1024
+// wide, 10 layers.
+void set_widths(StepTimeInputs& in) {
+  in.tokens_per_rank = 4096;
+  in.q_width = 4096;
+  in.kv_width = 1024;
+  in.num_layers = 10;
+}
+
 TEST(StepTime, ComputeIsFlopsOverPeakTimesEfficiencyAndRecomputeAddsAForward) {
   const auto plan = round_plan();
   auto in = round_inputs(plan);
@@ -116,10 +125,7 @@ TEST(StepTime, UlyssesAllToAllsAreOnTheCriticalPath) {
   auto in = round_inputs(plan);
   in.dims.dp_shard = 4;
   in.dims.ulysses = 2;
-  in.tokens_per_rank = 4096;
-  in.q_width = 4096;
-  in.kv_width = 1024;
-  in.num_layers = 10;
+  set_widths(in);
   // Forward per layer: 1/2 x 2 B x 4096 x (8192 + 2048) = 41,943,040 B; backward twice that.
   const double bytes = 3 * 41'943'040.0 * 10;
   EXPECT_DOUBLE_EQ(predict_step_time(in, round_profile(), at::kBFloat16).ulysses_ms, bytes / 100e9 * 1e3);
@@ -132,10 +138,7 @@ TEST(StepTime, RingPassesKvBlocksAndHidesThemBehindAttention) {
   auto in = round_inputs(plan);
   in.dims.dp_shard = 4;
   in.dims.ring = 2;
-  in.tokens_per_rank = 4096;
-  in.q_width = 4096;
-  in.kv_width = 1024;
-  in.num_layers = 10;
+  set_widths(in);
   // Per layer, one step: the bf16 k/v block 2 x 2 x 4096 x 1024 forward, again in backward with
   // the fp32 dK/dV 8 x 4096 x 1024: 67,108,864 B; 10 layers at 100 GB/s.
   auto t = predict_step_time(in, round_profile(), at::kBFloat16);
@@ -201,10 +204,7 @@ TEST(StepTime, AForwardOnlyPassKeepsTheForwardsShareOfEachRule) {
   // Ulysses: the forward's four all-to-alls, once (the step's are 3 x); ring: the k/v block alone.
   in.dims.dp_shard = 4;
   in.dims.ulysses = 2;
-  in.tokens_per_rank = 4096;
-  in.q_width = 4096;
-  in.kv_width = 1024;
-  in.num_layers = 10;
+  set_widths(in);
   EXPECT_DOUBLE_EQ(predict_step_time(in, round_profile(), at::kBFloat16).ulysses_ms, 41'943'040.0 * 10 / 100e9 * 1e3);
   in.dims.ulysses = 1;
   in.dims.ring = 2;
