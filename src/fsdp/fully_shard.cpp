@@ -186,8 +186,9 @@ Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Dev
     const auto frozen_options = fp32.dtype(unit.gather_dtype);
     unit.frozen_flat = tiers_ ? tiers_->host_pool->take_zeros({frozen_total}, unit.gather_dtype)
                               : at::zeros({frozen_total}, frozen_options);
-    unit.quant_flat = tiers_ ? tiers_->host_pool->take_zeros({quant_total}, at::kByte)
-                             : at::zeros({quant_total}, fp32.dtype(at::kByte));
+    // (A unit without quantized weights takes nothing from the host pool: its tensors are whole pages.)
+    unit.quant_flat = tiers_ && quant_total > 0 ? tiers_->host_pool->take_zeros({quant_total}, at::kByte)
+                                                : at::zeros({quant_total}, fp32.dtype(at::kByte));
     if (tiers_ && tiers_->disk) {  // the pager gives them their zeros (the file's) below
       unit.shard_flat = tiers_->host_pool->take({total}, at::kFloat);
       unit.grad_flat = tiers_->host_pool->take_zeros({total}, at::kFloat);

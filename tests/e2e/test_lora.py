@@ -245,25 +245,51 @@ def magihuman_bases(tmp_path_factory, magihuman_data):
     return tmp
 
 
-@pytest.mark.parametrize("world,parallel", [(1, ""), (2, "\n  ulysses_parallel_size: 2")], ids=["1rank", "ulysses2"])
-def test_magihuman_qlora_is_lora_on_the_dequantized_base(tmp_path, magihuman_data, magihuman_bases, world, parallel):
-    """The nf4 base held by FSDP as rows of codes and scales (the gated MLP's rows moved to the training
-    layout with their scales) trains bitwise as LoRA over its dequantization: losses, grad norms and
-    the saved adapters."""
+def qlora_and_lora(tmp_path, magihuman_data, magihuman_bases, world=1, sets=(), validation=False, **kw):
+    """The same run twice: QLoRA (nf4) over the nf4 directory and LoRA over its dequantization; each one's
+    (loss, grad norm) records, evaluations, saved adapters and output."""
     every = ("target_modules: ['dit.block.layers.{*}.attention.linear_qkv', 'dit.block.layers.{*}.attention.linear_proj', "
              "'dit.block.layers.{*}.mlp.up_gate_proj', 'dit.block.layers.{*}.mlp.down_proj'], rank: 4, alpha: 8")
     runs = {}
     for name, base, quant in (("qlora", "nf4", "nf4"), ("lora", "back", "none")):
         run = tmp_path / name
-        cfg = config(run, magihuman_config, magihuman_data, lora=every + f", base_quant: {quant}", parallel=parallel,
-                     training=f", save: {run / 'ckpt'}")
+        training = kw.get("training", "")
+        cfg = config(run, magihuman_config, magihuman_data, lora=every + f", base_quant: {quant}", validation=validation,
+                     **{**kw, "training": training + f", save: {run / 'ckpt'}"})
         text = cfg.read_text().replace("model: {model_id: magihuman,",
                                        f"model: {{model_id: magihuman, model_name_or_path: {magihuman_bases / base},")
         write_config(cfg, text)
-        proc = run_mmtrain(["train", str(cfg)], world=world, timeout=600)
+        proc = run_mmtrain(["train", str(cfg), *[a for s in sets for a in ("--set", s)]], world=world, timeout=600)
         steps = [(r["loss"], r["grad_norm"]) for r in read_metrics(run / "run") if "loss" in r]
         saved = {f.name: f.read_bytes() for f in sorted((run / "ckpt" / "iter_0000003").glob("*.safetensors"))}
-        runs[name] = (steps, saved, proc.stdout + proc.stderr)
-    assert len(runs["qlora"][0]) == 3 and runs["qlora"][:2] == runs["lora"][:2]
+        runs[name] = (steps, [e["eval_loss"] for e in evals(run)], saved, proc.stdout + proc.stderr)
+    return runs
+
+
+@pytest.mark.parametrize("world,parallel", [(1, ""), (2, "\n  ulysses_parallel_size: 2")], ids=["1rank", "ulysses2"])
+def test_magihuman_qlora_is_lora_on_the_dequantized_base(tmp_path, magihuman_data, magihuman_bases, world, parallel):
+    """The nf4 base held by FSDP as rows of codes and scales (the gated MLP's rows moved to the training
+    layout with their scales) trains bitwise as LoRA over its dequantization: losses, grad norms and
+    the saved adapters."""
+    runs = qlora_and_lora(tmp_path, magihuman_data, magihuman_bases, world, parallel=parallel)
+    assert len(runs["qlora"][0]) == 3 and runs["qlora"][:3] == runs["lora"][:3]
     # 7 of the 8 adapted projections: the gated layer's down_proj rows (its MLP width) are not whole 64-blocks.
-    assert re.search(r"base_quant nf4: 7 frozen weights as rows of codes and scales", runs["qlora"][2]), runs["qlora"][2][-2000:]
+    assert re.search(r"base_quant nf4: 7 frozen weights as rows of codes and scales", runs["qlora"][3]), runs["qlora"][3][-2000:]
+
+
+def test_qlora_composes_with_recompute_offload_hsdp_budgets_async_saves_and_evaluation(tmp_path, magihuman_data,
+                                                                                      magihuman_bases):
+    """On 2 ranks, each arm's QLoRA run is bitwise its LoRA run over the dequantized base: recompute with
+    evaluation; the shards (the quantized rows included) in host RAM with the moments on disk; HSDP (two
+    replicas) with token-budget micro-batches and an async save."""
+    (tmp_path / "disk").mkdir()
+    arms = [("recompute_eval", dict(features=", recompute: true, recompute_plan: {apply_modules: [\"dit.block.layers.{*}\"]}",
+                                    validation=True), ()),
+            ("cpu_offload_disk", dict(training=f", optimizer: adamw_swap, offload_dir: {tmp_path / 'disk'}"),
+             ("parallel.fsdp_plan.cpu_offload=true",)),
+            ("hsdp_budget_async", dict(parallel="\n  fully_shard_parallel_size: 1", loader=", micro_batch_tokens: 1024",
+                                       training=", async_save: true"), ())]
+    for name, kw, sets in arms:
+        runs = qlora_and_lora(tmp_path / name, magihuman_data, magihuman_bases, 2, sets, **kw)
+        assert len(runs["qlora"][0]) == 3 and runs["qlora"][:3] == runs["lora"][:3], name
+        assert not kw.get("validation") or len(runs["qlora"][1]) == 2, name
