@@ -4,6 +4,8 @@
 #include "core/text.h"
 
 #include <ATen/Parallel.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/bit_cast.h>
 
 #include <array>
 #include <cstring>
@@ -43,13 +45,46 @@ void dequantize_nf4_rows_cpu(const uint8_t* rows, int64_t R, int64_t in, Out* ou
   });
 }
 
-// The output dtypes the fast path writes; others go through ATen.
+// int8 and fp8 rows on the CPU: each code's fp32 value (a 256-entry table) times the row's scale,
+// (times fp32(1/127) for int8), the same fp32 products as the ATen path, rounded once to the
+// public dtype and converted to the output's.
+template <typename Public, typename Out>
+void dequantize_8bit_rows_cpu(const uint8_t* rows, int64_t R, int64_t in, BaseQuant kind, Out* out) {
+  std::array<float, 256> value;
+  for (int c = 0; c < 256; ++c) {
+    const uint8_t byte = static_cast<uint8_t>(c);
+    value[c] = kind == BaseQuant::int8 ? static_cast<float>(static_cast<int8_t>(byte))
+                                       : static_cast<float>(c10::bit_cast<c10::Float8_e4m3fn>(byte));
+  }
+  const float int8_step = static_cast<float>(1.0 / 127.0);
+  at::parallel_for(0, R, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const uint8_t* codes = rows + r * (in + 4);
+      float scale;
+      std::memcpy(&scale, codes + in, 4);
+      Out* o = out + r * in;
+      if (kind == BaseQuant::int8)
+        for (int64_t i = 0; i < in; ++i) o[i] = static_cast<Out>(static_cast<Public>(value[codes[i]] * scale * int8_step));
+      else
+        for (int64_t i = 0; i < in; ++i) o[i] = static_cast<Out>(static_cast<Public>(value[codes[i]] * scale));
+    }
+  });
+}
+
+// The CPU paths for the output dtypes they write (fp32, bf16); false: go through ATen.
 template <typename Public>
-bool dequantize_nf4_rows_cpu_to(const at::Tensor& rows, int64_t in, at::Tensor& out) {
+bool dequantize_rows_cpu_to(const at::Tensor& rows, BaseQuant kind, int64_t in, at::Tensor& out) {
   const uint8_t* data = rows.data_ptr<uint8_t>();
+  const int64_t R = rows.size(0);
+  auto write = [&](auto* o) {
+    if (kind == BaseQuant::nf4)
+      dequantize_nf4_rows_cpu<Public>(data, R, in, o);
+    else
+      dequantize_8bit_rows_cpu<Public>(data, R, in, kind, o);
+  };
   switch (out.scalar_type()) {
-    case at::kFloat: dequantize_nf4_rows_cpu<Public>(data, rows.size(0), in, out.data_ptr<float>()); return true;
-    case at::kBFloat16: dequantize_nf4_rows_cpu<Public>(data, rows.size(0), in, out.data_ptr<at::BFloat16>()); return true;
+    case at::kFloat: write(out.data_ptr<float>()); return true;
+    case at::kBFloat16: write(out.data_ptr<at::BFloat16>()); return true;
     default: return false;
   }
 }
@@ -91,11 +126,11 @@ at::Tensor dequantize_rows(const at::Tensor& rows, BaseQuant kind, int64_t in, a
   if (rows.dim() != 2 || rows.size(1) != row_bytes || rows.scalar_type() != at::kByte)
     fail("dequantize_rows: expected uint8 [R, ", row_bytes, "] for ", base_quant_name(kind), " rows of ", in,
          " elements, got ", rows.scalar_type(), " ", rows.sizes());
-  if (kind == BaseQuant::nf4 && rows.device().is_cpu() && (public_dtype == at::kFloat || public_dtype == at::kBFloat16)) {
+  if (rows.device().is_cpu() && (public_dtype == at::kFloat || public_dtype == at::kBFloat16)) {
     const at::Tensor contiguous = rows.contiguous();
     at::Tensor out = at::empty({R, in}, rows.options().dtype(dtype));
-    const bool done = public_dtype == at::kFloat ? dequantize_nf4_rows_cpu_to<float>(contiguous, in, out)
-                                                 : dequantize_nf4_rows_cpu_to<at::BFloat16>(contiguous, in, out);
+    const bool done = public_dtype == at::kFloat ? dequantize_rows_cpu_to<float>(contiguous, kind, in, out)
+                                                 : dequantize_rows_cpu_to<at::BFloat16>(contiguous, kind, in, out);
     if (done) return out;
   }
   at::Tensor values;
