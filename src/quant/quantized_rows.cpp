@@ -30,11 +30,10 @@ void dequantize_nf4_rows_cpu(const uint8_t* rows, int64_t R, int64_t in, Out* ou
   at::parallel_for(0, R, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const uint8_t* codes = rows + r * row_bytes;
-      float scales[1];
       Out* o = out + r * in;
       for (int64_t b = 0; b < blocks; ++b) {
-        std::memcpy(scales, codes + in / 2 + 4 * b, 4);  // the row's fp32 scales follow its codes (unaligned)
-        const float scale = scales[0];
+        float scale;
+        std::memcpy(&scale, codes + in / 2 + 4 * b, 4);  // the row's fp32 scales follow its codes (unaligned)
         for (int64_t i = 0; i < kNf4Blocksize / 2; ++i) {
           const auto& two = pair[codes[b * kNf4Blocksize / 2 + i]];
           o[b * kNf4Blocksize + 2 * i] = static_cast<Out>(static_cast<Public>(two[0] * scale));
@@ -56,7 +55,6 @@ void dequantize_8bit_rows_cpu(const uint8_t* rows, int64_t R, int64_t in, BaseQu
     value[c] = kind == BaseQuant::int8 ? static_cast<float>(static_cast<int8_t>(byte))
                                        : static_cast<float>(c10::bit_cast<c10::Float8_e4m3fn>(byte));
   }
-  const float int8_step = static_cast<float>(1.0 / 127.0);
   at::parallel_for(0, R, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const uint8_t* codes = rows + r * (in + 4);
@@ -64,7 +62,7 @@ void dequantize_8bit_rows_cpu(const uint8_t* rows, int64_t R, int64_t in, BaseQu
       std::memcpy(&scale, codes + in, 4);
       Out* o = out + r * in;
       if (kind == BaseQuant::int8)
-        for (int64_t i = 0; i < in; ++i) o[i] = static_cast<Out>(static_cast<Public>(value[codes[i]] * scale * int8_step));
+        for (int64_t i = 0; i < in; ++i) o[i] = static_cast<Out>(static_cast<Public>(value[codes[i]] * scale * kInt8Step));
       else
         for (int64_t i = 0; i < in; ++i) o[i] = static_cast<Out>(static_cast<Public>(value[codes[i]] * scale));
     }
@@ -148,7 +146,7 @@ at::Tensor dequantize_rows(const at::Tensor& rows, BaseQuant kind, int64_t in, a
     const at::Tensor codes = rows.narrow(1, 0, in).contiguous().view(kind == BaseQuant::int8 ? at::kChar : at::kFloat8_e4m3fn);
     const at::Tensor scales = as_floats(rows.narrow(1, in, 4));  // [R, 1]
     values = codes.to(at::kFloat) * scales;
-    if (kind == BaseQuant::int8) values = values * static_cast<float>(1.0 / 127.0);
+    if (kind == BaseQuant::int8) values = values * kInt8Step;
   }
   return values.reshape({R, in}).to(public_dtype).to(dtype);
 }

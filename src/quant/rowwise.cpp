@@ -40,7 +40,7 @@ at::Tensor dequantize_rowwise(const RowwiseWeight& q, at::ScalarType dtype) {
     fail("dequantize_rowwise: expected codes [out, in] and fp32 scales [out], got ", q.codes.sizes(), " and ",
          q.scales.scalar_type(), " ", q.scales.sizes());
   if (q.codes.scalar_type() == at::kChar)
-    return (q.codes.to(at::kFloat) * q.scales.unsqueeze(1) * static_cast<float>(1.0 / 127.0)).to(dtype);
+    return (q.codes.to(at::kFloat) * q.scales.unsqueeze(1) * kInt8Step).to(dtype);
   if (q.codes.scalar_type() == at::kFloat8_e4m3fn) return (q.codes.to(at::kFloat) * q.scales.unsqueeze(1)).to(dtype);
   fail("dequantize_rowwise: codes must be int8 or float8_e4m3fn, got ", q.codes.scalar_type());
 }

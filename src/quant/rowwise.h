@@ -13,6 +13,9 @@
 
 namespace mmtrain::quant {
 
+// int8's step: bitsandbytes' int8_vectorwise_dequant multiplies by fp32(1 / 127).
+inline constexpr float kInt8Step = static_cast<float>(1.0 / 127.0);
+
 struct RowwiseWeight {
   at::Tensor codes;   // int8 or float8_e4m3fn [out, in]
   at::Tensor scales;  // fp32 [out]: SCB (int8) or scale (fp8)
