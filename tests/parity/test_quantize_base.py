@@ -256,3 +256,26 @@ def test_peft_on_the_bitsandbytes_model_equals_mmtrain_qlora(tmp_path, parity_re
     parity_report(f"mistral3 QLoRA nf4 vs bitsandbytes + peft: loss {worst['loss']:.2e}, logits {worst['logits']:.2e}, "
                   f"worst adapter grad {top[0]} {top[1]:.2e}")
     assert all(v <= 1e-5 for v in worst.values()), {k: v for k, v in worst.items() if v > 1e-5}
+
+
+def test_merge_lora_and_eval_take_a_qlora_run(bases, data, tmp_path):
+    """merge-lora of a QLoRA run merges into the dequantized base: its weights are those of the same LoRA
+    run over the dequantized base, bitwise; `mmtrain eval` of the QLoRA checkpoint gives that run's loss."""
+    merged, losses = {}, {}
+    for name, base, quant in (("qlora", "fp32_nf4", "nf4"), ("lora", "fp32_nf4_back", "none")):
+        magistral_run(tmp_path / name, bases / base, data, quant)
+        run_mmtrain(["convert", "mistral3", "merge-lora", "--load_dir", str(tmp_path / name / "ckpt"), "--save_dir",
+                     str(tmp_path / f"{name}_merged"), "--dtype", "fp32"])
+        merged[name] = tensors(tmp_path / f"{name}_merged")
+        text = (tmp_path / name / "train.yaml").read_text().replace("seed: 5", "seed: 5, eval_iters: 1")
+        cfg = write_config(tmp_path / f"{name}_eval.yaml", text.replace("\n  dataloader_param:",
+                                                                        f"\n  validation: {{dataset_type: huggingface, "
+                                                                        f"preprocess_parameters: {{model_name_or_path: {data / 'tekken.json'}}}, "
+                                                                        f"basic_parameters: {{template: mistral, dataset: {data / 'conversations.json'}, "
+                                                                        f"cutoff_len: 512}}}}\n  dataloader_param:", 1))
+        out = tmp_path / f"{name}_eval.json"
+        run_mmtrain(["eval", str(cfg), "--load", str(tmp_path / name / "ckpt"), "--out", str(out)])
+        losses[name] = json.loads(out.read_text())["eval_loss"]
+    assert merged["qlora"].keys() == merged["lora"].keys()
+    assert all(torch.equal(merged["qlora"][k], merged["lora"][k]) for k in merged["lora"])
+    assert losses["qlora"] == losses["lora"]
