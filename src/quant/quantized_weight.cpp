@@ -210,7 +210,7 @@ CheckpointView checkpoint_view(const std::vector<std::string>& stored, const Has
   return view;
 }
 
-QuantizedWeight read_hf_quantized(const std::string& key, BaseQuant kind, const ReadKey& read,
+QuantizedWeight read_hf_quantized(const std::string& key, BaseQuant kind, const HasKey& has, const ReadKey& read,
                                   at::ScalarType public_dtype, const std::string& where) {
   const std::string what = where + ": '" + key + "'";
   QuantizedWeight q;
@@ -235,6 +235,14 @@ QuantizedWeight read_hf_quantized(const std::string& key, BaseQuant kind, const 
     return q;
   }
   const std::string prefix = module_prefix(key);
+  if (kind == BaseQuant::int8 && has(prefix + "weight_format")) {
+    // bitsandbytes' older int8 layouts (col32, col_turing, col_ampere) tile the rows otherwise.
+    const at::Tensor format = read(prefix + "weight_format");
+    if (format.numel() != 1 || !at::isIntegralType(format.scalar_type(), /*includeBool=*/false) ||
+        format.reshape({-1})[0].item<int64_t>() != 0)
+      fail(what, ": int8 weight_format ", format.numel() == 1 ? format.reshape({-1})[0].item<int64_t>() : -1,
+           " is not 0 (row-major): bitsandbytes' tiled int8 layouts are not supported");
+  }
   q.rowwise.codes = read(key);
   q.rowwise.scales = read(prefix + (kind == BaseQuant::int8 ? "SCB" : "scale_weight"));
   const at::ScalarType code_type = kind == BaseQuant::int8 ? at::kChar : at::kFloat8_e4m3fn;

@@ -69,9 +69,10 @@ CheckpointView checkpoint_view(const std::vector<std::string>& stored, const Has
                                const StoredShape& stored_shape, const std::string& where);
 
 // Reads and checks K's quantized tensors (sizes against the recorded shape, finite scales, a known
-// quant_state: nf4, blocks of 64, double-quantized in blocks of 256); public_dtype is the 8-bit
-// formats' (nf4 records its own). `where` names the checkpoint in errors.
-QuantizedWeight read_hf_quantized(const std::string& key, BaseQuant kind, const ReadKey& read,
+// quant_state: nf4, blocks of 64, double-quantized in blocks of 256; int8 rows in row-major order,
+// bitsandbytes' weight_format 0); public_dtype is the 8-bit formats' (nf4 records its own). `where`
+// names the checkpoint in errors.
+QuantizedWeight read_hf_quantized(const std::string& key, BaseQuant kind, const HasKey& has, const ReadKey& read,
                                   at::ScalarType public_dtype, const std::string& where);
 
 }  // namespace mmtrain::quant

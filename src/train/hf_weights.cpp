@@ -64,7 +64,8 @@ quant::BaseQuant WeightSource::quantization(const std::string& name) const {
 quant::QuantizedWeight WeightSource::read_quantized(const std::string& name) const {
   const quant::BaseQuant kind = quantization(name);
   if (kind == quant::BaseQuant::none) fail("model weights ", path_, ": '", name, "' is not stored quantized");
-  return quant::read_hf_quantized(name, kind, [this](const std::string& key) { return read_stored(key); }, at::kFloat,
+  return quant::read_hf_quantized(name, kind, [this](const std::string& key) { return stores(key); },
+                                  [this](const std::string& key) { return read_stored(key); }, at::kFloat,
                                   "model weights " + file_of(name));
 }
 

@@ -206,6 +206,15 @@ def test_hostile_quantized_checkpoints_are_refused_by_name(bases, tmp_path):
     refused("blocksize", lambda b: state(b, blocksize=128), "mmtrain reads blocks of 64")
     refused("map", lambda b: b.update({key + ".quant_map": good[key + ".quant_map"].flip(0).contiguous()}),
             "not the 16 NF4 levels")
+    # bitsandbytes' tiled int8 layouts (weight_format 1: col32) would be read as rows in silence.
+    int8 = tensors(bases / "bf16_int8")
+    module = key[: -len("weight")]
+    tiled = tmp_path / "tiled"
+    tiled.mkdir()
+    save_file({**int8, module + "weight_format": torch.tensor(1, dtype=torch.uint8)}, str(tiled / "model.safetensors"))
+    (tiled / "config.json").write_text((bases / "bf16_int8" / "config.json").read_text())
+    proc = dequantize_base(tiled, tmp_path / "tiled_out", check=False)
+    assert proc.returncode != 0 and "int8 weight_format 1 is not 0" in proc.stderr, proc.stderr[-1500:]
 
 
 def test_peft_on_the_bitsandbytes_model_equals_mmtrain_qlora(tmp_path, parity_report):
