@@ -21,6 +21,9 @@ all, with the ones skipped (out of budget, or not asked for). In order of priori
   sampling        the same model sampling the seed's 5 s 256x480 clip (32 steps, guidance) during
                   training: the phase's time and allocated peak against the step's, and the plan's
                   predicted sampling time
+  qlora           the same model with LoRA over the bf16 base and over an nf4 base
+                  (features.lora.base_quant): step time, allocated peak, FSDP gather bytes, and the
+                  plan's predicted peak, each arm
   offload         the same model at half the layers: each offload feature's allocated and reserved
                   peaks, step time and copy waits against none; at two layers, an async save
                   against a sync one
@@ -41,7 +44,7 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHECKS = ["comm", "tiny_parity", "attention", "magihuman_real", "sampling", "offload"]
+CHECKS = ["comm", "tiny_parity", "attention", "magihuman_real", "sampling", "qlora", "offload"]
 PARITY_BOUND = 1e-5
 MAGIHUMAN_TINY = os.path.join(REPO, "examples", "magihuman", "magihuman_tiny.yaml")
 MAGIHUMAN_REAL = os.path.join(REPO, "examples", "magihuman", "magihuman_config_t2av.yaml")
@@ -269,6 +272,27 @@ def check_sampling(ctx):
             "predicted_forwards": plan.get("sampling", {}).get("forwards"), "profile": ctx.args.profile}
 
 
+def check_qlora(ctx):
+    config, sets = magihuman_shape_sets(ctx, ctx.args.real_layers)
+    results, ok = {}, True
+    for arm in ("none", "nf4"):
+        try:
+            records = ctx.train(f"qlora_{arm}", config, ctx.args.device,
+                                sets + ["features.enable_lora=true", f"features.lora.base_quant={arm}",
+                                        "training.train_iters=3"], timeout=300)
+            steps = [r for r in records if "loss" in r]
+            results[arm] = {key: steady(steps, key) for key in
+                            ["step_time_ms", "peak_device_allocated_mb", "predicted_peak_device_mb", "fsdp_gather_mib",
+                             "peak_rss_mb"]}
+            results[arm]["loss"] = [r["loss"] for r in steps]
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            results[arm] = {"error": str(e)}
+            ok = False
+    if ok and results["none"]["step_time_ms"]:
+        results["nf4_over_bf16_step"] = results["nf4"]["step_time_ms"] / results["none"]["step_time_ms"]
+    return {"ok": ok, "layers": ctx.args.real_layers, "width": ctx.args.width, "arms": results}
+
+
 def check_offload(ctx):
     layers = max(2, ctx.args.real_layers // 2)
     config, sets = magihuman_shape_sets(ctx, layers)
@@ -325,7 +349,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     ctx = Context(args)
     functions = {"comm": check_comm, "tiny_parity": check_tiny_parity, "attention": check_attention,
-                 "magihuman_real": check_magihuman_real, "sampling": check_sampling, "offload": check_offload}
+                 "magihuman_real": check_magihuman_real, "sampling": check_sampling, "qlora": check_qlora,
+                 "offload": check_offload}
     summary = {"device": args.device, "width": args.width, "checks": {}}
     try:
         for name in CHECKS:

@@ -21,7 +21,7 @@ def test_every_check_runs_on_the_cpu_and_writes_its_json(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["checks"] == {name: "ok" for name in ["comm", "tiny_parity", "attention", "magihuman_real", "sampling",
-                                                          "offload"]}
+                                                          "qlora", "offload"]}
 
     comm = json.loads((tmp_path / "comm.json").read_text())
     assert [t["name"] for t in comm["tests"]] == ["DeviceComm.EveryCollectiveOfOneRankOnTheRunsDevice"]
@@ -48,6 +48,10 @@ def test_every_check_runs_on_the_cpu_and_writes_its_json(tmp_path):
     sampling = json.loads((tmp_path / "sampling.json").read_text())
     assert sampling["samples_s"] > 0 and sampling["predicted_samples_s"] > 0 and sampling["predicted_forwards"] == 8
     assert sampling["sample_peak_device_allocated_mb"] is None  # no CUDA allocator on the CPU
+
+    qlora = json.loads((tmp_path / "qlora.json").read_text())["arms"]
+    assert qlora["nf4"]["fsdp_gather_mib"] == qlora["none"]["fsdp_gather_mib"] == 0  # one rank gathers nothing from others
+    assert qlora["nf4"]["step_time_ms"] > 0 and len(qlora["nf4"]["loss"]) == 3
 
     offload = json.loads((tmp_path / "offload.json").read_text())
     assert set(offload["features"]) == {"none", "activation_offload", "adamw_swap", "cpu_offload"}
