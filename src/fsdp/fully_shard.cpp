@@ -239,35 +239,35 @@ std::vector<FsdpUnit*> Fsdp::units() {
 
 void Fsdp::load_params(const std::function<at::Tensor(const std::string&, int64_t, int64_t)>& read_rows, bool frozen_too,
                        const QuantRowReader& read_quantized) {
-  // Without a reader of quantized rows, a quantized weight is quantized here from its full values.
-  const QuantRowReader quantize_values = [&](const std::string& name, quant::BaseQuant kind, int64_t begin, int64_t end) {
-    const FsdpParam* found = nullptr;
-    for (auto& unit : units_)
-      for (auto& p : unit->params)
-        if (p.name == name) found = &p;
-    const at::Tensor full = read_rows(name, 0, found->layout.dim0);
-    return QuantizedRows{quant::quantized_rows(quant::quantize_weight(full.cpu(), kind)).narrow(0, begin, end - begin),
-                         full.scalar_type()};
-  };
   for (auto& unit : units_) {
     if (pager_) pager_->page_in(*unit);
-    for (auto& p : unit->params) {
-      if (!frozen_too && p.frozen) continue;
-      if (p.quant != quant::BaseQuant::none)
-        fill_quantized_shard(p, read_quantized ? read_quantized : quantize_values);
-      else
-        fill_shard(p, read_rows);
-    }
+    for (auto& p : unit->params)
+      if (frozen_too || !p.frozen) fill_param(p, read_rows, read_quantized);
     if (pager_) pager_->page_out(*unit, /*changed=*/true);
   }
 }
 
 void Fsdp::init_params(uint64_t seed) {
-  load_params([&](const std::string& name, int64_t begin, int64_t end) {
-    for (auto& unit : units_)
-      for (auto& p : unit->params)
-        if (p.name == name) return param_init_rows(*p.param, name, seed, begin, end);
-    fail("init_params: no parameter '", name, "'");
+  for (auto& unit : units_) {
+    if (pager_) pager_->page_in(*unit);
+    for (auto& p : unit->params)
+      fill_param(
+          p,
+          [&](const std::string& name, int64_t begin, int64_t end) {
+            return param_init_rows(*p.param, name, seed, begin, end);
+          },
+          {});
+    if (pager_) pager_->page_out(*unit, /*changed=*/true);
+  }
+}
+
+void Fsdp::fill_param(FsdpParam& p, const RowReader& read_rows, const QuantRowReader& read_quantized) {
+  if (p.quant == quant::BaseQuant::none) return fill_shard(p, read_rows);
+  if (read_quantized) return fill_quantized_shard(p, read_quantized);
+  fill_quantized_shard(p, [&](const std::string& name, quant::BaseQuant kind, int64_t begin, int64_t end) {
+    const at::Tensor full = read_rows(name, 0, p.layout.dim0);
+    return QuantizedRows{quant::quantized_rows(quant::quantize_weight(full.cpu(), kind)).narrow(0, begin, end - begin),
+                         full.scalar_type()};
   });
 }
 

@@ -60,7 +60,7 @@ struct FsdpParam {
   Param* param = nullptr;
   ShardLayout layout;
   bool frozen = false;         // !param->requires_grad: held in frozen_flat, no grad, no optimizer state
-  int64_t offset = 0;          // into the unit's shard_flat (trained) or frozen_flat (frozen)
+  int64_t offset = 0;          // into the unit's shard_flat (trained), frozen_flat (frozen) or quant_flat (quantized)
   at::Tensor shard;            // [padded_rows, ...] view of that flat: fp32, or the gather dtype when frozen
   at::Tensor gathered;         // [W * padded_rows, ...] in the dtype it computes in; storage freed while sharded
   // Stored quantized (frozen only): shard is then uint8 [padded_rows, quant_row_bytes], a view of
@@ -208,6 +208,9 @@ class Fsdp {
 
  private:
   void fill_shard(FsdpParam& p, const RowReader& read_rows);
+  // One param's rows: fill_shard, or for a quantized weight fill_quantized_shard from read_quantized
+  // (empty: read_rows' values quantized here, the whole tensor at once).
+  void fill_param(FsdpParam& p, const RowReader& read_rows, const QuantRowReader& read_quantized);
   void fill_quantized_shard(FsdpParam& p, const QuantRowReader& read_quantized);
   // The gathered bytes of a quantized weight -> its gather buffer, dequantized.
   void dequantize_gathered(FsdpParam& p);

@@ -196,7 +196,7 @@ BaseQuant stored_quant(const std::string& key, const HasKey& has) {
 CheckpointView checkpoint_view(const std::vector<std::string>& stored, const HasKey& has, const ReadKey& read,
                                const StoredShape& stored_shape, const std::string& where) {
   CheckpointView view;
-  std::set<std::string> companions;
+  std::set<std::string>& companions = view.companions;
   for (const auto& name : stored) {
     const BaseQuant kind = stored_quant(name, has);
     if (kind == BaseQuant::none) continue;

@@ -18,6 +18,7 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <optional>
 #include <string>
 #include <utility>
@@ -61,6 +62,7 @@ PublicForm hf_public_form(const std::string& key, BaseQuant kind, const ReadKey&
 // names (stored order, companions left out), and each quantized weight's format and public form.
 struct CheckpointView {
   std::vector<std::string> names;
+  std::set<std::string> companions;  // the stored names left out of `names`
   std::map<std::string, BaseQuant> kinds;
   std::map<std::string, PublicForm> forms;
 };

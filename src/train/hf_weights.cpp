@@ -48,7 +48,7 @@ at::Tensor WeightSource::read_stored(const std::string& name) const { return fil
 std::vector<std::string> WeightSource::names() const { return view_.names; }
 
 bool WeightSource::contains(const std::string& name) const {
-  return quantized_infos_.count(name) || (stores(name) && std::find(view_.names.begin(), view_.names.end(), name) != view_.names.end());
+  return stores(name) && !view_.companions.count(name);
 }
 
 const SafetensorsTensorInfo& WeightSource::info(const std::string& name) const {
