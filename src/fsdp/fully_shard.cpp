@@ -174,9 +174,12 @@ Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Dev
           fail("fsdp: '", p.name, "' is marked ", quant::base_quant_name(p.param->base_quant),
                " but is trained or not rows of whole blocks");
         p.quant = p.param->base_quant;
-        p.quant_row_bytes = quant::quantized_row_bytes(p.quant, p.param->shape[1]);
+        const quant::QuantizedRowShape stored = quant::quantized_row_shape(p.quant, p.param->shape);
+        p.quant_layout = ShardLayout({stored.rows, stored.width}, world);
+        p.quant_width = stored.width;
+        p.quant_row_bytes = quant::quantized_row_bytes(p.quant, stored.width);
         p.offset = quant_total;
-        quant_total += p.layout.padded_rows * p.quant_row_bytes;
+        quant_total += p.quant_layout.padded_rows * p.quant_row_bytes;
         continue;
       }
       int64_t& end = p.frozen ? frozen_total : total;
@@ -207,9 +210,9 @@ Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Dev
       std::vector<int64_t> gathered_shape = p.param->shape;
       gathered_shape[0] = p.layout.padded_rows * world;
       if (p.quant != quant::BaseQuant::none) {
-        const int64_t bytes = p.layout.padded_rows * p.quant_row_bytes;
-        p.shard = unit.quant_flat.narrow(0, p.offset, bytes).view({p.layout.padded_rows, p.quant_row_bytes});
-        p.quant_gathered = at::empty({p.layout.padded_rows * world, p.quant_row_bytes}, fp32.dtype(at::kByte));
+        const int64_t rows = p.quant_layout.padded_rows;
+        p.shard = unit.quant_flat.narrow(0, p.offset, rows * p.quant_row_bytes).view({rows, p.quant_row_bytes});
+        p.quant_gathered = at::empty({rows * world, p.quant_row_bytes}, fp32.dtype(at::kByte));
         release_gather_storage(p.quant_gathered);
       } else {
         p.shard = (p.frozen ? unit.frozen_flat : unit.shard_flat).narrow(0, p.offset, p.layout.shard_numel()).view(shard_shape);
@@ -288,12 +291,12 @@ void Fsdp::fill_shard(FsdpParam& p, const RowReader& read_rows) {
 
 void Fsdp::fill_quantized_shard(FsdpParam& p, const QuantRowReader& read_quantized) {
   const int rank = comm_->rank();
-  const int64_t begin = p.layout.row_begin(rank), rows = p.layout.rows(rank);
+  const int64_t begin = p.quant_layout.row_begin(rank), rows = p.quant_layout.rows(rank);
   p.shard.zero_();
   if (rows == 0) return;
   const QuantizedRows got = read_quantized(p.name, p.quant, begin, begin + rows);
   if (got.bytes.scalar_type() != at::kByte || got.bytes.sizes() != at::IntArrayRef({rows, p.quant_row_bytes}))
-    fail("loading '", p.name, "' rows [", begin, ", ", begin + rows, ") as ", quant::base_quant_name(p.quant),
+    fail("loading '", p.name, "' stored rows [", begin, ", ", begin + rows, ") as ", quant::base_quant_name(p.quant),
          ": got ", got.bytes.scalar_type(), " ", got.bytes.sizes(), ", expected uint8 [", rows, ", ", p.quant_row_bytes, "]");
   p.shard.narrow(0, 0, rows).copy_(got.bytes);
   p.public_dtype = got.public_dtype;
@@ -302,10 +305,10 @@ void Fsdp::fill_quantized_shard(FsdpParam& p, const QuantRowReader& read_quantiz
 void Fsdp::dequantize_gathered(FsdpParam& p) {
   RECORD_USER_SCOPE("fsdp::dequantize");
   acquire_gather_storage(p.gathered);
-  const int64_t rows = p.layout.dim0;
-  const at::Tensor values = quant::dequantize_rows(p.quant_gathered.narrow(0, 0, rows), p.quant, p.param->shape[1],
-                                                   p.public_dtype, p.gathered.scalar_type());
-  p.gathered.narrow(0, 0, rows).copy_(values);
+  // [stored rows, quant_width] is the weight's [dim0, in] in the same element order.
+  const at::Tensor values = quant::dequantize_rows(p.quant_gathered.narrow(0, 0, p.quant_layout.dim0), p.quant,
+                                                   p.quant_width, p.public_dtype, p.gathered.scalar_type());
+  p.gathered.narrow(0, 0, p.layout.dim0).copy_(values.view({p.layout.dim0, p.layout.row_numel}));
   release_gather_storage(p.quant_gathered);
 }
 

@@ -32,7 +32,8 @@
 // frozen params gathered until finish_backward.
 //
 // A quantized frozen weight (Param::base_quant, QLoRA; quant/quantized_rows.h) is sharded as
-// rows of bytes, each row its codes and its scales (whole quantization blocks): its shard lives
+// stored rows of bytes, each row its codes and its scales (whole quantization blocks; one weight
+// row, or the few an nf4 block needs when a row is not whole 64-blocks): its shard lives
 // in the unit's quant_flat, the gather moves those bytes (an nf4 row is 0.28x its bf16 bytes), and
 // once they are in, the weight is dequantized into its gather buffer in the unit's dtype, which
 // the model reads as any other frozen weight; the bytes' buffer is let go at once. Backward's
@@ -63,11 +64,14 @@ struct FsdpParam {
   int64_t offset = 0;          // into the unit's shard_flat (trained), frozen_flat (frozen) or quant_flat (quantized)
   at::Tensor shard;            // [padded_rows, ...] view of that flat: fp32, or the gather dtype when frozen
   at::Tensor gathered;         // [W * padded_rows, ...] in the dtype it computes in; storage freed while sharded
-  // Stored quantized (frozen only): shard is then uint8 [padded_rows, quant_row_bytes], a view of
-  // the unit's quant_flat, and quant_gathered uint8 [W * padded_rows, quant_row_bytes] receives the
-  // gather; public_dtype is the dtype the rows dequantize to (the base's), before gathered's.
+  // Stored quantized (frozen only): quant_layout shards its stored rows (quant::QuantizedRowShape:
+  // rows of quant_width elements, each quant_row_bytes bytes); shard is then uint8
+  // [quant_layout.padded_rows, quant_row_bytes], a view of the unit's quant_flat, and quant_gathered
+  // uint8 [W * quant_layout.padded_rows, quant_row_bytes] receives the gather; public_dtype is the
+  // dtype the rows dequantize to (the base's), before gathered's.
   quant::BaseQuant quant = quant::BaseQuant::none;
-  int64_t quant_row_bytes = 0;
+  ShardLayout quant_layout;
+  int64_t quant_width = 0, quant_row_bytes = 0;
   at::Tensor quant_gathered;
   at::ScalarType public_dtype = at::kBFloat16;
 
@@ -109,8 +113,9 @@ struct FsdpUnit {
 
 // read(name, row_begin, row_end) returns those rows of the full tensor (any float dtype).
 using RowReader = std::function<at::Tensor(const std::string& name, int64_t row_begin, int64_t row_end)>;
-// A quantized weight's rows [row_begin, row_end) as bytes (quant/quantized_rows.h: uint8
-// [rows, row_bytes] in `kind`), and the public dtype they dequantize to.
+// A quantized weight's stored rows [row_begin, row_end) as bytes (quant/quantized_rows.h: uint8
+// [rows, row_bytes] in `kind`; a stored row is QuantizedRowShape::group weight rows), and the
+// public dtype they dequantize to.
 struct QuantizedRows {
   at::Tensor bytes;
   at::ScalarType public_dtype = at::kBFloat16;

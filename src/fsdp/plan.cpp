@@ -126,11 +126,13 @@ FsdpMemoryPlan fsdp_memory_plan(const std::vector<PlanParam>& params, const std:
     unit.gathered_bytes += layout.shard_numel() * world * p;
     unit.numel_bytes += elements(params[i].shape) * p;
     if (params[i].quant != quant::BaseQuant::none) {
-      const int64_t row_bytes = quant::quantized_row_bytes(params[i].quant, params[i].shape.at(1));
-      plan.frozen_param_bytes += layout.padded_rows * row_bytes;
-      unit.gathered_bytes += layout.padded_rows * world * row_bytes;
-      unit.gather_bytes += layout.dim0 * row_bytes;
-      unit.quantized_bytes += layout.dim0 * row_bytes;
+      const quant::QuantizedRowShape stored = quant::quantized_row_shape(params[i].quant, params[i].shape);
+      const ShardLayout stored_layout({stored.rows, stored.width}, world);
+      const int64_t row_bytes = quant::quantized_row_bytes(params[i].quant, stored.width);
+      plan.frozen_param_bytes += stored_layout.padded_rows * row_bytes;
+      unit.gathered_bytes += stored_layout.padded_rows * world * row_bytes;
+      unit.gather_bytes += stored.rows * row_bytes;
+      unit.quantized_bytes += stored.rows * row_bytes;
       unit.quantized_numel += elements(params[i].shape);
     } else {
       if (params[i].frozen) plan.frozen_param_bytes += layout.shard_numel() * p;

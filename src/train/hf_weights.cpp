@@ -8,6 +8,7 @@
 #include "quant/quantized_rows.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -124,6 +125,8 @@ int64_t load_hf_weights(Model& model, const HfAdapter& adapter, Fsdp& fsdp, cons
   int64_t conversions = 0;
   std::map<std::string, std::string> source_key;  // hf_key -> the name in this checkpoint
   std::map<std::string, const Param*> adapters;    // LoRA matrices: not in the source, initialised
+  std::map<std::string, int64_t> quant_groups;     // quantized weights: weight rows per stored row
+  std::vector<std::string> trained_from_codes;     // trained weights the directory stores quantized
   for (auto& [name, param] : model.named_parameters()) {
     if (param->adapter_dtype) {
       adapters[name] = param;
@@ -143,7 +146,21 @@ int64_t load_hf_weights(Model& model, const HfAdapter& adapter, Fsdp& fsdp, cons
     if (!at::isFloatingType(info.dtype))
       fail("model weights ", path, ": '", key, "' has dtype ", c10::toString(info.dtype), ", expected a float type");
     if (adapter.layout_differs(name)) ++conversions;
+    if (param->requires_grad && source.quantization(key) != quant::BaseQuant::none) trained_from_codes.push_back(name);
+    if (param->base_quant != quant::BaseQuant::none) {
+      const int64_t group = quant::quantized_row_shape(param->base_quant, param->shape).group;
+      if (group > 1 && adapter.layout_differs(name))
+        fail("model weights ", path, ": '", name, "' is re-laid out from its HF rows, but as ",
+             quant::base_quant_name(param->base_quant), " its stored rows hold ", group,
+             " weight rows each (its width is not whole blocks): features.lora.base_quant cannot hold it");
+      quant_groups[name] = group;
+    }
   }
+  if (!trained_from_codes.empty())  // a full fine-tune or modules_to_save over a -bnb-4bit / quantize-base directory
+    std::printf("[mmtrain] note: %s stores %zu trained weights quantized ('%s'%s): they train from their dequantized "
+                "values, the only ones it holds\n",
+                path.c_str(), trained_from_codes.size(), trained_from_codes[0].c_str(),
+                trained_from_codes.size() > 1 ? ", ..." : "");
   if (!missing.empty()) {
     std::string listed;
     for (size_t i = 0; i < missing.size() && i < 8; ++i) listed += (i ? ", '" : "'") + missing[i] + "'";
@@ -160,15 +177,17 @@ int64_t load_hf_weights(Model& model, const HfAdapter& adapter, Fsdp& fsdp, cons
     auto it = source_key.find(key);
     return source.read_rows(it == source_key.end() ? key : it->second, b, e);
   };
-  // A quantized frozen weight's rows of bytes in the training layout: the checkpoint's own when it
-  // stores that format (bitwise what it holds), else quantized here from its values, one whole
-  // tensor at a time (kept while the adapter asks for more of its rows).
+  // A quantized frozen weight's stored rows of bytes in the training layout: the checkpoint's own
+  // when it stores that format (bitwise what it holds), else quantized here from its values, one
+  // whole tensor at a time (kept while the adapter asks for more of its rows). The adapter maps
+  // weight rows; a stored row is `group` of them (1 wherever the layout is re-laid, checked above).
   std::string cached_key;
   at::Tensor cached_rows;
   at::ScalarType cached_dtype = at::kFloat;
   const QuantRowReader read_quantized = [&](const std::string& name, quant::BaseQuant kind, int64_t b, int64_t e) {
+    const int64_t group = quant_groups.at(name);
     QuantizedRows out;
-    out.bytes = adapter.load_rows(name, b, e, [&](const std::string& key, int64_t row_begin, int64_t row_end) {
+    out.bytes = adapter.load_rows(name, b * group, e * group, [&](const std::string& key, int64_t row_begin, int64_t row_end) {
       const auto it = source_key.find(key);
       const std::string& stored = it == source_key.end() ? key : it->second;
       if (stored != cached_key) {
@@ -184,7 +203,10 @@ int64_t load_hf_weights(Model& model, const HfAdapter& adapter, Fsdp& fsdp, cons
         cached_rows = quant::quantized_rows(q);
         cached_key = stored;
       }
-      return cached_rows.narrow(0, row_begin, row_end - row_begin);
+      if (row_begin % group != 0 || row_end % group != 0)
+        fail("model weights ", path, ": rows [", row_begin, ", ", row_end, ") of '", key, "' are not whole stored rows of ",
+             group);
+      return cached_rows.narrow(0, row_begin / group, (row_end - row_begin) / group);
     });
     out.public_dtype = cached_dtype;
     return out;

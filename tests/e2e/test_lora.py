@@ -269,12 +269,13 @@ def qlora_and_lora(tmp_path, magihuman_data, magihuman_bases, world=1, sets=(), 
 @pytest.mark.parametrize("world,parallel", [(1, ""), (2, "\n  ulysses_parallel_size: 2")], ids=["1rank", "ulysses2"])
 def test_magihuman_qlora_is_lora_on_the_dequantized_base(tmp_path, magihuman_data, magihuman_bases, world, parallel):
     """The nf4 base held by FSDP as rows of codes and scales (the gated MLP's rows moved to the training
-    layout with their scales) trains bitwise as LoRA over its dequantization: losses, grad norms and
-    the saved adapters."""
+    layout with their scales, the down_proj's rows grouped into whole blocks) trains bitwise as LoRA over
+    its dequantization: losses, grad norms and the saved adapters."""
     runs = qlora_and_lora(tmp_path, magihuman_data, magihuman_bases, world, parallel=parallel)
     assert len(runs["qlora"][0]) == 3 and runs["qlora"][:3] == runs["lora"][:3]
-    # 7 of the 8 adapted projections: the gated layer's down_proj rows (its MLP width) are not whole 64-blocks.
-    assert re.search(r"base_quant nf4: 7 frozen weights as rows of codes and scales", runs["qlora"][3]), runs["qlora"][3][-2000:]
+    # All 8 adapted projections: the gated layer's down_proj rows (MLP width 168) are not whole 64-blocks, so
+    # its stored rows are 8 weight rows each, bitsandbytes' blocks running across them.
+    assert re.search(r"base_quant nf4: 8 frozen weights as rows of codes and scales", runs["qlora"][3]), runs["qlora"][3][-2000:]
 
 
 def test_qlora_composes_with_recompute_offload_hsdp_budgets_async_saves_and_evaluation(tmp_path, magihuman_data,

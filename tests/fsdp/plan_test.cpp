@@ -27,7 +27,9 @@ const nlohmann::json kModelConfig = {{"vocab_size", 97}, {"hidden_size", 40}, {"
                                      {"num_heads", 4},   {"num_kv_heads", 2}, {"ffn_hidden_size", 70}};
 
 // world, and the base: 0 trained, 1 LoRA adapters over a frozen bf16 base (fp32 adapters), 2 the same
-// with the base in int8 rows (features.lora.base_quant; any shape splits into rows).
+// with the base in int8 rows (features.lora.base_quant; any shape splits into rows), 3 in nf4 (the
+// [40, 40] attention weights wq and wo as stored rows of 8 weight rows, 320 elements; the others'
+// row counts are no multiple of their group and they stay bf16).
 class PlanVsFsdp : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 std::shared_ptr<Model> planned_transformer(int lora) {
@@ -35,7 +37,7 @@ std::shared_ptr<Model> planned_transformer(int lora) {
   if (lora) {
     LoraConfig config;
     config.rank = 3;
-    if (lora == 2) config.base_quant = "int8";
+    if (lora >= 2) config.base_quant = lora == 2 ? "int8" : "nf4";
     apply_lora(*model, config, {"layers.{*}.attn.w?", "layers.{*}.mlp.w2"}, {"layers.{*}.attn.w?", "layers.{*}.mlp.w?"});
   }
   return model;
@@ -79,16 +81,23 @@ TEST_P(PlanVsFsdp, ShardBytesEqualFsdpMemoryStats) {
       EXPECT_EQ(gathered, plan.units[u].gathered_numel) << units[u]->name;
     }
   });
-  // Padding only ever adds: 4 ranks hold at least a quarter each (fp32, or bf16 where frozen, about 1 byte in int8).
+  // Padding only ever adds: 4 ranks hold at least a quarter each (fp32, or bf16 where frozen, about 1 byte in
+  // int8, at least half a byte in nf4).
   const int64_t frozen = plan.total_numel - plan.trained_numel;
-  EXPECT_GE(plan.param_bytes * world, plan.trained_numel * 4 + frozen * (lora == 2 ? 1 : 2));
-  if (lora == 2) EXPECT_LT(plan.param_bytes * world, plan.trained_numel * 4 + frozen * 2);
+  EXPECT_GE(plan.param_bytes * world * 2, plan.trained_numel * 8 + frozen * (lora == 3 ? 1 : lora == 2 ? 2 : 4));
+  if (lora >= 2) EXPECT_LT(plan.param_bytes * world, plan.trained_numel * 4 + frozen * 2);
+  if (lora == 3) {
+    int64_t quantized = 0;
+    for (const auto& [name, param] : planned_model->named_parameters()) quantized += param->base_quant != quant::BaseQuant::none;
+    EXPECT_EQ(quantized, 6);  // the three layers' wq and wo, in grouped rows
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(Worlds, PlanVsFsdp, ::testing::Combine(::testing::Values(1, 2, 4), ::testing::Values(0, 1, 2)),
+INSTANTIATE_TEST_SUITE_P(Worlds, PlanVsFsdp, ::testing::Combine(::testing::Values(1, 2, 4), ::testing::Values(0, 1, 2, 3)),
                          [](const auto& info) {
                            const int lora = std::get<1>(info.param);
-                           return "w" + std::to_string(std::get<0>(info.param)) + (lora == 1 ? "_lora" : lora == 2 ? "_qlora" : "");
+                           return "w" + std::to_string(std::get<0>(info.param)) +
+                                  (lora == 1 ? "_lora" : lora == 2 ? "_qlora_int8" : lora == 3 ? "_qlora_nf4" : "");
                          });
 
 TEST(FsdpPlan, DeepestUnitOwnsAParam) {

@@ -135,7 +135,8 @@ def magistral_run(run, base, data, base_quant="none", world=1, sets=()):
         "modules_to_save: [model.multi_modal_projector]}",
         f"modules_to_save: [model.multi_modal_projector], base_quant: {base_quant}}}")
     config = write_config(run / "train.yaml", text)
-    run_mmtrain(["train", str(config), *[arg for s in sets for arg in ("--set", s)]], world=world)
+    proc = run_mmtrain(["train", str(config), *[arg for s in sets for arg in ("--set", s)]], world=world)
+    (run / "stdout.txt").write_text(proc.stdout)
     records = [json.loads(line) for line in (run / "run" / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
     saved = {f.name: f.read_bytes() for f in sorted((run / "ckpt" / "iter_0000002").glob("*.safetensors"))}
     return [(r["loss"], r["grad_norm"]) for r in records], saved
@@ -151,6 +152,10 @@ def test_training_reads_the_quantized_base_as_its_dequantization(bases, data, tm
     quantized = magistral_run(tmp_path / "nf4", bases / "fp32_nf4", data)
     dequantized = magistral_run(tmp_path / "dequantized", bases / "fp32_nf4_back", data)
     assert len(quantized[0]) == 2 and quantized == dequantized
+    # modules_to_save trains the projector, which the nf4 directory holds only as codes: the log says so.
+    note = "stores 3 trained weights quantized ('model.multi_modal_projector.patch_merger.merging_layer.weight', ...)"
+    assert note in (tmp_path / "nf4" / "stdout.txt").read_text()
+    assert "trained weights quantized" not in (tmp_path / "dequantized" / "stdout.txt").read_text()
 
 
 @pytest.mark.parametrize("world,sets", [(1, ()), (2, ()), (2, ("parallel.ulysses_parallel_size=2",))],
