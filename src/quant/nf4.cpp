@@ -20,6 +20,11 @@ const std::array<float, 16>& nf4_levels() {
   return levels;
 }
 
+at::Tensor nf4_levels_tensor() {
+  const auto& levels = nf4_levels();
+  return at::tensor(std::vector<float>(levels.begin(), levels.end()), at::kFloat);
+}
+
 int64_t Nf4Weight::numel() const {
   int64_t n = 1;
   for (const int64_t d : shape) n *= d;

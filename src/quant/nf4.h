@@ -25,6 +25,8 @@ inline constexpr int64_t kNf4NestedBlocksize = 256;
 
 // The 16 NF4 levels (QLoRA, Dettmers et al. 2023, appendix E), ascending.
 const std::array<float, 16>& nf4_levels();
+// The same as fp32 [16] on the CPU (bitsandbytes' quant_map).
+at::Tensor nf4_levels_tensor();
 
 struct Nf4Weight {
   std::vector<int64_t> shape;

@@ -75,11 +75,8 @@ at::Tensor dequantize_rows(const at::Tensor& rows, BaseQuant kind, int64_t width
     const at::Tensor absmax = as_floats(rows.narrow(1, width / 2, 4 * (width / kNf4Blocksize)));  // [R, width / 64]
     // Codes in element order: element 2i is byte i's high nibble, 2i + 1 its low one.
     const at::Tensor codes = at::stack({packed.bitwise_right_shift(4), packed.bitwise_and(15)}, 2).view({R, width});
-    const auto& level = nf4_levels();
-    const at::Tensor levels =
-        at::tensor(std::vector<float>(level.begin(), level.end()), at::kFloat).to(rows.device());
-    values = levels.index_select(0, codes.reshape({-1}).to(at::kLong)).view({R, width / kNf4Blocksize, kNf4Blocksize}) *
-             absmax.unsqueeze(2);
+    const at::Tensor levels = nf4_levels_tensor().to(rows.device()).index_select(0, codes.reshape({-1}).to(at::kLong));
+    values = levels.view({R, width / kNf4Blocksize, kNf4Blocksize}) * absmax.unsqueeze(2);
   } else {
     const at::Tensor codes = rows.narrow(1, 0, width).contiguous().view(kind == BaseQuant::int8 ? at::kChar : at::kFloat8_e4m3fn);
     const at::Tensor scales = as_floats(rows.narrow(1, width, 4));  // [R, 1]

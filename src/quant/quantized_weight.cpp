@@ -79,11 +79,30 @@ nlohmann::json nf4_state(const at::Tensor& bytes, const std::string& what) {
   return state;
 }
 
-float nf4_offset(const at::Tensor& bytes, const std::string& what) {
-  const nlohmann::json state = nf4_state(bytes, what);
+float nf4_offset(const nlohmann::json& state, const std::string& what) {
   if (!state.contains("nested_offset") || !state.at("nested_offset").is_number())
     fail(what, ": its quant_state has no numeric nested_offset");
   return state.at("nested_offset").get<float>();
+}
+
+// The public shape and dtype an nf4 quant_state records, checked to be the layout mmtrain reads.
+PublicForm nf4_public_form(const nlohmann::json& state, const std::string& what) {
+  PublicForm form;
+  try {
+    if (state.at("blocksize") != kNf4Blocksize || !state.contains("nested_blocksize") ||
+        state.at("nested_blocksize") != kNf4NestedBlocksize || state.value("nested_dtype", "") != "float32")
+      fail(what, ": nf4 with blocksize ", state.at("blocksize").dump(), " and nested_blocksize ",
+           state.value("nested_blocksize", nlohmann::json()).dump(),
+           ": mmtrain reads blocks of 64 with double-quantized absmax in blocks of 256 (bnb_4bit_use_double_quant)");
+    form.dtype = parse_torch_dtype(state.at("dtype").get<std::string>(), what);
+    form.shape = state.at("shape").get<std::vector<int64_t>>();
+  } catch (const nlohmann::json::exception& e) {
+    fail(what, ": its quant_state lacks or mistypes a field (", e.what(), ")");
+  }
+  if (form.shape.size() > 8) fail(what, ": quant_state shape has ", form.shape.size(), " dimensions");
+  for (const int64_t d : form.shape)
+    if (d < 0 || d > (int64_t{1} << 40)) fail(what, ": quant_state shape ", shape_str(form.shape), " is out of range");
+  return form;
 }
 
 }  // namespace
@@ -132,7 +151,6 @@ std::vector<std::pair<std::string, at::Tensor>> hf_tensors(const std::string& ke
   const std::string prefix = module_prefix(key);
   switch (q.kind) {
     case BaseQuant::nf4: {
-      const auto& levels = nf4_levels();
       nlohmann::ordered_json state = {{"quant_type", "nf4"},
                                       {"blocksize", kNf4Blocksize},
                                       {"dtype", torch_dtype_name(q.dtype)},
@@ -154,7 +172,7 @@ std::vector<std::pair<std::string, at::Tensor>> hf_tensors(const std::string& ke
                      "\"nested_offset\": " + python_float_repr(static_cast<double>(q.nf4.offset)));
       return {{key, q.nf4.packed.unsqueeze(1)},
               {key + ".absmax", q.nf4.absmax_codes},
-              {key + ".quant_map", at::tensor(std::vector<float>(levels.begin(), levels.end()), at::kFloat)},
+              {key + ".quant_map", nf4_levels_tensor()},
               {key + ".nested_absmax", q.nf4.nested_absmax},
               {key + ".nested_quant_map", dynamic_map().clone()},
               {key + kNf4State, bytes_tensor(spaced)}};
@@ -216,19 +234,18 @@ QuantizedWeight read_hf_quantized(const std::string& key, BaseQuant kind, const 
   QuantizedWeight q;
   q.kind = kind;
   if (kind == BaseQuant::nf4) {
-    const PublicForm form = hf_public_form(key, kind, read, {}, where);
+    const nlohmann::json state = nf4_state(read(key + kNf4State), what);
+    const PublicForm form = nf4_public_form(state, what);
     q.shape = form.shape;
     q.dtype = form.dtype;
-    q.nf4.offset = nf4_offset(read(key + kNf4State), what);
+    q.nf4.offset = nf4_offset(state, what);
     q.nf4.shape = q.shape;
     q.nf4.dtype = q.dtype;
     q.nf4.packed = read(key).reshape({-1}).contiguous();
     q.nf4.absmax_codes = read(key + ".absmax").reshape({-1}).contiguous();
     q.nf4.nested_absmax = read(key + ".nested_absmax").reshape({-1}).contiguous();
     q.nf4.check(what);
-    const at::Tensor quant_map = read(key + ".quant_map");
-    const auto& levels = nf4_levels();
-    if (!quant_map.equal(at::tensor(std::vector<float>(levels.begin(), levels.end()), at::kFloat)))
+    if (!read(key + ".quant_map").equal(nf4_levels_tensor()))
       fail(what, ": its quant_map is not the 16 NF4 levels");
     if (!read(key + ".nested_quant_map").equal(dynamic_map()))
       fail(what, ": its nested_quant_map is not bitsandbytes' dynamic map");
@@ -260,30 +277,9 @@ QuantizedWeight read_hf_quantized(const std::string& key, BaseQuant kind, const 
 
 PublicForm hf_public_form(const std::string& key, BaseQuant kind, const ReadKey& read,
                           const std::vector<int64_t>& stored_shape, const std::string& where) {
+  if (kind != BaseQuant::nf4) return {stored_shape, at::kFloat};
   const std::string what = where + ": '" + key + "'";
-  PublicForm form;
-  if (kind != BaseQuant::nf4) {
-    form.shape = stored_shape;
-    return form;
-  }
-  {
-    const nlohmann::json state = nf4_state(read(key + kNf4State), what);
-    try {
-      if (state.at("blocksize") != kNf4Blocksize || !state.contains("nested_blocksize") ||
-          state.at("nested_blocksize") != kNf4NestedBlocksize || state.value("nested_dtype", "") != "float32")
-        fail(what, ": nf4 with blocksize ", state.at("blocksize").dump(), " and nested_blocksize ",
-             state.value("nested_blocksize", nlohmann::json()).dump(),
-             ": mmtrain reads blocks of 64 with double-quantized absmax in blocks of 256 (bnb_4bit_use_double_quant)");
-      form.dtype = parse_torch_dtype(state.at("dtype").get<std::string>(), what);
-      form.shape = state.at("shape").get<std::vector<int64_t>>();
-    } catch (const nlohmann::json::exception& e) {
-      fail(what, ": its quant_state lacks or mistypes a field (", e.what(), ")");
-    }
-    if (form.shape.size() > 8) fail(what, ": quant_state shape has ", form.shape.size(), " dimensions");
-    for (const int64_t d : form.shape)
-      if (d < 0 || d > (int64_t{1} << 40)) fail(what, ": quant_state shape ", shape_str(form.shape), " is out of range");
-  }
-  return form;
+  return nf4_public_form(nf4_state(read(key + kNf4State), what), what);
 }
 
 }  // namespace mmtrain::quant
