@@ -176,7 +176,6 @@ Fsdp::Fsdp(Module& model, std::shared_ptr<Comm> comm, FsdpConfig config, at::Dev
         p.quant = p.param->base_quant;
         const quant::QuantizedRowShape stored = quant::quantized_row_shape(p.quant, p.param->shape);
         p.quant_layout = ShardLayout({stored.rows, stored.width}, world);
-        p.quant_width = stored.width;
         p.quant_row_bytes = quant::quantized_row_bytes(p.quant, stored.width);
         p.offset = quant_total;
         quant_total += p.quant_layout.padded_rows * p.quant_row_bytes;
@@ -305,9 +304,9 @@ void Fsdp::fill_quantized_shard(FsdpParam& p, const QuantRowReader& read_quantiz
 void Fsdp::dequantize_gathered(FsdpParam& p) {
   RECORD_USER_SCOPE("fsdp::dequantize");
   acquire_gather_storage(p.gathered);
-  // [stored rows, quant_width] is the weight's [dim0, in] in the same element order.
+  // [stored rows, stored width] is the weight's [dim0, in] in the same element order.
   const at::Tensor values = quant::dequantize_rows(p.quant_gathered.narrow(0, 0, p.quant_layout.dim0), p.quant,
-                                                   p.quant_width, p.public_dtype, p.gathered.scalar_type());
+                                                   p.quant_layout.row_numel, p.public_dtype, p.gathered.scalar_type());
   p.gathered.narrow(0, 0, p.layout.dim0).copy_(values.view({p.layout.dim0, p.layout.row_numel}));
   release_gather_storage(p.quant_gathered);
 }

@@ -65,13 +65,13 @@ struct FsdpParam {
   at::Tensor shard;            // [padded_rows, ...] view of that flat: fp32, or the gather dtype when frozen
   at::Tensor gathered;         // [W * padded_rows, ...] in the dtype it computes in; storage freed while sharded
   // Stored quantized (frozen only): quant_layout shards its stored rows (quant::QuantizedRowShape:
-  // rows of quant_width elements, each quant_row_bytes bytes); shard is then uint8
+  // rows of quant_layout.row_numel elements, each quant_row_bytes bytes); shard is then uint8
   // [quant_layout.padded_rows, quant_row_bytes], a view of the unit's quant_flat, and quant_gathered
   // uint8 [W * quant_layout.padded_rows, quant_row_bytes] receives the gather; public_dtype is the
   // dtype the rows dequantize to (the base's), before gathered's.
   quant::BaseQuant quant = quant::BaseQuant::none;
   ShardLayout quant_layout;
-  int64_t quant_width = 0, quant_row_bytes = 0;
+  int64_t quant_row_bytes = 0;
   at::Tensor quant_gathered;
   at::ScalarType public_dtype = at::kBFloat16;
 

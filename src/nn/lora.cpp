@@ -123,14 +123,8 @@ LoraSummary apply_lora(Module& model, const LoraConfig& config, const std::vecto
       auto* linear = dynamic_cast<Linear*>(module);
       bool is_adaptable = false;
       for (const auto& pattern : adaptable) is_adaptable = is_adaptable || pattern.matches(name);
-      if (!linear || !is_adaptable || linear->weight.requires_grad) continue;
-      const std::string weight = name + ".weight";
-      if (quant::row_quantizable(kind, linear->weight.shape)) {
+      if (linear && is_adaptable && !linear->weight.requires_grad && quant::row_quantizable(kind, linear->weight.shape))
         linear->weight.base_quant = kind;
-        summary.quantized.push_back(weight);
-      } else {
-        summary.left_unquantized.push_back(weight);
-      }
     }
   summary.trainable_params = trainable_param_count(model);
   return summary;

@@ -41,8 +41,6 @@ struct LoraSummary {
   std::vector<std::string> adapted;   // the Linear modules that got an adapter
   int64_t adapter_params = 0;         // elements of every lora_A / lora_B
   int64_t trainable_params = 0;       // adapters plus modules_to_save
-  std::vector<std::string> quantized;  // the frozen weights stored in base_quant
-  std::vector<std::string> left_unquantized;  // adaptable frozen weights whose rows are not whole blocks
 };
 
 // Adds the adapters to model and freezes what does not train. default_targets: the model's
