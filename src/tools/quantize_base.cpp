@@ -131,9 +131,7 @@ void convert_quantize_base(const std::string& model_id, const std::string& load_
     if (source.quantization(name) != quant::BaseQuant::none)
       fail("quantize-base: ", load_dir, " stores '", name, "' quantized already (", quant::base_quant_name(source.quantization(name)),
            "); dequantize-base it first");
-    const auto& info = source.info(name);
-    at::Tensor full = source.read_rows(name, 0, info.shape.empty() ? 1 : info.shape[0]);
-    if (info.shape.empty()) full = full.reshape({});
+    const at::Tensor full = source.read_full(name);
     if (!keys.count(name)) return {{name, full}};
     compute_dtype = full.scalar_type();
     const quant::QuantizedWeight q = quant::quantize_weight(full, kind);
@@ -160,11 +158,7 @@ void convert_dequantize_base(const std::string& model_id, const std::string& loa
   int64_t dequantized = 0;
   auto convert = [&](const std::string& name) -> std::vector<std::pair<std::string, at::Tensor>> {
     const auto kind = source.quantization(name);
-    if (kind == quant::BaseQuant::none) {
-      const auto& info = source.info(name);
-      at::Tensor full = source.read_rows(name, 0, info.shape.empty() ? 1 : info.shape[0]);
-      return {{name, info.shape.empty() ? full.reshape({}) : full}};
-    }
+    if (kind == quant::BaseQuant::none) return {{name, source.read_full(name)}};
     const quant::QuantizedWeight q = source.read_quantized(name);
     ++dequantized;
     return {{name, quant::dequantize_weight(q, kind == quant::BaseQuant::nf4 ? q.dtype : dtype_8bit).contiguous()}};

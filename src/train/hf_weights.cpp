@@ -86,6 +86,12 @@ at::Tensor WeightSource::read_rows(const std::string& name, int64_t begin, int64
   return rows;
 }
 
+at::Tensor WeightSource::read_full(const std::string& name) const {
+  const auto& shape = info(name).shape;
+  const at::Tensor full = read_rows(name, 0, shape.empty() ? 1 : shape[0]);
+  return shape.empty() ? full.reshape({}) : full;
+}
+
 uint32_t WeightSource::crc32c_of(const std::string& name, uint32_t crc) const {
   return file_ ? file_->crc32c_of(name, crc) : index_->file(name).crc32c_of(name, crc);
 }
@@ -196,7 +202,7 @@ int64_t load_hf_weights(Model& model, const HfAdapter& adapter, Fsdp& fsdp, cons
           q = source.read_quantized(stored);
           cached_dtype = kind == quant::BaseQuant::nf4 ? q.dtype : source.info(stored).dtype;
         } else {
-          const at::Tensor full = source.read_rows(stored, 0, source.info(stored).shape.at(0));
+          const at::Tensor full = source.read_full(stored);
           q = quant::quantize_weight(full, kind);
           cached_dtype = full.scalar_type();
         }

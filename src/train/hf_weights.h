@@ -9,7 +9,6 @@
 #include "quant/quantized_weight.h"
 
 #include <map>
-
 #include <memory>
 #include <string>
 
@@ -28,6 +27,7 @@ class WeightSource {
   const SafetensorsTensorInfo& info(const std::string& name) const;
   // Rows [begin, end) of name, checked finite: NaN/Inf is an error naming the tensor and its file.
   at::Tensor read_rows(const std::string& name, int64_t begin, int64_t end) const;
+  at::Tensor read_full(const std::string& name) const;  // the whole tensor in its shape (0-dim too), checked finite
   std::string file_of(const std::string& name) const;  // the file holding name
   // How name is stored (none: as itself) and, when quantized, its stored form.
   quant::BaseQuant quantization(const std::string& name) const;
