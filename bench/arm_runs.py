@@ -57,3 +57,13 @@ def interleaved(arms: list[str], rounds_count: int, one_run) -> dict:
         for arm in arms if r % 2 else list(reversed(arms)):
             runs[arm].append(one_run(arm, r))
     return runs
+
+
+def bench_each_model(name: str, binary: str, bench_dir, models: list[str], bench_model, **header) -> None:
+    """The bench scripts' main: checks the binary, runs bench_model(m) for each model in turn, and
+    prints the last line, {"bench": name, **header, "models": [...]}."""
+    if not os.access(binary, os.X_OK):
+        raise SystemExit(f"bench: no mmtrain binary at {binary} (build first: make build)")
+    bench_dir.mkdir(parents=True, exist_ok=True)
+    results = [bench_model(m) for m in models]
+    print(json.dumps({"bench": name, **header, "models": results}))

@@ -36,7 +36,7 @@ import sys
 from pathlib import Path
 
 import bench_models
-from arm_runs import interleaved, run_logged
+from arm_runs import bench_each_model, interleaved, run_logged
 
 BUILD = Path(sys.argv[1] if len(sys.argv) > 1 else "build").resolve()
 BIN = os.environ.get("MMTRAIN_BIN", str(BUILD / "bin" / "mmtrain"))
@@ -146,12 +146,8 @@ def bench_model(model):
 
 
 def main():
-    if not os.access(BIN, os.X_OK):
-        raise SystemExit(f"bench: no mmtrain binary at {BIN} (build first: make build)")
-    BENCH.mkdir(parents=True, exist_ok=True)
-    results = [bench_model(m) for m in MODELS]
-    print(json.dumps({"bench": "qlora", "ranks": 2, "steps": STEPS, "global_batch": GLOBAL, "rounds": ROUNDS,
-                      "param_dtype": "bf16", "models": results}))
+    bench_each_model("qlora", BIN, BENCH, MODELS, bench_model, ranks=2, steps=STEPS, global_batch=GLOBAL, rounds=ROUNDS,
+                     param_dtype="bf16")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ import sys
 from pathlib import Path
 
 import bench_models
+from arm_runs import bench_each_model
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD = Path(sys.argv[1] if len(sys.argv) > 1 else "build").resolve()
@@ -128,12 +129,8 @@ def bench_model(model):
 
 
 def main():
-    if not os.access(BIN, os.X_OK):
-        raise SystemExit(f"bench: no mmtrain binary at {BIN} (build first: make build)")
-    BENCH.mkdir(parents=True, exist_ok=True)
-    results = [bench_model(m) for m in MODELS]
-    print(json.dumps({"bench": "validation", "steps": STEPS, "samples": SAMPLES, "global_batch": GLOBAL,
-                      "rounds": ROUNDS, "models": results}))
+    bench_each_model("validation", BIN, BENCH, MODELS, bench_model, steps=STEPS, samples=SAMPLES, global_batch=GLOBAL,
+                     rounds=ROUNDS)
 
 
 if __name__ == "__main__":
