@@ -231,8 +231,7 @@ at::Tensor SequenceShard::gather(const at::Tensor& local) const {
   all.narrow(0, cp_->rank() * rows, rows).copy_(local);
   at::Tensor index = at::empty({W * rows}, local.options().dtype(at::kLong));
   index.narrow(0, cp_->rank() * rows, rows).copy_(at::tensor(local_index_, at::kLong));
-  cp_->all_gather_in_place({all.view({-1})}).wait();
-  cp_->all_gather_in_place({index}).wait();
+  cp_->all_gather_in_place({all.view({-1}), index}).wait();  // one collective for both
   const at::Tensor real = index.lt(total_rows()).nonzero().view(-1);
   shape[0] = total_rows();
   return at::empty(shape, local.options()).index_copy_(0, index.index_select(0, real), all.index_select(0, real));
