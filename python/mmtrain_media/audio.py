@@ -16,32 +16,66 @@ from . import spec
 from .files import InputError
 
 
+# A clip that starts later than this is reached by a seek to SEEK_LEAD_SECONDS before its start
+# (so the resampler's start-up lies well before it) instead of decoding everything before it.
+SEEK_LEAD_SECONDS = 30.0
+
+
 def decode_samples(container, start, seconds, where):
     """`seconds` of mono samples at 51200 Hz from `start` (seconds from the stream's first sample):
     [round(seconds * 51200)] fp32 in [-1, 1). A stream that ends up to one video frame early is
-    padded with silence, as upstream pads its windows; shorter than that is an error."""
+    padded with silence, as upstream pads its windows; shorter than that is an error.
+
+    Only the samples inside the window are kept, so a late start costs no memory. A start beyond
+    SEEK_LEAD_SECONDS seeks first; its samples then sit on a resampling grid offset from a decode
+    from the first sample by less than one output sample (under 20 us)."""
     if not container.streams.audio:
         raise InputError("no_audio", f"{where} has no audio track (give a <stem>.wav / .flac beside it, "
                          "or an 'audio' entry in the manifest)")
     stream = container.streams.audio[0]
     resampler = av.AudioResampler(format="s16", layout="mono", rate=spec.AUDIO_SAMPLE_RATE)
-    skip = round(start * spec.AUDIO_SAMPLE_RATE)
+    first = round(start * spec.AUDIO_SAMPLE_RATE)
     wanted = round(seconds * spec.AUDIO_SAMPLE_RATE)
-    chunks, have = [], 0
+    origin = stream.start_time or 0
+    sought = start > SEEK_LEAD_SECONDS and stream.time_base is not None
+    chunks, layout = [], None
+    position = None if sought else 0  # the next resampled sample's index from the stream's first
+
+    def keep(frame):
+        nonlocal position
+        data = frame.to_ndarray().reshape(-1)
+        lo, hi = max(first - position, 0), min(first + wanted - position, len(data))
+        if lo < hi:
+            chunks.append(data[lo:hi])
+        position += len(data)
+
     try:
+        if sought:
+            container.seek(origin + int((start - SEEK_LEAD_SECONDS) / stream.time_base), stream=stream)
         for frame in container.decode(stream):
+            if position is None:
+                if frame.pts is None:
+                    raise InputError("corrupt_file", f"{where}: an audio frame without a timestamp after seeking "
+                                     f"to {start} s")
+                position = max(round(float((frame.pts - origin) * stream.time_base) * spec.AUDIO_SAMPLE_RATE), 0)
+            this = (frame.sample_rate, frame.layout.name, frame.format.name)
+            if layout is not None and this != layout:
+                raise InputError("audio_format_changes", f"{where}: its audio changes format mid-stream "
+                                 f"({layout[0]} Hz {layout[1]} -> {this[0]} Hz {this[1]}); re-encode it at one rate")
+            layout = this
             frame.pts = None  # the resampler counts samples from the first; timestamps may jump
             for out in resampler.resample(frame):
-                have += _take(out, chunks)
-            if have >= skip + wanted:
+                keep(out)
+            if position >= first + wanted:
                 break
         else:
             for out in resampler.resample(None):
-                have += _take(out, chunks)
+                keep(out)
     except av.error.FFmpegError as error:
         raise InputError("corrupt_file", f"{where}: cannot decode its audio: {error}") from None
+    except ValueError as error:  # PyAV's resampler refuses a frame unlike the first
+        raise InputError("audio_format_changes", f"{where}: its audio cannot be resampled: {error}") from None
     samples = np.concatenate(chunks) if chunks else np.zeros(0, np.int16)
-    samples = samples[skip:skip + wanted] if len(samples) > skip else np.zeros(0, np.int16)
     missing = wanted - len(samples)
     if missing > spec.AUDIO_SAMPLE_RATE // spec.FPS:
         raise InputError("audio_too_short", f"{where}: its audio holds {len(samples) / spec.AUDIO_SAMPLE_RATE:.3f} s "
@@ -50,10 +84,14 @@ def decode_samples(container, start, seconds, where):
     return torch.from_numpy(samples.astype(np.float32) / 32768.0)
 
 
-def _take(frame, chunks):
-    data = frame.to_ndarray().reshape(-1)
-    chunks.append(data)
-    return len(data)
+def window_samples(window_seconds):
+    """The window in samples: a whole number of latent frames (2048 samples each), else refused
+    (a float truncation would otherwise drop the last latent frame silently)."""
+    window = round(window_seconds * spec.AUDIO_SAMPLE_RATE)
+    if abs(window - window_seconds * spec.AUDIO_SAMPLE_RATE) > 1e-6 * window or window % spec.AUDIO_HOP:
+        raise InputError("bad_setting", f"--audio-window-seconds {window_seconds}: {window_seconds * spec.AUDIO_SAMPLE_RATE} "
+                         f"samples, not a whole number of {spec.AUDIO_HOP}-sample latent frames")
+    return window
 
 
 def windows(total, window):
@@ -92,7 +130,7 @@ def encode(vae, samples, generator, window_seconds=spec.AUDIO_WINDOW_SECONDS):
     """Samples [n] -> latents [Na, C]: the VAE posterior sampled (mean + (softplus(scale) + 1e-4) * N(0, 1),
     noise from `generator`), window by window as upstream when n exceeds one window."""
     device = next(vae.parameters()).device
-    window = int(window_seconds * spec.AUDIO_SAMPLE_RATE)
+    window = window_samples(window_seconds)
 
     def sample(chunk):  # [n'] -> [1, C, frames]
         stereo = chunk.to(device).unsqueeze(0).expand(2, -1).unsqueeze(0)

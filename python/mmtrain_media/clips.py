@@ -1,12 +1,11 @@
 """Finding the clips: a directory of <stem>.mp4|mkv|webm|mov with <stem>.txt captions (and an
 optional <stem>.wav|flac soundtrack), or a JSONL manifest of {video, caption, audio?, start?, end?}."""
 
-import json
 import os
 import stat
 from dataclasses import dataclass, field
 
-from .files import InputError, confined, read_regular
+from .files import InputError, confined, parse_json_text, printable, read_regular
 from .text import MAX_CAPTION_BYTES
 
 VIDEO_SUFFIXES = (".mp4", ".mkv", ".webm", ".mov")
@@ -46,6 +45,19 @@ def decode_caption(data, where):
     return text
 
 
+def check_name(clip):
+    """A clip's stem names its output files and its record: it must be UTF-8 (a record is JSON, a
+    log line text) and not hidden (names starting with '.' are the outputs' temporary files)."""
+    for name in (clip.stem, clip.video) + ((clip.audio,) if clip.audio else ()):
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InputError("bad_file_name", f"'{printable(name)}' is not a UTF-8 name; rename it") from None
+    if not clip.stem or clip.stem.startswith("."):
+        raise InputError("bad_file_name", f"'{printable(clip.video)}': a hidden name (starting with '.') or an empty "
+                         "stem is refused: the outputs' temporary files start with '.'")
+
+
 def _stem_collisions(clips):
     by_stem = {}
     for clip in clips:
@@ -76,6 +88,7 @@ def from_directory(directory):
             if len(sidecars) > 1:
                 raise InputError("stem_collision", f"{stem}: two soundtracks ({', '.join(sidecars)}); keep one")
             clip.audio = os.path.join(directory, sidecars[0]) if sidecars else None
+            check_name(clip)
         except InputError as error:
             clip.problem = error
     _stem_collisions(clips)
@@ -103,9 +116,9 @@ def from_manifest(path):
             continue
         where = f"{path}:{number}"
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise InputError("bad_manifest", f"{where}: not JSON ({error})") from None
+            record = parse_json_text(line, where)
+        except InputError as error:
+            raise InputError("bad_manifest", f"{error} (not a JSON line)") from None
         if not isinstance(record, dict):
             raise InputError("bad_manifest", f"{where}: expected an object")
         unknown = set(record) - {"video", "caption", "audio", "start", "end"}
@@ -126,6 +139,7 @@ def from_manifest(path):
             clip.end = _seconds(record, "end", where)
             if clip.end is not None and clip.end <= clip.start:
                 raise InputError("bad_manifest", f"{where}: end {clip.end} is not after start {clip.start}")
+            check_name(clip)
         except InputError as error:
             clip.problem = error
     _stem_collisions(clips)

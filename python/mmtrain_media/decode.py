@@ -4,11 +4,18 @@
 Each stem in latents/ with its audio_latents/ file becomes OUT/<stem>.mp4: the video tokens
 unpatchified and decoded by the Wan2.2 VAE, the audio latents by the Oobleck VAE and resampled to
 44.1 kHz, muxed by PyAV (H.264 + AAC). `mmtrain sample` decodes its latents the same way.
+
+A latent file that cannot be decoded is named and skipped; the others are decoded, and the exit
+status is then 2. OUT is built as a hidden sibling and renamed into place when every sample has
+been tried, so an interrupted decode leaves no OUT to block its rerun (with --beside the files go
+beside the latents, each written atomically).
 """
 
 import argparse
 import io
 import os
+import secrets
+import shutil
 import sys
 import wave
 
@@ -19,10 +26,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load as safetensors_load
 
 from . import audio, mp4, video
-from .files import InputError, make_dir, open_regular, write_atomic
+from .files import InputError, make_dir, open_regular, say, write_atomic
 
 MAX_LATENT_BYTES = 1 << 32
 AUDIO_RATE_OUT = 44100
+EXIT_SOME_FAILED = 2
 
 
 def parse(argv):
@@ -80,7 +88,7 @@ def main(argv=None):
     try:
         return run(args)
     except InputError as error:
-        print(f"error: {error}", file=sys.stderr)
+        say(f"error: {error}")
         return 1
 
 
@@ -113,19 +121,57 @@ def run(args):
                                                  use_safetensors=True).to(args.device).eval()
     audio_vae = AutoencoderOobleck.from_pretrained(args.audio_vae, torch_dtype=torch.float32, local_files_only=True,
                                                    use_safetensors=True).to(args.device).eval()
-    make_dir(args.out)
-    for index, (stem, video_file, audio_file) in enumerate(samples, start=1):
-        tokens, grid = read_tensors(video_file, ["video_latent", "video_grid_thw"])
-        (audio_latent,) = read_tensors(audio_file, ["audio_latent"])
-        frames = video.decode(video_vae, video.unpatchify(tokens.float(), grid.tolist()), dtype)
-        stereo = audio.decode(audio_vae, audio_latent.float(), AUDIO_RATE_OUT)
-        out = os.path.join(args.out, stem + ".mp4")
-        mp4.write(out, frames, args.fps, stereo, AUDIO_RATE_OUT)
-        if args.previews:
-            write_previews(os.path.join(args.out, stem), frames, stereo, AUDIO_RATE_OUT)
-        print(f"decode: {index}/{len(samples)} {out}: {frames.shape[0]} frames {frames.shape[2]}x{frames.shape[1]}, "
-              f"{stereo.shape[1] / AUDIO_RATE_OUT:.2f} s of audio", file=sys.stderr, flush=True)
+    if args.beside:
+        failed = decode_all(args, samples, args.out, video_vae, audio_vae, dtype)
+    else:
+        parent, name = os.path.split(os.path.abspath(args.out))
+        building = os.path.join(parent, f".{name}.partial-{secrets.token_hex(6)}")
+        make_dir(building)
+        try:
+            failed = decode_all(args, samples, building, video_vae, audio_vae, dtype)
+            if os.path.lexists(args.out):
+                raise InputError("output_exists", f"--out {args.out} appeared while decoding; mmtrain never overwrites")
+            os.rename(building, args.out)
+        finally:
+            shutil.rmtree(building, ignore_errors=True)
+    if failed:
+        say(f"decode: {len(samples) - failed} of {len(samples)} decoded; {failed} failed (named above)")
+        return EXIT_SOME_FAILED
     return 0
+
+
+def decode_all(args, samples, out_dir, video_vae, audio_vae, dtype):
+    """Decodes each sample into out_dir; returns how many failed (each named on stderr)."""
+    failed = 0
+    for index, (stem, video_file, audio_file) in enumerate(samples, start=1):
+        out = os.path.join(out_dir, stem + ".mp4")
+        try:
+            tokens, grid = read_tensors(video_file, ["video_latent", "video_grid_thw"])
+            (audio_latent,) = read_tensors(audio_file, ["audio_latent"])
+            if grid.dim() != 1 or grid.numel() != 3 or tokens.dim() != 2 or audio_latent.dim() != 2:
+                raise InputError("bad_latent", f"{video_file}: video_latent {list(tokens.shape)}, video_grid_thw "
+                                 f"{list(grid.shape)}, audio_latent {list(audio_latent.shape)}: expected [N, C], [3], "
+                                 "[Na, C]")
+            if not (torch.isfinite(tokens.float()).all() and torch.isfinite(audio_latent.float()).all()):
+                raise InputError("bad_latent", f"{video_file}: the latents hold NaN or Inf")
+            frames = video.decode(video_vae, video.unpatchify(tokens.float(), grid.tolist()), dtype)
+            stereo = audio.decode(audio_vae, audio_latent.float(), AUDIO_RATE_OUT)
+            mp4.write(out, frames, args.fps, stereo, AUDIO_RATE_OUT)
+            if args.previews:
+                write_previews(os.path.join(out_dir, stem), frames, stereo, AUDIO_RATE_OUT)
+        except InputError as error:
+            failed += 1
+            say(f"decode: {index}/{len(samples)} {stem}: failed ({error.code}): {error}")
+            continue
+        except (MemoryError, KeyboardInterrupt):
+            raise
+        except Exception as error:  # the decoders' own refusal of a latent of the wrong width or size
+            failed += 1
+            say(f"decode: {index}/{len(samples)} {stem}: failed: {type(error).__name__}: {error}")
+            continue
+        say(f"decode: {index}/{len(samples)} {os.path.join(args.out, stem + '.mp4')}: {frames.shape[0]} frames "
+            f"{frames.shape[2]}x{frames.shape[1]}, {stereo.shape[1] / AUDIO_RATE_OUT:.2f} s of audio")
+    return failed
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import json
 import os
 import secrets
 import stat
+import sys
 
 from safetensors.torch import save as safetensors_bytes
 
@@ -20,6 +21,34 @@ class InputError(Exception):
     def __init__(self, code, message):
         super().__init__(message)
         self.code = code
+
+
+def utf8_safe(text):
+    """`text` encodable as UTF-8 (what JSON needs): a file name's undecodable bytes (os.fsdecode's
+    surrogates) become \\xNN."""
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    out = []
+    for ch in str(text):
+        code = ord(ch)
+        if 0xDC80 <= code <= 0xDCFF:      # an undecodable byte, as os.fsdecode keeps it
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif 0xD800 <= code <= 0xDFFF:    # any other lone surrogate
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def printable(text):
+    """`text` safe to print: utf8_safe, and control characters (a terminal's escape sequences) as
+    their repr escapes."""
+    return "".join(repr(ch)[1:-1] if not ch.isprintable() and ch != " " else ch for ch in utf8_safe(text))
+
+
+def say(message):
+    """One line on stderr, printable whatever file names it carries."""
+    print(printable(message), file=sys.stderr, flush=True)
 
 
 def open_regular(path, what, max_bytes=None, follow_links=False):
@@ -99,19 +128,86 @@ def write_safetensors(path, tensors, metadata=None, replace=False):
     write_atomic(path, safetensors_bytes({k: v.contiguous() for k, v in tensors.items()}, metadata), replace)
 
 
+def utf8_safe_tree(value):
+    """A JSON value with every string (keys too) through utf8_safe()."""
+    if isinstance(value, str):
+        return utf8_safe(value)
+    if isinstance(value, dict):
+        return {utf8_safe(k): utf8_safe_tree(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [utf8_safe_tree(v) for v in value]
+    return value
+
+
 def write_json(path, value, replace=False):
-    write_atomic(path, (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode(), replace)
+    """Every string through utf8_safe(): a record may carry a file name that is not UTF-8."""
+    write_atomic(path, (json.dumps(utf8_safe_tree(value), indent=2, ensure_ascii=False) + "\n").encode(), replace)
+
+
+MAX_JSON_DEPTH = 64
+
+
+def json_depth(text):
+    """The deepest nesting of [ and { in JSON text, outside strings: checked before parsing, since
+    Python's parser recurses (a deep line would end in a RecursionError)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def parse_json_text(text, where):
+    """JSON text parsed, refusing nesting deeper than MAX_JSON_DEPTH and non-finite numbers
+    (1e400 parses as inf; NaN and Infinity are not JSON)."""
+    if json_depth(text) > MAX_JSON_DEPTH:
+        raise InputError("bad_json", f"{where}: nested deeper than {MAX_JSON_DEPTH} levels")
+
+    def finite(token):
+        value = float(token)
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"the number {token} is not finite")
+        return value
+
+    def refuse_constant(token):
+        raise ValueError(f"{token} is not a JSON number")
+
+    try:
+        return json.loads(text, parse_float=finite, parse_constant=refuse_constant)
+    except (json.JSONDecodeError, ValueError, RecursionError) as error:
+        raise InputError("bad_json", f"{where}: {error}") from None
 
 
 def parse_json(data, where):
     try:
-        return json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise InputError("bad_json", f"{where}: {error}") from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InputError("bad_json", f"{where}: not UTF-8 (byte {error.start})") from None
+    return parse_json_text(text, where)
 
 
 def read_json(path, what, max_bytes=1 << 26, follow_links=False):
     return parse_json(read_regular(path, what, max_bytes, follow_links), f"{what} {path}")
+
+
+def read_json_object(path, what, max_bytes=1 << 26, follow_links=False):
+    value = read_json(path, what, max_bytes, follow_links)
+    if not isinstance(value, dict):
+        raise InputError("bad_json", f"{what} {path}: expected a JSON object, found {type(value).__name__}")
+    return value
 
 
 def remove_quietly(path):

@@ -4,7 +4,8 @@
     OUT/audio_latents/<stem>.safetensors  audio_latent [Na, C] fp32
     OUT/conditions/<stem>.safetensors     prompt_embeds [Nt <= 640, hidden] fp16
     OUT/prepare.json                      the encoders, the settings, and per clip what was made or why not
-    OUT/.records/                         the settings and one record per finished clip (what --resume reads)
+    OUT/.records/settings.json            the settings (what --resume compares)
+    OUT/.records/clips/<stem>.json        one record per finished clip (what --resume reads)
 
 Captions are encoded first and the text encoder freed, then the clips go through the two VAEs,
 so the 9B text encoder and the VAEs never share the device. Under torchrun clip i goes to rank
@@ -22,11 +23,12 @@ import torch
 
 from . import audio, spec, text, video
 from .clips import find_clips
-from .files import InputError, make_dir, open_regular, parse_json, read_json, read_regular, remove_quietly, \
-    write_json, write_safetensors
+from .container import open_container
+from .files import InputError, make_dir, open_regular, parse_json, printable, read_json, read_json_object, \
+    read_regular, remove_quietly, say, utf8_safe_tree, write_json, write_safetensors
 
 OUTPUT_DIRS = {"video": "latents", "audio": "audio_latents", "text": "conditions"}
-FORMAT = "mmtrain prepare magihuman v1"
+FORMAT = "mmtrain prepare magihuman v2"  # v2: clip records under .records/clips/
 EXIT_SOME_REFUSED = 2
 
 
@@ -50,6 +52,7 @@ def dtype_of(name):
     return {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
 
 
+MAX_CHANNELS = 1 << 16  # an encoder width above this is not a real model's
 ENCODERS = (("vae", "--vae"), ("audio_vae", "--audio-vae"), ("text_encoder", "--text-encoder"))
 
 
@@ -64,11 +67,17 @@ def encoder_settings(args):
         encoders[name] = {"path": os.path.abspath(getattr(args, name)), "config_sha256": hashlib.sha256(data).hexdigest()}
         configs[name] = parse_json(data, f"{flag} config {path}")
     try:
-        channels = {"video": 4 * int(configs["vae"]["z_dim"]),
-                    "audio": int(configs["audio_vae"]["decoder_input_channels"]),
-                    "text": int(configs["text_encoder"]["encoder"]["hidden_size"])}
-    except (KeyError, TypeError, ValueError) as error:
+        widths = {"video": (configs["vae"]["z_dim"], 4),
+                  "audio": (configs["audio_vae"]["decoder_input_channels"], 1),
+                  "text": (configs["text_encoder"]["encoder"]["hidden_size"], 1)}
+    except (KeyError, TypeError) as error:
         raise InputError("bad_encoder", f"an encoder's config.json lacks {error} (is it the right model?)") from None
+    channels = {}
+    for kind, (value, factor) in widths.items():
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CHANNELS:
+            raise InputError("bad_encoder", f"the {kind} encoder's config.json gives a width of {value!r}, expected "
+                             f"an integer in [1, {MAX_CHANNELS}]")
+        channels[kind] = factor * value
     return encoders, channels
 
 
@@ -91,7 +100,7 @@ class Progress:
         elapsed = time.monotonic() - self.started
         rate = self.done / elapsed if elapsed > 0 else 0.0
         eta = (self.total - self.done) / rate if rate > 0 else 0.0
-        line = f"prepare: {self.done}/{self.total} clips  {rate:.2f} clips/s  ETA {eta:.0f} s  {stem}: {status}"
+        line = f"prepare: {self.done}/{self.total} clips  {rate:.2f} clips/s  ETA {eta:.0f} s  {printable(stem)}: {status}"
         print(("\r" + line + "\033[K") if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
         if self.tty and self.done == self.total:
             print(file=sys.stderr)
@@ -103,6 +112,7 @@ class Run:
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.records = os.path.join(args.out, ".records")
+        self.clip_records = os.path.join(self.records, "clips")  # a namespace of stems only
         self.dtype = dtype_of(args.dtype)
 
     def barrier(self):
@@ -117,7 +127,7 @@ class Run:
         encoders, channels = encoder_settings(a)
         return {"format": FORMAT, "resolution": [a.height, a.width], "fps": a.fps, "max_seconds": a.max_seconds,
                 "dtype": a.dtype, "seed": a.seed, "audio_window_seconds": a.audio_window_seconds,
-                "vae_tiling": a.vae_tiling, "sample_rate": spec.AUDIO_SAMPLE_RATE, "text_tokens": spec.TEXT_TOKENS,
+                "vae_tiling": a.vae_tiling, "input": os.path.realpath(a.input), "sample_rate": spec.AUDIO_SAMPLE_RATE, "text_tokens": spec.TEXT_TOKENS,
                 "encoders": encoders, "channels": channels}
 
     def open_output(self, settings):
@@ -127,14 +137,15 @@ class Run:
             if os.path.lexists(out) and not self.args.resume:
                 raise InputError("output_exists", f"--out {out} exists; give a new directory, or --resume to finish it")
             if self.args.resume and os.path.lexists(out):
-                before = read_json(os.path.join(self.records, "settings.json"), "--resume: the earlier run's settings")
-                changed = [k for k in settings if before.get(k) != settings[k]]
+                before = read_json_object(os.path.join(self.records, "settings.json"),
+                                          "--resume: the earlier run's settings")
+                changed = [k for k in settings if before.get(k) != utf8_safe_tree(settings)[k]]
                 if changed:
                     k = changed[0]
                     raise InputError("resume_mismatch", f"--resume: {out} was prepared with {k} = {before.get(k)}, "
                                      f"this run has {settings[k]}; use a new --out")
             make_dir(out)
-            for sub in list(OUTPUT_DIRS.values()) + [".records"]:
+            for sub in list(OUTPUT_DIRS.values()) + [".records", os.path.join(".records", "clips")]:
                 make_dir(os.path.join(out, sub))
                 for name in os.listdir(os.path.join(out, sub)):  # a killed run's half-written files
                     if name.startswith(".") and ".tmp-" in name:
@@ -145,7 +156,7 @@ class Run:
         self.barrier()
 
     def record_path(self, stem):
-        return os.path.join(self.records, stem + ".json")
+        return os.path.join(self.clip_records, stem + ".json")
 
     def complete(self, stem):
         try:
@@ -160,7 +171,7 @@ class Run:
         for kind in OUTPUT_DIRS:
             remove_quietly(self.path(kind, clip.stem))
         record.update(status="error", error={"code": error.code, "message": str(error)})
-        print(f"prepare: {clip.stem}: refused ({error.code}): {error}", file=sys.stderr, flush=True)
+        say(f"prepare: {clip.stem}: refused ({error.code}): {error}")
         write_json(self.record_path(clip.stem), record, replace=True)
 
     def encode_captions(self, clips, records):
@@ -172,8 +183,7 @@ class Run:
             record["prompt_embeds"] = list(embedding.shape)
             if tokens > spec.TEXT_TOKENS:
                 record["warnings"].append(f"caption_trimmed: {tokens} tokens, the first {spec.TEXT_TOKENS} kept")
-                print(f"prepare: {clip.stem}: warning: the caption's {tokens} tokens are trimmed to {spec.TEXT_TOKENS}",
-                      file=sys.stderr, flush=True)
+                say(f"prepare: {clip.stem}: warning: the caption's {tokens} tokens are trimmed to {spec.TEXT_TOKENS}")
             write_safetensors(self.path("text", clip.stem), {"prompt_embeds": embedding}, replace=True)
         encoder.offload()
 
@@ -181,7 +191,7 @@ class Run:
         a = self.args
         end = clip.start + a.max_seconds if clip.end is None else min(clip.end, clip.start + a.max_seconds)
         with open_regular(clip.video, "video", None) as f:
-            container = _open_container(f, clip.video)
+            container = open_container(f, clip.video)
             with container:
                 if container.streams.video:
                     s = container.streams.video[0]
@@ -195,7 +205,7 @@ class Run:
             record["warnings"].append(f"cut_at_max_seconds: only the first {a.max_seconds} s are kept")
         sound = clip.audio or clip.video
         with open_regular(sound, "audio", None) as f:
-            container = _open_container(f, sound)
+            container = open_container(f, sound)
             with container:
                 samples = audio.decode_samples(container, clip.start, seconds, sound)
         latent = video.encode(video_vae, video.preprocess(frames, a.height, a.width), self.dtype)
@@ -252,11 +262,18 @@ class Run:
                 except InputError as error:
                     self.refuse(clip, error, records[clip.stem])
                     progress.step(clip.stem, error.code)
+                except (MemoryError, KeyboardInterrupt):
+                    raise
+                except Exception as error:  # one clip's unforeseen failure never costs the others
+                    named = InputError("failed", f"{clip.video}: {type(error).__name__}: {error}")
+                    self.refuse(clip, named, records[clip.stem])
+                    progress.step(clip.stem, named.code)
         self.barrier()
-        refused = 0
-        if self.rank == 0:
-            refused = self.write_summary(clips, settings)
-        if self.world > 1:
+        refused = self.write_summary(clips, settings) if self.rank == 0 else 0
+        if self.world > 1:  # every rank exits with the same status, after the summary exists
+            count = torch.tensor([refused], dtype=torch.int64)
+            torch.distributed.all_reduce(count)
+            refused = int(count.item())
             torch.distributed.destroy_process_group()
         return EXIT_SOME_REFUSED if refused else 0
 
@@ -273,18 +290,8 @@ class Run:
         write_json(os.path.join(self.args.out, "prepare.json"), summary, replace=True)
         ok = sum(1 for e in entries if e.get("status") == "ok")
         refused = len(entries) - ok
-        print(f"prepare: {ok} clips prepared, {refused} refused; {os.path.join(self.args.out, 'prepare.json')} "
-              "lists each", file=sys.stderr, flush=True)
+        say(f"prepare: {ok} clips prepared, {refused} refused; {os.path.join(self.args.out, 'prepare.json')} lists each")
         return refused
-
-
-def _open_container(f, where):
-    import av
-
-    try:
-        return av.open(f, mode="r")
-    except (av.error.FFmpegError, ValueError) as error:
-        raise InputError("corrupt_file", f"{where}: not a readable media file ({error})") from None
 
 
 def main(argv=None):
@@ -292,7 +299,7 @@ def main(argv=None):
     try:
         return Run(args).main()
     except InputError as error:
-        print(f"error: {error}", file=sys.stderr)
+        say(f"error: {error}")
         return 1
 
 

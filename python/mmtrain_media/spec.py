@@ -2,6 +2,7 @@
 
 FPS = 25                       # video frames per second the model was trained on
 AUDIO_SAMPLE_RATE = 51200      # audio is loaded at this rate: 51200 / 2048 = 25 latent frames a second
+AUDIO_HOP = 2048               # samples per audio latent frame (the Oobleck VAE's downsampling)
 AUDIO_WINDOW_SECONDS = 29      # load_audio_and_encode: the Oobleck VAE sees 29 s windows...
 AUDIO_WINDOW_OVERLAP = 0.5     # ...overlapping by half, merged by merge_overlapping_vae_features
 TEXT_TOKENS = 640              # t5_gemma_target_length: the embedding is trimmed to this many rows

@@ -48,6 +48,7 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
       .field("sample_at_start", &T::sample_at_start)
       .field("sample_vae", &T::sample_vae)
       .field("sample_audio_vae", &T::sample_audio_vae)
+      .field("sample_failure", &T::sample_failure)
       .check([](const T& t, const ConfigCheck& check) {
         const auto number = ConfigCheck::number;
         check.at_least("micro_batch_size", t.micro_batch_size, 1);
@@ -105,6 +106,7 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
         if (!sampling && !t.sample_prompts.empty())
           check.invalid("sample_prompts", "empty unless training.sample_interval or sample_at_start is set (nothing would "
                         "sample them)", t.sample_prompts);
+        check.one_of("sample_failure", t.sample_failure, {"continue", "stop"});
         if (t.eval_timesteps.empty()) check.invalid("eval_timesteps", "at least one quantile in (0, 1)", "[]");
         for (size_t i = 0; i < t.eval_timesteps.size(); ++i) {
           const double q = t.eval_timesteps[i];

@@ -62,6 +62,7 @@ struct TrainingConfig {
   std::string sample_prompts;                  // the prompts file, in `mmtrain sample`'s format for the model
   bool sample_at_start = false;                // also sample before the first step
   std::string sample_vae, sample_audio_vae;    // a video model's decoders: samples to mp4, TensorBoard frames and audio
+  std::string sample_failure = "continue";     // a sampling phase that fails: continue (logged, recorded) | stop
 
   static void declare(ConfigSection<TrainingConfig>& section);
 };

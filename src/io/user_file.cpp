@@ -26,12 +26,22 @@ void require_no_nul(const std::string& path, const std::string& label) {
 
 }  // namespace
 
-std::string read_user_file(const std::string& path, const std::string& label, int64_t max_bytes) {
+namespace {
+
+// The one open of a file to read: O_NONBLOCK (opening a FIFO would otherwise wait for a writer
+// forever), O_NOFOLLOW where asked, the type and size checked on the descriptor. No file at all
+// sets *missing when `missing_ok`, and is an error otherwise.
+std::string read_checked(const std::string& path, const std::string& label, int64_t max_bytes, bool follow_links,
+                         bool missing_ok, bool* missing) {
   require_no_nul(path, label);
-  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | (follow_links ? 0 : O_NOFOLLOW));
   if (fd < 0) {
+    if (errno == ENOENT && missing_ok) {
+      *missing = true;
+      return {};
+    }
     if (errno == ENOENT) fail(label, ": no such file");
+    if (errno == ELOOP) fail(label, ": a symbolic link, refused (a file of a run's own directory is never a link)");
     fail(label, ": cannot be opened: ", std::strerror(errno));
   }
   struct FdCloser {
@@ -68,6 +78,20 @@ std::string read_user_file(const std::string& path, const std::string& label, in
     filled += static_cast<size_t>(got);
   }
   content.resize(filled);
+  return content;
+}
+
+}  // namespace
+
+std::string read_user_file(const std::string& path, const std::string& label, int64_t max_bytes) {
+  bool missing = false;
+  return read_checked(path, label, max_bytes, /*follow_links=*/true, /*missing_ok=*/false, &missing);
+}
+
+std::optional<std::string> read_run_file(const std::string& path, const std::string& label, int64_t max_bytes) {
+  bool missing = false;
+  std::string content = read_checked(path, label, max_bytes, /*follow_links=*/false, /*missing_ok=*/true, &missing);
+  if (missing) return std::nullopt;
   return content;
 }
 

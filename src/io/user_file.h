@@ -13,6 +13,7 @@
 #pragma once
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 namespace mmtrain {
@@ -29,6 +30,10 @@ constexpr int64_t kMaxImageFileBytes = int64_t{256} << 20;    // one encoded ima
 //   "<label>: no such file" | "<label>: not a regular file (a directory|a FIFO, device or
 //   socket)" | "<label>: N bytes, over the M bytes a <kind> may hold" | "<label>: cannot be read: ..."
 std::string read_user_file(const std::string& path, const std::string& label, int64_t max_bytes);
+
+// A file a run keeps in its own directory, which others can write (metrics.jsonl in output_dir):
+// read as read_user_file does, but a symlink at the path is refused too, and no file is nullopt.
+std::optional<std::string> read_run_file(const std::string& path, const std::string& label, int64_t max_bytes);
 
 // Writes content to path as described above; label names the file in errors ("plan.json").
 void write_file_no_follow(const std::string& path, const std::string& content, const std::string& label);

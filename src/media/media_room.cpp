@@ -59,13 +59,27 @@ std::string media_python_path() {
   return existing && *existing ? media_path() + ":" + existing : media_path();
 }
 
+// `-m mmtrain_media.<module>` and the flags, each flag's value joined to it ("--input=-x"): the
+// room's argparse would read a value starting with '-' as a flag of its own.
+std::vector<std::string> module_argv(const std::string& module, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {"-m", "mmtrain_media." + module};
+  for (size_t i = 0; i < args.size(); ++i) {
+    const bool takes_value = args[i].starts_with("--") && args[i].find('=') == std::string::npos &&
+                             i + 1 < args.size() && !args[i + 1].starts_with("--");
+    argv.push_back(takes_value ? args[i] + "=" + args[i + 1] : args[i]);
+    if (takes_value) ++i;
+  }
+  return argv;
+}
+
 }  // namespace
 
 void exec_media_module(const std::string& module, const std::vector<std::string>& args) {
   ::setenv("PYTHONPATH", media_python_path().c_str(), 1);
   const std::string python = tools_python();
-  std::vector<std::string> argv = {python, "-m", "mmtrain_media." + module};
-  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<std::string> argv = {python};
+  for (auto& arg : python_isolation_flags()) argv.push_back(arg);
+  for (auto& arg : module_argv(module, args)) argv.push_back(arg);
   std::vector<char*> pointers;
   for (auto& arg : argv) pointers.push_back(arg.data());
   pointers.push_back(nullptr);
@@ -77,9 +91,7 @@ void exec_media_module(const std::string& module, const std::vector<std::string>
 
 void run_media_module(const std::string& module, const std::vector<std::string>& args, const std::string& log,
                       const std::string& what) {
-  std::vector<std::string> argv = {"-m", "mmtrain_media." + module};
-  argv.insert(argv.end(), args.begin(), args.end());
-  run_tools_python(argv, log, what, {{"PYTHONPATH", media_python_path()}});
+  run_tools_python(module_argv(module, args), log, what, {{"PYTHONPATH", media_python_path()}});
 }
 
 }  // namespace mmtrain

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -23,6 +24,8 @@ namespace fs = std::filesystem;
 
 constexpr int64_t kPixelsPerToken = 32;  // the VAE's 16x16 stride times the 2x2 patch (resolutions' multiple)
 constexpr int64_t kFps = 25;             // MagiHuman's frame rate (python/mmtrain_media/spec.py)
+constexpr double kAudioSampleRate = 51200;  // spec.py's AUDIO_SAMPLE_RATE
+constexpr double kAudioHop = 2048;          // spec.py's AUDIO_HOP: samples per audio latent frame
 
 void require_directory(const std::string& path, const std::string& flag) {
   std::error_code error;
@@ -61,6 +64,13 @@ void run_prepare(const PrepareOptions& o) {
   if (!(o.max_seconds > 0 && o.max_seconds <= 3600)) fail("--max-seconds must be in (0, 3600], found ", o.max_seconds);
   if (!(o.audio_window_seconds >= 0.2 && o.audio_window_seconds <= 600))
     fail("--audio-window-seconds must be in [0.2, 600], found ", o.audio_window_seconds);
+  // Whole latent frames: a window of 0.3 s is 7.5 of them, and a truncated count would drop the last.
+  const double window_samples = o.audio_window_seconds * kAudioSampleRate;
+  const double frames = std::round(window_samples / kAudioHop);
+  if (std::abs(window_samples - frames * kAudioHop) > 1e-6 * window_samples)
+    fail("--audio-window-seconds ", o.audio_window_seconds, " is ", window_samples, " samples, not a whole number of ",
+         kAudioHop, "-sample audio latent frames; use a multiple of 0.04 s (e.g. ", frames * kAudioHop / kAudioSampleRate,
+         ")");
   if (o.max_source_pixels < height * width)
     fail("--max-source-pixels ", o.max_source_pixels, " is below the output resolution's ", height * width);
   if (!o.resume) require_new_path(o.out, "--out", " (or --resume to finish it)");

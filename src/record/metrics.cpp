@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <sstream>
 
 namespace mmtrain {
 
@@ -120,8 +121,12 @@ void MetricsLog::record(const SampleRecord& samples) {
   std::fflush(file_);
   if (tensorboard_ && !(samples.images.empty() && samples.audio.empty() && samples.texts.empty()))
     tensorboard_->samples(samples);
-  std::printf(" samples after iteration %8lld | %s | time (s): %.1f\n", static_cast<long long>(samples.iteration),
-              samples.dir.c_str(), samples.seconds);
+  if (samples.error.empty())
+    std::printf(" samples after iteration %8lld | %s | time (s): %.1f\n", static_cast<long long>(samples.iteration),
+                samples.dir.c_str(), samples.seconds);
+  else
+    std::printf(" samples after iteration %8lld | failed: %s | time (s): %.1f\n",
+                static_cast<long long>(samples.iteration), samples.error.c_str(), samples.seconds);
   std::fflush(stdout);
 }
 
@@ -142,7 +147,7 @@ std::optional<int64_t> record_iteration(const std::string& line) {
 MetricsOnDisk metrics_on_disk(const std::string& output_dir) {
   MetricsOnDisk out;
   out.path = output_dir + "/metrics.jsonl";
-  std::ifstream in(out.path);
+  std::istringstream in(read_run_file(out.path, out.path, kMaxTextFileBytes).value_or(""));
   std::string line;
   while (std::getline(in, line)) {
     const auto iteration = record_iteration(line);
@@ -156,8 +161,9 @@ MetricsOnDisk metrics_on_disk(const std::string& output_dir) {
 
 int64_t metrics_keep_through(const std::string& output_dir, int64_t iteration) {
   const auto path = output_dir + "/metrics.jsonl";
-  std::ifstream in(path);
-  if (!in) return 0;
+  const auto content = read_run_file(path, path, kMaxTextFileBytes);
+  if (!content) return 0;
+  std::istringstream in(*content);
   std::string kept, line;
   int64_t dropped = 0;
   while (std::getline(in, line)) {

@@ -3,7 +3,8 @@
 // of each decoded sample; a language model: each completion as text). metrics.jsonl gets one line,
 // {"kind": "samples", "iteration", "dir", "samples_s"} and, on a GPU, "peak_device_allocated_mb":
 // the phase's own peak (the allocator's, reset when it begins; the largest over ranks), which the
-// step records beside it show against their own.
+// step records beside it show against their own. A phase that failed has "error" (its message)
+// and no dir.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -35,6 +36,7 @@ struct SampleRecord {
   std::string dir;
   double seconds = 0;
   std::optional<double> peak_device_allocated_mb;
+  std::string error;  // empty: the samples are in dir
   std::vector<Image> images;
   std::vector<Audio> audio;
   std::vector<Text> texts;

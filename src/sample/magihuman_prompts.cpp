@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <sstream>
 
@@ -29,9 +30,16 @@ namespace fs = std::filesystem;
 
 constexpr int64_t kMaxPrompts = 10000;
 constexpr double kMaxSeconds = 600;
+// Settings far outside these make the schedule or the guided velocity overflow to NaN/Inf
+// (a shift of 1e-300 collapses every timestep to 0); upstream's are 5 and 5 / 2.5.
+constexpr double kMinShift = 1e-2, kMaxShift = 100;
+constexpr double kMaxGuidance = 100;
 
 // FILE relative to base, refused unless it resolves inside base.
 std::string inside(const fs::path& base, const std::string& relative, const std::string& where, const char* key) {
+  if (!relative.empty() && fs::path(relative).is_absolute())
+    fail(where, ": '", key, "' ", printable(relative), " is an absolute path, which is refused: give a path relative to ",
+         base.string(), " (the prompts file's folder) and inside it");
   const fs::path joined = base / relative;
   const fs::path resolved = fs::weakly_canonical(joined);
   const auto [end, _] = std::mismatch(base.begin(), base.end(), resolved.begin(), resolved.end());
@@ -54,10 +62,12 @@ void check_settings(const MagiHumanSampleSettings& s, const std::string& where) 
   MagiHumanLatentShape::of_clip(s.seconds, s.height, s.width, 4, 1);  // whole frames, multiples of 32
   if (s.sampling.steps < 1 || s.sampling.steps > 1000)
     fail(where, ": steps must be in 1..1000, found ", s.sampling.steps);
-  if (!(s.sampling.shift > 0)) fail(where, ": shift must be > 0, found ", s.sampling.shift);
-  if (!std::isfinite(s.sampling.guidance_video) || !std::isfinite(s.sampling.guidance_audio))
-    fail(where, ": the guidance scales must be finite, found ", s.sampling.guidance_video, " and ",
-         s.sampling.guidance_audio);
+  if (!(s.sampling.shift >= kMinShift && s.sampling.shift <= kMaxShift))
+    fail(where, ": shift must be in [", kMinShift, ", ", kMaxShift, "], found ", s.sampling.shift);
+  for (const double g : {s.sampling.guidance_video, s.sampling.guidance_audio})
+    if (!(std::abs(g) <= kMaxGuidance))
+      fail(where, ": the guidance scales must be in [-", kMaxGuidance, ", ", kMaxGuidance, "], found ",
+           s.sampling.guidance_video, " and ", s.sampling.guidance_audio);
 }
 
 }  // namespace
@@ -98,6 +108,7 @@ std::vector<MagiHumanPrompt> read_magihuman_prompts(const std::string& path, uin
     }
     if (j.contains("negative_conditions"))
       p.negative_conditions = inside(base, json_string(j, "negative_conditions", where), where, "negative_conditions");
+    p.sized = j.contains("seconds") && j.contains("resolution");
     if (j.contains("seconds")) p.settings.seconds = finite_number(j, "seconds", where);
     if (j.contains("resolution")) {
       const auto [h, w] = parse_resolution(json_string(j, "resolution", where), 32, where + ": 'resolution'");
@@ -120,6 +131,15 @@ std::vector<MagiHumanPrompt> read_magihuman_prompts(const std::string& path, uin
 }
 
 at::Tensor read_text_embedding(const std::string& path, int64_t text_channels) {
+  // A torch.save file (a zip: what `fixture magihuman` and training's .pt layout hold) is named,
+  // not parsed as a safetensors header.
+  std::error_code error;
+  char magic[4] = {};
+  if (fs::is_regular_file(fs::symlink_status(path, error)))  // a regular file: reading it cannot block
+    std::ifstream(path, std::ios::binary).read(magic, sizeof magic);
+  if (std::string(magic, sizeof magic) == std::string("PK\x03\x04", 4))
+    fail(path, ": a torch.save (.pt) file; conditions must be safetensors with 'prompt_embeds' (the conditions/ files ",
+         "of `mmtrain prepare magihuman`)");
   const SafetensorsFile file(path, SafetensorsFile::Symlinks::refuse);
   std::string key;
   for (const char* name : {"prompt_embeds", "text_embed"})
@@ -179,6 +199,7 @@ void sample_magihuman_prompts(Run& run, const std::vector<MagiHumanPrompt>& prom
                                           at::zeros({1, model_config.text_in_channels}), model_config.io_width(),
                                           model_config.out_width());
   const int64_t dp = run.mesh->dp_size(), dp_rank = run.mesh->dp_rank(), count = static_cast<int64_t>(prompts.size());
+  std::string non_finite;  // a prompt whose latents overflowed: named after every rank is done
   for (int64_t round = 0; round < (count + dp - 1) / dp; ++round) {
     const int64_t index = round * dp + dp_rank;
     const bool padding = index >= count;
@@ -194,6 +215,14 @@ void sample_magihuman_prompts(Run& run, const std::vector<MagiHumanPrompt>& prom
     const auto result = sample_magihuman(forward, p.embedding, p.negative, shape, s.sampling, generator,
                                          model_config.io_width(), model_config.out_width());
     if (padding || !writes) continue;
+    if (!at::isfinite(result.video).all().item<bool>() || !at::isfinite(result.audio).all().item<bool>()) {
+      if (non_finite.empty())
+        non_finite = format("prompt %lld (seed %llu): its latents hold NaN or Inf (steps %lld, shift %g, guidance %g / "
+                            "%g); nothing was written for it", static_cast<long long>(index),
+                            static_cast<unsigned long long>(p.seed), static_cast<long long>(s.sampling.steps),
+                            s.sampling.shift, s.sampling.guidance_video, s.sampling.guidance_audio);
+      continue;
+    }
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     const std::string stem = (fs::path(out_dir) / format("%04lld", static_cast<long long>(index))).string();
     const at::Tensor tokens = video_tokens(result.video);
@@ -216,7 +245,8 @@ void sample_magihuman_prompts(Run& run, const std::vector<MagiHumanPrompt>& prom
     std::printf("[mmtrain] sample %lld: %s.safetensors (%.1f s)\n", static_cast<long long>(index), stem.c_str(), took);
     std::fflush(stdout);
   }
-  run.comm().barrier();
+  if (run.comm().any_rank(!non_finite.empty()))
+    fail("sampling: ", non_finite.empty() ? std::string("a prompt on another rank overflowed (see its error)") : non_finite);
 }
 
 }  // namespace mmtrain::sample

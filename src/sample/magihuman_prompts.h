@@ -37,6 +37,7 @@ struct MagiHumanPrompt {
   std::string negative_conditions;  // this line's negative embedding file ("": the run's)
   uint64_t seed = 0;
   MagiHumanSampleSettings settings;
+  bool sized = false;                 // the line gave its own seconds and resolution
   at::Tensor embedding;                // [Nt, Ct] fp32, once read or embedded
   std::optional<at::Tensor> negative;  // [Nn, Ct]; none: no guidance (cfg_number 1)
 };

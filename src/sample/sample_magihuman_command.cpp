@@ -68,9 +68,8 @@ void run_sample(const SampleOptions& o) {
   const bool negative_from_encoder = !o.text_encoder.empty();
   std::optional<at::Tensor> negative;
   const std::string prefix = ".embeddings_";
-  std::unique_ptr<ScratchDir> scratch;
   if (any_text || negative_from_encoder) {
-    double id = 0;
+    std::unique_ptr<ScratchDir> scratch;
     on_rank0_while_others_wait(run, "sample: the prompt embeddings", [&] {
       scratch = std::make_unique<ScratchDir>(o.out, prefix);
       nlohmann::json texts = nlohmann::json::array();
@@ -84,15 +83,14 @@ void run_sample(const SampleOptions& o) {
                  "--device", device, "--dtype", device == "cuda" ? "bf16" : "fp32", "--negative"},
                 scratch->path() + "/embed.log", "the prompt embeddings (mmtrain_media.embed)");
     });
-    if (run.is_rank0()) id = static_cast<double>(scratch->id());
-    const std::string dir = ScratchDir::path_of(o.out, prefix, static_cast<uint64_t>(run.comm().all_reduce_sum(id)));
+    const RankScratchDir shared(run, std::move(scratch), o.out, prefix);
+    const std::string& dir = shared.path();
     for (size_t i = 0; i < prompts.size(); ++i)
       if (!prompts[i].text.empty())
         prompts[i].embedding = sample::read_text_embedding(dir + "/prompt_" + std::to_string(i) + ".safetensors",
                                                            model_config.text_in_channels);
     negative = sample::read_text_embedding(dir + "/negative.safetensors", model_config.text_in_channels);
     run.comm().barrier();  // every rank has read them before rank 0 removes the directory
-    scratch.reset();
   }
   if (!o.negative_conditions.empty()) negative = sample::read_text_embedding(o.negative_conditions, model_config.text_in_channels);
   sample::read_magihuman_embeddings(prompts, model_config.text_in_channels, negative);

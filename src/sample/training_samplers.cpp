@@ -4,6 +4,7 @@
 // Beside each, the forwards it runs, which the plan prices (plan/sampling_plan.h).
 #include "config/config.h"
 #include "core/error.h"
+#include "core/regular_file.h"
 #include "core/text.h"
 #include "core/json_read.h"
 #include "io/user_file.h"
@@ -67,12 +68,23 @@ class MagiHumanTrainingSampler : public TrainingSampler {
     const auto& path = run.config.training.sample_prompts;
     prompts_ = read_magihuman_prompts(path, run.config.training.seed, MagiHumanSampleSettings{});
     const int64_t text = magihuman::MagiHumanConfig::from_json(run.config.model.config).text_in_channels;
-    for (const auto& p : prompts_)
+    for (size_t i = 0; i < prompts_.size(); ++i) {
+      const auto& p = prompts_[i];
       if (!p.text.empty())
         fail("training.sample_prompts ", path, ": a text prompt (\"", p.text.substr(0, 40), "\"): training samples need ",
              "precomputed 'conditions' (the conditions/ files of `mmtrain prepare magihuman`); the text encoder is not ",
              "loaded beside a training run");
+      // No default shape: 5 s at 256x480 would say nothing of a run training on other clips.
+      if (!p.sized)
+        fail("training.sample_prompts ", path, ": line ", i + 1, " gives no 'seconds' and 'resolution'; a training ",
+             "sample's shape is given per line (e.g. the shape of the clips the run trains on)");
+    }
     read_magihuman_embeddings(prompts_, text, std::nullopt);
+    // The decoders are loaded only when the first samples are decoded: their directories are checked now.
+    const auto& t = run.config.training;
+    for (const auto& [key, dir] : {std::pair{"training.sample_vae", t.sample_vae}, {"training.sample_audio_vae", t.sample_audio_vae}})
+      if (!dir.empty()) require_regular_file((fs::path(dir) / "config.json").string(), std::string(key) + " " + dir,
+                                             "a diffusers model directory with its config.json");
   }
   SampleRecord sample(Run& run, const std::string& out_dir) override {
     sample_magihuman_prompts(run, prompts_, out_dir, "training");

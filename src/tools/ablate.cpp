@@ -313,7 +313,9 @@ AblationArm run_arm(const AblateOptions& o, const std::string& name, const std::
   std::vector<std::string> argv;
   if (o.nproc > 1) {
     if (o.launcher.empty()) {
-      argv = {tools_python(), "-m", "torch.distributed.run"};
+      argv = {tools_python()};
+      for (auto& arg : python_isolation_flags()) argv.push_back(arg);
+      argv.insert(argv.end(), {"-m", "torch.distributed.run"});
     } else {
       argv = {o.launcher};
     }

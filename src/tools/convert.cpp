@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "models/model_spec.h"
+#include "tools/base_files.h"
 #include "tools/command.h"
 #include "tools/conversion_output.h"
 #include "tools/lora_convert.h"
@@ -110,10 +111,7 @@ void write_hf_directory(const std::string& model_id, const std::string& load_dir
          adapter->expected_layout_conversions());
   // Everything else in the reference (index, config.json, ...) is copied as it is: the index
   // maps the same keys to the same file names.
-  for (const auto& entry : fs::directory_iterator(model_assets_dir)) {
-    if (!entry.is_regular_file() || entry.path().extension() == ".safetensors") continue;
-    fs::copy_file(entry.path(), fs::path(out_dir) / entry.path().filename());
-  }
+  copy_base_files(model_assets_dir, out_dir, "ckpt-to-hf", {.with_weight_index = true});
   std::printf("ckpt-to-hf: %s -> %s (%lld tensors with a restored layout)\n", reader.dir().c_str(), save_dir.c_str(),
               static_cast<long long>(conversions));
 }

@@ -17,12 +17,15 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <numeric>
 #include <sstream>
 
 namespace mmtrain {
+
+namespace fs = std::filesystem;
 namespace {
 
 std::string lower(std::string s) {
@@ -242,9 +245,7 @@ std::vector<LogRecord> parse_training_log(std::istream& in, const std::string& s
 }
 
 std::vector<LogRecord> parse_training_log_file(const std::string& path) {
-  require_regular_file(path, "training log '" + path + "'", "a metrics.jsonl or console log");
-  std::ifstream in(path);
-  if (!in) fail("training log '", path, "': cannot open it for reading");
+  std::istringstream in(read_user_file(path, "training log '" + path + "'", kMaxTextFileBytes));
   auto records = parse_training_log(in, path);
   if (records.empty())
     fail("training log '", path, "': expected metrics.jsonl records or 'iteration N/M | ...' lines, found none");
@@ -525,8 +526,23 @@ void logs_compare(const std::string& path_a, const std::string& path_b, const Lo
   std::printf("%s\n", out.dump().c_str());
 }
 
-void logs_plot(const std::vector<std::string>& runs, const RunsPlotOptions& options, const std::string& out_path) {
+// Without --out, one run's figure goes into its directory, named by its last iteration (a later
+// plot of a longer run is a new file; an existing one is never replaced).
+std::string default_plot_path(const std::vector<NamedRun>& runs) {
+  if (runs.size() != 1) fail("logs plot: --out is required when plotting ", runs.size(), " runs");
+  const auto& run = runs[0];
+  if (run.records.empty() || !fs::is_directory(run.dir))
+    fail("logs plot: --out is required (", run.path, " is not in a run directory with iterations)");
+  const auto path = fs::path(run.dir) / format("metrics_iter_%07lld.png", static_cast<long long>(run.records.back().value("iteration", int64_t{0})));
+  std::error_code error;
+  if (fs::symlink_status(path, error).type() != fs::file_type::not_found)
+    fail("logs plot: ", path.string(), " exists (the figure of the same iteration); give --out to draw another");
+  return path.string();
+}
+
+void logs_plot(const std::vector<std::string>& runs, const RunsPlotOptions& options, const std::string& out) {
   const auto named = read_named_runs(runs);
+  const std::string out_path = out.empty() ? default_plot_path(named) : out;
   draw_figure(runs_figure(named, options), out_path);
   std::string names;
   for (const auto& run : named) names += (names.empty() ? "" : ", ") + run.name;
@@ -561,7 +577,8 @@ void add_logs_commands(CLI::App& app, Commands& commands) {
   auto* plot = logs->add_subcommand("plot", "draw loss, grad norm, lr, step time, MFU and memory of runs");
   plot->add_option("runs", o->runs, "runs: [NAME=]metrics.jsonl, a console log or a run's output directory")
       ->required();
-  plot->add_option("--out", o->plot, "figure file (.png, .svg or .pdf)")->required();
+  plot->add_option("--out", o->plot, "figure file (.png, .svg or .pdf); default for one run: "
+                   "<run dir>/metrics_iter_<last iteration>.png");
   plot->add_option("--smoothing", o->figure.smoothing, "EMA weight of the smoothed loss, in [0, 1)")
       ->capture_default_str();
   plot->add_option("--skip-first,--skip_first", o->figure.skip_first, "warm-up iterations drawn dotted")

@@ -12,7 +12,9 @@
 #include "io/user_file.h"
 #include "nn/layers.h"
 #include "nn/lora.h"
+#include "tools/base_files.h"
 #include "tools/conversion_output.h"
+#include "tools/quantize_base.h"
 #include "train/build.h"
 #include "train/hf_weights.h"
 #include "train/lora_base.h"
@@ -141,26 +143,49 @@ nlohmann::json peft_target_modules(Module& model, const HfAdapter& hf, const std
   return "^(?:" + alternation + ")$";
 }
 
-// peft settings that change what the adapter computes or where it applies, beyond r, lora_alpha
-// and use_rslora: each must be absent or at its plain-LoRA value, else it is refused by name (an
-// importer that ignored alpha_pattern would train at another scale than peft computes).
+// An adapter_config.json field is accepted only when mmtrain implements it (r, lora_alpha and
+// use_rslora are compared with the config by the caller; target_modules, modules_to_save, bias and
+// init_lora_weights are checked here), when it only describes the file or peft's runtime, or when
+// it is at peft's default. Every other field is refused by name, so a peft release that adds a
+// setting changing the adapter (alora_invocation_tokens, arrow_config, ...) cannot slip through as
+// plain LoRA.
 void refuse_unimplemented_peft_fields(const nlohmann::json& adapter_config, const std::string& where) {
+  static const std::set<std::string> kImplemented = {"peft_type", "r", "lora_alpha", "use_rslora", "target_modules",
+                                                     "modules_to_save", "bias", "init_lora_weights"};
+  // What the file is, where it came from, and peft's runtime: nothing the adapter computes.
+  static const std::set<std::string> kDescriptive = {"task_type", "auto_mapping", "peft_version", "base_model_name_or_path",
+                                                     "revision", "inference_mode", "lora_dropout", "runtime_config"};
+  // peft's defaults that are not null / false / empty (each matters only beside another setting).
+  static const std::map<std::string, nlohmann::json> kDefaults = {{"megatron_core", "megatron.core"},
+                                                                  {"qalora_group_size", 16}};
+  static const std::map<std::string, std::string> kWhat = {
+      {"alpha_pattern", "per-module lora_alpha"},        {"rank_pattern", "per-module ranks"},
+      {"layers_to_transform", "adapters on some layers only"}, {"layers_pattern", "adapters on some layers only"},
+      {"exclude_modules", "excluded modules"},           {"use_dora", "DoRA (weight-decomposed LoRA)"},
+      {"fan_in_fan_out", "transposed (Conv1D) weights"}, {"lora_bias", "a bias on lora_B"},
+      {"use_qalora", "QA-LoRA"},                         {"target_parameters", "adapters on parameters"},
+      {"megatron_config", "Megatron-parallel layers"},   {"layer_replication", "replicated layers"},
+      {"trainable_token_indices", "trainable token rows"}, {"alora_invocation_tokens", "activated LoRA"},
+      {"arrow_config", "Arrow routing"},                 {"use_bdlora", "block-diagonal LoRA"},
+      {"monteclora_config", "MonteCLoRA"},               {"loftq_config", "LoftQ (a base changed at init)"},
+      {"ensure_weight_tying", "tied adapters"},
+  };
   auto unset = [](const nlohmann::json& v) {
     return v.is_null() || v == false || (v.is_object() && v.empty()) || (v.is_array() && v.empty()) ||
            (v.is_string() && v.get<std::string>().empty());
   };
-  const std::pair<const char*, const char*> fields[] = {
-      {"alpha_pattern", "per-module lora_alpha"},       {"rank_pattern", "per-module ranks"},
-      {"layers_to_transform", "adapters on some layers only"}, {"layers_pattern", "adapters on some layers only"},
-      {"use_dora", "DoRA (weight-decomposed LoRA)"},   {"fan_in_fan_out", "transposed (Conv1D) weights"},
-      {"lora_bias", "a bias on lora_B"},               {"use_qalora", "QA-LoRA"},
-      {"target_parameters", "adapters on parameters"}, {"megatron_config", "Megatron-parallel layers"},
-      {"layer_replication", "replicated layers"},      {"trainable_token_indices", "trainable token rows"},
-  };
-  for (const auto& [key, what] : fields)
-    if (adapter_config.contains(key) && !unset(adapter_config[key]))
-      fail(where, ": ", key, " is ", adapter_config[key].dump(), "; ", what, " is not implemented here (refused rather ",
-           "than imported as plain LoRA)");
+  for (const auto& [key, value] : adapter_config.items()) {
+    if (kImplemented.count(key) || kDescriptive.count(key) || unset(value)) continue;
+    if (const auto it = kDefaults.find(key); it != kDefaults.end() && value == it->second) continue;
+    const auto what = kWhat.find(key);
+    fail(where, ": ", key, " is ", value.dump(), "; ", what != kWhat.end() ? what->second : "this peft setting",
+         " is not implemented here (refused rather than imported as plain LoRA)");
+  }
+  // PiSSA, OLoRA, CorDA, EVA, ... initialise by changing the base weights: the adapter is not over the base.
+  const auto& init = adapter_config.contains("init_lora_weights") ? adapter_config["init_lora_weights"] : nlohmann::json(true);
+  if (!(init.is_boolean() || init == "gaussian"))
+    fail(where, ": init_lora_weights is ", init.dump(), "; only true, false and \"gaussian\" leave the base weights as ",
+         "they are (the others change them at init, so the adapter needs that changed base)");
   if (adapter_config.contains("bias") && adapter_config["bias"] != "none")
     fail(where, ": bias is ", adapter_config["bias"].dump(), "; only \"none\" is implemented (trained biases are not ",
          "in a LoRA run)");
@@ -174,39 +199,6 @@ void refuse_unimplemented_peft_fields(const nlohmann::json& adapter_config, cons
   if (saved.is_array())
     for (const auto& m : saved) saved_ok = saved_ok && m.is_string();
   if (!saved_ok) fail(where, ": modules_to_save is ", saved.dump(), ", expected null or a list of names");
-}
-
-// An HF directory's other files (config.json, tokenizer, ...) come along to the merged model: it
-// is its base with other weights. Not its weights in any format (one model.safetensors replaces
-// them: a loader that prefers pytorch_model.bin would otherwise load the unmerged base), nor its
-// hidden files. A symlink (an HF cache snapshot is all links into ../../blobs) is copied as the
-// file it points to when that is a regular file inside the base's tree: the directory itself,
-// or for a snapshot (<repo>/snapshots/<rev>) the cached repository <repo>.
-void copy_base_files(const std::string& base_dir, const std::string& to, const std::string& command) {
-  static const std::set<std::string> kWeightExtensions = {".safetensors", ".bin", ".pth", ".pt", ".ckpt",
-                                                          ".msgpack", ".h5", ".gguf", ".npz", ".onnx"};
-  const fs::path base = fs::canonical(base_dir);
-  const fs::path tree = base.parent_path().filename() == "snapshots" ? base.parent_path().parent_path() : base;
-  for (const auto& entry : fs::directory_iterator(base)) {
-    const auto name = entry.path().filename().string();
-    const auto extension = entry.path().extension().string();
-    if (name.starts_with('.') || kWeightExtensions.count(extension) || name.ends_with(".index.json"))
-      continue;
-    std::error_code error;
-    const fs::path target = fs::weakly_canonical(entry.path(), error);
-    const auto inside = [&](const fs::path& p) {
-      const auto rel = p.lexically_relative(tree);
-      return !rel.empty() && *rel.begin() != "..";
-    };
-    if (error || !inside(target)) {
-      if (entry.is_symlink())
-        std::printf("%s: not copied: %s links outside the base's tree %s\n", command.c_str(), printable(name).c_str(),
-                    tree.c_str());
-      continue;
-    }
-    if (!fs::is_regular_file(fs::symlink_status(target))) continue;  // directories, FIFOs, devices: never read
-    fs::copy_file(target, fs::path(to) / name);
-  }
 }
 
 }  // namespace
@@ -396,6 +388,12 @@ void convert_merge_lora(const std::string& model_id, const std::string& load_dir
     at::Tensor full;
     if (!param->trainable)
       full = source ? read_hf(ckpt.hf->hf_key(name), 0, rows) : param->init_value();
+    // A weight the run trained over quantized (features.lora.base_quant) is merged as the run saw it:
+    // dequantized, as peft's merge onto bitsandbytes' dequantized weights. A quantized base's read
+    // gives that already; an unquantized base's is quantized and dequantized here.
+    if (!param->trainable && param->base_quant != quant::BaseQuant::none &&
+        !(source && source->quantization(base_key(ckpt.hf->hf_key(name))) != quant::BaseQuant::none))
+      full = quant::dequantize_weight(quant::quantize_weight(full, param->base_quant), full.scalar_type());
     else if (param->requires_grad)  // modules_to_save: trained in full, in the checkpoint
       full = ckpt.reader->read_full(state_model_key(name));
     else
@@ -425,7 +423,11 @@ void convert_merge_lora(const std::string& model_id, const std::string& load_dir
     fail(command, ": restores the layout of ", conversions, " tensors, the config expects ",
          ckpt.hf->expected_layout_conversions());
   safetensors_write_streamed((fs::path(output.staging()) / "model.safetensors").string(), tensors, {{"format", "pt"}});
-  if (source && fs::is_directory(source->path())) copy_base_files(source->path(), output.staging(), command);
+  // The merged weights are plain: a quantized base's quantization_config would make transformers
+  // wrap them in its quantized layers.
+  if (source && fs::is_directory(source->path()))
+    copy_base_files(source->path(), output.staging(), command,
+                    {.edit_config = [&](const std::string& text) { return config_without_quantization(text, command); }});
   output.commit();
   std::printf("%s: %s -> %s/model.safetensors (%zu tensors, %zu adapted layers merged)\n", command.c_str(),
               ckpt.reader->dir().c_str(), save_dir.c_str(), tensors.size(), ckpt.adapted.size());

@@ -60,12 +60,14 @@ nlohmann::json latest_sample_grid(const NamedRun& run) {
   constexpr uintmax_t kMaxGridBytes = uintmax_t{64} << 20;
   const fs::path samples = fs::path(run.dir) / "samples";
   std::error_code error;
-  if (!fs::is_directory(samples, error)) return nullptr;
+  if (!fs::is_directory(fs::symlink_status(samples, error))) return nullptr;  // a link is never followed
   std::map<std::string, fs::path> grids;  // iter_N directory name (zero-padded: sorts) -> its first grid
   for (const auto& iteration : fs::directory_iterator(samples, error)) {
     const std::string name = iteration.path().filename().string();
-    if (name.rfind("iter_", 0) != 0 || name.size() > 24 || !iteration.is_directory(error) || iteration.is_symlink(error))
-      continue;
+    // Only what the trainer names iter_<digits> (at most 18: an int64); anything else there is not a sample.
+    const bool iter_name = name.rfind("iter_", 0) == 0 && name.size() > 5 && name.size() <= 23 &&
+                           name.find_first_not_of("0123456789", 5) == std::string::npos;
+    if (!iter_name || !iteration.is_directory(error) || iteration.is_symlink(error)) continue;
     for (const auto& file : fs::directory_iterator(iteration.path(), error)) {
       const std::string file_name = file.path().filename().string();
       if (file_name.size() > 9 && file_name.compare(file_name.size() - 9, 9, ".grid.png") == 0 &&
@@ -76,9 +78,7 @@ nlohmann::json latest_sample_grid(const NamedRun& run) {
   }
   if (grids.empty()) return nullptr;
   const auto& [directory, grid] = *grids.rbegin();
-  const size_t digits = directory.find_first_of("0123456789");
-  if (digits == std::string::npos) return nullptr;
-  return {{"path", grid.string()}, {"iteration", std::stoll(directory.substr(digits))}};
+  return {{"path", grid.string()}, {"iteration", std::stoll(directory.substr(5))}};
 }
 
 }  // namespace
@@ -95,12 +95,15 @@ std::string tools_python() {
   return MMTRAIN_DEFAULT_PYTHON;
 }
 
+std::vector<std::string> python_isolation_flags() { return {"-P"}; }
+
 void run_tools_python(const std::vector<std::string>& args, const std::string& log, const std::string& what,
                       const std::vector<std::pair<std::string, std::string>>& environment) {
   ProcessOptions options;
   options.output_path = log;
   options.environment = environment;
   std::vector<std::string> argv = {tools_python()};
+  for (auto& arg : python_isolation_flags()) argv.push_back(arg);
   argv.insert(argv.end(), args.begin(), args.end());
   const int status = run_process(argv, options);
   const std::string printed = file_read_text(log);
@@ -245,7 +248,10 @@ void draw_figure(nlohmann::json spec, const std::string& out_path) {
   const std::string script = plot_script();
   ProcessOptions options;
   options.stdin_text = spec.dump();
-  const int status = run_process({python, script}, options);
+  std::vector<std::string> argv = {python};
+  for (auto& arg : python_isolation_flags()) argv.push_back(arg);
+  argv.push_back(script);
+  const int status = run_process(argv, options);
   if (status == 127)
     fail("cannot run the plotter's Python '", python, "': set $MMTRAIN_PYTHON to a Python with matplotlib");
   if (status != 0)

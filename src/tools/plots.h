@@ -53,10 +53,14 @@ nlohmann::json compare_figure(const NamedRun& a, const NamedRun& b, int64_t skip
 // The Python the tools run (the plotter; `ablate`'s torch.distributed.run): $MMTRAIN_PYTHON, else
 // the venv the build was configured with.
 std::string tools_python();
+// What every start of the project's Python puts before its arguments: -P, so that neither the
+// working directory (`-m`) nor a script's directory is on sys.path: a data set that ships av.py
+// or torch.py is never imported from where the command runs (docs/security.md). Python >= 3.11.
+std::vector<std::string> python_isolation_flags();
 // A Python script the build installs beside the binary (share/mmtrain/<file_name>), or the path in
 // $env_override.
 std::string tools_script(const std::string& file_name, const char* env_override);
-// Runs `<tools python> args...` with its output in `log` (removed after) and `environment` added,
+// Runs `<tools python> -P args...` with its output in `log` (removed after) and `environment` added,
 // and waits; when it fails, fails with "<what> failed (exit status N): <its output>".
 void run_tools_python(const std::vector<std::string>& args, const std::string& log, const std::string& what,
                       const std::vector<std::pair<std::string, std::string>>& environment = {});

@@ -7,6 +7,7 @@
 #include "io/safetensors.h"
 #include "io/user_file.h"
 #include "models/model_spec.h"
+#include "tools/base_files.h"
 #include "tools/conversion_output.h"
 #include "train/hf_weights.h"
 
@@ -19,7 +20,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr int64_t kMaxConfigBytes = int64_t{16} << 20;
 
 // The keys (as source names them) of the weights quantize-base stores quantized: every 2-D weight of
 // a Linear the model can adapt.
@@ -46,9 +46,13 @@ std::set<std::string> quantizable_keys(const ModelSpec& spec, const WeightSource
   return keys;
 }
 
-// config.json with the quantization_config transformers writes for a bitsandbytes nf4 model (its
-// default skipped modules: the output head, which quantize-base leaves in its dtype too).
-std::string nf4_config_json(const std::string& text, const std::string& path, at::ScalarType compute_dtype) {
+// config.json with the quantization_config of the format, so that transformers loads the directory
+// as a quantized model instead of reading codes as weights: for nf4 and int8 the one transformers
+// writes for a bitsandbytes model (its default skipped modules: the output head, which
+// quantize-base leaves in its dtype too); fp8_e4m3 rows (musubi-tuner's fp8_scaled) have no
+// transformers loader, and a quant_method it does not know makes it refuse the directory by name.
+std::string quantized_config_json(const std::string& text, const std::string& path, quant::BaseQuant kind,
+                                  at::ScalarType compute_dtype) {
   nlohmann::ordered_json config;
   try {
     config = nlohmann::ordered_json::parse(text);
@@ -56,19 +60,25 @@ std::string nf4_config_json(const std::string& text, const std::string& path, at
     fail("quantize-base: ", path, " is not JSON (", e.what(), ")");
   }
   if (!config.is_object()) fail("quantize-base: ", path, " is not a JSON object");
-  const char* dtype = compute_dtype == at::kFloat ? "float32" : compute_dtype == at::kHalf ? "float16" : "bfloat16";
-  config["quantization_config"] = {{"_load_in_4bit", true},
-                                   {"_load_in_8bit", false},
+  if (kind == quant::BaseQuant::fp8_e4m3) {
+    config["quantization_config"] = {{"quant_method", "mmtrain_fp8_e4m3_rowwise"},
+                                     {"format", "fp8_scaled: <module>.weight float8_e4m3fn, <module>.scale_weight fp32 [out]"}};
+    return config.dump(2) + "\n";
+  }
+  const bool nf4 = kind == quant::BaseQuant::nf4;
+  const char* dtype = !nf4 || compute_dtype == at::kFloat ? "float32" : compute_dtype == at::kHalf ? "float16" : "bfloat16";
+  config["quantization_config"] = {{"_load_in_4bit", nf4},
+                                   {"_load_in_8bit", !nf4},
                                    {"bnb_4bit_compute_dtype", dtype},
                                    {"bnb_4bit_quant_storage", "uint8"},
-                                   {"bnb_4bit_quant_type", "nf4"},
-                                   {"bnb_4bit_use_double_quant", true},
+                                   {"bnb_4bit_quant_type", nf4 ? "nf4" : "fp4"},
+                                   {"bnb_4bit_use_double_quant", nf4},
                                    {"llm_int8_enable_fp32_cpu_offload", false},
                                    {"llm_int8_has_fp16_weight", false},
                                    {"llm_int8_skip_modules", nullptr},
                                    {"llm_int8_threshold", 6.0},
-                                   {"load_in_4bit", true},
-                                   {"load_in_8bit", false},
+                                   {"load_in_4bit", nf4},
+                                   {"load_in_8bit", !nf4},
                                    {"quant_method", "bitsandbytes"}};
   return config.dump(2) + "\n";
 }
@@ -102,21 +112,22 @@ void rewrite_directory(const WeightSource& source, const std::string& load_dir, 
     safetensors_index_write((fs::path(out_dir) / "model.safetensors.index.json").string(), {{"total_size", total}},
                             weight_map);
   }
-  for (const auto& entry : fs::directory_iterator(load_dir)) {
-    const auto name = entry.path().filename().string();
-    if (!entry.is_regular_file() || entry.path().extension() == ".safetensors" || name == "model.safetensors.index.json")
-      continue;
-    if (name == "config.json") {
-      const std::string path = entry.path().string();
-      write_file_no_follow((fs::path(out_dir) / name).string(), edit_config(read_user_file(path, "config.json", kMaxConfigBytes)),
-                           name);
-    } else {
-      fs::copy_file(entry.path(), fs::path(out_dir) / name);
-    }
-  }
+  copy_base_files(load_dir, out_dir, command, {.edit_config = edit_config});
 }
 
 }  // namespace
+
+std::string config_without_quantization(const std::string& text, const std::string& command) {
+  nlohmann::ordered_json config;
+  try {
+    config = nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(command, ": config.json is not JSON (", e.what(), ")");
+  }
+  if (!config.is_object()) fail(command, ": config.json is not a JSON object");
+  config.erase("quantization_config");
+  return config.dump(2) + "\n";
+}
 
 void convert_quantize_base(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
                            quant::BaseQuant kind, bool overwrite) {
@@ -141,7 +152,7 @@ void convert_quantize_base(const std::string& model_id, const std::string& load_
     return quant::hf_tensors(name, q);
   };
   auto edit_config = [&](const std::string& text) {
-    return kind == quant::BaseQuant::nf4 ? nf4_config_json(text, load_dir + "/config.json", compute_dtype) : text;
+    return quantized_config_json(text, load_dir + "/config.json", kind, compute_dtype);
   };
   rewrite_directory(source, load_dir, output.staging(), convert, edit_config, "quantize-base");
   output.commit();
@@ -163,16 +174,7 @@ void convert_dequantize_base(const std::string& model_id, const std::string& loa
     ++dequantized;
     return {{name, quant::dequantize_weight(q, kind == quant::BaseQuant::nf4 ? q.dtype : dtype_8bit).contiguous()}};
   };
-  auto edit_config = [&](const std::string& text) {
-    nlohmann::ordered_json config;
-    try {
-      config = nlohmann::ordered_json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-      fail("dequantize-base: ", load_dir, "/config.json is not JSON (", e.what(), ")");
-    }
-    if (config.is_object()) config.erase("quantization_config");
-    return config.dump(2) + "\n";
-  };
+  auto edit_config = [](const std::string& text) { return config_without_quantization(text, "dequantize-base"); };
   rewrite_directory(source, load_dir, output.staging(), convert, edit_config, "dequantize-base");
   output.commit();
   std::printf("dequantize-base: %s -> %s: %lld weights dequantized\n", load_dir.c_str(), save_dir.c_str(),

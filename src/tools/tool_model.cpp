@@ -77,8 +77,8 @@ int64_t load_tool_weights(Run& run, const std::string& dir, const std::string& f
         if (!run.is_rank0()) fail(flag, " ", dir, ": rank 0 could not create its scratch directory (see its error)");
         fail(flag, " ", dir, ": ", failed);
       }
-      const auto id = static_cast<uint64_t>(run.comm().all_reduce_sum(scratch ? double(scratch->id()) : 0.0));
-      const std::string staging = (fs::path(ScratchDir::path_of(c.logging.output_dir, prefix, id)) / "ckpt").string();
+      const RankScratchDir shared(run, std::move(scratch), c.logging.output_dir, prefix);
+      const std::string staging = (fs::path(shared.path()) / "ckpt").string();
       on_rank0_while_others_wait(run, flag + " " + dir, [&] {
         convert_dcp_weights_to_ckpt(c.model.model_id, c.model.config, dir, staging);
       });
@@ -131,6 +131,25 @@ void on_rank0_while_others_wait(Run& run, const std::string& what, const std::fu
   if (worker.joinable()) worker.join();
   if (run.comm().any_rank(!failed.empty()))
     fail(what, ": ", run.is_rank0() ? failed : std::string("failed on rank 0 (see its error)"));
+}
+
+RankScratchDir::RankScratchDir(Run& run, std::unique_ptr<ScratchDir> own, const std::string& parent,
+                               const std::string& prefix)
+    : own_(std::move(own)) {
+  ScratchDirIdentity identity{};
+  if (own_) identity = own_->identity();
+  const auto words = run.comm().all_reduce_sum(std::vector<double>(identity.begin(), identity.end()));
+  std::copy(words.begin(), words.end(), identity.begin());
+  std::string failed;
+  if (!own_) {
+    try {
+      view_ = std::make_unique<ScratchDirView>(parent, prefix, identity);
+    } catch (const std::exception& e) {
+      failed = e.what();
+    }
+  }
+  // Rank 0 keeps its directory until every rank could open it or has said why not.
+  if (run.comm().any_rank(!failed.empty())) fail(failed.empty() ? "a rank could not open rank 0's scratch directory" : failed);
 }
 
 void make_new_output_dir(Run& run, const std::string& dir, const std::string& flag) {

@@ -6,10 +6,12 @@
 //                           removed after, on an error and on SIGTERM / SIGINT / SIGHUP too
 // A LoRA run's checkpoint loads over its base (the config's model), whose identity is checked.
 #pragma once
+#include "core/scratch_dir.h"
 #include "train/run.h"
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,6 +37,19 @@ void start_tool_run(Run& run, Config config);
 // DCP conversion, a 9B text encoder loading) cannot expire parallel.timeout_s; rank 0's error
 // reaches every rank, prefixed with `what`. Collective.
 void on_rank0_while_others_wait(Run& run, const std::string& what, const std::function<void()>& work);
+
+// A scratch directory rank 0 made (core/scratch_dir.h), seen by every rank: rank 0 through its own
+// descriptor, the others through a ScratchDirView checked to be the same directory.
+class RankScratchDir {
+ public:
+  // Collective. `own` is rank 0's directory in `parent` (null on the other ranks).
+  RankScratchDir(Run& run, std::unique_ptr<ScratchDir> own, const std::string& parent, const std::string& prefix);
+  const std::string& path() const { return own_ ? own_->path() : view_->path(); }
+
+ private:
+  std::unique_ptr<ScratchDir> own_;
+  std::unique_ptr<ScratchDirView> view_;
+};
 
 // Rank 0 creates `dir`, refused (on every rank) when anything is there already. Collective.
 void make_new_output_dir(Run& run, const std::string& dir, const std::string& flag);

@@ -71,41 +71,13 @@ void Trainer::run() {
       run.best = best_checkpoints_update(run.best, iteration, eval.loss, t.keep_best);
     return eval;
   };
-  std::unique_ptr<TrainingSampler> sampler;
-  if (t.sample_interval > 0 || t.sample_at_start) {
-    if (!training_sampler_registry().contains(run.config.model.model_id))
-      fail("training.sample_interval: model '", run.config.model.model_id, "' has no sampler");
-    sampler = training_sampler_registry().get(run.config.model.model_id)(run);
-  }
-  // What the model makes after `iteration` steps, if the config samples then: after that step's
-  // evaluation, before its save. An iteration already sampled (a resume repeating it) is kept.
-  auto sample_if_due = [&](int64_t iteration) {
-    if (!sampler || !(iteration == 0 ? t.sample_at_start : t.sample_interval > 0 && iteration % t.sample_interval == 0))
-      return;
-    const auto dir = std::filesystem::path(run.config.logging.output_dir) / "samples" / checkpoint_dir_name(iteration);
-    std::error_code error;
-    const bool exists = std::filesystem::symlink_status(dir, error).type() != std::filesystem::file_type::not_found;
-    if (run.comm().any_rank(exists)) {
-      run.log("samples of iteration " + std::to_string(iteration) + " exist in " + dir.string() + ": kept, not redone");
-      return;
-    }
-    run.comm().barrier();
-    if (run.is_rank0()) std::filesystem::create_directories(dir);
-    run.comm().barrier();
-    const auto began = std::chrono::steady_clock::now();
-    reset_device_memory_peak(run.comm().device());
-    SampleRecord record = sampler->sample(run, dir.string());
-    record.iteration = iteration;
-    record.dir = dir.string();
-    record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-    if (const auto peak = device_memory_peak(run.comm().device()))
-      record.peak_device_allocated_mb = run.comm().all_reduce_max(std::vector<double>{peak->allocated_mb})[0];
-    metrics.record(record);
-  };
-  if (run.start_step == 0) {
+  SamplingPhase sampling(run);
+  const bool stop_on_sample_failure = t.sample_failure == "stop";
+  if (run.start_step == 0)
     if (const auto eval = evaluate_if_due(0)) metrics.record(*eval);  // eval_at_start: before any step
-    sample_if_due(0);
-  }
+  // sample_at_start, or a resume's first iteration whose sampling was cut short (it comes after the save).
+  if (!sampling.run_if_due(run, metrics, run.start_step) && stop_on_sample_failure)
+    fail("training samples after iteration ", run.start_step, " failed (above); training.sample_failure is stop");
   for (int64_t step = run.start_step; step < t.train_iters; ++step) {
     const int64_t iteration = step + 1;
     if (step > run.start_step && run.data.sampler.epoch_of_step(step) != run.data.sampler.epoch_of_step(step - 1))
@@ -118,7 +90,6 @@ void Trainer::run() {
     // A background save that finished (or failed) during this step is settled at its boundary.
     settle_async_save(run);
     const std::optional<EvalRecord> eval = evaluate_if_due(iteration);
-    sample_if_due(iteration);
     const bool exiting = t.exit_interval > 0 && iteration % t.exit_interval == 0;
     const bool last = iteration == t.train_iters || exiting;
     const bool logged = iteration % t.log_interval == 0 || iteration == t.train_iters;
@@ -128,13 +99,21 @@ void Trainer::run() {
     };
     const bool save_due = last || (t.save_interval > 0 && iteration % t.save_interval == 0) ||
                           (t.keep_best > 0 && eval.has_value());
-    if (!t.save.empty() && save_due)
+    const bool saves = !t.save.empty() && save_due;
+    if (saves)
       save_checkpoint(run, iteration, [&](double stall_ms) {
         record.checkpoint_stall_ms = stall_ms;
         write_records();
       });
     else
       write_records();
+    // After the save: a failed sampling phase never costs the steps before it.
+    if (!sampling.run_if_due(run, metrics, iteration) && stop_on_sample_failure) {
+      if (!t.save.empty() && !saves) save_checkpoint(run, iteration, [](double) {});
+      finish_async_saves(run);
+      fail("training samples after iteration ", iteration, " failed (above); training.sample_failure is stop",
+           t.save.empty() ? " (no training.save: nothing was saved)" : ", after saving iteration " + std::to_string(iteration));
+    }
     if (exiting) {
       run.log("exit_interval " + std::to_string(t.exit_interval) + " reached at iteration " + std::to_string(iteration));
       break;

@@ -3,6 +3,7 @@
 #include "core/scratch_dir.h"
 
 #include "checkpoint/checkpoint_test_util.h"
+#include "core/error.h"
 
 #include <gtest/gtest.h>
 
@@ -31,12 +32,13 @@ TEST(ScratchDir, IsNewEachTimeAndGoesWithEverythingInIt) {
   std::string first, second;
   {
     ScratchDir a(dir.str(), ".eval_from_dcp_"), b(dir.str(), ".eval_from_dcp_");
-    first = a.path();
-    second = b.path();
+    first = a.name_path();
+    second = b.name_path();
     EXPECT_NE(first, second);
-    EXPECT_EQ(ScratchDir::path_of(dir.str(), ".eval_from_dcp_", a.id()), first);
+    EXPECT_EQ(ScratchDir::path_of(dir.str(), ".eval_from_dcp_", static_cast<uint64_t>(a.identity()[0])), first);
     EXPECT_EQ(fs::status(first).permissions() & fs::perms::all, fs::perms::owner_all);
-    fill(first);
+    fill(a.path());
+    EXPECT_TRUE(fs::exists(fs::path(first) / "iter_0000000" / "deeper" / "f"));
   }
   EXPECT_FALSE(fs::exists(first));
   EXPECT_FALSE(fs::exists(second));
@@ -66,6 +68,55 @@ TEST(ScratchDir, IsRemovedWhenTheProcessIsTerminated) {
   EXPECT_TRUE(fs::is_empty(dir.str()));
   ::close(ready[0]);
   ::close(ready[1]);
+}
+
+// A watcher renames the scratch directory and plants a link to another directory at its name:
+// what is written through path() still lands in the scratch directory (wherever it now is), never
+// where the link points, and the link is not removed as if it were the scratch directory.
+TEST(ScratchDir, ARenameAndAPlantedLinkRedirectNothing) {
+  TempDir dir, victim;
+  std::string moved = (fs::path(dir.str()) / "moved").string(), name;
+  {
+    ScratchDir scratch(dir.str(), ".x_");
+    name = scratch.name_path();
+    fs::rename(scratch.name_path(), moved);
+    fs::create_directory_symlink(victim.str(), scratch.name_path());
+    std::ofstream(fs::path(scratch.path()) / "latest") << "7";
+    EXPECT_TRUE(fs::exists(fs::path(moved) / "latest"));
+    EXPECT_TRUE(fs::is_empty(victim.str()));
+    // Another rank opening it by name finds the link, and says so.
+    EXPECT_THROW(ScratchDirView(dir.str(), ".x_", scratch.identity()), Error);
+  }
+  EXPECT_TRUE(fs::is_symlink(name));  // not the scratch directory: left where the watcher put it
+  EXPECT_TRUE(fs::is_empty(moved));  // emptied through its descriptor
+  EXPECT_TRUE(fs::is_empty(victim.str()));
+}
+
+TEST(ScratchDirView, OpensTheSameDirectoryByName) {
+  TempDir dir;
+  ScratchDir scratch(dir.str(), ".x_");
+  ScratchDirView view(dir.str(), ".x_", scratch.identity());
+  std::ofstream(fs::path(scratch.path()) / "a") << "1";
+  EXPECT_TRUE(fs::exists(fs::path(view.path()) / "a"));
+  auto other = scratch.identity();
+  other[4] += 1;  // another inode
+  EXPECT_THROW(ScratchDirView(dir.str(), ".x_", other), Error);
+}
+
+// nohup: SIGHUP ignored before the first ScratchDir stays ignored (the handler would make it fatal).
+TEST(ScratchDir, AnIgnoredHangupStaysIgnored) {
+  TempDir dir;
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::signal(SIGHUP, SIG_IGN);
+    ScratchDir scratch(dir.str(), ".x_");
+    ::raise(SIGHUP);
+    ::_exit(0);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 
 }  // namespace

@@ -25,7 +25,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_mmtrain(args, world=1, check=True, timeout=300, env_extra=None):
+def run_mmtrain(args, world=1, check=True, timeout=300, env_extra=None, cwd=None):
     """Runs `mmtrain ARGS` (world == 1) or `torchrun --nproc-per-node W --no-python mmtrain ARGS`."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.update(env_extra or {})
@@ -35,7 +35,7 @@ def run_mmtrain(args, world=1, check=True, timeout=300, env_extra=None):
         torchrun = Path(sys.executable).parent / "torchrun"
         cmd = [str(torchrun), "--nproc-per-node", str(world), "--master-port", str(free_port()),
                "--no-python", str(mmtrain_bin()), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{crash_lines(proc.stderr)}"
                              f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")

@@ -276,7 +276,8 @@ def test_each_bad_input_is_refused_by_name_and_the_rest_is_prepared(encoders, tm
     good = src / "good.mp4"
     write_clip(good, moving_frames(25))
     cases = {  # stem -> the expected error code, or "ok" with a warning
-        "good": "ok", "corrupt": "corrupt_file", "truncated": "corrupt_file", "silent": "no_audio",
+        "good": "ok", "corrupt": "corrupt_file", "truncated": "corrupt_file",
+        "concat": "unsupported_container", "settings": "ok", ".hidden": "bad_file_name", "silent": "no_audio",
         "short": "too_short", "vfr": "variable_frame_rate", "rotated": "rotated", "strip": "extreme_aspect_ratio",
         "big": "source_too_large", "long": "ok", "emptycap": "empty_caption", "latin1": "caption_not_utf8",
         "longcap": "ok", "nocap": "missing_file", "link": "not_regular_file", "fifo": "not_regular_file",
@@ -284,6 +285,12 @@ def test_each_bad_input_is_refused_by_name_and_the_rest_is_prepared(encoders, tm
     }
     (src / "corrupt.mp4").write_bytes(np.random.default_rng(0).integers(0, 256, 20000, dtype=np.uint8).tobytes())
     (src / "truncated.mp4").write_bytes(good.read_bytes()[:len(good.read_bytes()) * 2 // 5])
+    # An ffconcat script named .mp4 would open files by path (relative to the working directory),
+    # here a FIFO outside --input that would block the whole run: only real containers are opened.
+    os.mkfifo(tmp_path / "outside_fifo")
+    (src / "concat.mp4").write_text(f"ffconcat version 1.0\nfile '{tmp_path / 'outside_fifo'}'\n")
+    (src / "settings.mp4").write_bytes(good.read_bytes())  # a stem that was .records/settings.json's name
+    (src / ".hidden.mp4").write_bytes(good.read_bytes())
     write_clip(src / "silent.mp4", moving_frames(25), audio=False)
     write_clip(src / "short.mp4", moving_frames(3))
     write_clip(src / "vfr.mp4", moving_frames(25), pts=[i * 40 + (25 if i % 3 == 1 else 0) for i in range(25)])
@@ -321,6 +328,115 @@ def test_each_bad_input_is_refused_by_name_and_the_rest_is_prepared(encoders, tm
     assert by_stem["longcap"]["caption_tokens"] == 702 and by_stem["longcap"]["prompt_embeds"] == [640, CT]
     assert by_stem["longcap"]["warnings"][0].startswith("caption_trimmed")
     assert not [p for p in out.rglob("*tmp-*")]
+    # The clip named settings did not replace the run's settings: --resume still accepts the directory.
+    again = prepare(["--input", str(src), "--out", str(out), *encoder_flags(encoders), "--resolution", f"{H}x{W}",
+                     "--max-source-pixels", "20000", "--max-seconds", "1", "--resume"], check=False, timeout=120)
+    assert again.returncode == 2 and "resume_mismatch" not in again.stderr, again.stderr[-3000:]
+
+
+def test_names_and_audio_that_broke_a_whole_run_refuse_one_clip(encoders, tmp_path):
+    """A file name that is not UTF-8 (and one with a terminal escape sequence) and an audio track whose
+    sample rate changes mid-stream are each refused by name; the other clips are prepared, and the
+    names are printed escaped."""
+    src = tmp_path / "src"
+    src.mkdir()
+    write_clip(src / "good.mp4", moving_frames(25))
+    (src / "good.txt").write_text("a square")
+    raw = os.fsencode(str(src)) + b"/caf\xe9.mp4"
+    with open(raw, "wb") as f:
+        f.write((src / "good.mp4").read_bytes())
+    with open(raw[:-4] + b".txt", "wb") as f:
+        f.write(b"a square")
+    escape = src / "red\x1b[31m.mp4"
+    escape.write_bytes((src / "good.mp4").read_bytes())
+    (src / "red\x1b[31m.txt").write_text("a square")
+    # Video with a soundtrack whose second half is at another sample rate.
+    write_clip(src / "rates.mp4", moving_frames(25), audio=False)
+    (src / "rates.txt").write_text("a square")
+    # A FLAC soundtrack whose frames switch from 44.1 to 22.05 kHz: the frames of a second stream
+    # after the first's (FLAC frames carry their own rate).
+    def flac(path, rate):
+        with av.open(str(path), mode="w", format="flac") as container:
+            stream = container.add_stream("flac", rate=rate, layout="mono")
+            frame = av.AudioFrame.from_ndarray((np.sin(np.arange(rate) / 10) * 8000).astype(np.int16)[None],
+                                               format="s16", layout="mono")
+            frame.sample_rate = rate
+            for packet in [*stream.encode(frame), *stream.encode()]:
+                container.mux(packet)
+        return path.read_bytes()
+
+    def frames_of(data):  # after "fLaC" and the metadata blocks (a 4-byte header each, the last flagged)
+        at = 4
+        while True:
+            last, length = data[at] & 0x80, int.from_bytes(data[at + 1:at + 4], "big")
+            at += 4 + length
+            if last:
+                return data[at:]
+
+    (src / "rates.flac").write_bytes(flac(tmp_path / "a.flac", 44100) + frames_of(flac(tmp_path / "b.flac", 22050)))
+    out = tmp_path / "out"
+    proc = prepare(["--input", str(src), "--out", str(out), *encoder_flags(encoders), "--resolution", f"{H}x{W}"],
+                   check=False, timeout=180)
+    assert proc.returncode in (0, 2), proc.stderr[-3000:]
+    summary = json.loads((out / "prepare.json").read_text())
+    status = {c["stem"]: (c["status"] if c["status"] == "ok" else c["error"]["code"]) for c in summary["clips"]}
+    assert status["good"] == "ok" and status["red\x1b[31m"] == "ok"
+    assert status["caf\\xe9"] == "bad_file_name"
+    assert status["rates"] == "audio_format_changes", summary["clips"]
+    assert "\x1b" not in proc.stderr and "red\\x1b[31m" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_the_media_room_never_imports_from_the_working_directory(encoders, clips, tmp_path):
+    """A data set that ships av.py, run from inside it: the room's imports come from its package and
+    the venv, never the working directory (python -P)."""
+    work = tmp_path / "dataset"
+    work.mkdir()
+    (work / "av.py").write_text(f"open({str(tmp_path / 'pwned')!r}, 'w').write('ran')\n")
+    proc = run_mmtrain(["prepare", "magihuman", "--input", str(clips), "--out", str(tmp_path / "out"),
+                        *encoder_flags(encoders), "--resolution", f"{H}x{W}"], cwd=work, check=False, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_late_start_seeks_and_keeps_only_the_window(tmp_path):
+    """Audio 60 s long, a window from 40 s: the seek path gives the samples of a decode from the first
+    sample to within one resampled sample (a 1 kHz tone: |diff| <= 2 pi f / rate), and the same length."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+    from mmtrain_media import audio as media_audio
+
+    rate = 48000
+    t = np.arange(60 * rate) / rate
+    tone = (0.3 * np.sin(2 * math.pi * 1000 * t) * 32767).astype(np.int16)
+    path = tmp_path / "long.wav"
+    with av.open(str(path), mode="w", format="wav") as container:
+        stream = container.add_stream("pcm_s16le", rate=rate, layout="mono")
+        for s in range(0, len(tone), rate):
+            frame = av.AudioFrame.from_ndarray(tone[None, s:s + rate], format="s16", layout="mono")
+            frame.sample_rate = rate
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    with av.open(str(path)) as container:
+        sought = media_audio.decode_samples(container, 40.0, 2.0, "long.wav")
+    lead = media_audio.SEEK_LEAD_SECONDS
+    try:
+        media_audio.SEEK_LEAD_SECONDS = 1e9  # no seek: every sample from the first
+        with av.open(str(path)) as container:
+            whole = media_audio.decode_samples(container, 40.0, 2.0, "long.wav")
+    finally:
+        media_audio.SEEK_LEAD_SECONDS = lead
+    assert sought.shape == whole.shape == (2 * 51200,)
+    assert (sought - whole).abs().max() <= 0.3 * 2 * math.pi * 1000 / 51200 + 1e-3
+
+
+def test_a_window_of_partial_latent_frames_is_refused(encoders, clips, tmp_path):
+    proc = prepare(["--input", str(clips), "--out", str(tmp_path / "a"), *encoder_flags(encoders),
+                    "--audio-window-seconds", "0.3"], check=False, timeout=60)
+    assert proc.returncode != 0 and "not a whole number of 2048-sample audio latent frames" in proc.stderr
+    assert not (tmp_path / "a").exists()
 
 
 def test_a_manifest_selects_spans_and_keeps_paths_inside_its_directory(encoders, clips, tmp_path):
@@ -351,7 +467,7 @@ def test_resume_after_a_kill_finishes_what_one_run_writes(encoders, clips, prepa
             "--resolution", f"{H}x{W}", "--audio-window-seconds", "0.4"]
     proc = subprocess.Popen([str(mmtrain_bin()), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
-    first = out / ".records" / "clip_000.json"
+    first = out / ".records" / "clips" / "clip_000.json"
     deadline = time.monotonic() + 120
     while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -361,7 +477,7 @@ def test_resume_after_a_kill_finishes_what_one_run_writes(encoders, clips, prepa
     finished = out / "latents" / "clip_000.safetensors"
     stamp = finished.stat().st_mtime_ns
 
-    refused = run_mmtrain([*args[:-2], "--audio-window-seconds", "0.5", "--resume"], check=False)
+    refused = run_mmtrain([*args[:-2], "--audio-window-seconds", "0.48", "--resume"], check=False)
     assert refused.returncode == 1 and "audio_window_seconds" in refused.stderr  # a resume never mixes settings
 
     run_mmtrain([*args, "--resume"])
