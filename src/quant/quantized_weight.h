@@ -35,6 +35,10 @@ struct QuantizedWeight {
 };
 
 QuantizedWeight quantize_weight(const at::Tensor& weight, BaseQuant kind);
+// An 8-bit weight's codes, not only its scales, fail naming `what` when they cannot be its values
+// in public_dtype: fp8 codes 0x7F / 0xFF are NaN, and a row's largest value |code| * scale (/ 127
+// for int8) must be finite there (an int8 scale of 1e38 is a finite fp32 that is Inf in fp16).
+void check_rowwise_values(const RowwiseWeight& w, BaseQuant kind, at::ScalarType public_dtype, const std::string& what);
 at::Tensor dequantize_weight(const QuantizedWeight& q, at::ScalarType dtype);
 // Bytes it stores (codes and scales): what the plan and the gathers count.
 int64_t stored_bytes(const QuantizedWeight& q);

@@ -385,19 +385,26 @@ void convert_merge_lora(const std::string& model_id, const std::string& load_dir
   // One merged tensor in memory at a time: each is computed when the writer reaches it.
   auto merged = [&, seed](const std::string& name, Param* param) {
     const int64_t rows = param->shape.empty() ? 1 : param->shape[0];
-    at::Tensor full;
-    if (!param->trainable)
-      full = source ? read_hf(ckpt.hf->hf_key(name), 0, rows) : param->init_value();
     // A weight the run trained over quantized (features.lora.base_quant) is merged as the run saw it:
     // dequantized, as peft's merge onto bitsandbytes' dequantized weights. A quantized base's read
-    // gives that already; an unquantized base's is quantized and dequantized here.
-    if (!param->trainable && param->base_quant != quant::BaseQuant::none &&
-        !(source && source->quantization(base_key(ckpt.hf->hf_key(name))) != quant::BaseQuant::none))
-      full = quant::dequantize_weight(quant::quantize_weight(full, param->base_quant), full.scalar_type());
+    // gives that already; an unquantized base's HF tensor is quantized and dequantized here, as the
+    // run's loader does (train/hf_weights.cpp).
+    const bool dequantized_here = !param->requires_grad && param->base_quant != quant::BaseQuant::none &&
+                                  !(source && source->quantization(base_key(ckpt.hf->hf_key(name))) != quant::BaseQuant::none);
+    auto read_as_trained = [&](const std::string& key, int64_t b, int64_t e) {
+      if (!dequantized_here) return read_hf(key, b, e);
+      const at::Tensor whole = source->read_full(base_key(key));
+      return quant::dequantize_weight(quant::quantize_weight(whole, param->base_quant), whole.scalar_type()).narrow(0, b, e - b);
+    };
+    at::Tensor full;
+    if (!param->trainable)
+      full = source ? read_as_trained(ckpt.hf->hf_key(name), 0, rows) : param->init_value();
     else if (param->requires_grad)  // modules_to_save: trained in full, in the checkpoint
       full = ckpt.reader->read_full(state_model_key(name));
     else
-      full = source ? ckpt.hf->load_rows(name, 0, rows, read_hf) : param_init_rows(*param, name, seed, 0, rows);
+      full = source ? ckpt.hf->load_rows(name, 0, rows, read_as_trained) : param_init_rows(*param, name, seed, 0, rows);
+    if (dequantized_here && !source)  // a random init, quantized as the run's loader quantizes it
+      full = quant::dequantize_weight(quant::quantize_weight(full, param->base_quant), full.scalar_type());
     full = full.to(at::kFloat);
     const std::string module = name.substr(0, name.rfind('.'));
     if (auto it = ckpt.adapted.find(module); it != ckpt.adapted.end() && name == module + ".weight") {

@@ -125,6 +125,7 @@ std::string config_without_quantization(const std::string& text, const std::stri
     fail(command, ": config.json is not JSON (", e.what(), ")");
   }
   if (!config.is_object()) fail(command, ": config.json is not a JSON object");
+  if (!config.contains("quantization_config")) return text;  // a plain model's: as it is
   config.erase("quantization_config");
   return config.dump(2) + "\n";
 }
@@ -171,6 +172,8 @@ void convert_dequantize_base(const std::string& model_id, const std::string& loa
     const auto kind = source.quantization(name);
     if (kind == quant::BaseQuant::none) return {{name, source.read_full(name)}};
     const quant::QuantizedWeight q = source.read_quantized(name);
+    if (kind != quant::BaseQuant::nf4)
+      quant::check_rowwise_values(q.rowwise, kind, dtype_8bit, "dequantize-base: " + load_dir + ": '" + name + "'");
     ++dequantized;
     return {{name, quant::dequantize_weight(q, kind == quant::BaseQuant::nf4 ? q.dtype : dtype_8bit).contiguous()}};
   };

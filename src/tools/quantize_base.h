@@ -13,8 +13,8 @@
 
 namespace mmtrain {
 
-// config.json's text without its quantization_config (what a plain model's loader reads); fails
-// naming `command` when it is not a JSON object.
+// config.json's text without its quantization_config (what a plain model's loader reads; a config
+// without one is returned as it is); fails naming `command` when it is not a JSON object.
 std::string config_without_quantization(const std::string& text, const std::string& command);
 
 void convert_quantize_base(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,

@@ -293,3 +293,90 @@ def test_merge_lora_and_eval_take_a_qlora_run(bases, data, tmp_path):
     assert merged["qlora"].keys() == merged["lora"].keys()
     assert all(torch.equal(merged["qlora"][k], merged["lora"][k]) for k in merged["lora"])
     assert losses["qlora"] == losses["lora"]
+
+
+def test_merge_lora_of_qlora_over_an_unquantized_base_merges_into_its_dequantization(bases, data, tmp_path):
+    """QLoRA over the fp32 base with base_quant nf4 trains over deq(Q(W)); merge-lora writes that, as peft's
+    merge onto bitsandbytes' dequantized weights: W' = deq(Q(W)) + alpha / r * B A for an adapted Linear
+    (B, A from the run's lora-to-peft export), deq(Q(W)) for every other quantized weight (dequantize-base,
+    bitwise bitsandbytes' dequantization in test 1). Over the nf4 directory the merge's config.json keeps no
+    quantization_config, and transformers loads it as a plain model that runs."""
+    from transformers import AutoModelForImageTextToText
+    magistral_run(tmp_path / "run", bases / "fp32", data, "nf4")
+    run_mmtrain(["convert", "mistral3", "merge-lora", "--load_dir", str(tmp_path / "run" / "ckpt"), "--save_dir",
+                 str(tmp_path / "merged"), "--dtype", "fp32"])
+    run_mmtrain(["convert", "mistral3", "lora-to-peft", "--load_dir", str(tmp_path / "run" / "ckpt"), "--save_dir",
+                 str(tmp_path / "peft")])
+    merged, dequantized, original = tensors(tmp_path / "merged"), tensors(bases / "fp32_nf4_back"), tensors(bases / "fp32")
+    adapters = load_file(str(tmp_path / "peft" / "adapter_model.safetensors"))
+    quantized = {k for k in tensors(bases / "fp32_nf4") if k.endswith(".absmax")}
+    checked = 0
+    for key in merged:
+        # The base keeps transformers' legacy names (language_model.model.X); peft names the module model.language_model.X.
+        module = key.removesuffix(".weight").replace("language_model.model.", "model.language_model.", 1)
+        a = adapters.get(f"base_model.model.{module}.lora_A.weight")
+        if a is not None:
+            b = adapters[f"base_model.model.{module}.lora_B.weight"]
+            expected = dequantized[key] + (b @ a) * (8 / 4)
+            assert torch.allclose(merged[key], expected, rtol=0, atol=1e-6), key
+            assert not torch.allclose(merged[key], original[key] + (b @ a) * (8 / 4), rtol=0, atol=1e-6), key
+            checked += 100
+        elif key + ".absmax" in quantized and "multi_modal_projector" not in key:  # frozen, quantized, not adapted
+            assert torch.equal(merged[key], dequantized[key]), key
+            assert not torch.equal(merged[key], original[key]), key
+            checked += 1
+    assert checked > 100 * 7 and checked % 100 > 4  # every adapted Linear of the language model, and the others
+
+    magistral_run(tmp_path / "over_nf4", bases / "fp32_nf4", data, "nf4")
+    run_mmtrain(["convert", "mistral3", "merge-lora", "--load_dir", str(tmp_path / "over_nf4" / "ckpt"), "--save_dir",
+                 str(tmp_path / "merged_nf4"), "--dtype", "fp32"])
+    assert "quantization_config" not in json.loads((tmp_path / "merged_nf4" / "config.json").read_text())
+    model = AutoModelForImageTextToText.from_pretrained(tmp_path / "merged_nf4", device_map="cpu")
+    assert not any(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())
+    logits = model(input_ids=torch.tensor([[1, 5, 9, 13]])).logits
+    assert torch.isfinite(logits).all()
+
+
+def test_hostile_8bit_codes_are_refused_by_name(bases, tmp_path):
+    """The codes, not only the scales: fp8 NaN codes and an int8 row whose scale dequantizes beyond fp16
+    are refused where the base is read (dequantize-base here; training reads the same way)."""
+    for dtype, name, edit, message in (
+            ("fp8_e4m3", "nan_code", lambda t, k: t[k].view(torch.uint8).view(-1).__setitem__(3, 0x7F),
+             "codes hold NaN (0x7F / 0xFF), the first at element 3"),
+            ("int8", "overflow", lambda t, k: t[k.removesuffix("weight") + "SCB"].__setitem__(0, 3.0e38),
+             "row 0 dequantizes to")):
+        good = tensors(bases / f"bf16_{dtype}")
+        key = next(k for k in good if k.endswith("q_proj.weight") and "language_model" in k)
+        broken = {k: v.clone() for k, v in good.items()}
+        edit(broken, key)
+        directory = tmp_path / name
+        directory.mkdir()
+        save_file(broken, str(directory / "model.safetensors"))
+        (directory / "config.json").write_text((bases / f"bf16_{dtype}" / "config.json").read_text())
+        proc = dequantize_base(directory, tmp_path / f"{name}_out", "--dtype", "fp16", check=False)
+        assert proc.returncode != 0 and message in proc.stderr, (name, proc.stderr[-1500:])
+        assert not (tmp_path / f"{name}_out").exists()
+
+
+def test_the_base_files_follow_one_rule(bases, tmp_path):
+    """quantize-base and dequantize-base copy a base's other files as merge-lora does: no link out of the
+    base's tree (a README.md -> ../secret is named and skipped), no weight file in another format, and
+    the formats' quantization_config (int8: bitsandbytes' load_in_8bit, so transformers never reads codes
+    as weights)."""
+    base = tmp_path / "base"
+    base.mkdir()
+    for f in (bases / "fp32").iterdir():
+        (base / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "secret").write_text("password")
+    os.symlink(tmp_path / "secret", base / "README.md")
+    torch.save({"x": torch.zeros(1)}, base / "pytorch_model.bin")
+    proc = run_mmtrain(["convert", "mistral3", "quantize-base", "--dtype", "int8", "--load_dir", str(base), "--save_dir",
+                        str(tmp_path / "int8")])
+    assert "README.md links outside the base's tree" in proc.stdout
+    names = sorted(p.name for p in (tmp_path / "int8").iterdir())
+    assert "README.md" not in names and "pytorch_model.bin" not in names and "config.json" in names
+    config = json.loads((tmp_path / "int8" / "config.json").read_text())["quantization_config"]
+    assert config["load_in_8bit"] is True and config["quant_method"] == "bitsandbytes"
+    dequantize_base(tmp_path / "int8", tmp_path / "back")
+    assert "quantization_config" not in json.loads((tmp_path / "back" / "config.json").read_text())
+    assert "README.md" not in [p.name for p in (tmp_path / "back").iterdir()]
