@@ -310,7 +310,7 @@ def test_merge_lora_of_qlora_over_an_unquantized_base_merges_into_its_dequantiza
     merged, dequantized, original = tensors(tmp_path / "merged"), tensors(bases / "fp32_nf4_back"), tensors(bases / "fp32")
     adapters = load_file(str(tmp_path / "peft" / "adapter_model.safetensors"))
     quantized = {k for k in tensors(bases / "fp32_nf4") if k.endswith(".absmax")}
-    checked = 0
+    adapted = frozen = 0
     for key in merged:
         # The base keeps transformers' legacy names (language_model.model.X); peft names the module model.language_model.X.
         module = key.removesuffix(".weight").replace("language_model.model.", "model.language_model.", 1)
@@ -320,12 +320,12 @@ def test_merge_lora_of_qlora_over_an_unquantized_base_merges_into_its_dequantiza
             expected = dequantized[key] + (b @ a) * (8 / 4)
             assert torch.allclose(merged[key], expected, rtol=0, atol=1e-6), key
             assert not torch.allclose(merged[key], original[key] + (b @ a) * (8 / 4), rtol=0, atol=1e-6), key
-            checked += 100
+            adapted += 1
         elif key + ".absmax" in quantized and "multi_modal_projector" not in key:  # frozen, quantized, not adapted
             assert torch.equal(merged[key], dequantized[key]), key
             assert not torch.equal(merged[key], original[key]), key
-            checked += 1
-    assert checked > 100 * 7 and checked % 100 > 4  # every adapted Linear of the language model, and the others
+            frozen += 1
+    assert adapted >= 7 and frozen >= 4  # the language model's adapted Linears; the vision tower's frozen ones
 
     magistral_run(tmp_path / "over_nf4", bases / "fp32_nf4", data, "nf4")
     run_mmtrain(["convert", "mistral3", "merge-lora", "--load_dir", str(tmp_path / "over_nf4" / "ckpt"), "--save_dir",
