@@ -192,3 +192,77 @@ def test_tensorboard_shows_the_samples(tmp_path):
     assert grid == {"path": str(samples / "0000.grid.png"), "iteration": 4}
     run_mmtrain(["logs", "plot", str(tmp_path / "tb"), "--out", str(tmp_path / "plot.png")])
     assert (tmp_path / "plot.png").stat().st_size > 0
+
+
+def test_sampling_settings_are_checked_before_the_first_step(tmp_path):
+    """A typo in sample_vae, a plain file where the samples go, and a prompt line without its own shape
+    are refused at start (no iteration runs), each by name."""
+    magihuman_setup(tmp_path)
+    (tmp_path / "unsized.jsonl").write_text('{"conditions": "a.safetensors", "seed": 1}\n')
+    sampling = f", sample_interval: 2, sample_prompts: {tmp_path / 'prompts.jsonl'}"
+    cases = [
+        (sampling + f", sample_vae: {tmp_path / 'no_such_vae'}, sample_audio_vae: {tmp_path / 'no_such_vae'}",
+         "training.sample_vae", None),
+        (sampling, "samples is not a directory", "file"),
+        (sampling, "samples is a symbolic link", "link"),
+        (f", sample_interval: 2, sample_prompts: {tmp_path / 'unsized.jsonl'}", "gives no 'seconds' and 'resolution'", None),
+    ]
+    for index, (extra, message, samples_as) in enumerate(cases):
+        name = f"start{index}"
+        config = magihuman_config(tmp_path, name, extra)
+        (tmp_path / name).mkdir()
+        if samples_as == "file":
+            (tmp_path / name / "samples").write_text("")
+        elif samples_as == "link":
+            (tmp_path / "elsewhere").mkdir(exist_ok=True)
+            (tmp_path / name / "samples").symlink_to(tmp_path / "elsewhere")
+        proc = run_mmtrain(["train", str(config)], check=False)
+        assert proc.returncode != 0 and message in proc.stderr, (extra, proc.stderr[-1500:])
+        assert not (tmp_path / name / "metrics.jsonl").exists() or '"loss"' not in (tmp_path / name / "metrics.jsonl").read_text()
+    assert not any((tmp_path / "elsewhere").iterdir())
+
+
+def test_a_failed_sampling_phase_costs_no_training(tmp_path):
+    """Decoding the samples fails (a decoder whose config.json is not JSON): the iteration's checkpoint is
+    saved before sampling, the failure is logged and recorded in metrics.jsonl, no samples directory that
+    looks done is left, and training goes on bitwise as without samples. With sample_failure: stop the run
+    ends after saving that iteration."""
+    magihuman_setup(tmp_path)
+    (tmp_path / "bad_vae").mkdir()
+    (tmp_path / "bad_vae" / "config.json").write_text("{not json")
+    sampling = (f", sample_interval: 2, sample_prompts: {tmp_path / 'prompts.jsonl'}, "
+                f"sample_vae: {tmp_path / 'bad_vae'}, sample_audio_vae: {tmp_path / 'bad_vae'}")
+    run_mmtrain(["train", str(magihuman_config(tmp_path, "plain"))])
+    proc = run_mmtrain(["train", str(magihuman_config(tmp_path, "going", sampling))])
+    assert "the samples after iteration 2 failed" in proc.stdout + proc.stderr
+    records = read_metrics(tmp_path / "going")
+    failures = [r for r in records if r.get("kind") == "samples"]
+    assert [r["iteration"] for r in failures] == [2, 4] and all("error" in r and "dir" not in r for r in failures)
+    keys = ("loss", "grad_norm")
+    assert [{k: r[k] for k in keys} for r in records if "loss" in r] == \
+        [{k: r[k] for k in keys} for r in read_metrics(tmp_path / "plain") if "loss" in r]
+    assert not any((tmp_path / "going" / "samples").iterdir())  # nothing half-made, nothing that looks done
+    assert (tmp_path / "going" / "ckpt" / "iter_0000004").is_dir()
+
+    stop = magihuman_config(tmp_path, "stop", sampling + ", sample_failure: stop")
+    proc = run_mmtrain(["train", str(stop), "--set", "training.save_interval=3"], check=False)
+    assert proc.returncode != 0 and "training.sample_failure is stop, after saving iteration 2" in proc.stderr
+    assert (tmp_path / "stop" / "ckpt" / "latest").read_text().strip().endswith("2")
+
+
+def test_a_resume_samples_what_a_kill_cut_short(tmp_path):
+    """The samples of an iteration come after its save: a run killed while sampling leaves its checkpoint
+    and a hidden .partial directory. The resumed run removes the partial one and samples that iteration
+    first, then goes on."""
+    magihuman_setup(tmp_path)
+    sampling = f", sample_interval: 2, sample_prompts: {tmp_path / 'prompts.jsonl'}"
+    config = magihuman_config(tmp_path, "cut", sampling)
+    run_mmtrain(["train", str(config), "--set", "training.train_iters=2"])
+    samples = tmp_path / "cut" / "samples"
+    # What a kill during the sampling of iteration 2 leaves: the checkpoint, and half a samples directory.
+    (samples / "iter_0000002").rename(samples / ".iter_0000002.partial")
+    (samples / ".iter_0000002.partial" / "0001.safetensors").unlink()
+    run_mmtrain(["train", str(config), "--set", f"training.load={tmp_path / 'cut' / 'ckpt'}"])
+    assert sorted(p.name for p in samples.iterdir()) == ["iter_0000002", "iter_0000004"]
+    assert sorted(p.name for p in (samples / "iter_0000002").iterdir()) == \
+        ["0000.json", "0000.safetensors", "0001.json", "0001.safetensors"]
