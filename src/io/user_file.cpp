@@ -41,7 +41,7 @@ std::string read_checked(const std::string& path, const std::string& label, int6
       return {};
     }
     if (errno == ENOENT) fail(label, ": no such file");
-    if (errno == ELOOP) fail(label, ": a symbolic link, refused (a file of a run's own directory is never a link)");
+    if (errno == ELOOP) fail(label, ": refused: ", path, " is a symlink (a file of a run's own directory is never a link)");
     fail(label, ": cannot be opened: ", std::strerror(errno));
   }
   struct FdCloser {

@@ -35,6 +35,18 @@ constexpr double kMaxSeconds = 600;
 constexpr double kMinShift = 1e-2, kMaxShift = 100;
 constexpr double kMaxGuidance = 100;
 
+// A torch.save file (a zip: what `fixture magihuman` and training's .pt layout hold) is named, not
+// parsed as a safetensors header ("header length ... runs past the end").
+void refuse_torch_save(const std::string& path) {
+  std::error_code error;
+  char magic[4] = {};
+  if (fs::is_regular_file(fs::symlink_status(path, error)))  // a regular file: reading it cannot block
+    std::ifstream(path, std::ios::binary).read(magic, sizeof magic);
+  if (std::string(magic, sizeof magic) == std::string("PK\x03\x04", 4))
+    fail(path, ": a torch.save (.pt) file; conditions must be safetensors with 'prompt_embeds' (the conditions/ files ",
+         "of `mmtrain prepare magihuman`)");
+}
+
 // FILE relative to base, refused unless it resolves inside base.
 std::string inside(const fs::path& base, const std::string& relative, const std::string& where, const char* key) {
   if (!relative.empty() && fs::path(relative).is_absolute())
@@ -66,7 +78,7 @@ void check_settings(const MagiHumanSampleSettings& s, const std::string& where) 
     fail(where, ": shift must be in [", kMinShift, ", ", kMaxShift, "], found ", s.sampling.shift);
   for (const double g : {s.sampling.guidance_video, s.sampling.guidance_audio})
     if (!(std::abs(g) <= kMaxGuidance))
-      fail(where, ": the guidance scales must be in [-", kMaxGuidance, ", ", kMaxGuidance, "], found ",
+      fail(where, ": the guidance scales must be finite and in [-", kMaxGuidance, ", ", kMaxGuidance, "], found ",
            s.sampling.guidance_video, " and ", s.sampling.guidance_audio);
 }
 
@@ -105,9 +117,12 @@ std::vector<MagiHumanPrompt> read_magihuman_prompts(const std::string& path, uin
       if (trim(p.text).empty()) fail(where, ": the prompt is empty");
     } else {
       p.conditions = inside(base, json_string(j, "conditions", where), where, "conditions");
+      refuse_torch_save(p.conditions);
     }
-    if (j.contains("negative_conditions"))
+    if (j.contains("negative_conditions")) {
       p.negative_conditions = inside(base, json_string(j, "negative_conditions", where), where, "negative_conditions");
+      refuse_torch_save(p.negative_conditions);
+    }
     p.sized = j.contains("seconds") && j.contains("resolution");
     if (j.contains("seconds")) p.settings.seconds = finite_number(j, "seconds", where);
     if (j.contains("resolution")) {
@@ -131,15 +146,7 @@ std::vector<MagiHumanPrompt> read_magihuman_prompts(const std::string& path, uin
 }
 
 at::Tensor read_text_embedding(const std::string& path, int64_t text_channels) {
-  // A torch.save file (a zip: what `fixture magihuman` and training's .pt layout hold) is named,
-  // not parsed as a safetensors header.
-  std::error_code error;
-  char magic[4] = {};
-  if (fs::is_regular_file(fs::symlink_status(path, error)))  // a regular file: reading it cannot block
-    std::ifstream(path, std::ios::binary).read(magic, sizeof magic);
-  if (std::string(magic, sizeof magic) == std::string("PK\x03\x04", 4))
-    fail(path, ": a torch.save (.pt) file; conditions must be safetensors with 'prompt_embeds' (the conditions/ files ",
-         "of `mmtrain prepare magihuman`)");
+  refuse_torch_save(path);
   const SafetensorsFile file(path, SafetensorsFile::Symlinks::refuse);
   std::string key;
   for (const char* name : {"prompt_embeds", "text_embed"})

@@ -65,6 +65,17 @@ def test_6_plan_json_and_metrics_are_never_written_through_a_link(tmp_path, conf
     assert not (tmp_path / "dangling").exists()
 
 
+def test_a_fifo_at_metrics_jsonl_is_refused_at_start_not_waited_on(tmp_path, config):
+    """Issue 65 item 12: the start-up check that refuses an earlier run reads <output_dir>/metrics.jsonl
+    through the one no-follow, non-blocking, type-checked open: a FIFO there is named, every time."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    os.mkfifo(run_dir / "metrics.jsonl")
+    for _ in range(3):
+        proc = run_mmtrain(["train", str(config), "--set", "training.save="], check=False, timeout=60)
+        refused(proc, "metrics.jsonl: not a regular file (a FIFO, device or socket)")
+
+
 def test_6_out_paths_refuse_a_dangling_link(tmp_path, config):
     out = tmp_path / "choice.txt"
     out.symlink_to(tmp_path / "elsewhere.txt")

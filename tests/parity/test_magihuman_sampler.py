@@ -231,6 +231,9 @@ def test_bad_input_is_refused_by_name(setup, tmp_path):
     (tmp_path / "outside.jsonl").write_text('{"conditions": "../a.safetensors"}\n')
     (tmp_path / "both.jsonl").write_text('{"conditions": "a.safetensors", "prompt": "x"}\n')
     (tmp_path / "text.jsonl").write_text('{"prompt": "a face"}\n')
+    (tmp_path / "absolute.jsonl").write_text(json.dumps({"conditions": str(tmp / "a.safetensors")}) + "\n")
+    torch.save({"prompt_embeds": torch.zeros(3, 24)}, tmp / "a.pt")  # what `fixture magihuman` writes
+    (tmp / "pt.jsonl").write_text('{"conditions": "a.pt"}\n')
     exists = tmp_path / "exists"
     exists.mkdir()
     cases = [
@@ -243,6 +246,11 @@ def test_bad_input_is_refused_by_name(setup, tmp_path):
         (["--seconds", "0"], "seconds must be in (0, 600]"),
         (["--seconds", "0.5"], "whole number of frames"),
         (["--guidance-video", "nan"], "must be finite"),
+        # Finite but extreme: the schedule or the guided velocity would overflow to NaN latents (rc 0 before).
+        (["--guidance-video", "1e300"], "must be finite and in [-100, 100]"),
+        (["--shift", "1e-300"], "shift must be in [0.01, 100]"),
+        (["--prompts", str(tmp_path / "absolute.jsonl")], "is an absolute path, which is refused"),
+        (["--prompts", str(tmp / "pt.jsonl")], "a torch.save (.pt) file; conditions must be safetensors"),
         (["--vae", str(tmp)], "--vae and --audio-vae go together"),
     ]
     for extra, message in cases:
