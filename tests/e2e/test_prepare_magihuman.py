@@ -526,3 +526,25 @@ def test_flags_are_checked_before_any_work(encoders, clips, prepared, tmp_path):
     proc = prepare(["--decode", "--input", str(clips), "--out", str(tmp_path / "d"), "--vae", str(encoders / "vae"),
                     "--audio-vae", str(encoders / "audio_vae")], check=False, timeout=60)
     assert proc.returncode == 1 and "has no latents/ and audio_latents/" in proc.stderr
+
+
+def test_decode_skips_a_bad_latent_by_name_and_resume_compares_the_input(encoders, clips, prepared, tmp_path):
+    """--decode: a latent file that is not safetensors is named and skipped, the others decoded (exit 2),
+    and --out appears only whole (built as a hidden sibling). --resume refuses another --input whose clips
+    have the same stems (they would be skipped as done)."""
+    import shutil
+    copy = tmp_path / "copy"
+    shutil.copytree(prepared, copy)
+    (copy / "latents" / "clip_001.safetensors").write_bytes(b"not safetensors")
+    decoded = tmp_path / "decoded"
+    proc = prepare(["--decode", "--input", str(copy), "--out", str(decoded), "--vae", str(encoders / "vae"),
+                    "--audio-vae", str(encoders / "audio_vae")], check=False)
+    assert proc.returncode == 2 and "clip_001: failed (corrupt_file)" in proc.stderr, proc.stderr[-2000:]
+    assert sorted(p.name for p in decoded.iterdir()) == ["clip_000.mp4", "clip_002.mp4"]
+    assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+
+    other = tmp_path / "other_clips"
+    shutil.copytree(clips, other)
+    proc = prepare(["--input", str(other), "--out", str(prepared), *encoder_flags(encoders), "--resolution", f"{H}x{W}",
+                    "--audio-window-seconds", "0.4", "--resume"], check=False)
+    assert proc.returncode == 1 and "was prepared with input" in proc.stderr, proc.stderr[-2000:]
