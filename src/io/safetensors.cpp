@@ -1,6 +1,5 @@
 #include "io/safetensors.h"
 
-#include "core/crc32c.h"
 #include "core/error.h"
 #include "core/json_read.h"
 #include "core/regular_file.h"
@@ -309,16 +308,16 @@ void SafetensorsFile::read_rows_into(const std::string& name, int64_t row_begin,
   if (nbytes > 0) pread_exact(out.data_ptr(), nbytes, data_start_ + meta.data_begin + row_begin * row_bytes, name);
 }
 
-uint32_t SafetensorsFile::crc32c_of(const std::string& name, uint32_t crc) const {
+void SafetensorsFile::for_each_data_chunk(const std::string& name,
+                                          const std::function<void(const char*, size_t)>& consume) const {
   const auto& meta = info(name);
   constexpr int64_t kChunkBytes = int64_t{16} << 20;
   std::vector<char> chunk(static_cast<size_t>(std::min(kChunkBytes, meta.data_end - meta.data_begin)));
   for (int64_t at = meta.data_begin; at < meta.data_end; at += kChunkBytes) {
     const int64_t n = std::min(kChunkBytes, meta.data_end - at);
     pread_exact(chunk.data(), n, data_start_ + at, name);
-    crc = crc32c(chunk.data(), static_cast<size_t>(n), crc);
+    consume(chunk.data(), static_cast<size_t>(n));
   }
-  return crc;
 }
 
 // ---------------------------------------------------------------------------------------------

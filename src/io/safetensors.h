@@ -85,9 +85,9 @@ class SafetensorsFile {
   // straight into preallocated shards or into a slice of a larger buffer).
   void read_rows_into(const std::string& name, int64_t row_begin, int64_t row_end,
                       const at::Tensor& out) const;
-  // crc32c (core/crc32c.h) of the tensor's stored bytes, continuing from crc; read in bounded
-  // chunks, so a tensor larger than memory can be fingerprinted.
-  uint32_t crc32c_of(const std::string& name, uint32_t crc) const;
+  // The tensor's stored bytes, handed to `consume` in bounded chunks (16 MiB), so a tensor larger
+  // than memory can be fingerprinted.
+  void for_each_data_chunk(const std::string& name, const std::function<void(const char*, size_t)>& consume) const;
 
  private:
   void pread_exact(void* dst, int64_t nbytes, int64_t file_offset, const std::string& name) const;

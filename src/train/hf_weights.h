@@ -33,11 +33,11 @@ class WeightSource {
   quant::BaseQuant quantization(const std::string& name) const;
   quant::QuantizedWeight read_quantized(const std::string& name) const;
 
-  // Every stored tensor, companions included, with its stored dtype and shape and a crc32c of its
-  // bytes: what a fingerprint covers.
+  // Every stored tensor, companions included, with its stored dtype, shape and bytes: what a
+  // fingerprint covers.
   const std::vector<std::string>& stored_names() const;
   const SafetensorsTensorInfo& stored_info(const std::string& name) const;
-  uint32_t crc32c_of(const std::string& stored_name, uint32_t crc) const;
+  void for_each_data_chunk(const std::string& stored_name, const std::function<void(const char*, size_t)>& consume) const;
 
  private:
   bool stores(const std::string& name) const;
@@ -54,12 +54,12 @@ class WeightSource {
 // that source has; "" when none is there.
 std::string source_key_of(const WeightSource& source, const HfAdapter& adapter, const std::string& param_name);
 
-// A fingerprint of the weights at path (an HF directory or one .safetensors file), 8 hex digits:
-// crc32c over every tensor's name, dtype and shape and every byte of its data, in name order, so
-// any changed element gives another value. It reads the whole base once (crc32c runs at about
-// 10 GB/s a core: the read is the cost, from the page cache when the base was just loaded). A
-// LoRA checkpoint records its base's (train/state.h).
-inline constexpr const char* kWeightsFingerprintKind = "crc32c of every byte";
+// A fingerprint of the weights at path (an HF directory or one .safetensors file), 64 hex digits:
+// SHA-256 over the lines "name|dtype|shape|SHA-256 of its data" of every tensor in name order, so
+// any changed element gives another value and no substituted base can be made to give the same
+// one (a CRC could: it is linear in the bytes). It reads the whole base once, the tensors hashed
+// on up to 16 threads. A LoRA checkpoint records its base's (train/state.h).
+inline constexpr const char* kWeightsFingerprintKind = "sha256 of every byte";
 std::string weights_fingerprint(const std::string& path);
 
 // Loads every parameter (this rank's rows) and buffer (whole) from an HF checkpoint. Missing,

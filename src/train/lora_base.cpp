@@ -1,7 +1,7 @@
 #include "train/lora_base.h"
 
-#include "core/crc32c.h"
 #include "core/error.h"
+#include "core/text.h"
 #include "train/hf_weights.h"
 
 namespace mmtrain {
@@ -35,9 +35,13 @@ nlohmann::json lora_base(const Config& config, Comm* comm) {
       if (!failed.empty()) fail(failed);
       fail("rank 0 could not read the base ", path, " for its fingerprint (see its error)");
     }
-    if (comm && comm->world_size() > 1) {  // 32 bits travel exactly in a double
-      const double crc = comm->all_reduce_sum(comm->rank() == 0 ? double(std::stoul(fingerprint, nullptr, 16)) : 0.0);
-      fingerprint = crc32c_hex(static_cast<uint32_t>(crc));
+    if (comm && comm->world_size() > 1) {  // 64 hex digits as eight 32-bit words, each exact in a double
+      std::vector<double> words(8, 0.0);
+      if (comm->rank() == 0)
+        for (size_t i = 0; i < words.size(); ++i) words[i] = double(std::stoul(fingerprint.substr(8 * i, 8), nullptr, 16));
+      words = comm->all_reduce_sum(words);
+      fingerprint.clear();
+      for (const double word : words) fingerprint += format("%08x", static_cast<unsigned>(word));
     }
     base = {{"weights", path}, {"fingerprint", fingerprint}, {"fingerprint_of", kWeightsFingerprintKind}};
   }
@@ -88,8 +92,10 @@ std::string lora_base_difference(const nlohmann::json& saved, const nlohmann::js
   if (saved.contains("init_seed") || run.contains("init_seed")) {
     if (saved.value("init_seed", nlohmann::json()) == run.value("init_seed", nlohmann::json())) return "";
   } else if (saved.value("fingerprint_of", nlohmann::json()) != kWeightsFingerprintKind) {
-    return "its base's fingerprint " + saved["fingerprint"].dump() + " was taken by an older mmtrain (over the first "
-           "row of each tensor), which cannot tell a changed base; this base has " + lora_base_describe(run) +
+    const auto kind = saved.value("fingerprint_of", nlohmann::json("over the first row of each tensor"));
+    return "its base's fingerprint " + saved["fingerprint"].dump() + " was taken by an older mmtrain (" +
+           (kind.is_string() ? kind.get<std::string>() : kind.dump()) + "), which a changed or substituted base can "
+           "match; this base has " + lora_base_describe(run) +
            "; if it is the same base, set trainer_state.json's lora_base.fingerprint to " +
            run.value("fingerprint", std::string("?")) + " and fingerprint_of to \"" + kWeightsFingerprintKind + "\"";
   } else if (saved["fingerprint"] == run.value("fingerprint", nlohmann::json())) {

@@ -15,7 +15,7 @@
 namespace mmtrain {
 
 // A LoRA run's base and adapters, as its checkpoints record them (StateInfo::lora_base):
-//   {"weights": path, "fingerprint": weights_fingerprint(path), "fingerprint_of": "crc32c of every
+//   {"weights": path, "fingerprint": weights_fingerprint(path), "fingerprint_of": "sha256 of every
 //    byte"} or, without model weights, {"init_seed": seed}; with
 //   "adapters": lora_adapters(features.lora)
 // null when features.enable_lora is off. With comm, rank 0 alone reads the base for its

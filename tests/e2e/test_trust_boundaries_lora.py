@@ -116,13 +116,35 @@ def test_lora_scale_and_membership_are_checked_on_eval_resume_and_export(lora_ru
         refused(proc, "its config and its lora_base disagree", "features.lora.alpha is 64")
 
 
+def python_fingerprint(directory):
+    """The fingerprint train/hf_weights.h documents, from hashlib: SHA-256 over the lines
+    "name|dtype|shape|SHA-256 of its data" of every tensor, in name order."""
+    import hashlib
+    import struct
+    dtypes = {"F32": "Float", "BF16": "BFloat16", "F16": "Half", "I64": "Long", "U8": "Byte", "I8": "Char"}
+    entries = {}
+    for shard in sorted(Path(directory).glob("*.safetensors")):
+        data = shard.read_bytes()
+        (size,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8:8 + size])
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = info["data_offsets"]
+            entries[name] = (dtypes[info["dtype"]], info["shape"], hashlib.sha256(data[8 + size + begin:8 + size + end]).hexdigest())
+    text = "".join(f"{name}|{dtype}|[{', '.join(map(str, shape))}]|{digest}\n"
+                   for name, (dtype, shape, digest) in sorted(entries.items()))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def test_the_base_fingerprint_covers_every_byte_and_a_moved_base_is_named(lora_run, tmp_path):
     """Item 2 and merge-lora's WEAK items: a base with every other row negated (row 0 kept) is
     another base; a moved one is named with --base; the merge streams, copies the snapshot's
     linked files and leaves the stale pytorch_model.bin behind."""
     ckpt, base = lora_run["ckpt"], lora_run["base"]
     state = json.loads((ckpt / "iter_0000004" / "trainer_state.json").read_text())
-    assert state["lora_base"]["fingerprint_of"] == "crc32c of every byte", state["lora_base"]
+    assert state["lora_base"]["fingerprint_of"] == "sha256 of every byte", state["lora_base"]
+    assert state["lora_base"]["fingerprint"] == python_fingerprint(base)  # issue 65: a hash, not a CRC
     moved = tmp_path / "moved"
     shutil.copytree(base, moved, symlinks=False)  # the files themselves, no links
     merged = tmp_path / "merged"

@@ -39,7 +39,7 @@ TEST(LoraBase, EveryKeyThatChangesTheModelIsComparedAndNamedWithBothValues) {
 }
 
 TEST(LoraBase, ABaseIsTheSameOnlyByItsFingerprintOfEveryByte) {
-  const nlohmann::json saved = {{"weights", "/m"}, {"fingerprint", "0000abcd"}, {"fingerprint_of", "crc32c of every byte"}};
+  const nlohmann::json saved = {{"weights", "/m"}, {"fingerprint", "0000abcd"}, {"fingerprint_of", "sha256 of every byte"}};
   nlohmann::json moved = saved;
   moved["weights"] = "/elsewhere";
   EXPECT_EQ(lora_base_difference(saved, moved), "");  // where it is does not matter, what it holds does
@@ -49,6 +49,8 @@ TEST(LoraBase, ABaseIsTheSameOnlyByItsFingerprintOfEveryByte) {
   nlohmann::json older = saved;
   older.erase("fingerprint_of");
   EXPECT_CONTAINS(lora_base_difference(older, saved), "taken by an older mmtrain (over the first row of each tensor)");
+  older["fingerprint_of"] = "crc32c of every byte";  // issue 65: a CRC a substituted base can be made to match
+  EXPECT_CONTAINS(lora_base_difference(older, saved), "taken by an older mmtrain (crc32c of every byte)");
   EXPECT_EQ(lora_base_difference({{"init_seed", 5}}, {{"init_seed", 5}}), "");
   EXPECT_CONTAINS(lora_base_difference({{"init_seed", 5}}, {{"init_seed", 6}}), "a random init with seed 6");
   EXPECT_CONTAINS(lora_base_difference({{"init_seed", 5}}, saved), "a random init with seed 5");
