@@ -548,3 +548,36 @@ def test_decode_skips_a_bad_latent_by_name_and_resume_compares_the_input(encoder
     proc = prepare(["--input", str(other), "--out", str(prepared), *encoder_flags(encoders), "--resolution", f"{H}x{W}",
                     "--audio-window-seconds", "0.4", "--resume"], check=False)
     assert proc.returncode == 1 and "was prepared with input" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_hostile_json_and_dash_paths_end_in_named_errors(encoders, clips, prepared, tmp_path):
+    """A manifest line nested 100,000 deep, an encoder config with z_dim 1e400, a settings.json that is a
+    list: each a named error, never a traceback. A path starting with '-' reaches the room as a path."""
+    import shutil
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text("[" * 100000 + "]" * 100000 + "\n")
+    proc = prepare(["--input", str(deep), "--out", str(tmp_path / "a"), *encoder_flags(encoders)], check=False)
+    assert proc.returncode == 1 and "nested deeper than 64 levels" in proc.stderr and "Traceback" not in proc.stderr
+
+    vae = tmp_path / "vae"
+    shutil.copytree(encoders / "vae", vae)
+    config = json.loads((vae / "config.json").read_text())
+    (vae / "config.json").write_text(json.dumps(config).replace(f'"z_dim": {config["z_dim"]}', '"z_dim": 1e400'))
+    flags = encoder_flags(encoders)
+    flags[flags.index("--vae") + 1] = str(vae)
+    proc = prepare(["--input", str(clips), "--out", str(tmp_path / "b"), *flags], check=False)
+    assert proc.returncode == 1 and "is not finite" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+    listed = tmp_path / "listed"
+    shutil.copytree(prepared, listed)
+    (listed / ".records" / "settings.json").write_text("[1, 2]\n")
+    proc = prepare(["--input", str(clips), "--out", str(listed), *encoder_flags(encoders), "--resolution", f"{H}x{W}",
+                    "--audio-window-seconds", "0.4", "--resume"], check=False)
+    assert proc.returncode == 1 and "expected a JSON object, found list" in proc.stderr, proc.stderr[-2000:]
+
+    dashed = tmp_path / "-clips"
+    shutil.copytree(clips, dashed)
+    proc = run_mmtrain(["prepare", "magihuman", "--input", "-clips", "--out", "-out", *encoder_flags(encoders),
+                        "--resolution", f"{H}x{W}"], cwd=tmp_path, check=False, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(list((tmp_path / "-out" / "latents").iterdir())) == 3

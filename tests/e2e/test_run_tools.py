@@ -78,6 +78,29 @@ def test_logs_plot_and_compare_draw_figures(tmp_path, two_runs):
     assert bad.returncode != 0 and "expected a .png, .svg or .pdf" in bad.stderr
 
 
+def test_logs_plot_of_one_run_defaults_into_its_directory_and_skips_odd_sample_entries(tmp_path, two_runs):
+    """Issue 65: `logs plot RUN` (as docs/sampling.md writes it) needs no --out: the figure goes into the run
+    directory, named by its last iteration, and is never replaced; odd entries under samples/ (a name
+    with 20 digits, a file, a link) are not samples and do not stop it."""
+    import shutil
+    _, run = two_runs[0]
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    samples = copy / "samples"
+    samples.mkdir()
+    (samples / ("iter_" + "9" * 20)).mkdir()
+    (samples / "iter_0000001").write_text("not a directory")
+    (samples / "iter_0000002").symlink_to(tmp_path)
+    (samples / "notes").mkdir()
+    proc = run_mmtrain(["logs", "plot", str(copy)])
+    figure = copy / "metrics_iter_0000012.png"
+    assert f"wrote {figure}" in proc.stdout and figure.read_bytes()[:8] == PNG_MAGIC
+    again = run_mmtrain(["logs", "plot", str(copy)], check=False)
+    assert again.returncode != 0 and "exists (the figure of the same iteration); give --out" in again.stderr
+    both = run_mmtrain(["logs", "plot", str(copy), str(two_runs[1][1])], check=False)
+    assert both.returncode != 0 and "--out is required when plotting 2 runs" in both.stderr
+
+
 def test_logs_summary_prints_text_then_json(two_runs):
     _, run = two_runs[0]
     lines = run_mmtrain(["logs", "summary", str(run / "metrics.jsonl")]).stdout.strip().splitlines()
