@@ -26,7 +26,12 @@ class Clip:
 
 
 def read_caption(path):
-    data = read_regular(path, "caption", MAX_CAPTION_BYTES)
+    try:
+        data = read_regular(path, "caption", MAX_CAPTION_BYTES)
+    except InputError as error:
+        if error.code == "file_too_large":
+            raise InputError("caption_too_large", f"caption {path} is larger than {MAX_CAPTION_BYTES} bytes") from None
+        raise
     if len(data) > MAX_CAPTION_BYTES:
         raise InputError("caption_too_large", f"caption {path} is larger than {MAX_CAPTION_BYTES} bytes")
     return decode_caption(data, path)
