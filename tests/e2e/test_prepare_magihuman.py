@@ -277,7 +277,8 @@ def test_each_bad_input_is_refused_by_name_and_the_rest_is_prepared(encoders, tm
     write_clip(good, moving_frames(25))
     cases = {  # stem -> the expected error code, or "ok" with a warning
         "good": "ok", "corrupt": "corrupt_file", "truncated": "corrupt_file",
-        "concat": "unsupported_container", "settings": "ok", ".hidden": "bad_file_name", "silent": "no_audio",
+        "concat": "unsupported_container", "settings": "ok", ".hidden": "bad_file_name",
+        "hugecap": "caption_too_large", "silent": "no_audio",
         "short": "too_short", "vfr": "variable_frame_rate", "rotated": "rotated", "strip": "extreme_aspect_ratio",
         "big": "source_too_large", "long": "ok", "emptycap": "empty_caption", "latin1": "caption_not_utf8",
         "longcap": "ok", "nocap": "missing_file", "link": "not_regular_file", "fifo": "not_regular_file",
@@ -298,7 +299,7 @@ def test_each_bad_input_is_refused_by_name_and_the_rest_is_prepared(encoders, tm
     write_clip(src / "strip.mp4", moving_frames(25, 32, 320))
     write_clip(src / "big.mp4", moving_frames(10, 256, 384))
     write_clip(src / "long.mp4", moving_frames(50))
-    for stem in ("emptycap", "latin1", "longcap", "nocap", "fifocap", "dup"):
+    for stem in ("emptycap", "latin1", "longcap", "nocap", "fifocap", "dup", "hugecap"):
         (src / f"{stem}.mp4").write_bytes(good.read_bytes())
     (src / "dup.mkv").write_bytes(good.read_bytes())
     os.symlink(good, src / "link.mp4")
@@ -309,6 +310,7 @@ def test_each_bad_input_is_refused_by_name_and_the_rest_is_prepared(encoders, tm
             (src / f"{stem}.txt").write_text("A square moves across a wall.")
     (src / "emptycap.txt").write_text("  \n")
     (src / "latin1.txt").write_bytes("caf\u00e9 au lait".encode("latin-1"))
+    (src / "hugecap.txt").write_text("a" * 17000)  # over the 16 KiB cap: named as a caption, not a generic file
     (src / "longcap.txt").write_text("a" * 700)  # the fixture's tokenizer: a token a byte, + <bos> <eos>
 
     out = tmp_path / "out"
