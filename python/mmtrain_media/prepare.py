@@ -270,11 +270,17 @@ class Run:
                     progress.step(clip.stem, named.code)
         self.barrier()
         refused = self.write_summary(clips, settings) if self.rank == 0 else 0
-        if self.world > 1:  # every rank exits with the same status, after the summary exists
-            count = torch.tensor([refused], dtype=torch.int64)
-            torch.distributed.all_reduce(count)
-            refused = int(count.item())
+        if self.world > 1:
+            # torchrun takes any non-zero exit for a failed rank: it prints a ChildFailedError and
+            # SIGTERMs the ranks still exiting. A run that finished every clip is not a failure,
+            # so under torchrun every rank exits 0 once the summary exists; prepare.json, and the
+            # line rank 0 prints, say what was refused.
+            torch.distributed.barrier()
             torch.distributed.destroy_process_group()
+            if refused:
+                say(f"prepare: {refused} clip(s) refused; under torchrun the exit status is 0 (status 2 would read "
+                    "as a failed rank): prepare.json lists them")
+            return 0
         return EXIT_SOME_REFUSED if refused else 0
 
     def write_summary(self, clips, settings):

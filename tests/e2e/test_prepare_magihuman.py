@@ -583,3 +583,19 @@ def test_hostile_json_and_dash_paths_end_in_named_errors(encoders, clips, prepar
                         "--resolution", f"{H}x{W}"], cwd=tmp_path, check=False, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(list((tmp_path / "-out" / "latents").iterdir())) == 3
+
+
+def test_under_torchrun_refused_clips_end_the_run_cleanly(encoders, clips, tmp_path):
+    """Status 2 under torchrun read as a failed rank: a ChildFailedError and the other ranks SIGTERMed.
+    Every rank finishes, rank 0 writes prepare.json, and every rank exits 0, saying what was refused."""
+    import shutil
+    src = tmp_path / "clips"
+    shutil.copytree(clips, src)
+    (src / "clip_001.txt").write_text(" \n")
+    proc = prepare(["--input", str(src), "--out", str(tmp_path / "out"), *encoder_flags(encoders), "--resolution",
+                    f"{H}x{W}"], world=2, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ChildFailedError" not in proc.stderr and "SIGTERM" not in proc.stderr
+    assert "1 clip(s) refused; under torchrun the exit status is 0" in proc.stderr
+    status = [c["status"] for c in json.loads((tmp_path / "out" / "prepare.json").read_text())["clips"]]
+    assert status == ["ok", "error", "ok"]
