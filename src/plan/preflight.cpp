@@ -7,6 +7,8 @@
 #include "io/user_file.h"
 #include "optim/swapped_moments.h"
 #include "plan/offload_plan.h"
+#include "plan/plan_estimate.h"
+#include "plan/sampling_plan.h"
 
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -150,6 +152,21 @@ std::optional<int64_t> cuda_free_memory_bytes() {
 #endif
 }
 
+namespace {
+
+// The sampling phase's largest forward (training.sample_prompts: the largest prompt's working set
+// and what the sampler keeps on the device all phase): it runs between steps, so it is counted
+// like the phases around the step, and a prompt too large for the memory is refused now, not
+// after the steps before the first sampling iteration.
+int64_t sampling_forward_bytes(const Config& config, Module& model, int world) {
+  if (config.training.sample_interval <= 0 && !config.training.sample_at_start) return 0;
+  const auto estimate = plan_estimate(config, world, /*seqlen=*/0, model);
+  const auto sampling = plan_sampling(*estimate, /*profile=*/nullptr, /*devices_per_node=*/1);
+  return sampling ? sampling->forward_bytes : 0;
+}
+
+}  // namespace
+
 void preflight_memory(const Config& config, Module& model, const LaunchEnv& env, Device device, int fsdp_size) {
   const auto plan = fsdp_memory_plan(model, config.parallel.fsdp_plan, fsdp_size);
   // The disk tier (the moments, and under cpu_offload the fp32 shards): the disk needs room for
@@ -181,7 +198,8 @@ void preflight_memory(const Config& config, Module& model, const LaunchEnv& env,
   const TierBytes tiers = offload_tier_bytes(offload_in, setting);
   // Around the step (start-up, the save the config asks for, a resume): the largest of them on
   // top of it, per tier. (An evaluation adds activations only, which this check does not count.)
-  const PhaseBytes phases = offload_phase_bytes(plan, setting, /*device_is_host=*/!cuda, !config.features.enable_lora);
+  PhaseBytes phases = offload_phase_bytes(plan, setting, /*device_is_host=*/!cuda, !config.features.enable_lora);
+  phases.sampling.device = sampling_forward_bytes(config, model, env.world_size);
   const auto around = config_phases(phases, config);
   const PhasePeak host_peak = largest_phase(around, [](const TierBytes& b) { return b.host; });
   const PhasePeak device_peak =
@@ -207,8 +225,11 @@ void preflight_memory(const Config& config, Module& model, const LaunchEnv& env,
        "; ", gib(device_peak.bytes), " more during ", device_peak.name, ")",
        cuda ? "" : format(" x %d rank(s) on this node = %s", sharing, gib(needed).c_str()), ", but ", gib(*available),
        cuda ? " are free on the device (cudaMemGetInfo)" : " are available (MemAvailable / cgroup limit)",
-       ". Use more ranks or nodes (FSDP over ", fsdp_size, " now), or a smaller model; `mmtrain plan` shows the "
-       "whole estimate");
+       ". Use more ranks or nodes (FSDP over ", fsdp_size, " now), or a smaller model",
+       device_peak.name == "a sampling phase" ? std::string(", or a smaller largest prompt in training.sample_prompts (its "
+                                                            "seconds and resolution)")
+                                              : std::string(),
+       "; `mmtrain plan` shows the whole estimate");
 }
 
 }  // namespace mmtrain

@@ -199,6 +199,8 @@ def test_sampling_settings_are_checked_before_the_first_step(tmp_path):
     are refused at start (no iteration runs), each by name."""
     magihuman_setup(tmp_path)
     (tmp_path / "unsized.jsonl").write_text('{"conditions": "a.safetensors", "seed": 1}\n')
+    # 600 s at 8192 x 8192: ~245 million tokens, a forward far beyond this machine's memory.
+    (tmp_path / "huge.jsonl").write_text('{"conditions": "a.safetensors", "seconds": 600, "resolution": "8192x8192"}\n')
     sampling = f", sample_interval: 2, sample_prompts: {tmp_path / 'prompts.jsonl'}"
     cases = [
         (sampling + f", sample_vae: {tmp_path / 'no_such_vae'}, sample_audio_vae: {tmp_path / 'no_such_vae'}",
@@ -206,6 +208,7 @@ def test_sampling_settings_are_checked_before_the_first_step(tmp_path):
         (sampling, "samples is not a directory", "file"),
         (sampling, "samples is a symbolic link", "link"),
         (f", sample_interval: 2, sample_prompts: {tmp_path / 'unsized.jsonl'}", "gives no 'seconds' and 'resolution'", None),
+        (f", sample_interval: 2, sample_prompts: {tmp_path / 'huge.jsonl'}", "more during a sampling phase", None),
     ]
     for index, (extra, message, samples_as) in enumerate(cases):
         name = f"start{index}"
