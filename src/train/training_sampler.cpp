@@ -29,7 +29,7 @@ fs::path samples_root(const Run& run) { return fs::path(run.config.logging.outpu
 // "" when path is absent or a real directory; else what it is instead.
 std::string not_a_directory(const fs::path& path) {
   struct stat info {};
-  if (::lstat(path.c_str(), &info) != 0) return errno == ENOENT ? "" : std::strerror(errno);
+  if (::lstat(path.c_str(), &info) != 0) return errno == ENOENT ? "" : std::string("unreadable (") + std::strerror(errno) + ")";
   if (S_ISDIR(info.st_mode)) return "";
   return S_ISLNK(info.st_mode) ? "a symbolic link" : "not a directory";
 }
