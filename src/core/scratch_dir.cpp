@@ -134,8 +134,12 @@ ScratchDir::ScratchDir(const std::string& parent, const std::string& prefix) {
   for (int attempt = 0;; ++attempt) {
     id_ = ((uint64_t{entropy()} << 32) | entropy()) & ((uint64_t{1} << 48) - 1);
     name = std::filesystem::path(path_of("", prefix, id_)).filename().string();
+    if (name.size() >= kMaxName) {
+      ::close(parent_fd);
+      fail("scratch directory prefix '", prefix, "' is too long");
+    }
     if (::mkdirat(parent_fd, name.c_str(), 0700) == 0) break;  // mkdir never follows a link at the name
-    if (errno != EEXIST || attempt == 16 || name.size() >= kMaxName) {
+    if (errno != EEXIST || attempt == 16) {
       const int error = errno;
       ::close(parent_fd);
       fail("cannot create a scratch directory in ", parent, ": ", std::strerror(error));
