@@ -159,15 +159,12 @@ def decode_all(args, samples, out_dir, video_vae, audio_vae, dtype):
             mp4.write(out, frames, args.fps, stereo, AUDIO_RATE_OUT)
             if args.previews:
                 write_previews(os.path.join(out_dir, stem), frames, stereo, AUDIO_RATE_OUT)
-        except InputError as error:
-            failed += 1
-            say(f"decode: {index}/{len(samples)} {stem}: failed ({error.code}): {error}")
-            continue
         except (MemoryError, KeyboardInterrupt):
             raise
-        except Exception as error:  # the decoders' own refusal of a latent of the wrong width or size
+        except Exception as error:  # ours (InputError), or the decoders' refusal of a latent of the wrong width
             failed += 1
-            say(f"decode: {index}/{len(samples)} {stem}: failed: {type(error).__name__}: {error}")
+            why = f"({error.code})" if isinstance(error, InputError) else f"{type(error).__name__}:"
+            say(f"decode: {index}/{len(samples)} {stem}: failed {why} {error}")
             continue
         say(f"decode: {index}/{len(samples)} {os.path.join(args.out, stem + '.mp4')}: {frames.shape[0]} frames "
             f"{frames.shape[2]}x{frames.shape[1]}, {stereo.shape[1] / AUDIO_RATE_OUT:.2f} s of audio")

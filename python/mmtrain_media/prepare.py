@@ -127,7 +127,8 @@ class Run:
         encoders, channels = encoder_settings(a)
         return {"format": FORMAT, "resolution": [a.height, a.width], "fps": a.fps, "max_seconds": a.max_seconds,
                 "dtype": a.dtype, "seed": a.seed, "audio_window_seconds": a.audio_window_seconds,
-                "vae_tiling": a.vae_tiling, "input": os.path.realpath(a.input), "sample_rate": spec.AUDIO_SAMPLE_RATE, "text_tokens": spec.TEXT_TOKENS,
+                "vae_tiling": a.vae_tiling, "input": os.path.realpath(a.input), "sample_rate": spec.AUDIO_SAMPLE_RATE,
+                "text_tokens": spec.TEXT_TOKENS,
                 "encoders": encoders, "channels": channels}
 
     def open_output(self, settings):
@@ -139,7 +140,8 @@ class Run:
             if self.args.resume and os.path.lexists(out):
                 before = read_json_object(os.path.join(self.records, "settings.json"),
                                           "--resume: the earlier run's settings")
-                changed = [k for k in settings if before.get(k) != utf8_safe_tree(settings)[k]]
+                stored = utf8_safe_tree(settings)  # as settings.json holds them
+                changed = [k for k in settings if before.get(k) != stored[k]]
                 if changed:
                     k = changed[0]
                     raise InputError("resume_mismatch", f"--resume: {out} was prepared with {k} = {before.get(k)}, "

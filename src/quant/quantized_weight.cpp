@@ -232,6 +232,35 @@ CheckpointView checkpoint_view(const std::vector<std::string>& stored, const Has
   return view;
 }
 
+namespace {
+
+// An 8-bit weight's codes, not only its scales: fp8 codes 0x7F / 0xFF are NaN, and a row's largest
+// value |code| * scale (/ 127 for int8) must be finite in public_dtype (an int8 scale of 1e38 is a
+// finite fp32 that is Inf in fp16). Fails naming `what`.
+void check_rowwise_values(const RowwiseWeight& w, BaseQuant kind, at::ScalarType public_dtype, const std::string& what) {
+  if (kind == BaseQuant::fp8_e4m3) {
+    const at::Tensor nan = w.codes.view(at::kByte).bitwise_and(0x7F).eq(0x7F);
+    if (nan.any().item<bool>())
+      fail(what, ": its fp8_e4m3 codes hold NaN (0x7F / 0xFF), the first at element ",
+           nan.reshape({-1}).nonzero()[0].item<int64_t>());
+  }
+  if (w.codes.size(0) == 0) return;
+  const double divisor = kind == BaseQuant::int8 ? 127.0 : 1.0;
+  std::vector<at::Tensor> row_max;  // |code| per row, 1024 rows at a time (a float copy of the whole would be 4x it)
+  for (int64_t begin = 0; begin < w.codes.size(0); begin += 1024)
+    row_max.push_back(w.codes.narrow(0, begin, std::min<int64_t>(1024, w.codes.size(0) - begin)).to(at::kFloat).abs().amax(1));
+  const at::Tensor largest = at::cat(row_max).to(at::kDouble) * w.scales.to(at::kDouble) / divisor;  // [out]
+  const double limit = public_dtype == at::kHalf ? 65504.0 : static_cast<double>(std::numeric_limits<float>::max());
+  const at::Tensor over = largest.gt(limit);
+  if (over.any().item<bool>()) {
+    const int64_t row = over.nonzero()[0].item<int64_t>();
+    fail(what, ": row ", row, " dequantizes to ", largest[row].item<double>(), ", beyond what ",
+         c10::toString(public_dtype), " holds (its scale is ", w.scales[row].item<float>(), ")");
+  }
+}
+
+}  // namespace
+
 QuantizedWeight read_hf_quantized(const std::string& key, BaseQuant kind, const HasKey& has, const ReadKey& read,
                                   at::ScalarType public_dtype, const std::string& where) {
   const std::string what = where + ": '" + key + "'";
@@ -285,28 +314,6 @@ PublicForm hf_public_form(const std::string& key, BaseQuant kind, const ReadKey&
   if (kind != BaseQuant::nf4) return {stored_shape, at::kFloat};
   const std::string what = where + ": '" + key + "'";
   return nf4_public_form(nf4_state(read(key + kNf4State), what), what);
-}
-
-void check_rowwise_values(const RowwiseWeight& w, BaseQuant kind, at::ScalarType public_dtype, const std::string& what) {
-  if (kind == BaseQuant::fp8_e4m3) {
-    const at::Tensor nan = w.codes.view(at::kByte).bitwise_and(0x7F).eq(0x7F);
-    if (nan.any().item<bool>())
-      fail(what, ": its fp8_e4m3 codes hold NaN (0x7F / 0xFF), the first at element ",
-           nan.reshape({-1}).nonzero()[0].item<int64_t>());
-  }
-  if (w.codes.size(0) == 0) return;
-  const double divisor = kind == BaseQuant::int8 ? 127.0 : 1.0;
-  std::vector<at::Tensor> row_max;  // |code| per row, 1024 rows at a time (a float copy of the whole would be 4x it)
-  for (int64_t begin = 0; begin < w.codes.size(0); begin += 1024)
-    row_max.push_back(w.codes.narrow(0, begin, std::min<int64_t>(1024, w.codes.size(0) - begin)).to(at::kFloat).abs().amax(1));
-  const at::Tensor largest = at::cat(row_max).to(at::kDouble) * w.scales.to(at::kDouble) / divisor;  // [out]
-  const double limit = public_dtype == at::kHalf ? 65504.0 : static_cast<double>(std::numeric_limits<float>::max());
-  const at::Tensor over = largest.gt(limit);
-  if (over.any().item<bool>()) {
-    const int64_t row = over.nonzero()[0].item<int64_t>();
-    fail(what, ": row ", row, " dequantizes to ", largest[row].item<double>(), ", beyond what ",
-         c10::toString(public_dtype), " holds (its scale is ", w.scales[row].item<float>(), ")");
-  }
 }
 
 }  // namespace mmtrain::quant

@@ -35,10 +35,6 @@ struct QuantizedWeight {
 };
 
 QuantizedWeight quantize_weight(const at::Tensor& weight, BaseQuant kind);
-// An 8-bit weight's codes, not only its scales, fail naming `what` when they cannot be its values
-// in public_dtype: fp8 codes 0x7F / 0xFF are NaN, and a row's largest value |code| * scale (/ 127
-// for int8) must be finite there (an int8 scale of 1e38 is a finite fp32 that is Inf in fp16).
-void check_rowwise_values(const RowwiseWeight& w, BaseQuant kind, at::ScalarType public_dtype, const std::string& what);
 at::Tensor dequantize_weight(const QuantizedWeight& q, at::ScalarType dtype);
 // Bytes it stores (codes and scales): what the plan and the gathers count.
 int64_t stored_bytes(const QuantizedWeight& q);
@@ -76,8 +72,9 @@ CheckpointView checkpoint_view(const std::vector<std::string>& stored, const Has
 
 // Reads and checks K's quantized tensors (sizes against the recorded shape, finite scales, a known
 // quant_state: nf4, blocks of 64, double-quantized in blocks of 256; int8 rows in row-major order,
-// bitsandbytes' weight_format 0); public_dtype is the 8-bit formats' (nf4 records its own). `where`
-// names the checkpoint in errors.
+// bitsandbytes' weight_format 0); public_dtype is the 8-bit formats' (nf4 records its own), and
+// their codes are refused when a value would not fit it (fp8 NaN codes, an int8 row scale that
+// overflows). `where` names the checkpoint in errors.
 QuantizedWeight read_hf_quantized(const std::string& key, BaseQuant kind, const HasKey& has, const ReadKey& read,
                                   at::ScalarType public_dtype, const std::string& where);
 

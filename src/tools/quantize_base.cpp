@@ -171,11 +171,9 @@ void convert_dequantize_base(const std::string& model_id, const std::string& loa
   auto convert = [&](const std::string& name) -> std::vector<std::pair<std::string, at::Tensor>> {
     const auto kind = source.quantization(name);
     if (kind == quant::BaseQuant::none) return {{name, source.read_full(name)}};
-    const quant::QuantizedWeight q = source.read_quantized(name);
-    if (kind != quant::BaseQuant::nf4)
-      quant::check_rowwise_values(q.rowwise, kind, dtype_8bit, "dequantize-base: " + load_dir + ": '" + name + "'");
+    const quant::QuantizedWeight q = source.read_quantized(name, dtype_8bit);  // its codes checked against it
     ++dequantized;
-    return {{name, quant::dequantize_weight(q, kind == quant::BaseQuant::nf4 ? q.dtype : dtype_8bit).contiguous()}};
+    return {{name, quant::dequantize_weight(q, q.dtype).contiguous()}};
   };
   auto edit_config = [](const std::string& text) { return config_without_quantization(text, "dequantize-base"); };
   rewrite_directory(source, load_dir, output.staging(), convert, edit_config, "dequantize-base");

@@ -65,11 +65,11 @@ quant::BaseQuant WeightSource::quantization(const std::string& name) const {
   return it == view_.kinds.end() ? quant::BaseQuant::none : it->second;
 }
 
-quant::QuantizedWeight WeightSource::read_quantized(const std::string& name) const {
+quant::QuantizedWeight WeightSource::read_quantized(const std::string& name, at::ScalarType public_dtype) const {
   const quant::BaseQuant kind = quantization(name);
   if (kind == quant::BaseQuant::none) fail("model weights ", path_, ": '", name, "' is not stored quantized");
   return quant::read_hf_quantized(name, kind, [this](const std::string& key) { return stores(key); },
-                                  [this](const std::string& key) { return read_stored(key); }, at::kFloat,
+                                  [this](const std::string& key) { return read_stored(key); }, public_dtype,
                                   "model weights " + file_of(name));
 }
 

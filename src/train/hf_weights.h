@@ -29,9 +29,10 @@ class WeightSource {
   at::Tensor read_rows(const std::string& name, int64_t begin, int64_t end) const;
   at::Tensor read_full(const std::string& name) const;  // the whole tensor in its shape (0-dim too), checked finite
   std::string file_of(const std::string& name) const;  // the file holding name
-  // How name is stored (none: as itself) and, when quantized, its stored form.
+  // How name is stored (none: as itself) and, when quantized, its stored form; an 8-bit weight's
+  // codes are checked to fit public_dtype (quant::check_rowwise_values).
   quant::BaseQuant quantization(const std::string& name) const;
-  quant::QuantizedWeight read_quantized(const std::string& name) const;
+  quant::QuantizedWeight read_quantized(const std::string& name, at::ScalarType public_dtype = at::kFloat) const;
 
   // Every stored tensor, companions included, with its stored dtype, shape and bytes: what a
   // fingerprint covers.

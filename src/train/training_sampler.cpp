@@ -108,18 +108,18 @@ bool SamplingPhase::run_if_due(Run& run, MetricsLog& metrics, int64_t iteration)
   }
   if (!any_failed && run.is_rank0()) attempt([&] { fs::rename(partial, dir); });
   any_failed = run.comm().any_rank(!failed.empty());
-  if (any_failed && run.is_rank0()) fs::remove_all(partial, error);
-  record.iteration = iteration;
-  record.dir = dir.string();
-  record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
   if (any_failed) {
-    record = SampleRecord{.iteration = iteration, .seconds = record.seconds};
+    if (run.is_rank0()) fs::remove_all(partial, error);
+    record = SampleRecord{};  // what a sampler made before a later step failed is not shown
     record.error = failed.empty() ? "failed on another rank (see its error)" : failed;
     run.log("warning: the samples after iteration " + std::to_string(iteration) + " failed: " + record.error +
             (run.config.training.sample_failure == "stop" ? "" : " (training goes on: training.sample_failure)"));
   } else if (const auto peak = device_memory_peak(run.comm().device())) {
     record.peak_device_allocated_mb = run.comm().all_reduce_max(std::vector<double>{peak->allocated_mb})[0];
   }
+  record.iteration = iteration;
+  record.dir = dir.string();
+  record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
   metrics.record(record);
   return !any_failed;
 }
