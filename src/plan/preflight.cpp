@@ -37,9 +37,14 @@ void require_writable_dir(const Config& config, const std::string& key, const st
   if (error)
     fail("config ", config.source_path, ": ", key, " '", dir, "' cannot be created: ", error.message(),
          " (checked before training, not when it is first written)");
-  const auto probe = (fs::path(dir) / (".mmtrain_write_probe_rank" + std::to_string(rank))).string();
-  // A probe left by a killed run, or a symlink planted at its name, is removed (unlink removes a
-  // link, never its target); the probe is then created new, never through a link.
+  // The name is this process's own (host and pid): two jobs sharing the directory (an offload_dir
+  // on one node) probe at once without meeting at one name.
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  const auto probe = (fs::path(dir) / format(".mmtrain_write_probe_%s_%d_rank%d", host, static_cast<int>(::getpid()), rank))
+                         .string();
+  // A probe left by a killed process with this pid, or a symlink planted at its name, is removed
+  // (unlink removes a link, never its target); the probe is then created new, never through a link.
   ::unlink(probe.c_str());
   const int fd = create_new_file(probe);
   const bool written = fd >= 0 && ::write(fd, "probe\n", 6) == 6;

@@ -215,10 +215,14 @@ def test_a_disk_that_fails_mid_run_stops_it_naming_the_file(tmp_path, fixture_di
 def test_two_jobs_on_one_offload_dir_each_train_as_alone(tmp_path, token_file):
     """Two jobs of one YAML started together on one node share offload_dir: each rank file is its
     job's alone (created exclusively under its pid, unlinked at creation), so both train bitwise like
-    a job alone (before, the second truncated the first's file and both trained on the mix)."""
+    a job alone (before, the second truncated the first's file and both trained on the mix). The
+    start-up write probes are per process too: a file at the name every rank 0 once probed under
+    stays another job's (before, the jobs unlinked each other's probes and one failed to start)."""
     from conftest import tiny_config
     offload = tmp_path / "offload"
     offload.mkdir()
+    other_jobs_probe = offload / ".mmtrain_write_probe_rank0"
+    other_jobs_probe.write_text("probe\n")
     disk = ["--set", "parallel.fsdp_plan.cpu_offload=true", "--set", f"training.offload_dir={offload}"]
     dirs = [tmp_path / name for name in ("alone", "job_a", "job_b")]
     for d in dirs:
@@ -235,4 +239,4 @@ def test_two_jobs_on_one_offload_dir_each_train_as_alone(tmp_path, token_file):
     assert len(alone) == 30
     for d in dirs[1:]:
         assert [(m["loss"], m["grad_norm"]) for m in read_metrics(d / "run")] == alone, d.name
-    assert list(offload.iterdir()) == []  # nothing left behind
+    assert list(offload.iterdir()) == [other_jobs_probe]  # nothing left behind, nothing else's touched
