@@ -1,5 +1,7 @@
-#include "tools/quantize_base.h"
+#include "adapters/quantize_base.h"
 
+#include "convert/base_files.h"
+#include "convert/conversion_output.h"
 #include "core/error.h"
 #include "core/module_pattern.h"
 #include "core/text.h"
@@ -7,8 +9,6 @@
 #include "io/safetensors.h"
 #include "io/user_file.h"
 #include "models/model_spec.h"
-#include "tools/base_files.h"
-#include "tools/conversion_output.h"
 #include "train/hf_weights.h"
 
 #include <cstdio>

@@ -1,11 +1,12 @@
-#include "tools/ablate.h"
+#include "analysis/ablate.h"
 
+#include "analysis/plots.h"
+#include "cli/command.h"
+#include "cli/python_runner.h"
 #include "core/error.h"
 #include "core/statistics.h"
 #include "core/subprocess.h"
 #include "core/text.h"
-#include "tools/command.h"
-#include "tools/plots.h"
 
 #include <CLI/CLI.hpp>
 
@@ -300,7 +301,7 @@ struct AblateOptions {
   int control_repeats = 0;
   int nproc = 2;
   std::string out_dir = "runs/ablation";
-  std::string launcher;  // empty: <tools_python()> -m torch.distributed.run
+  std::string launcher;  // empty: <project Python> -m torch.distributed.run
   std::string title;
 };
 
@@ -310,15 +311,12 @@ AblationArm run_arm(const AblateOptions& o, const std::string& name, const std::
   const fs::path dir = fs::path(o.out_dir) / "runs" / name;
   fs::remove_all(dir);  // an arm is always a fresh run (the train command refuses an earlier one)
   fs::create_directories(dir);
+  // Several ranks: torchrun (the project's Python's torch.distributed.run, or --launcher) starts
+  // them; one rank: mmtrain itself.
+  const bool project_torchrun = o.nproc > 1 && o.launcher.empty();
   std::vector<std::string> argv;
   if (o.nproc > 1) {
-    if (o.launcher.empty()) {
-      argv = {tools_python()};
-      for (auto& arg : python_isolation_flags()) argv.push_back(arg);
-      argv.insert(argv.end(), {"-m", "torch.distributed.run"});
-    } else {
-      argv = {o.launcher};
-    }
+    argv = project_torchrun ? std::vector<std::string>{"-m", "torch.distributed.run"} : std::vector<std::string>{o.launcher};
     argv.insert(argv.end(), {"--standalone", "--nproc_per_node", std::to_string(o.nproc), "--no-python"});
   }
   argv.push_back((fs::path(executable_dir()) / "mmtrain").string());
@@ -339,7 +337,7 @@ AblationArm run_arm(const AblateOptions& o, const std::string& name, const std::
   ProcessOptions process;
   process.output_path = (dir / "train.log").string();
   const auto start = std::chrono::steady_clock::now();
-  const int status = run_process(argv, process);
+  const int status = project_torchrun ? run_python(argv, process) : run_process(argv, process);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (status != 0) {
     std::ifstream log(process.output_path);

@@ -25,7 +25,7 @@
 //                    1 time in 20, whatever the machine's run-to-run noise
 //   RSS              reported, not judged: identical CPU runs differ by several % (malloc arenas)
 #pragma once
-#include "tools/logs.h"
+#include "analysis/logs.h"
 
 #include <nlohmann/json.hpp>
 
@@ -60,7 +60,7 @@ nlohmann::ordered_json ablation_table(const std::vector<AblationArm>& controls, 
                                       int64_t skip);
 // The table as markdown, one row per feature, each difference marked inside / outside the noise.
 std::string ablation_markdown(const nlohmann::ordered_json& table);
-// The figure spec for src/tools/plot_figures.py (three bar panels with the noise bands).
+// The figure spec for python/mmtrain_py/plots/figures.py (three bar panels with the noise bands).
 nlohmann::json ablation_figure(const nlohmann::ordered_json& table, const std::string& title);
 
 }  // namespace mmtrain

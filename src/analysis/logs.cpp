@@ -1,5 +1,7 @@
-#include "tools/logs.h"
+#include "analysis/logs.h"
 
+#include "analysis/plots.h"
+#include "cli/command.h"
 #include "core/error.h"
 #include "core/json_read.h"
 #include "core/regular_file.h"
@@ -7,8 +9,6 @@
 #include "core/text.h"
 #include "io/user_file.h"
 #include "record/eval_record.h"
-#include "tools/command.h"
-#include "tools/plots.h"
 
 #include <CLI/CLI.hpp>
 

@@ -55,6 +55,6 @@ LogRecord compare_training_logs(const std::vector<LogRecord>& a, const std::vect
 
 // The CLI's `logs parse|summary|compare|plot` (add_logs_commands): parse prints one JSON line per
 // iteration; summary and compare print a human summary, then their result as the last JSON line;
-// plot and compare --plot draw figures (tools/plots.h).
+// plot and compare --plot draw figures (analysis/plots.h).
 
 }  // namespace mmtrain

@@ -1,12 +1,11 @@
-#include "tools/plots.h"
+#include "analysis/plots.h"
 
+#include "cli/python_runner.h"
 #include "core/error.h"
-#include "core/subprocess.h"
 #include "core/text.h"
 #include "io/atomic_file.h"
 
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <map>
 
@@ -51,8 +50,6 @@ void add_eval_series(const NamedRun& run, nlohmann::json& series) {
   if (!timesteps.empty()) series["eval_timesteps"] = std::move(timesteps);
 }
 
-std::string plot_script() { return tools_script("plot_figures.py", "MMTRAIN_PLOT_SCRIPT"); }
-
 // The frame grid of the run's latest sample (<dir>/samples/iter_N/<first>.grid.png, written by
 // training's sampling with a decoder: train/training_sampler.h), for a panel beside the curves.
 // Null when the run has none; a grid that is not a small regular file is left out.
@@ -82,34 +79,6 @@ nlohmann::json latest_sample_grid(const NamedRun& run) {
 }
 
 }  // namespace
-
-std::string tools_script(const std::string& file_name, const char* env_override) {
-  if (const char* path = std::getenv(env_override)) return path;
-  const auto beside = fs::path(executable_dir()) / ".." / "share" / "mmtrain" / file_name;
-  if (fs::exists(beside)) return fs::weakly_canonical(beside).string();
-  fail("cannot find ", file_name, ": expected ", beside.string(), " (the build copies it there) or $", env_override);
-}
-
-std::string tools_python() {
-  if (const char* python = std::getenv("MMTRAIN_PYTHON")) return python;
-  return MMTRAIN_DEFAULT_PYTHON;
-}
-
-std::vector<std::string> python_isolation_flags() { return {"-P"}; }
-
-void run_tools_python(const std::vector<std::string>& args, const std::string& log, const std::string& what,
-                      const std::vector<std::pair<std::string, std::string>>& environment) {
-  ProcessOptions options;
-  options.output_path = log;
-  options.environment = environment;
-  std::vector<std::string> argv = {tools_python()};
-  for (auto& arg : python_isolation_flags()) argv.push_back(arg);
-  argv.insert(argv.end(), args.begin(), args.end());
-  const int status = run_process(argv, options);
-  const std::string printed = file_read_text(log);
-  fs::remove(log);
-  if (status != 0) fail(what, " failed (exit status ", status, "): ", trim(printed));
-}
 
 std::string run_log_path(const std::string& path) {
   auto p = fs::path(path).lexically_normal();
@@ -244,19 +213,7 @@ void draw_figure(nlohmann::json spec, const std::string& out_path) {
   const auto parent = fs::path(out_path).parent_path();
   if (!parent.empty()) fs::create_directories(parent);
   spec["out"] = out_path;
-  const std::string python = tools_python();
-  const std::string script = plot_script();
-  ProcessOptions options;
-  options.stdin_text = spec.dump();
-  std::vector<std::string> argv = {python};
-  for (auto& arg : python_isolation_flags()) argv.push_back(arg);
-  argv.push_back(script);
-  const int status = run_process(argv, options);
-  if (status == 127)
-    fail("cannot run the plotter's Python '", python, "': set $MMTRAIN_PYTHON to a Python with matplotlib");
-  if (status != 0)
-    fail("the plotter (", python, " ", script, ") failed with status ", status,
-         " (above); a missing matplotlib is fixed by `pip install matplotlib` or $MMTRAIN_PYTHON");
+  run_python_module_with_input("plots.figures", spec.dump(), "the plotter");
 }
 
 }  // namespace mmtrain

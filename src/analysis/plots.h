@@ -1,12 +1,9 @@
-// Figures of training runs: mmtrain computes every number (tools/logs.h parses the runs; this
-// file smooths, differences and lays out the series) and hands a JSON figure spec to
-// src/tools/plot_figures.py, which draws it with matplotlib into PNG, SVG or PDF.
-//
-// The plotter is found at $MMTRAIN_PLOT_SCRIPT, else beside the binary
-// (<bin>/../share/mmtrain/plot_figures.py, where the build puts it); the Python at
-// $MMTRAIN_PYTHON, else the venv the build was configured with.
+// Figures of training runs: mmtrain computes every number (analysis/logs.h parses the runs; this
+// file smooths, differences and lays out the series) and hands a JSON figure spec to the plotter,
+// the project's Python module mmtrain_py.plots.figures (cli/python_runner.h), which draws it with
+// matplotlib into PNG, SVG or PDF.
 #pragma once
-#include "tools/logs.h"
+#include "analysis/logs.h"
 
 #include <string>
 #include <vector>
@@ -49,21 +46,6 @@ nlohmann::json runs_figure(const std::vector<NamedRun>& runs, const RunsPlotOpti
 // The seeds' two-run figure: both losses, their difference a - b over the common iterations (with
 // sum|a-b|/sum|b|), and both step times after the warm-up.
 nlohmann::json compare_figure(const NamedRun& a, const NamedRun& b, int64_t skip_first);
-
-// The Python the tools run (the plotter; `ablate`'s torch.distributed.run): $MMTRAIN_PYTHON, else
-// the venv the build was configured with.
-std::string tools_python();
-// What every start of the project's Python puts before its arguments: -P, so that neither the
-// working directory (`-m`) nor a script's directory is on sys.path: a data set that ships av.py
-// or torch.py is never imported from where the command runs (docs/security.md). Python >= 3.11.
-std::vector<std::string> python_isolation_flags();
-// A Python script the build installs beside the binary (share/mmtrain/<file_name>), or the path in
-// $env_override.
-std::string tools_script(const std::string& file_name, const char* env_override);
-// Runs `<tools python> -P args...` with its output in `log` (removed after) and `environment` added,
-// and waits; when it fails, fails with "<what> failed (exit status N): <its output>".
-void run_tools_python(const std::vector<std::string>& args, const std::string& log, const std::string& what,
-                      const std::vector<std::pair<std::string, std::string>>& environment = {});
 
 // Draws spec (its "out" set to out_path; the format from the extension: .png, .svg or .pdf).
 void draw_figure(nlohmann::json spec, const std::string& out_path);

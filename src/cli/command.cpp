@@ -1,28 +1,8 @@
-#include "tools/command.h"
-
-#include "core/error.h"
-#include "io/user_file.h"
+#include "cli/command.h"
 
 #include <CLI/CLI.hpp>
 
-#include <sstream>
-
 namespace mmtrain {
-
-std::vector<std::string> read_set_file(const std::string& path) {
-  std::istringstream in(read_user_file(path, "--set-file " + path, kMaxConfigFileBytes));
-  std::vector<std::string> sets;
-  std::string line;
-  for (int number = 1; std::getline(in, line); ++number) {
-    const auto begin = line.find_first_not_of(" \t\r"), end = line.find_last_not_of(" \t\r");
-    if (begin == std::string::npos || line[begin] == '#') continue;
-    line = line.substr(begin, end - begin + 1);
-    if (line.find('=') == std::string::npos)
-      fail("--set-file ", path, " line ", number, ": expected key=value, found '", line, "'");
-    sets.push_back(line);
-  }
-  return sets;
-}
 
 bool Commands::run_parsed() const {
   for (const auto& [command, run] : commands_)
@@ -31,6 +11,14 @@ bool Commands::run_parsed() const {
       return true;
     }
   return false;
+}
+
+CLI::App* subcommand_of(CLI::App& parent, const std::string& name, const std::string& help) {
+  const auto named = parent.get_subcommands([&](CLI::App* sub) { return sub->get_name() == name; });
+  if (!named.empty()) return named.front();
+  auto* made = parent.add_subcommand(name, help);
+  made->require_subcommand(1);
+  return made;
 }
 
 void add_registered_commands(CLI::App& app, Commands& commands, const std::string& name, const std::string& help,

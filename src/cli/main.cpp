@@ -1,23 +1,26 @@
-// mmtrain: the command-line entry point. Each tool adds its own subcommands (tools/command.h);
+// mmtrain: the command-line entry point. Each room adds its own commands (cli/command.h);
 // `mmtrain --help` and `mmtrain SUBCOMMAND --help` list them:
-//   train     CONFIG [--set key=value ...]         train (under torchrun for several ranks)
-//   fixture   NAME ... | MODEL-weights ...         synthetic data sets and HF-layout weights
-//   convert   MODEL hf-to-ckpt | ckpt-to-hf        between the public HF layout and mmtrain checkpoints
-//   flops     MODEL --config CFG | --ckpt DIR ...  model FLOPs, TFLOP/s, MFU (docs/flops.md)
-//   plan      CONFIG --world-size N                per-rank memory without allocating (docs/tools.md)
-//   logs      parse | summary | compare | plot     training logs (metrics.jsonl or Megatron lines), figures
-//   debug     collate | step                       one stage of the pipeline alone
-//   measure   gemm | cp-attention                  what this machine reaches (CPU peak for MFU)
-//   ablate    CONFIG --feature NAME:KEY=VALUE ...  the seeds' feature-ablation table
-//   ckpt      verify DIR                           check a checkpoint's files and checksums
+//   train     CONFIG [--set key=value ...]         train (under torchrun for several ranks)      runs/
+//   eval      CONFIG --load DIR                    the held-out loss of weights                  runs/
+//   convert   MODEL hf-to-ckpt | ckpt-to-hf | ...  HF, DCP and peft layouts, quantized bases     convert/, adapters/
+//   ckpt      verify DIR                           check a checkpoint's files and checksums      convert/
+//   logs      parse | summary | compare | plot     training logs (metrics.jsonl or Megatron)     analysis/
+//   ablate    CONFIG --feature NAME:KEY=VALUE ...  the seeds' feature-ablation table             analysis/
+//   plan      CONFIG --world-size N                per-rank memory and step time                 planning/
+//   measure   gemm | profile | cp-attention        what this machine reaches                     planning/
+//   flops     MODEL --config CFG | --ckpt DIR ...  model FLOPs, TFLOP/s, MFU (docs/flops.md)     planning/
+//   debug     collate | step | tokenize | image    one stage of the pipeline alone               debug/
+//   fixture   NAME ... | MODEL-weights ...         synthetic data sets and HF-layout weights     debug/
+//   prepare   MODEL ...                            raw media into training data                  media/
+//   sample    MODEL ...                            generate with a model                         sample/
 // Models, datasets and fixtures register themselves from their own folders, so this file and the
-// tools name none of them.
+// command rooms name none of them.
+#include "cli/command.h"
 #include "core/error.h"
 #include "core/fatal_signal.h"
 #include "core/suggest.h"
 #include "core/text.h"
 #include "dist/failure_report.h"
-#include "tools/command.h"
 
 #include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
@@ -72,15 +75,16 @@ int main(int argc, char** argv) {
   Commands commands;
   add_train_commands(app, commands);
   add_eval_commands(app, commands);
-  add_fixture_commands(app, commands);
   add_convert_commands(app, commands);
-  add_flops_commands(app, commands);
-  add_plan_commands(app, commands);
-  add_logs_commands(app, commands);
-  add_debug_commands(app, commands);
-  add_measure_commands(app, commands);
-  add_ablate_commands(app, commands);
+  add_adapter_commands(app, commands);
   add_ckpt_commands(app, commands);
+  add_logs_commands(app, commands);
+  add_ablate_commands(app, commands);
+  add_plan_commands(app, commands);
+  add_measure_commands(app, commands);
+  add_flops_commands(app, commands);
+  add_debug_commands(app, commands);
+  add_fixture_commands(app, commands);
   add_registered_commands(app, commands, "prepare", "encode raw media into a model's training data", prepare_registry());
   add_registered_commands(app, commands, "sample", "generate with a model (launch with torchrun for N ranks)", sample_registry());
 

@@ -1,8 +1,8 @@
-#include "media/media_room.h"
+#include "cli/python_runner.h"
 
 #include "core/error.h"
-#include "core/subprocess.h"
-#include "tools/plots.h"
+#include "core/text.h"
+#include "io/atomic_file.h"
 
 #include <unistd.h>
 
@@ -16,82 +16,95 @@ namespace mmtrain {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+constexpr const char* kPackage = "mmtrain_py";
+
+// `<interpreter> -P` and then args.
+std::vector<std::string> python_argv(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {project_python(), "-P"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+// `-m mmtrain_py.<module>` and the flags, each flag's value joined to it ("--input=-x"): the
+// module's argparse would read a value starting with '-' as a flag of its own.
+std::vector<std::string> module_args(const std::string& module, const std::vector<std::string>& args) {
+  std::vector<std::string> out = {"-m", std::string(kPackage) + "." + module};
+  for (size_t i = 0; i < args.size(); ++i) {
+    const bool takes_value = args[i].starts_with("--") && args[i].find('=') == std::string::npos &&
+                             i + 1 < args.size() && !args[i + 1].starts_with("--");
+    out.push_back(takes_value ? args[i] + "=" + args[i + 1] : args[i]);
+    if (takes_value) ++i;
+  }
+  return out;
+}
+
+// The package first, then whatever PYTHONPATH the user has.
+std::string package_python_path() {
+  const char* existing = std::getenv("PYTHONPATH");
+  return existing && *existing ? python_package_dir() + ":" + existing : python_package_dir();
+}
+
+std::string cannot_start(const std::string& python) {
+  return "cannot run the project's Python '" + python + "' (set $MMTRAIN_PYTHON to a Python with the packages of " +
+         "scripts/requirements.txt: scripts/setup.sh installs them in .venv)";
+}
+
+}  // namespace
+
+std::string project_python() {
+  if (const char* python = std::getenv("MMTRAIN_PYTHON")) return python;
+  return MMTRAIN_DEFAULT_PYTHON;
+}
+
+std::string python_package_dir() {
+  if (const char* path = std::getenv("MMTRAIN_PYTHON_PACKAGE")) return path;
+  const auto beside = fs::path(executable_dir()) / ".." / "share" / "mmtrain" / "python";
+  if (fs::exists(beside / kPackage)) return fs::weakly_canonical(beside).string();
+  fail("cannot find the project's Python package: expected ", beside.string(), "/", kPackage,
+       " (the build copies it there) or $MMTRAIN_PYTHON_PACKAGE");
+}
+
 std::string argument_number(double value) {
   char text[64];
   std::snprintf(text, sizeof text, "%.17g", value);
   return text;
 }
 
-void require_new_path(const std::string& path, const std::string& flag, const std::string& hint) {
-  std::error_code error;
-  if (fs::symlink_status(path, error).type() != fs::file_type::not_found)
-    fail(flag, " ", path, " exists; give a new directory", hint);
-}
-
-std::string media_path() {
-  if (const char* path = std::getenv("MMTRAIN_MEDIA_PATH")) return path;
-  const auto beside = fs::path(executable_dir()) / ".." / "share" / "mmtrain" / "python";
-  if (fs::exists(beside / "mmtrain_media")) return fs::weakly_canonical(beside).string();
-  fail("cannot find the media room: expected ", beside.string(), "/mmtrain_media (the build copies it there) or "
-       "$MMTRAIN_MEDIA_PATH");
-}
-
-std::pair<int64_t, int64_t> parse_resolution(const std::string& text, int64_t multiple, const std::string& flag) {
-  const auto x = text.find('x');
-  char* end = nullptr;
-  errno = 0;
-  const long long height = x == std::string::npos ? 0 : std::strtoll(text.c_str(), &end, 10);
-  const bool height_ok = x != std::string::npos && end == text.c_str() + x;
-  const long long width = height_ok ? std::strtoll(text.c_str() + x + 1, &end, 10) : 0;
-  if (!height_ok || *end != '\0' || errno != 0 || height <= 0 || width <= 0 || height > 16384 || width > 16384)
-    fail(flag, " '", text, "': expected HxW, two positive integers up to 16384 (e.g. 256x480)");
-  if (height % multiple != 0 || width % multiple != 0)
-    fail(flag, " ", text, ": both sides must be multiples of ", multiple,
-         multiple == 32 ? " (the VAE's 16x16 stride times the 2x2 patch)" : "");
-  return {height, width};
-}
-
-namespace {
-
-// The room first, then whatever PYTHONPATH the user has.
-std::string media_python_path() {
-  const char* existing = std::getenv("PYTHONPATH");
-  return existing && *existing ? media_path() + ":" + existing : media_path();
-}
-
-// `-m mmtrain_media.<module>` and the flags, each flag's value joined to it ("--input=-x"): the
-// room's argparse would read a value starting with '-' as a flag of its own.
-std::vector<std::string> module_argv(const std::string& module, const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {"-m", "mmtrain_media." + module};
-  for (size_t i = 0; i < args.size(); ++i) {
-    const bool takes_value = args[i].starts_with("--") && args[i].find('=') == std::string::npos &&
-                             i + 1 < args.size() && !args[i + 1].starts_with("--");
-    argv.push_back(takes_value ? args[i] + "=" + args[i + 1] : args[i]);
-    if (takes_value) ++i;
-  }
-  return argv;
-}
-
-}  // namespace
-
-void exec_media_module(const std::string& module, const std::vector<std::string>& args) {
-  ::setenv("PYTHONPATH", media_python_path().c_str(), 1);
-  const std::string python = tools_python();
-  std::vector<std::string> argv = {python};
-  for (auto& arg : python_isolation_flags()) argv.push_back(arg);
-  for (auto& arg : module_argv(module, args)) argv.push_back(arg);
+void exec_python_module(const std::string& module, const std::vector<std::string>& args) {
+  ::setenv("PYTHONPATH", package_python_path().c_str(), 1);
+  std::vector<std::string> argv = python_argv(module_args(module, args));
   std::vector<char*> pointers;
   for (auto& arg : argv) pointers.push_back(arg.data());
   pointers.push_back(nullptr);
   std::fflush(nullptr);
   ::execvp(pointers[0], pointers.data());
-  fail("cannot run the media room's Python '", python, "': ", std::strerror(errno),
-       " (set $MMTRAIN_PYTHON to a Python with diffusers, transformers and av: scripts/setup.sh installs them in .venv)");
+  fail(cannot_start(argv[0]), ": ", std::strerror(errno));
 }
 
-void run_media_module(const std::string& module, const std::vector<std::string>& args, const std::string& log,
-                      const std::string& what) {
-  run_tools_python(module_argv(module, args), log, what, {{"PYTHONPATH", media_python_path()}});
+void run_python_module(const std::string& module, const std::vector<std::string>& args, const std::string& log,
+                       const std::string& what) {
+  ProcessOptions options;
+  options.output_path = log;
+  options.environment = {{"PYTHONPATH", package_python_path()}};
+  const int status = run_python(module_args(module, args), options);
+  const std::string printed = file_read_text(log);
+  fs::remove(log);
+  if (status != 0) fail(what, " failed (exit status ", status, "): ", trim(printed));
+}
+
+void run_python_module_with_input(const std::string& module, const std::string& input, const std::string& what) {
+  ProcessOptions options;
+  options.stdin_text = input;
+  options.environment = {{"PYTHONPATH", package_python_path()}};
+  const int status = run_python(module_args(module, {}), options);
+  if (status == 127) fail(what, ": ", cannot_start(project_python()));
+  if (status != 0) fail(what, " (", std::string(kPackage), ".", module, ") failed with status ", status, " (above)");
+}
+
+int run_python(const std::vector<std::string>& args, const ProcessOptions& options) {
+  return run_process(python_argv(args), options);
 }
 
 }  // namespace mmtrain

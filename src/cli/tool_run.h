@@ -1,10 +1,7 @@
-// The model a tool runs (`mmtrain eval`, `mmtrain sample`) and its weights, given as one --load:
-//   an mmtrain checkpoint   an iter_N directory (index.json) or a save root (latest)
-//   an HF model directory   *.safetensors (with its index), or one .safetensors file
-//   a PyTorch DCP           .metadata: its weights are converted (rank 0) into a model-only
-//                           checkpoint in <output_dir>/<dcp_scratch_prefix><random>/ (core/scratch_dir.h),
-//                           removed after, on an error and on SIGTERM / SIGINT / SIGHUP too
-// A LoRA run's checkpoint loads over its base (the config's model), whose identity is checked.
+// A command's run that trains nothing (eval, sample, a DCP conversion's ranks): its config, its
+// process group, its model sharded as the config says, and the collective helpers such a command
+// needs (rank 0 working while the others wait, a scratch directory every rank sees, a new output
+// directory). Loading --load's weights in any format is convert/model_weights.h's.
 #pragma once
 #include "core/scratch_dir.h"
 #include "train/run.h"
@@ -16,12 +13,6 @@
 #include <vector>
 
 namespace mmtrain {
-
-// Loads DIR's weights into run.model (run.config, run.runtime, run.model and run.fsdp set); returns
-// the iteration they are of (0: not a training checkpoint). Errors start with `flag` ("eval --load").
-// Collective.
-int64_t load_tool_weights(Run& run, const std::string& dir, const std::string& flag,
-                          const std::string& dcp_scratch_prefix);
 
 // The config of a run for a tool that trains nothing (eval, sample): loaded with its overrides,
 // saving and resuming off (the training's save root is not taken). A non-empty model_id is

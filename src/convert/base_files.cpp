@@ -1,4 +1,4 @@
-#include "tools/base_files.h"
+#include "convert/base_files.h"
 
 #include "core/error.h"
 #include "core/text.h"

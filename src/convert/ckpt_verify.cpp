@@ -1,7 +1,7 @@
 // `mmtrain ckpt verify DIR`: checks a checkpoint without training: index.json against every rank
 // file, and every shard's bytes against its CRC-32C (checkpoint/sharded_checkpoint.h).
 #include "checkpoint/sharded_checkpoint.h"
-#include "tools/command.h"
+#include "cli/command.h"
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>

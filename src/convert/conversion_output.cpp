@@ -1,4 +1,4 @@
-#include "tools/conversion_output.h"
+#include "convert/conversion_output.h"
 
 #include "core/error.h"
 #include "io/atomic_file.h"

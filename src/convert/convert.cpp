@@ -1,16 +1,14 @@
-#include "tools/convert.h"
+#include "convert/convert.h"
 
 #include "checkpoint/sharded_checkpoint.h"
+#include "cli/command.h"
+#include "config/config.h"
+#include "convert/base_files.h"
+#include "convert/conversion_output.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "models/model_spec.h"
-#include "tools/base_files.h"
-#include "tools/command.h"
-#include "tools/conversion_output.h"
-#include "tools/lora_convert.h"
-#include "tools/quantize_base.h"
-#include "core/dtype.h"
-#include "config/config.h"
 #include "train/hf_weights.h"
 #include "train/state.h"
 
@@ -155,26 +153,27 @@ CheckpointOfModel open_checkpoint_of(const std::string& model_id, const std::str
   return out;
 }
 
+CLI::App* convert_command_of(CLI::App& app, const std::string& model_id) {
+  auto* convert = subcommand_of(app, "convert", "convert checkpoints: the public HF layout and PyTorch DCP to and from "
+                                                "mmtrain checkpoints, LoRA adapters, quantized bases");
+  const auto& spec = model_spec(model_id);
+  auto* model_cmd = subcommand_of(
+      *convert, model_id, spec.title + (spec.converter_alias.empty() ? "" : " (seed spelling: " + spec.converter_alias + ")"));
+  if (!spec.converter_alias.empty() && model_cmd->get_aliases().empty()) model_cmd->alias(spec.converter_alias);
+  return model_cmd;
+}
+
 void add_convert_commands(CLI::App& app, Commands& commands) {
-  auto* convert = app.add_subcommand(
-      "convert", "convert checkpoints: the public HF layout and PyTorch DCP to and from mmtrain checkpoints");
-  convert->require_subcommand(1);
   for (const auto& name : model_spec_registry().names()) {
-    const auto& spec = model_spec(name);
     struct Options {
-      std::string hf_dir, save_dir, load_dir, assets_dir, config_path, base_model, base_dir;
+      std::string hf_dir, save_dir, load_dir, assets_dir, config_path;
       std::vector<std::string> drop;
       int world_size = 0;
       std::string layout = "training";
-      std::string dtype = "public";
-      std::string quant_dtype = "nf4", public_dtype = "bf16";
       bool overwrite = false;
     };
     auto o = std::make_shared<Options>();
-    auto* model_cmd = convert->add_subcommand(
-        name, spec.title + (spec.converter_alias.empty() ? "" : " (seed spelling: " + spec.converter_alias + ")"));
-    if (!spec.converter_alias.empty()) model_cmd->alias(spec.converter_alias);
-    model_cmd->require_subcommand(1);
+    auto* model_cmd = convert_command_of(app, name);
     auto* to_ckpt = model_cmd->add_subcommand("hf-to-ckpt", "HF directory -> model-only checkpoint");
     to_ckpt->alias("hf_to_dcp");
     to_ckpt->add_option("--hf_dir", o->hf_dir, "HF directory (safetensors shards + index)")->required();
@@ -202,57 +201,11 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
     const std::string layout_help =
         "row layout of the DCP's tensors: training (the model's training layout, MindSpeed-MM's) or hf (the public HF rows)";
     from_dcp->add_option("--layout", o->layout, layout_help)->check(CLI::IsMember({"training", "hf"}))->capture_default_str();
-    auto* to_peft = model_cmd->add_subcommand("lora-to-peft", "a LoRA run's checkpoint -> HF peft adapter directory");
-    to_peft->add_option("--load_dir", o->load_dir, "checkpoint iter_N directory or save root of a LoRA run")->required();
-    to_peft->add_option("--save_dir", o->save_dir, "adapter directory to write")->required();
-    to_peft->add_option("--base_model", o->base_model,
-                        "adapter_config.json's base_model_name_or_path (default: --base, else the run's model weights path)");
-    const std::string base_help = "the base weights where they are now, if moved since training (checked against the "
-                                  "fingerprint the adapters were trained over)";
-    to_peft->add_option("--base", o->base_dir, base_help);
-    auto* from_peft = model_cmd->add_subcommand("peft-to-ckpt", "HF peft adapter directory -> LoRA checkpoint to continue from");
-    from_peft->add_option("--peft_dir", o->hf_dir, "adapter directory (adapter_model.safetensors + adapter_config.json)")
-        ->required();
-    from_peft->add_option("--config", o->config_path, "YAML of the LoRA run that will continue from it (its base and "
-                                                       "features.lora)")->required();
-    from_peft->add_option("--save_dir", o->save_dir, "checkpoint root to write (iter_0000000 + latest)")->required();
-    from_peft->add_option("--world-size,--world_size", o->world_size, "ranks of that run (for its global batch)")
-        ->capture_default_str();
-    auto* merge = model_cmd->add_subcommand("merge-lora", "a LoRA run's checkpoint -> merged full weights (public layout)");
-    merge->add_option("--load_dir", o->load_dir, "checkpoint iter_N directory or save root of a LoRA run")->required();
-    merge->add_option("--save_dir", o->save_dir, "directory to write model.safetensors (and the base's other files) into")
-        ->required();
-    merge->add_option("--dtype", o->dtype, "public: each tensor in the model's public checkpoint dtype; fp32: unrounded")
-        ->check(CLI::IsMember({"public", "fp32"}))
-        ->capture_default_str();
-    merge->add_option("--base", o->base_dir, base_help);
     auto* to_dcp = model_cmd->add_subcommand("ckpt-to-dcp", "mmtrain checkpoint -> PyTorch DCP checkpoint");
     to_dcp->add_option("--layout", o->layout, layout_help)->check(CLI::IsMember({"training", "hf"}))->capture_default_str();
     to_dcp->add_option("--load_dir", o->load_dir, "checkpoint iter_N directory or save root")->required();
     to_dcp->add_option("--save_dir", o->save_dir, "DCP directory to write")->required();
-    auto* quantize = model_cmd->add_subcommand("quantize-base", "HF directory -> the same with its LoRA-adaptable Linear "
-                                                                "weights quantized (nf4: bitsandbytes' layout)");
-    quantize->add_option("--load_dir", o->load_dir, "HF directory (its config.json and safetensors)")->required();
-    quantize->add_option("--save_dir", o->save_dir, "HF directory to write")->required();
-    quantize->add_option("--dtype", o->quant_dtype, "nf4 (bitsandbytes, blocks of 64, double-quantized), int8 "
-                                                    "(bitsandbytes LLM.int8 rows) or fp8_e4m3 (per-row scale)")
-        ->check(CLI::IsMember({"nf4", "int8", "fp8_e4m3"}))
-        ->capture_default_str();
-    auto* dequantize = model_cmd->add_subcommand("dequantize-base", "a quantize-base (or -bnb-4bit) directory -> its "
-                                                                    "weights dequantized");
-    dequantize->add_option("--load_dir", o->load_dir, "quantized HF directory")->required();
-    dequantize->add_option("--save_dir", o->save_dir, "HF directory to write")->required();
-    dequantize->add_option("--dtype", o->public_dtype, "the 8-bit formats' output dtype (nf4 records its own)")
-        ->check(CLI::IsMember({"bf16", "fp16", "fp32"}))
-        ->capture_default_str();
-    const std::string overwrite_help = "replace what --save_dir holds (without it, a non-empty --save_dir is refused)";
-    for (auto* sub : {to_ckpt, to_hf, from_dcp, to_dcp, to_peft, from_peft, merge, quantize, dequantize})
-      sub->add_flag("--overwrite", o->overwrite, overwrite_help);
-    commands.add(from_peft, [o, name] {
-      convert_peft_to_ckpt(name, o->config_path, o->hf_dir, o->save_dir, std::max(1, o->world_size), o->overwrite);
-    });
-    commands.add(to_peft, [o, name] { convert_lora_to_peft(name, o->load_dir, o->save_dir, o->base_model, o->base_dir, o->overwrite); });
-    commands.add(merge, [o, name] { convert_merge_lora(name, o->load_dir, o->save_dir, o->dtype, o->base_dir, o->overwrite); });
+    for (auto* sub : {to_ckpt, to_hf, from_dcp, to_dcp}) sub->add_flag("--overwrite", o->overwrite, kOverwriteHelp);
     commands.add(to_ckpt, [o, name] { convert_hf_to_ckpt(name, o->config_path, o->hf_dir, o->save_dir, o->overwrite); });
     commands.add(from_dcp, [o, name] {
       convert_dcp_to_ckpt(name, o->config_path, o->load_dir, o->save_dir, o->drop, o->world_size,
@@ -261,12 +214,6 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
     commands.add(to_dcp, [o, name] {
       convert_ckpt_to_dcp(name, o->load_dir, o->save_dir, o->layout == "hf" ? DcpLayout::hf : DcpLayout::training,
                           o->overwrite);
-    });
-    commands.add(quantize, [o, name] {
-      convert_quantize_base(name, o->load_dir, o->save_dir, quant::parse_base_quant(o->quant_dtype, "--dtype"), o->overwrite);
-    });
-    commands.add(dequantize, [o, name] {
-      convert_dequantize_base(name, o->load_dir, o->save_dir, *dtype_parse(o->public_dtype), o->overwrite);
     });
     commands.add(to_hf, [o, name] { convert_ckpt_to_hf(name, o->load_dir, o->save_dir, o->assets_dir, o->overwrite); });
   }

@@ -14,10 +14,20 @@
 #include <string>
 #include <vector>
 
+namespace CLI {
+class App;
+}
+
 namespace mmtrain {
 
+// `mmtrain convert MODEL`, where each room that converts adds its verbs (this room: hf-to-ckpt,
+// ckpt-to-hf, dcp-to-ckpt, ckpt-to-dcp; adapters/: the LoRA and quantized-base verbs).
+CLI::App* convert_command_of(CLI::App& app, const std::string& model_id);
+inline constexpr const char* kOverwriteHelp =
+    "replace what --save_dir holds (without it, a non-empty --save_dir is refused)";
+
 // config_path may be empty: the spec reads the config off the checkpoint directory. Every
-// conversion writes save_dir through a ConversionOutput (tools/conversion_output.h): locked, a
+// conversion writes save_dir through a ConversionOutput (convert/conversion_output.h): locked, a
 // non-empty save_dir refused unless overwrite, staged and moved into place only when complete.
 void convert_hf_to_ckpt(const std::string& model_id, const std::string& config_path, const std::string& hf_dir,
                         const std::string& save_dir, bool overwrite);
@@ -34,8 +44,8 @@ struct CheckpointOfModel {
 };
 CheckpointOfModel open_checkpoint_of(const std::string& model_id, const std::string& load_dir, const std::string& command);
 
-// PyTorch Distributed Checkpoints (tools/dcp_convert.cpp), read and written by PyTorch's own DCP
-// code (share/mmtrain/dcp_bridge.py). dcp-to-ckpt takes the model's weights ("model.<name>" or
+// PyTorch Distributed Checkpoints (convert/dcp_convert.cpp), read and written by PyTorch's own DCP
+// code (mmtrain_py.dcp.bridge). dcp-to-ckpt takes the model's weights ("model.<name>" or
 // "<name>"), AdamW moments and step ("optim.state.<name>.exp_avg|exp_avg_sq|step", also under
 // "optimizer."), train_state.step as the iteration; param-group hyperparameters must equal the run
 // config's; lr_scheduler entries are accepted (the schedule is a function of the iteration); any

@@ -1,22 +1,21 @@
 // `mmtrain convert MODEL dcp-to-ckpt | ckpt-to-dcp`: PyTorch Distributed Checkpoints in and out.
-// PyTorch's own DCP reader and writer do the DCP side (share/mmtrain/dcp_bridge.py, run with the
-// tools' Python), through one flat safetensors file beside the output; this file maps its keys to
+// PyTorch's own DCP reader and writer do the DCP side (the project's Python module
+// mmtrain_py.dcp.bridge, cli/python_runner.h), through one flat safetensors file beside the output; this file maps its keys to
 // the model's parameters, AdamW moments and run state, and writes (or reads) the mmtrain checkpoint.
-#include "tools/convert.h"
-#include "tools/conversion_output.h"
+#include "convert/conversion_output.h"
+#include "convert/convert.h"
 
 #include "checkpoint/sharded_checkpoint.h"
+#include "cli/python_runner.h"
+#include "config/config.h"
 #include "core/error.h"
 #include "core/finite.h"
 #include "core/json_read.h"
-#include "core/subprocess.h"
 #include "core/text.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "models/model_spec.h"
 #include "optim/lr_schedule.h"
-#include "tools/plots.h"
-#include "config/config.h"
 #include "train/state.h"
 
 #include <fnmatch.h>
@@ -38,11 +37,12 @@ constexpr const char* kParamGroupPrefixes[] = {"optim.param_groups.", "optimizer
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 
 // Runs the bridge ("list", "read" or "write", then its paths); on failure, fails with what it printed.
+// The paths go absolute: none starts with '-', which the bridge would read as a flag.
 void run_bridge(const std::string& verb, const std::string& from, const std::string& to, const std::string& what,
                 const std::vector<std::string>& more = {}) {
-  std::vector<std::string> args = {tools_script("dcp_bridge.py", "MMTRAIN_DCP_BRIDGE"), verb, from, to};
-  args.insert(args.end(), more.begin(), more.end());
-  run_tools_python(args, to + ".bridge.log", what);
+  std::vector<std::string> args = {verb, fs::absolute(from).string(), fs::absolute(to).string()};
+  for (const auto& path : more) args.push_back(fs::absolute(path).string());
+  run_python_module("dcp.bridge", args, to + ".bridge.log", what);
 }
 
 // The temporary flat file beside `out` (removed when this goes out of scope).

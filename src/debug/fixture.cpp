@@ -1,13 +1,13 @@
-#include "tools/fixture.h"
+#include "debug/fixture.h"
 
+#include "cli/command.h"
+#include "config/config.h"
 #include "core/cli_command.h"
 #include "core/error.h"
-#include "io/user_file.h"
 #include "core/random.h"
 #include "io/safetensors.h"
+#include "io/user_file.h"
 #include "models/model_spec.h"
-#include "tools/command.h"
-#include "config/config.h"
 
 #include <CLI/CLI.hpp>
 

@@ -1,4 +1,4 @@
-#include "tools/tokenize.h"
+#include "debug/tokenize.h"
 
 #include "core/error.h"
 #include "core/regular_file.h"

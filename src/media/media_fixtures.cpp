@@ -1,11 +1,12 @@
 // The media room's fixtures, so prepare and sample run without downloads:
 //   fixture magihuman-encoders --out DIR [--config YAML]   tiny random-weight encoders of the real
-//       classes (python/mmtrain_media/fixtures.py), sized to the config's three token widths
+//       classes (python/mmtrain_py/media/fixtures.py), sized to the config's three token widths
 //   fixture clips --out DIR [--count N] [--seconds S] [--size HxW]   synthetic clips with sound
+#include "cli/options.h"
+#include "cli/python_runner.h"
 #include "config/config.h"
 #include "core/cli_command.h"
 #include "core/error.h"
-#include "media/media_room.h"
 #include "models/magihuman/config.h"
 
 #include <CLI/CLI.hpp>
@@ -36,7 +37,7 @@ void run_encoders_fixture(const EncodersFixture& o) {
     fail("fixture magihuman-encoders: ", o.config, ": model.model_id must be magihuman, found '", config.model.model_id, "'");
   const auto model = magihuman::MagiHumanConfig::from_json(config.model.config);
   require_new_path(o.out, "--out");
-  exec_media_module("fixtures", {"encoders", "--out", o.out, "--video-channels", std::to_string(model.video_in_channels),
+  exec_python_module("media.fixtures", {"encoders", "--out", o.out, "--video-channels", std::to_string(model.video_in_channels),
                                  "--audio-channels", std::to_string(model.audio_in_channels), "--text-channels",
                                  std::to_string(model.text_in_channels), "--seed", std::to_string(o.seed)});
 }
@@ -54,7 +55,7 @@ void run_clips_fixture(const ClipsFixture& o) {
   if (!(o.seconds > 0 && o.seconds <= 600)) fail("--seconds must be in (0, 600], found ", o.seconds);
   if (height * width > 1920 * 1080) fail("--size ", o.size, ": fixture clips are at most 1920x1080");
   require_new_path(o.out, "--out");
-  exec_media_module("fixtures", {"clips", "--out", o.out, "--count", std::to_string(o.count), "--seconds",
+  exec_python_module("media.fixtures", {"clips", "--out", o.out, "--count", std::to_string(o.count), "--seconds",
                                  argument_number(o.seconds), "--height", std::to_string(height), "--width", std::to_string(width),
                                  "--seed", std::to_string(o.seed)});
 }

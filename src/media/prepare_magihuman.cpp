@@ -1,4 +1,5 @@
-#include "media/media_room.h"
+#include "cli/options.h"
+#include "cli/python_runner.h"
 
 #include "config/config.h"
 #include "core/cli_command.h"
@@ -23,7 +24,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr int64_t kPixelsPerToken = 32;  // the VAE's 16x16 stride times the 2x2 patch (resolutions' multiple)
-constexpr int64_t kFps = 25;             // MagiHuman's frame rate (python/mmtrain_media/spec.py)
+constexpr int64_t kFps = 25;             // MagiHuman's frame rate (python/mmtrain_py/media/spec.py)
 constexpr double kAudioSampleRate = 51200;  // spec.py's AUDIO_SAMPLE_RATE
 constexpr double kAudioHop = 2048;          // spec.py's AUDIO_HOP: samples per audio latent frame
 
@@ -55,7 +56,7 @@ void run_prepare(const PrepareOptions& o) {
   if (o.decode) {
     require_directory(o.input, "--input");
     require_new_path(o.out, "--out");
-    exec_media_module("decode", {"--input", o.input, "--out", o.out, "--vae", o.vae, "--audio-vae", o.audio_vae,
+    exec_python_module("media.decode", {"--input", o.input, "--out", o.out, "--vae", o.vae, "--audio-vae", o.audio_vae,
                                  "--device", device, "--dtype", dtype, "--fps", std::to_string(o.fps)});
   }
   if (o.text_encoder.empty()) fail("prepare magihuman: --text-encoder is required (unless --decode)");
@@ -84,7 +85,7 @@ void run_prepare(const PrepareOptions& o) {
                                    "--seed", std::to_string(o.seed)};
   if (o.vae_tiling) args.push_back("--vae-tiling");
   if (o.resume) args.push_back("--resume");
-  exec_media_module("prepare", args);
+  exec_python_module("media.prepare", args);
 }
 
 const CliRegistration prepare_command(

@@ -1,8 +1,8 @@
 #include "plan/length_mix.h"
 
+#include "config/registries.h"
 #include "core/error.h"
 #include "core/statistics.h"
-#include "config/registries.h"
 
 #include <algorithm>
 

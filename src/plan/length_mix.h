@@ -3,8 +3,8 @@
 // the data set (first and last included), each asked for its tokens (Dataset::sample_tokens). The
 // plan sizes memory by the longest and times the step by all of them (the FLOPs of each).
 #pragma once
-#include "data/dataset.h"
 #include "config/config.h"
+#include "data/dataset.h"
 
 #include <cstdint>
 #include <string>

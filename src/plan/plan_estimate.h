@@ -1,14 +1,14 @@
 // What `mmtrain plan` works out for one config on one world, shared by the printed plan
-// (tools/plan.cpp), the search over configurations (tools/plan_auto.cpp) and the run's own
+// (planning/plan.cpp), the search over configurations (planning/plan_auto.cpp) and the run's own
 // prediction (plan/run_prediction.h): the FSDP memory
 // plan, the activation estimate of the tokens each rank holds, the context-parallel buffers,
 // the inputs of the offload tiers' rules and of the step-time model.
 #pragma once
+#include "config/config.h"
 #include "fsdp/plan.h"
 #include "models/activation_estimate.h"
 #include "models/model_spec.h"
 #include "parallel/parallel_dims.h"
-#include "config/config.h"
 #include "plan/offload_plan.h"
 #include "plan/step_time.h"
 

@@ -8,9 +8,9 @@
 //     free memory of this rank's device (cudaMemGetInfo). With training.offload_dir the moments
 //     count only as their RAM windows, and the offload filesystem must hold them all.
 #pragma once
+#include "config/config.h"
 #include "dist/runtime.h"
 #include "nn/module.h"
-#include "config/config.h"
 
 #include <cstdint>
 #include <optional>

@@ -12,8 +12,8 @@
 // (allocators and threads hold tens of MB the plan does not count, which on a tiny model is more
 // than 10 %) is said once in the log.
 #pragma once
-#include "models/model.h"
 #include "config/config.h"
+#include "models/model.h"
 #include "plan/step_time.h"
 
 #include <nlohmann/json.hpp>

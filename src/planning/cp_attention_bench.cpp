@@ -1,4 +1,4 @@
-#include "tools/cp_attention_bench.h"
+#include "planning/cp_attention_bench.h"
 
 #include "core/dtype.h"
 #include "core/error.h"

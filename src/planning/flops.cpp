@@ -1,10 +1,10 @@
-#include "tools/flops.h"
+#include "planning/flops.h"
 
+#include "cli/command.h"
+#include "config/config.h"
 #include "core/error.h"
 #include "core/text.h"
 #include "models/model_spec.h"
-#include "tools/command.h"
-#include "config/config.h"
 
 #include <CLI/CLI.hpp>
 

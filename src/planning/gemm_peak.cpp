@@ -1,4 +1,4 @@
-#include "tools/gemm_peak.h"
+#include "planning/gemm_peak.h"
 
 #include "core/device_sync.h"
 #include "core/error.h"

@@ -1,9 +1,9 @@
 // `mmtrain measure ...`: what this machine reaches, for MFU denominators and scaling figures.
+#include "cli/command.h"
 #include "core/error.h"
-#include "tools/command.h"
-#include "tools/cp_attention_bench.h"
-#include "tools/gemm_peak.h"
-#include "tools/measure_profile.h"
+#include "planning/cp_attention_bench.h"
+#include "planning/gemm_peak.h"
+#include "planning/measure_profile.h"
 
 #include <ATen/Context.h>
 #include <CLI/CLI.hpp>

@@ -1,14 +1,14 @@
-#include "tools/measure_profile.h"
+#include "planning/measure_profile.h"
 
 #include "core/error.h"
-#include "io/user_file.h"
 #include "core/statistics.h"
 #include "core/text.h"
 #include "dist/comm.h"
 #include "dist/runtime.h"
+#include "io/user_file.h"
 #include "offload/disk_store.h"
-#include "tools/gemm_peak.h"
 #include "plan/device_profile.h"
+#include "planning/gemm_peak.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

@@ -1,22 +1,23 @@
-#include "tools/plan.h"
+#include "planning/plan.h"
 
-#include "core/dtype.h"
+#include "cli/command.h"
+#include "cli/options.h"
+#include "config/config.h"
 #include "core/checked_math.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/text.h"
 #include "fsdp/plan.h"
 #include "models/model_spec.h"
 #include "optim/swapped_moments.h"
-#include "tools/command.h"
-#include "tools/plan_auto.h"
-#include "tools/plan_calibrate.h"
-#include "train/build.h"
-#include "config/config.h"
 #include "plan/device_profile.h"
 #include "plan/offload_plan.h"
 #include "plan/plan_estimate.h"
 #include "plan/sampling_plan.h"
 #include "plan/step_time.h"
+#include "planning/plan_auto.h"
+#include "planning/plan_calibrate.h"
+#include "train/build.h"
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -284,13 +285,13 @@ void add_plan_commands(CLI::App& app, Commands& commands) {
   plan->add_option("--image", o->images,
                    "H,W in pixels of one image of a sample, as the processor sizes it (repeatable; a vision "
                    "tower's activations and FLOPs; --seqlen holds their tokens)");
-  plan->add_option("--set", o->overrides, "override a config key (repeatable)");
+  auto overrides = std::make_shared<ConfigOverrides>();
+  overrides->add_options(plan, "parallel.fsdp_plan.cpu_offload=true");
   plan->add_option("--device", o->device,
                    "device profile for the step time: h200, h100, a100, 910b3, or a profile JSON (docs/step_time.md)");
   plan->add_option("--nodes", o->nodes, "nodes (with --devices-per-node: the world)");
   plan->add_option("--devices-per-node,--devices_per_node", o->devices_per_node,
                    "devices per node (default: the whole world on one node)");
-  plan->add_option("--set-file,--set_file", o->set_file, "overrides from a file, one key=value per line; --set wins");
   plan->add_flag("--auto", o->auto_search,
                  "search the parallel, recompute, offload and micro-batch settings (needs --device, --nodes, "
                  "--devices-per-node; docs/step_time.md)");
@@ -307,7 +308,7 @@ void add_plan_commands(CLI::App& app, Commands& commands) {
       ->expected(1, -1);
   plan->add_option("--skip-first", calibrate->skip_first, "--calibrate: warm-up iterations of each run left out")
       ->capture_default_str();
-  commands.add(plan, [o, calibrate] {
+  commands.add(plan, [o, calibrate, overrides] {
     if (!calibrate->runs.empty()) {
       if (!o->config_path.empty()) fail("plan --calibrate takes run directories, not a CONFIG ('", o->config_path, "')");
       calibrate->device = o->device;
@@ -315,11 +316,7 @@ void add_plan_commands(CLI::App& app, Commands& commands) {
       return plan_calibrate(*calibrate);
     }
     if (o->config_path.empty()) fail("plan: a CONFIG is required");
-    if (!o->set_file.empty()) {
-      auto sets = read_set_file(o->set_file);
-      sets.insert(sets.end(), o->overrides.begin(), o->overrides.end());
-      o->overrides = sets;
-    }
+    o->overrides = overrides->resolved();
     if (o->auto_search) return plan_auto(*o);
     plan_memory(*o);
   });

@@ -11,8 +11,7 @@ namespace mmtrain {
 
 struct PlanOptions {
   std::string config_path;
-  std::vector<std::string> overrides;  // --set a.b=c (after --set-file's)
-  std::string set_file;
+  std::vector<std::string> overrides;  // --set-file's, then --set's (cli/options.h)
   int world_size = 1;
   int64_t seqlen = 0;                  // tokens per sample; 0 = the model's default
   std::vector<std::string> images;     // --image H,W per image of a sample (a vision-language model)
@@ -21,7 +20,7 @@ struct PlanOptions {
   std::string device;                  // h200, h100, a100, 910b3, or a profile's JSON path; "" = none
   int nodes = 0;
   int devices_per_node = 0;
-  // --auto (tools/plan_auto.h): search the knobs under these budgets (GB; 0 = 0.9 x the
+  // --auto (planning/plan_auto.h): search the knobs under these budgets (GB; 0 = 0.9 x the
   // profile's device memory per rank and host memory per node, no limit for the disk, per node),
   // print the best `top`, write the winner's --set lines to `out`.
   bool auto_search = false;

@@ -1,15 +1,15 @@
-#include "tools/plan_auto.h"
+#include "planning/plan_auto.h"
 
 #include "core/checked_math.h"
 #include "core/error.h"
-#include "io/user_file.h"
 #include "core/text.h"
+#include "io/user_file.h"
 #include "nn/sequence_split.h"
 #include "parallel/context_parallel.h"
-#include "plan/plan_estimate.h"
 #include "plan/device_profile.h"
 #include "plan/length_mix.h"
 #include "plan/offload_plan.h"
+#include "plan/plan_estimate.h"
 #include "plan/step_time.h"
 #include "train/build.h"
 

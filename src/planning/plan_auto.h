@@ -11,7 +11,7 @@
 // `--set` lines, which `train` and `plan` take with --set-file. Nothing fits: an error naming the
 // smallest need of each tier against its budget.
 #pragma once
-#include "tools/plan.h"
+#include "planning/plan.h"
 
 namespace mmtrain {
 

@@ -1,11 +1,11 @@
-#include "tools/plan_calibrate.h"
+#include "planning/plan_calibrate.h"
 
+#include "analysis/logs.h"
 #include "core/error.h"
 #include "core/json_read.h"
-#include "io/user_file.h"
 #include "core/statistics.h"
 #include "core/text.h"
-#include "tools/logs.h"
+#include "io/user_file.h"
 #include "plan/device_profile.h"
 
 #include <nlohmann/json.hpp>

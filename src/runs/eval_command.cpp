@@ -1,19 +1,21 @@
 // `mmtrain eval CONFIG --load DIR`: the held-out loss of a model's weights without training
 // (train/evaluate.h, the same keys, data and parallelism as the run of CONFIG). DIR is an mmtrain
-// checkpoint, an HF model directory or a PyTorch DCP (tools/tool_weights.h; a DCP is staged in
+// checkpoint, an HF model directory or a PyTorch DCP (convert/model_weights.h; a DCP is staged in
 // <output_dir>/.eval_from_dcp_<random>/).
 // Prints a table and writes the record as JSON (--out; default <output_dir>/eval_iter_<N>.json,
 // never over an existing file). At a checkpoint of step N it equals the run's own evaluation after N.
+#include "cli/command.h"
+#include "cli/options.h"
+#include "cli/tool_run.h"
 #include "config/config.h"
 #include "config/registries.h"
+#include "convert/convert.h"
+#include "convert/model_weights.h"
 #include "core/error.h"
 #include "core/scratch_dir.h"
 #include "core/text.h"
 #include "dist/runtime.h"
 #include "io/user_file.h"
-#include "tools/command.h"
-#include "tools/tool_model.h"
-#include "tools/convert.h"
 #include "train/build.h"
 #include "train/evaluate.h"
 #include "train/run.h"
@@ -87,8 +89,7 @@ void write_record(const EvalRecord& record, const std::string& out, const std::s
 void add_eval_commands(CLI::App& app, Commands& commands) {
   struct Options {
     std::string config_path, load, out;
-    std::vector<std::string> overrides;
-    std::string set_file;
+    ConfigOverrides overrides;
   };
   auto o = std::make_shared<Options>();
   auto* eval = app.add_subcommand("eval", "the held-out loss of a checkpoint, an HF model directory or a DCP, "
@@ -97,12 +98,9 @@ void add_eval_commands(CLI::App& app, Commands& commands) {
   eval->add_option("--load", o->load, "mmtrain checkpoint (iter_N or save root), HF model directory, or DCP")
       ->required();
   eval->add_option("--out", o->out, "JSON result (default <output_dir>/eval_iter_<N>.json; never overwritten)");
-  eval->add_option("--set", o->overrides, "override a config key: --set training.eval_iters=4 (repeatable)");
-  eval->add_option("--set-file,--set_file", o->set_file, "overrides from a file, one key=value per line; --set wins");
+  o->overrides.add_options(eval, "training.eval_iters=4");
   commands.add(eval, [o] {
-    auto overrides = o->set_file.empty() ? std::vector<std::string>{} : read_set_file(o->set_file);
-    overrides.insert(overrides.end(), o->overrides.begin(), o->overrides.end());
-    Config config = load_tool_config(o->config_path, overrides, "", "eval");
+    Config config = load_tool_config(o->config_path, o->overrides.resolved(), "", "eval");
     if (config.data.validation.empty() && config.data.validation_split == 0.0)
       fail("eval: config ", config.source_path, " names no validation set: set data.validation (a data set section) ",
            "or data.validation_split");

@@ -1,11 +1,11 @@
 #include "sample/magihuman_prompts.h"
 
+#include "cli/options.h"
 #include "core/error.h"
 #include "core/json_read.h"
 #include "core/text.h"
 #include "io/safetensors.h"
 #include "io/user_file.h"
-#include "media/media_room.h"
 #include "models/magihuman/config.h"
 #include "nn/sequence_split.h"
 #include "parallel/context_parallel.h"

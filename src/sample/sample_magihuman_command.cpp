@@ -1,18 +1,20 @@
 // `mmtrain sample magihuman CONFIG --load DIR --prompts FILE --out DIR`: MagiHuman clips from prompts,
 // with upstream's base sampler (sample/magihuman_sampler.h) running in the C++ model, FSDP-sharded
 // over the ranks, the prompts split over the data-parallel ranks. Prompt text is embedded by the
-// media room's T5Gemma (python/mmtrain_media/embed.py) before the model is built; the latents are
+// media room's T5Gemma (python/mmtrain_py/media/embed.py) before the model is built; the latents are
 // decoded to mp4 by its VAEs (decode.py) when --vae and --audio-vae are given. docs/sampling.md.
+#include "cli/options.h"
+#include "cli/python_runner.h"
+#include "cli/tool_run.h"
 #include "config/config.h"
+#include "convert/model_weights.h"
 #include "core/cli_command.h"
 #include "core/error.h"
 #include "core/scratch_dir.h"
 #include "dist/runtime.h"
 #include "io/user_file.h"
-#include "media/media_room.h"
 #include "models/magihuman/config.h"
 #include "sample/magihuman_prompts.h"
-#include "tools/tool_model.h"
 #include "train/run.h"
 
 #include <CLI/CLI.hpp>
@@ -36,13 +38,13 @@ struct SampleOptions {
   double seconds = 5.0, shift = 5.0, guidance_video = 5.0, guidance_audio = 5.0;
   int64_t steps = 32;
   uint64_t seed = 0;
-  std::vector<std::string> overrides;
+  ConfigOverrides overrides;
 };
 
 void write_json(const std::string& path, const nlohmann::json& j) { write_file_no_follow(path, j.dump(2) + "\n", path); }
 
 void run_sample(const SampleOptions& o) {
-  Config config = load_tool_config(o.config_path, o.overrides, "magihuman", "sample magihuman");
+  Config config = load_tool_config(o.config_path, o.overrides.resolved(), "magihuman", "sample magihuman");
   const auto model_config = magihuman::MagiHumanConfig::from_json(config.model.config);
   sample::MagiHumanSampleSettings defaults;
   std::tie(defaults.height, defaults.width) = parse_resolution(o.resolution, 32, "--resolution");
@@ -79,9 +81,9 @@ void run_sample(const SampleOptions& o) {
       const bool cuda = run.comm().device().is_cuda();
       const std::string device = o.text_device.empty() ? (cuda ? "cuda" : "cpu") : o.text_device;
       run.log("embedding " + std::to_string(prompts.size()) + " prompt(s) and the negative prompt with " + o.text_encoder);
-      run_media_module("embed", {"--text-encoder", o.text_encoder, "--prompts", list, "--out", scratch->path(),
+      run_python_module("media.embed", {"--text-encoder", o.text_encoder, "--prompts", list, "--out", scratch->path(),
                  "--device", device, "--dtype", device == "cuda" ? "bf16" : "fp32", "--negative"},
-                scratch->path() + "/embed.log", "the prompt embeddings (mmtrain_media.embed)");
+                scratch->path() + "/embed.log", "the prompt embeddings (mmtrain_py.media.embed)");
     });
     const RankScratchDir shared(run, std::move(scratch), o.out, prefix);
     const std::string& dir = shared.path();
@@ -107,9 +109,9 @@ void run_sample(const SampleOptions& o) {
   if (o.vae.empty()) return;
   on_rank0_while_others_wait(run, "sample: decoding", [&] {
     const bool cuda = run.comm().device().is_cuda();
-    run_media_module("decode", {"--beside", "--input", o.out, "--out", o.out, "--vae", o.vae, "--audio-vae",
+    run_python_module("media.decode", {"--beside", "--input", o.out, "--out", o.out, "--vae", o.vae, "--audio-vae",
                o.audio_vae, "--device", cuda ? "cuda" : "cpu", "--dtype", cuda ? "bf16" : "fp32", "--fps", "25"},
-              (fs::path(o.out) / ".decode.log").string(), "decoding the samples (mmtrain_media.decode)");
+              (fs::path(o.out) / ".decode.log").string(), "decoding the samples (mmtrain_py.media.decode)");
     run.log("decoded the samples to " + o.out + "/<index>.mp4");
   });
 }
@@ -140,7 +142,7 @@ const CliRegistration sample_command(
        cmd->add_option("--resolution", o->resolution, "HxW, multiples of 32")->capture_default_str();
        cmd->add_option("--seed", o->seed, "the first prompt's seed when its line gives none (then +1 a prompt)")
            ->capture_default_str();
-       cmd->add_option("--set", o->overrides, "override a config key (repeatable)");
+       o->overrides.add_options(cmd, "parallel.fsdp_plan.cpu_offload=true");
        return [o] { run_sample(*o); };
      }});
 

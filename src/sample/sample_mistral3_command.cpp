@@ -2,12 +2,14 @@
 // prompts in the training data's own format, generated with a key/value cache
 // (sample/token_generation.h), greedy or with temperature and top-p, FSDP-sharded over the ranks
 // with the prompts split over the data-parallel ranks. docs/sampling.md.
+#include "cli/options.h"
+#include "cli/tool_run.h"
 #include "config/config.h"
+#include "convert/model_weights.h"
 #include "core/cli_command.h"
 #include "core/error.h"
 #include "dist/runtime.h"
 #include "sample/mistral3_prompts.h"
-#include "tools/tool_model.h"
 #include "train/run.h"
 
 #include <CLI/CLI.hpp>
@@ -26,11 +28,11 @@ struct Options {
   double temperature = 0.0, top_p = 1.0;
   uint64_t seed = 0;
   bool no_kv_cache = false, save_logits = false;
-  std::vector<std::string> overrides;
+  ConfigOverrides overrides;
 };
 
 void run_sample(const Options& o) {
-  Config config = load_tool_config(o.config_path, o.overrides, "mistral3", "sample mistral3");
+  Config config = load_tool_config(o.config_path, o.overrides.resolved(), "mistral3", "sample mistral3");
   sample::refuse_context_parallel_generation(config, "sample mistral3");
   sample::TokenSampling sampling;
   sampling.max_new_tokens = o.max_new_tokens;
@@ -71,7 +73,7 @@ const CliRegistration sample_command(
        cmd->add_option("--seed", o->seed, "prompt i samples with seed + i")->capture_default_str();
        cmd->add_flag("--no-kv-cache", o->no_kv_cache, "recompute the whole prefix for every token (the reference path)");
        cmd->add_flag("--save-logits", o->save_logits, "also write logits_<i>.safetensors: each generated token's logits");
-       cmd->add_option("--set", o->overrides, "override a config key (repeatable)");
+       o->overrides.add_options(cmd, "parallel.fsdp_plan.cpu_offload=true");
        return [o] { run_sample(*o); };
      }});
 

@@ -2,20 +2,20 @@
 // sample_prompts, sample_at_start), registered by model: MagiHuman's clips as latents, Magistral's
 // completions, with the settings of `mmtrain sample` and its prompts files (docs/sampling.md).
 // Beside each, the forwards it runs, which the plan prices (plan/sampling_plan.h).
+#include "cli/python_runner.h"
+#include "cli/tool_run.h"
 #include "config/config.h"
+#include "core/checked_math.h"
 #include "core/error.h"
+#include "core/json_read.h"
 #include "core/regular_file.h"
 #include "core/text.h"
-#include "core/json_read.h"
 #include "io/user_file.h"
-#include "media/media_room.h"
-#include "core/checked_math.h"
 #include "models/magihuman/config.h"
 #include "models/mistral3/config.h"
 #include "plan/sampling_plan.h"
 #include "sample/magihuman_prompts.h"
 #include "sample/mistral3_prompts.h"
-#include "tools/tool_model.h"
 #include "train/run.h"
 #include "train/training_sampler.h"
 
@@ -44,7 +44,7 @@ T little_endian(const std::string& bytes, size_t at) {
   return value;
 }
 
-// The decoder's previews of a sample (python/mmtrain_media/decode.py --previews): its frame grid
+// The decoder's previews of a sample (python/mmtrain_py/media/decode.py --previews): its frame grid
 // (PNG: the size is the IHDR's) and its sound (a canonical 44-byte-header PCM WAV).
 void add_previews(const std::string& stem_path, const std::string& tag, SampleRecord& record) {
   SampleRecord::Image image{tag, read_user_file(stem_path + ".grid.png", "a sample's frame grid", kMaxPreviewBytes)};
@@ -93,7 +93,7 @@ class MagiHumanTrainingSampler : public TrainingSampler {
     if (t.sample_vae.empty()) return record;  // latents only
     on_rank0_while_others_wait(run, "training samples: decoding", [&] {
       const bool cuda = run.comm().device().is_cuda();
-      run_media_module("decode", {"--beside", "--previews", "--input", out_dir, "--out", out_dir, "--vae", t.sample_vae,
+      run_python_module("media.decode", {"--beside", "--previews", "--input", out_dir, "--out", out_dir, "--vae", t.sample_vae,
                                   "--audio-vae", t.sample_audio_vae, "--device", cuda ? "cuda" : "cpu", "--dtype",
                                   cuda ? "bf16" : "fp32", "--fps", "25"},
                        (fs::path(out_dir) / ".decode.log").string(), "decoding the training samples");

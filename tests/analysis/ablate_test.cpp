@@ -1,7 +1,7 @@
 // The ablation table from hand-made runs: loss differences, memory and step-time changes, the
 // noise floors of control repeats and the inside / outside marks.
+#include "analysis/ablate.h"
 #include "core/error.h"
-#include "tools/ablate.h"
 
 #include <gtest/gtest.h>
 

@@ -1,8 +1,8 @@
 // Log parsing and comparison: Megatron/MindSpeed console lines, mmtrain's own
 // console line and metrics.jsonl (produced here by the real MetricsLog), and the statistics.
+#include "analysis/logs.h"
 #include "checkpoint/checkpoint_test_util.h"
 #include "core/error.h"
-#include "tools/logs.h"
 #include "record/metrics.h"
 
 #include <gtest/gtest.h>

@@ -406,7 +406,7 @@ def test_a_late_start_seeks_and_keeps_only_the_window(tmp_path):
     sample to within one resampled sample (a 1 kHz tone: |diff| <= 2 pi f / rate), and the same length."""
     import sys
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
-    from mmtrain_media import audio as media_audio
+    from mmtrain_py.media import audio as media_audio
 
     rate = 48000
     t = np.arange(60 * rate) / rate

@@ -133,7 +133,7 @@ def test_ablate_judges_features_against_the_control_repeats(tmp_path, token_file
     # A switch that changes nothing the step computes lands inside every noise floor.
     assert f["no_progress"]["loss_rel_diff"] == 0.0
     # (Its step time is judged too, but against 2 standard errors: a true null lands outside about
-    # 1 time in 20, so this test does not assert it; tests/tools/ablate_test.cpp checks the rule.)
+    # 1 time in 20, so this test does not assert it; tests/analysis/ablate_test.cpp checks the rule.)
     inside = f["no_progress"]["inside_noise"]
     assert inside["loss_rel_diff"] and inside["allocated_change_pct"], inside
     assert inside["rss_change_pct"] is None  # reported, not judged

@@ -184,10 +184,13 @@ def test_tensorboard_shows_the_samples(tmp_path):
 
     # `logs plot` puts the latest sample's frames beside the curves: the figure spec names the grid,
     # and the real plotter draws it.
-    spy = tmp_path / "spy.py"
-    spy.write_text(f"import sys\nopen({str(tmp_path / 'spec.json')!r}, 'w').write(sys.stdin.read())\n")
+    spy = tmp_path / "spy" / "mmtrain_py" / "plots"
+    spy.mkdir(parents=True)
+    for package in (spy.parent, spy):
+        (package / "__init__.py").write_text("")
+    (spy / "figures.py").write_text(f"import sys\nopen({str(tmp_path / 'spec.json')!r}, 'w').write(sys.stdin.read())\n")
     run_mmtrain(["logs", "plot", str(tmp_path / "tb"), "--out", str(tmp_path / "spied.png")],
-                env_extra={"MMTRAIN_PLOT_SCRIPT": str(spy)})
+                env_extra={"MMTRAIN_PYTHON_PACKAGE": str(tmp_path / "spy")})
     grid = json.loads((tmp_path / "spec.json").read_text())["runs"][0]["sample_grid"]
     assert grid == {"path": str(samples / "0000.grid.png"), "iteration": 4}
     run_mmtrain(["logs", "plot", str(tmp_path / "tb"), "--out", str(tmp_path / "plot.png")])

@@ -145,7 +145,7 @@ TEST(OpenAppendNoFollow, AFifoSwappedInNeverBlocksTheOpen) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
-// Issue 55, item 5: a program's log (dcp_bridge.py's <to>.bridge.log) is a new file of its own:
+// Issue 55, item 5: a program's log (the DCP bridge's <to>.bridge.log) is a new file of its own:
 // a symlink planted at its name is replaced, and the file it pointed to is never truncated.
 TEST(RunProcess, AnOutputPathIsNeverFollowedOrTruncatedThroughALink) {
   TempDir dir;

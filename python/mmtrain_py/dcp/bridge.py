@@ -8,9 +8,9 @@ train_state.step) travel as JSON in its metadata under "dcp_objects". Memory sta
 largest tensor: `read` loads one key at a time with dcp.load and appends its bytes; `write` hands
 DCP's writer a planner that fetches each tensor from the flat file only when it is written.
 
-  python dcp_bridge.py list DCP_DIR OUT.json                 what the DCP holds, from its metadata alone
-  python dcp_bridge.py read DCP_DIR OUT.safetensors [KEYS.json]  only the keys listed, when given
-  python dcp_bridge.py write IN.safetensors DCP_DIR
+  python -P -m mmtrain_py.dcp.bridge list DCP_DIR OUT.json                 what the DCP holds, from its metadata alone
+  python -P -m mmtrain_py.dcp.bridge read DCP_DIR OUT.safetensors [KEYS.json]  only the keys listed, when given
+  python -P -m mmtrain_py.dcp.bridge write IN.safetensors DCP_DIR
 
 `list` lets the caller refuse keys it cannot place before any of their data is read.
 

@@ -1,7 +1,7 @@
 """Prompt embeddings for `mmtrain sample magihuman`: the T5Gemma encoder's output for each prompt
 (text.py, the same rule as prepare's captions) and for upstream's negative prompt.
 
-    python -m mmtrain_media.embed --text-encoder DIR --prompts FILE.json --out DIR [--negative] ...
+    python -P -m mmtrain_py.media.embed --text-encoder DIR --prompts FILE.json --out DIR [--negative] ...
 
 FILE.json (written by mmtrain) is a JSON list of prompt strings; OUT/prompt_<i>.safetensors holds
 prompt_embeds [min(n, 640), hidden] fp16 for prompt i, OUT/negative.safetensors the negative's.

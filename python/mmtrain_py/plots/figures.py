@@ -2,7 +2,7 @@
 `mmtrain ablate` run it. All numbers (parsing, smoothing, differences, noise floors) are computed
 by mmtrain (src/tools/plots.cpp); this script only draws what it is given.
 
-Usage: python plot_figures.py < SPEC.json, where SPEC is
+Usage: python -P -m mmtrain_py.plots.figures < SPEC.json, where SPEC is
   {"figure": "runs" | "compare" | "ablation", "out": "FILE.png|svg|pdf", "title": "...", ...}
 (the fields of each figure are read in its function below). Prints nothing; exits non-zero with
 a message on stderr if the figure cannot be drawn.

@@ -1,0 +1,1 @@
+"""PyTorch Distributed Checkpoints through PyTorch's own code (bridge.py)."""

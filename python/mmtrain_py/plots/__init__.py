@@ -1,0 +1,1 @@
+"""Figures drawn with matplotlib from the specs mmtrain computes (figures.py)."""
