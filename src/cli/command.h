@@ -45,7 +45,7 @@ void add_ablate_commands(CLI::App& app, Commands& commands);    // analysis/: ab
 void add_plan_commands(CLI::App& app, Commands& commands);      // planning/: plan CONFIG
 void add_measure_commands(CLI::App& app, Commands& commands);   // planning/: measure gemm | profile | cp-attention
 void add_flops_commands(CLI::App& app, Commands& commands);     // planning/: flops MODEL
-void add_debug_commands(CLI::App& app, Commands& commands);     // debug/: debug collate | step | tokenize | image
-void add_fixture_commands(CLI::App& app, Commands& commands);   // debug/: fixture NAME, fixture MODEL-weights
+void add_debug_commands(CLI::App& app, Commands& commands);     // debugging/: debug collate | step | tokenize | image
+void add_fixture_commands(CLI::App& app, Commands& commands);   // debugging/: fixture NAME, fixture MODEL-weights
 
 }  // namespace mmtrain

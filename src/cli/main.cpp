@@ -9,8 +9,8 @@
 //   plan      CONFIG --world-size N                per-rank memory and step time                 planning/
 //   measure   gemm | profile | cp-attention        what this machine reaches                     planning/
 //   flops     MODEL --config CFG | --ckpt DIR ...  model FLOPs, TFLOP/s, MFU (docs/flops.md)     planning/
-//   debug     collate | step | tokenize | image    one stage of the pipeline alone               debug/
-//   fixture   NAME ... | MODEL-weights ...         synthetic data sets and HF-layout weights     debug/
+//   debug     collate | step | tokenize | image    one stage of the pipeline alone               debugging/
+//   fixture   NAME ... | MODEL-weights ...         synthetic data sets and HF-layout weights     debugging/
 //   prepare   MODEL ...                            raw media into training data                  media/
 //   sample    MODEL ...                            generate with a model                         sample/
 // Models, datasets and fixtures register themselves from their own folders, so this file and the

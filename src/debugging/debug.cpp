@@ -2,13 +2,13 @@
 // safetensors with where it came from in the metadata.
 // `mmtrain debug step`: the trainer's model path (build_model, the parallelize chain on one rank,
 // the initial weights, then training.load's when set, forward_backward) for one forward + backward.
-#include "debug/debug.h"
+#include "debugging/debug.h"
 
 #include "cli/command.h"
 #include "core/error.h"
 #include "core/text.h"
-#include "debug/debug_image.h"
-#include "debug/tokenize.h"
+#include "debugging/debug_image.h"
+#include "debugging/tokenize.h"
 #include "io/safetensors.h"
 #include "train/build.h"
 #include "train/state.h"
@@ -149,7 +149,7 @@ void add_debug_commands(CLI::App& app, Commands& commands) {
     DebugImageOptions options;
   };
   auto i = std::make_shared<ImageArgs>();
-  auto* image = debug->add_subcommand("image", "Pixtral image pipeline on one image (debug/debug_image.h)")->group("");
+  auto* image = debug->add_subcommand("image", "Pixtral image pipeline on one image (debugging/debug_image.h)")->group("");
   image->add_option("--in", i->in_path, "image file (PNG, JPEG, ...)")->required();
   image->add_option("--out", i->out_path, "output .safetensors")->required();
   image->add_flag("--align-to-patch", i->options.align_to_patch, "multiples of patch_size (LLaMA-Factory), not patch*merge");

@@ -1,6 +1,6 @@
 // `mmtrain debug image`: decode -> Pixtral resize/normalise -> token layout on one image; see
 // debug_image.h.
-#include "debug/debug_image.h"
+#include "debugging/debug_image.h"
 
 #include "data/image/image_decode.h"
 #include "data/image/pil_resize.h"

@@ -1,4 +1,4 @@
-#include "debug/fixture.h"
+#include "debugging/fixture.h"
 
 #include "cli/command.h"
 #include "config/config.h"

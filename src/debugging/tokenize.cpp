@@ -1,4 +1,4 @@
-#include "debug/tokenize.h"
+#include "debugging/tokenize.h"
 
 #include "core/error.h"
 #include "core/regular_file.h"

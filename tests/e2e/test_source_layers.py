@@ -11,7 +11,7 @@ from conftest import REPO
 ENGINE = ["core", "io", "quant", "nn", "dist", "offload", "optim", "checkpoint", "fsdp", "parallel", "models", "data",
           "record", "config", "plan", "train"]
 KIT = "cli"
-COMMAND_ROOMS = ["convert", "adapters", "analysis", "planning", "debug", "runs", "media", "sample"]
+COMMAND_ROOMS = ["convert", "adapters", "analysis", "planning", "debugging", "runs", "media", "sample"]
 LAYERS = ENGINE + [KIT] + COMMAND_ROOMS
 # The only includes from one command room into another: the adapters' verbs write through
 # convert's output rules; eval and sample load --load's weights in any format through

@@ -8,7 +8,7 @@ Contract:
     (`mmtrain debug image --align-to-patch`), directly with its own patch_size 14.
     The token expansion is HF's `PixtralProcessor.replace_image_token` (its logic restated here
     when transformers 5 cannot import that module without torchvision).
-  * C++ side: `mmtrain debug image --in IMG --out OUT.safetensors [--with-decoded]` (debug/debug_image.h).
+  * C++ side: `mmtrain debug image --in IMG --out OUT.safetensors [--with-decoded]` (debugging/debug_image.h).
   * Images are generated here (seeded noise plus gradients, which stresses the resampler more than
     photos do) at 25 sizes: tiny (1x1, 3x17), odd, exact multiples of 14 and 28, portrait,
     landscape, just over longest_edge (1541) and huge (4000x3000).
