@@ -22,6 +22,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 namespace mmtrain {
@@ -37,20 +38,28 @@ void require_writable_dir(const Config& config, const std::string& key, const st
   if (error)
     fail("config ", config.source_path, ": ", key, " '", dir, "' cannot be created: ", error.message(),
          " (checked before training, not when it is first written)");
-  // The name is this process's own (host and pid): two jobs sharing the directory (an offload_dir
-  // on one node) probe at once without meeting at one name.
+  // A new file under a name of this process's own (host, pid, a random part): two jobs sharing the
+  // directory (an offload_dir on one node) probe at once without meeting at one name, and an entry
+  // planted in advance (a symlink) is never opened, written or removed: O_EXCL refuses it and the
+  // next random name is tried.
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
-  const auto probe = (fs::path(dir) / format(".mmtrain_write_probe_%s_%d_rank%d", host, static_cast<int>(::getpid()), rank))
-                         .string();
-  // A probe left by a killed process with this pid, or a symlink planted at its name, is removed
-  // (unlink removes a link, never its target); the probe is then created new, never through a link.
-  ::unlink(probe.c_str());
-  const int fd = create_new_file(probe);
+  std::random_device random;
+  std::string probe;
+  int fd = -1;
+  for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
+    probe = (fs::path(dir) / format(".mmtrain_write_probe_%s_%d_rank%d_%08x", host, static_cast<int>(::getpid()), rank,
+                                    static_cast<unsigned>(random())))
+                .string();
+    fd = create_new_file(probe);
+    if (fd < 0 && errno != EEXIST) break;
+  }
   const bool written = fd >= 0 && ::write(fd, "probe\n", 6) == 6;
   const int saved_errno = errno;
-  if (fd >= 0) ::close(fd);
-  fs::remove(probe, error);
+  if (fd >= 0) {
+    ::close(fd);
+    fs::remove(probe, error);  // ours: created new just now
+  }
   if (!written)
     fail("config ", config.source_path, ": ", key, " '", dir, "' is not writable by rank ", rank, ": ",
          std::strerror(saved_errno), " (checked before training, not when it is first written)");

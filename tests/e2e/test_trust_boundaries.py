@@ -43,7 +43,11 @@ def test_5_the_write_probe_never_writes_through_a_link(tmp_path, config):
     run_mmtrain(["train", str(config), "--set", "training.save=", "--set", "training.optimizer=adamw_swap",
                  "--set", f"training.offload_dir={offload}"])
     assert victim.read_text() == "precious\n"
-    assert not (run_dir / ".mmtrain_write_probe_rank0").exists()
+    # The probes are new files under names of their own: a planted link is neither followed nor removed.
+    for planted in (run_dir / ".mmtrain_write_probe_rank0", offload / ".mmtrain_write_probe_rank0"):
+        assert planted.is_symlink() and planted.resolve() == victim
+    assert list(offload.iterdir()) == [offload / ".mmtrain_write_probe_rank0"]
+    assert not [p for p in run_dir.iterdir() if p.name.startswith(".mmtrain_write_probe") and not p.is_symlink()]
 
 
 def test_6_plan_json_and_metrics_are_never_written_through_a_link(tmp_path, config):
