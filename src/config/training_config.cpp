@@ -49,6 +49,8 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
       .field("sample_vae", &T::sample_vae)
       .field("sample_audio_vae", &T::sample_audio_vae)
       .field("sample_failure", &T::sample_failure)
+      .field("objective", &T::objective)
+      .section("dpo", &T::dpo, DpoConfig::declare)
       .check([](const T& t, const ConfigCheck& check) {
         const auto number = ConfigCheck::number;
         check.at_least("micro_batch_size", t.micro_batch_size, 1);
@@ -78,6 +80,7 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
         if (!(t.adam_eps > 0.0)) check.invalid("adam_eps", "> 0", number(t.adam_eps));
         if (!(t.clip_grad >= 0.0)) check.invalid("clip_grad", ">= 0 (0 = no clipping)", number(t.clip_grad));
         check.one_of("optimizer", t.optimizer, {"adamw", "adamw_swap"});
+        check.one_of("objective", t.objective, {"sft", "dpo"});
         if (!(t.mem_fraction_static > 0.0 && t.mem_fraction_static <= 1.0))
           check.invalid("mem_fraction_static", "in (0, 1]", number(t.mem_fraction_static));
         check.at_least("save_interval", t.save_interval, 0);

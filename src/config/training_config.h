@@ -1,6 +1,8 @@
 // TrainingConfig: the `training` section: batch sizes, the optimizer and its schedule, the
 // checkpoint cadence and resume switches of the trainer.
 #pragma once
+#include "nn/preference_loss.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -63,6 +65,10 @@ struct TrainingConfig {
   bool sample_at_start = false;                // also sample before the first step
   std::string sample_vae, sample_audio_vae;    // a video model's decoders: samples to mp4, TensorBoard frames and audio
   std::string sample_failure = "continue";     // a sampling phase that fails: continue (logged, recorded) | stop
+  // What a step minimizes (train/objective.h): sft (the model's loss) | dpo (preference pairs,
+  // the dpo section: nn/preference_loss.h; docs/preference.md).
+  std::string objective = "sft";
+  DpoConfig dpo;
 
   static void declare(ConfigSection<TrainingConfig>& section);
 };

@@ -66,6 +66,7 @@ void debug_step(const std::string& config_path, const std::vector<std::string>& 
   auto config = config_load(config_path, overrides);
   config_resolve_world(config, 1);  // one process, like the trainer at world size 1
   config_check_supported(config, 1);
+  check_objective(config);
   auto model = build_model(config);
   auto fsdp = parallelize_model(config, *model, DeviceMesh::single(std::make_shared<Comm>(nullptr, 0, 1)));
   load_initial_weights(config, *model, *fsdp);
@@ -82,9 +83,12 @@ void debug_step(const std::string& config_path, const std::vector<std::string>& 
   SafetensorsFile batch_file(batch_path);
   Batch batch;
   for (const auto& name : batch_file.names()) batch[name] = batch_file.read(name);
-  const auto out = forward_backward(*model, *fsdp, batch);
+  const auto out = forward_backward(*model, *fsdp, batch, 1.0, {}, objective_forward(config));
 
   std::vector<std::pair<std::string, at::Tensor>> tensors = {{"loss", out.loss.detach().to(at::kFloat)}};
+  if (const auto metrics = objective_metrics(out.metrics); metrics.is_object())  // a preference objective's
+    for (const auto& [name, value] : metrics.items())
+      tensors.emplace_back("metric." + name, at::tensor(value.get<double>(), at::kFloat));
   for (const auto& [name, t] : out.tensors) tensors.emplace_back(name, t.detach().to(at::kFloat).contiguous());
   for (auto* unit : fsdp->units())
     for (auto& p : unit->params) {

@@ -22,15 +22,28 @@ inline constexpr const char* kLossNormalizerKey = "loss_normalizer";
 // normalizer[term] when the batch carries normalizers, else nullopt.
 std::optional<double> loss_normalizer(const Batch& batch, size_t term);
 
+// Preference objectives (train/objective.h) ask a language model for each sequence's
+// log-probability instead of a loss: with batch key "sequence_log_probs" present (any value), the
+// forward fills ModelOutput::sequence_log_probs and sequence_tokens, one entry per sequence (the
+// batch's rows, or its packed samples at cu_seqlens), and its loss is not computed. A model that
+// cannot fails naming the key.
+inline constexpr const char* kSequenceLogProbsKey = "sequence_log_probs";
+// A preference micro-batch (data/conversation/preference_collator.h): int64 scalar P, its rows being
+// P chosen sequences, then their P rejected ones.
+inline constexpr const char* kPreferencePairsKey = "preference_pairs";
+
 struct ModelOutput {
   at::Tensor loss;                        // scalar fp32: this micro-batch's mean, or its share (above)
   int64_t tokens = 0;                     // tokens processed (for throughput)
-  std::map<std::string, double> metrics;  // extra loss terms for the log line
+  std::map<std::string, double> metrics;  // an objective's metric sums, added up by the step (train/objective.h)
   std::map<std::string, at::Tensor> tensors;  // named outputs for debugging ("prediction")
   // A model of several loss terms (MagiHuman: video, audio): each term's part of `loss`, in the
   // order of loss_counts (its mean, or its sum / normalizer). Evaluation reads the terms' sums
   // from it (train/evaluate.h); empty for a one-term model, whose term is `loss`.
   std::vector<at::Tensor> term_losses;
+  // kSequenceLogProbsKey: fp32 [N], Σ over sequence n's supervised tokens of log p(label), with
+  // grad; and fp32 [N], those tokens' count.
+  at::Tensor sequence_log_probs, sequence_tokens;
 };
 
 class Model : public Module {

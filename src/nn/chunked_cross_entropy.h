@@ -1,4 +1,4 @@
-// Output projection + cross-entropy without the [N, V] logits: for a 131072-token vocabulary the
+// Output projection + cross-entropy (or per-row log-probabilities) without the [N, V] logits: for a 131072-token vocabulary the
 // fp32 logits of a 2048-token sample are 1 GiB, and autograd keeps them (and their softmax) for
 // backward. Here forward and backward walk the N rows in chunks, recomputing each chunk's logits
 // in backward, so the extra memory is one [chunk, V] block (the seed's chunked loss).
@@ -19,5 +19,12 @@ namespace mmtrain {
 // hidden [N, H], weight [V, H] (same dtype), labels int64 [N]; chunk_rows >= 1.
 at::Tensor chunked_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
                                         int64_t chunk_rows, int64_t ignore_index = -100, double normalizer = 0);
+
+// Each row's log-probability of its label, fp32 [N]: log_softmax(float(hidden @ weight^T))[label],
+// 0 on rows whose label is ignore_index, with the same chunked forward and recomputing backward as
+// above (its gradient is grad_i x (onehot(label_i) - softmax_i) per row). What a preference
+// objective sums per sequence (models/model.h, kSequenceLogProbsKey).
+at::Tensor chunked_linear_log_probs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+                                    int64_t chunk_rows, int64_t ignore_index = -100);
 
 }  // namespace mmtrain

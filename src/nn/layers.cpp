@@ -1,6 +1,7 @@
 #include "nn/layers.h"
 
 #include "core/error.h"
+#include "nn/lora.h"
 
 #include <cmath>
 
@@ -29,7 +30,7 @@ at::Tensor Linear::forward(const at::Tensor& x) const {
 }
 
 at::Tensor Linear::with_lora(const at::Tensor& y, const at::Tensor& x, int64_t expert) const {
-  if (!has_lora()) return y;
+  if (!has_lora() || !lora_adapters_on()) return y;  // off: a preference objective's reference (nn/lora.h)
   const auto& a = lora_A->weight.value;
   const auto& b = lora_B->weight.value;
   auto a_k = experts_ == 1 ? a : a.chunk(experts_, 0)[expert];  // [r, in]

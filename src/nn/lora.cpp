@@ -15,6 +15,14 @@ double LoraConfig::scale() const {
   return use_rslora ? alpha / std::sqrt(static_cast<double>(rank)) : alpha / static_cast<double>(rank);
 }
 
+namespace {
+thread_local bool adapters_on = true;
+}  // namespace
+
+LoraAdaptersOff::LoraAdaptersOff() : was_on_(adapters_on) { adapters_on = false; }
+LoraAdaptersOff::~LoraAdaptersOff() { adapters_on = was_on_; }
+bool lora_adapters_on() { return adapters_on; }
+
 void LoraConfig::declare(ConfigSection<LoraConfig>& s) {
   s.field("rank", &LoraConfig::rank)
       .field("alpha", &LoraConfig::alpha)

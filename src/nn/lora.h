@@ -52,6 +52,22 @@ struct LoraSummary {
 LoraSummary apply_lora(Module& model, const LoraConfig& config, const std::vector<std::string>& default_targets,
                        const std::vector<std::string>& supported);
 
+// While one lives, on this thread, every LoRA adapter is off: the model computes its base (and
+// the modules_to_save as they are now). A preference objective's reference forward (train/objective.h):
+// the base without a second copy, as peft's disable_adapter().
+class LoraAdaptersOff {
+ public:
+  LoraAdaptersOff();
+  ~LoraAdaptersOff();
+  LoraAdaptersOff(const LoraAdaptersOff&) = delete;
+  LoraAdaptersOff& operator=(const LoraAdaptersOff&) = delete;
+
+ private:
+  bool was_on_;
+};
+// False while a LoraAdaptersOff lives on this thread.
+bool lora_adapters_on();
+
 // A model's trained element count (Param::requires_grad, trainable), LoRA or not, and its count
 // of parameter elements, frozen ones included (buffers are not parameters).
 int64_t trainable_param_count(Module& model);

@@ -55,6 +55,9 @@ std::vector<std::pair<std::string, double>> tensorboard_scalars(const StepRecord
     for (const auto& [tier, counters] : step.offload.items())
       for (const auto& [name, value] : counters.items())
         if (value.is_number()) out.emplace_back("offload/" + tier + "/" + name, value.get<double>());
+  if (step.objective.is_object())  // TRL's names, "rewards/chosen" ...: TensorBoard groups them as TRL's do
+    for (const auto& [name, value] : step.objective.items())
+      if (value.is_number()) out.emplace_back(name, value.get<double>());
   for (const auto& [group, phases] : {std::pair<const char*, const nlohmann::json*>{"phases_ms", &step.phases_ms},
                                        {"phases_max_ms", &step.phases_max_ms}})
     if (phases->is_object())
@@ -85,6 +88,9 @@ void MetricsLog::record(const StepRecord& step, int64_t train_iters) {
   if (step.tflops_per_device)
     n += std::snprintf(text + n, sizeof(text) - n, " | TFLOP/s per device: %.3f", *step.tflops_per_device);
   if (step.mfu) n += std::snprintf(text + n, sizeof(text) - n, " | MFU: %.2f %%", 100.0 * *step.mfu);
+  if (step.objective.contains("rewards/accuracies"))
+    n += std::snprintf(text + n, sizeof(text) - n, " | reward accuracy: %.3f | reward margin: %.4f",
+                       step.objective["rewards/accuracies"].get<double>(), step.objective["rewards/margins"].get<double>());
   std::printf("%s", text);
   ++recorded_;
   elapsed_ms_ += step.step_time_ms;

@@ -35,6 +35,8 @@ nlohmann::json StepRecord::to_json() const {
   if (predicted_peak_device_mb) j["predicted_peak_device_mb"] = *predicted_peak_device_mb;
   if (trainable_params) j["trainable_params"] = *trainable_params;
   if (total_params) j["total_params"] = *total_params;
+  if (objective.is_object())
+    for (const auto& [key, value] : objective.items()) j[key] = value;
   return j;
 }
 

@@ -54,6 +54,9 @@ struct StepRecord {
   // The run's first record: the elements that train (all of them, or LoRA's adapters and
   // modules_to_save) and the model's total.
   std::optional<int64_t> trainable_params, total_params;
+  // A preference objective's metrics under TRL's names ("rewards/chosen", "logps/rejected", ...:
+  // train/objective.h), means over the step's pairs; written as keys of the record itself.
+  nlohmann::json objective;
 
   nlohmann::json to_json() const;
 };

@@ -7,6 +7,7 @@
 #include "dist/node_names.h"
 #include "record/metrics.h"
 #include "train/build.h"
+#include "train/objective.h"
 #include "train/state.h"
 
 #include <cstdio>
@@ -202,6 +203,7 @@ std::unique_ptr<Run> start_run(Config config, Runtime runtime) {
   run->config = std::move(config);
   run->runtime = std::move(runtime);
   Run& r = *run;
+  check_objective(r.config);
   const std::string load = resolve_load(r);
   if (load.empty()) refuse_an_earlier_run(r);  // before anything big is allocated
   build_run(r);

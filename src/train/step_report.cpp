@@ -9,6 +9,7 @@
 #include "plan/offload_plan.h"
 #include "record/device_memory.h"
 #include "record/metrics.h"
+#include "train/objective.h"
 
 #include <algorithm>
 #include <cmath>
@@ -41,6 +42,7 @@ StepOutcome run_step(Run& run, DataLoader& loader, int64_t step) {
   }
   out.lr = settings.lr = run.schedule.at(step);
   settings.clip_grad = run.config.training.clip_grad;
+  settings.objective = objective_forward(run.config);
   settings.listeners = {&run.phase_timer};
   settings.samples = [&run, step] { return run.describe_step_samples(step); };
   out.memory_profiled = run.memory_profile->covers(step + 1);
@@ -187,6 +189,15 @@ StepRecord report_step(Run& run, const StepOutcome& outcome, PlanWatch& plan_wat
   // shares add up (each counted once per context-parallel rank).
   record.loss = outcome.split ? totals[0] / (world / dp) : totals[0] / (outcome.accumulation * world);
   record.grad_norm = stats.grad_norm;
+  if (!stats.metric_sums.empty()) {  // the objective's metrics over every rank's pairs
+    std::vector<double> sums;
+    for (const auto& [key, sum] : stats.metric_sums) sums.push_back(sum);
+    sums = run.comm().all_reduce_sum(sums);
+    std::map<std::string, double> totals_by_key;
+    size_t i = 0;
+    for (const auto& [key, sum] : stats.metric_sums) totals_by_key[key] = sums[i++] / (world / dp);
+    record.objective = objective_metrics(totals_by_key);
+  }
   record.lr = outcome.lr;
   record.step_time_ms = step_ms;
   record.tokens = static_cast<int64_t>(totals[2]);

@@ -48,12 +48,16 @@ void PhaseTimer::phase_ends(StepPhase phase) {
 std::array<double, kStepPhases> PhaseTimer::take_ms() { return std::exchange(ms_, {}); }
 
 ModelOutput forward_backward(Model& model, Fsdp& fsdp, const Batch& batch, double loss_divisor,
-                             const StepPhaseListeners& listeners) {
+                             const StepPhaseListeners& listeners, const MicroBatchForward& objective) {
   ModelOutput out;
   {
     PhaseScope scope(listeners, StepPhase::forward);
-    fsdp.begin_forward();
-    out = model.forward(batch);
+    if (objective) {
+      out = objective(model, fsdp, batch);
+    } else {
+      fsdp.begin_forward();
+      out = model.forward(batch);
+    }
   }
   PhaseScope scope(listeners, StepPhase::backward);
   (loss_divisor == 1.0 ? out.loss : out.loss / loss_divisor).backward();
@@ -100,8 +104,9 @@ StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, StateFiniteness& fi
       PhaseScope scope(settings.listeners, StepPhase::data);
       batch = micro_batch(m);
     }
-    const auto out = forward_backward(model, fsdp, batch, loss_divisor, settings.listeners);
+    const auto out = forward_backward(model, fsdp, batch, loss_divisor, settings.listeners, settings.objective);
     stats.loss_sum += out.loss.item<double>();
+    for (const auto& [key, value] : out.metrics) stats.metric_sums[key] += value;
     const double flops = model.train_flops(batch);
     stats.flops += flops;
     stats.max_micro_batch_flops = std::max(stats.max_micro_batch_flops, flops);

@@ -12,11 +12,13 @@
 #include "models/model.h"
 #include "optim/adamw.h"
 #include "record/step_phases.h"
+#include "train/objective.h"
 #include "train/state_finite.h"
 
 #include <array>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -37,10 +39,11 @@ class PhaseTimer : public StepPhaseListener {
 };
 
 // One micro-batch's forward and backward of loss / loss_divisor; the grads land in the FSDP grad
-// shards. Returns the model's output (its loss undivided).
+// shards. Returns the model's output (its loss undivided). `objective` null: the model's own loss
+// (training.objective sft); else the objective's forward (train/objective.h).
 using StepPhaseListeners = std::vector<StepPhaseListener*>;
 ModelOutput forward_backward(Model& model, Fsdp& fsdp, const Batch& batch, double loss_divisor = 1.0,
-                             const StepPhaseListeners& listeners = {});
+                             const StepPhaseListeners& listeners = {}, const MicroBatchForward& objective = nullptr);
 
 struct StepStats {
   double loss_sum = 0;    // Σ over micro-batches of this rank's loss (global normalization: this
@@ -49,6 +52,7 @@ struct StepStats {
   double max_micro_batch_flops = 0;  // the heaviest micro-batch's
   double tokens = 0;      // Σ of the tokens the model processed
   double grad_norm = 0;   // global, before clipping
+  std::map<std::string, double> metric_sums;  // Σ of the objective's metric sums (train/objective.h)
 };
 
 struct StepSettings {
@@ -65,6 +69,7 @@ struct StepSettings {
   // is its micro-batch's mean, divided by `accumulation`.
   std::function<std::vector<double>(const std::vector<double>&)> sum_over_dp;
   int dp = 1;
+  MicroBatchForward objective;  // null: the model's own loss (training.objective sft)
 };
 
 // One optimizer step over micro_batch(0 .. accumulation-1). Fails, naming the iteration and the

@@ -1,7 +1,8 @@
 // chunked_linear_cross_entropy against the unchunked reference
 // cross_entropy(linear(hidden, weight).float(), labels, ignore_index=-100): loss and both grads,
 // for chunk sizes that divide N, do not, exceed it, and are 1; with ignored rows; and with none
-// supervised.
+// supervised. chunked_linear_log_probs against log_softmax(linear(...)).gather(label) under a
+// weighted sum (a preference loss's per-sequence sums), values and both grads.
 #include "nn/chunked_cross_entropy.h"
 #include "test_util.h"
 
@@ -77,6 +78,35 @@ TEST(ChunkedCrossEntropy, RefusesBadShapes) {
                     chunked_linear_cross_entropy(h, at::zeros({5, 3}), at::zeros({4}, at::kLong), 0);
                   }),
                   "chunk_rows must be >= 1");
+}
+
+// Each row's log p(label) (0 on ignored rows), weighted per row as a preference loss weights its
+// sequences' sums: the chunked values and grads against the unchunked autograd reference.
+TEST(ChunkedLogProbs, MatchUnchunkedLogSoftmaxAndTheirGrads) {
+  const auto labels = some_ignored_labels();
+  const auto keep = labels != -100;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const auto row_weights = at::randn({37}, gen);
+  auto inputs = [] {
+    auto g = at::make_generator<at::CPUGeneratorImpl>(3);
+    auto hidden = at::randn({37, 24}, g).requires_grad_(true);
+    auto weight = (at::randn({50, 24}, g) * 0.3).requires_grad_(true);
+    return std::make_pair(hidden, weight);
+  };
+  auto [ref_hidden, ref_weight] = inputs();
+  const auto log_probs = at::log_softmax(at::linear(ref_hidden, ref_weight), -1);
+  const auto ref = at::where(keep, log_probs.gather(1, at::where(keep, labels, 0).unsqueeze(1)).squeeze(1), 0.0);
+  (ref * row_weights).sum().backward();
+  for (int64_t chunk : {1, 8, 37, 100}) {
+    auto [hidden, weight] = inputs();
+    const auto got = chunked_linear_log_probs(hidden, weight, labels, chunk);
+    EXPECT_EQ(got.sizes(), ref.sizes());
+    EXPECT_TRUE(at::equal(got.detach().eq(0), ref.detach().eq(0))) << "ignored rows are 0, chunk " << chunk;
+    EXPECT_LE(rel(got.detach(), ref.detach()), 1e-6) << "chunk " << chunk;
+    (got * row_weights).sum().backward();
+    EXPECT_LE(rel(hidden.grad(), ref_hidden.grad()), 1e-6) << "chunk " << chunk;
+    EXPECT_LE(rel(weight.grad(), ref_weight.grad()), 1e-6) << "chunk " << chunk;
+  }
 }
 
 }  // namespace

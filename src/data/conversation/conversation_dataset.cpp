@@ -31,31 +31,6 @@ struct Rejected {
   std::string reason;
 };
 
-// The records of a JSON list or a JSONL file; a syntax error fails naming the file (and line).
-std::vector<nlohmann::json> read_records(const std::string& path) {
-  if (!fs::is_regular_file(path)) fail("data.dataset_param.basic_parameters.dataset: no file '", path, "'");
-  const std::string text = file_read_text(path);
-  const size_t first = text.find_first_not_of(" \t\r\n");
-  if (first == std::string::npos) fail("dataset ", path, ": empty file, expected a JSON list or JSONL records");
-  std::vector<nlohmann::json> records;
-  if (text[first] == '[') {
-    auto list = json_parse_checked(text, "dataset " + path);
-    for (auto& record : list) records.push_back(std::move(record));
-    return records;
-  }
-  std::istringstream lines(text);
-  std::string line;
-  for (int64_t number = 1; std::getline(lines, line); ++number) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    // A pretty-printed JSON object is not JSONL: say what it is rather than "line 1: not valid JSON".
-    if (records.empty() && text[first] == '{' && !nlohmann::json::accept(line) && nlohmann::json::accept(text))
-      fail("dataset ", path, ": one JSON object, expected a list of records (a JSON list [...] or one record per ",
-           "line, JSONL)");
-    records.push_back(json_parse_checked(line, "dataset " + path + " line " + std::to_string(number)));
-  }
-  return records;
-}
-
 enum class Role { user, assistant, system };
 
 // LLaVA / sharegpt ("conversations", from/value) or LLaMA-Factory ("messages", role/content)
@@ -130,16 +105,41 @@ std::variant<std::pair<chat::Conversation, std::vector<std::string>>, Rejected> 
   return std::make_pair(std::move(conversation), std::move(images));
 }
 
+
+}  // namespace
+
 std::string record_label(const nlohmann::json& r, size_t index) {
   if (r.is_object() && r.contains("id") && (r.at("id").is_string() || r.at("id").is_number()))
     return "record " + std::to_string(index) + " (id " + (r.at("id").is_string() ? r.at("id").get<std::string>() : r.at("id").dump()) + ")";
   return "record " + std::to_string(index);
 }
 
-}  // namespace
+std::vector<nlohmann::json> read_records(const std::string& path) {
+  if (!fs::is_regular_file(path)) fail("data.dataset_param.basic_parameters.dataset: no file '", path, "'");
+  const std::string text = file_read_text(path);
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos) fail("dataset ", path, ": empty file, expected a JSON list or JSONL records");
+  std::vector<nlohmann::json> records;
+  if (text[first] == '[') {
+    auto list = json_parse_checked(text, "dataset " + path);
+    for (auto& record : list) records.push_back(std::move(record));
+    return records;
+  }
+  std::istringstream lines(text);
+  std::string line;
+  for (int64_t number = 1; std::getline(lines, line); ++number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    // A pretty-printed JSON object is not JSONL: say what it is rather than "line 1: not valid JSON".
+    if (records.empty() && text[first] == '{' && !nlohmann::json::accept(line) && nlohmann::json::accept(text))
+      fail("dataset ", path, ": one JSON object, expected a list of records (a JSON list [...] or one record per ",
+           "line, JSONL)");
+    records.push_back(json_parse_checked(line, "dataset " + path + " line " + std::to_string(number)));
+  }
+  return records;
+}
 
 ConversationDataOptions ConversationDataOptions::from_config(const DataConfig& data, const ModelConfig& model) {
-  const ParamMap p(data.dataset_param, "data.dataset_param", std::string("dataset ") + kDatasetType);
+  const ParamMap p(data.dataset_param, "data.dataset_param", "dataset " + data.dataset_type);
   p.check_known_keys({"dataset_type", "basic_parameters", "preprocess_parameters"});
   const auto basic = p.child("basic_parameters");
   basic.check_known_keys({"template", "dataset", "dataset_dir", "cutoff_len", "max_samples", "packing", "default_system"});
@@ -147,7 +147,7 @@ ConversationDataOptions ConversationDataOptions::from_config(const DataConfig& d
   // The model says which image processor reads its images; the processor adds its own keys.
   const auto& spec = model_spec(model.model_id, "model.model_id");
   if (!spec.vision_inputs)
-    fail("data.dataset_param.dataset_type: ", kDatasetType, " needs a vision-language model; model.model_id '",
+    fail("data.dataset_param.dataset_type: ", data.dataset_type, " needs a vision-language model; model.model_id '",
          model.model_id, "' takes no images");
   const VisionInputs vision = spec.vision_inputs(model.config);
   const auto& processor = image::image_processor_registry().get(vision.image_processor, "model " + model.model_id);
@@ -184,7 +184,11 @@ ConversationDataOptions ConversationDataOptions::from_config(const DataConfig& d
   return o;
 }
 
-ConversationDataset::ConversationDataset(const ConversationDataOptions& options) : options_(options) {
+ConversationDataset::ConversationDataset(const ConversationDataOptions& options)
+    : ConversationDataset(options, read_records(options.dataset_file)) {}
+
+ConversationDataset::ConversationDataset(const ConversationDataOptions& options, std::vector<nlohmann::json> records)
+    : options_(options) {
   auto tokenizer = tokenizer::load_text_tokenizer(options_.tokenizer_path, options_.tokenizer);
   const auto names = options_.images->token_names();
   image_ids_.image = tokenizer->special_id(names[0]);
@@ -192,7 +196,6 @@ ConversationDataset::ConversationDataset(const ConversationDataOptions& options)
   image_ids_.end = tokenizer->special_id(names[2]);
   template_ = chat::chat_template_registry().get(options_.chat_template)(std::move(tokenizer), options_.default_system);
 
-  auto records = read_records(options_.dataset_file);
   if (options_.max_samples > 0 && static_cast<int64_t>(records.size()) > options_.max_samples)
     records.resize(options_.max_samples);
   records_ = static_cast<int64_t>(records.size());
@@ -253,6 +256,7 @@ ConversationDataset::ConversationDataset(const ConversationDataOptions& options)
     }
     sample.length = static_cast<int64_t>(encoded.sequence.input_ids.size());
     samples_.push_back(std::move(sample));
+    sample_records_.push_back(static_cast<int64_t>(i));
   }
   if (samples_.empty())
     fail("dataset ", options_.dataset_file, ": none of its ", records_, " records is usable (", summary(), ")");
@@ -288,7 +292,19 @@ ConversationDataset::Encoded ConversationDataset::encode(const Sample& sample) c
       out.problem = "image tokens do not match the images";
     return out;
   }
-  out.sequence = chat::truncate_turns(template_->encode(sample.conversation, image_tokens), options_.cutoff_len);
+  if (options_.last_answer_only) {
+    const auto turns = template_->encode(sample.conversation, image_tokens);
+    out.sequence = chat::truncate_turns(turns, 0);
+    auto& labels = out.sequence.labels;
+    const size_t answer_begin = labels.size() - turns.back().target.size();
+    std::fill(labels.begin(), labels.begin() + static_cast<std::ptrdiff_t>(answer_begin), -100);
+    if (options_.cutoff_len > 0 && static_cast<int64_t>(labels.size()) > options_.cutoff_len) {
+      out.problem = "longer than cutoff_len (preference sequences are not truncated)";
+      return out;
+    }
+  } else {
+    out.sequence = chat::truncate_turns(template_->encode(sample.conversation, image_tokens), options_.cutoff_len);
+  }
   const auto& seq = out.sequence;
   if (auto problem = check_image_tokens(seq.input_ids, seq.labels, layouts, image_ids_); !problem.empty()) {
     out.problem = "image tokens cut by truncation";
@@ -308,7 +324,15 @@ int64_t ConversationDataset::size() const {
   return options_.packing ? static_cast<int64_t>(bins_.size()) : static_cast<int64_t>(samples_.size());
 }
 
-std::optional<Batch> ConversationDataset::build(int64_t index) const {
+std::optional<int64_t> ConversationDataset::sample_of_record(int64_t record) const {
+  const auto found = std::lower_bound(sample_records_.begin(), sample_records_.end(), record);
+  if (found == sample_records_.end() || *found != record) return std::nullopt;
+  return found - sample_records_.begin();
+}
+
+std::optional<Batch> ConversationDataset::build(int64_t index, bool with_images) const {
+  if (index < 0 || index >= static_cast<int64_t>(samples_.size()))
+    fail("dataset ", options_.dataset_file, ": sample ", index, " out of range [0, ", samples_.size(), ")");
   {
     std::lock_guard<std::mutex> lock(undecodable_mutex_);
     if (undecodable_.count(index)) return std::nullopt;
@@ -321,7 +345,7 @@ std::optional<Batch> ConversationDataset::build(int64_t index) const {
   Batch out;
   out["input_ids"] = at::tensor(std::vector<int64_t>(seq.input_ids.begin(), seq.input_ids.end()), at::kLong);
   out["labels"] = at::tensor(std::vector<int64_t>(seq.labels.begin(), seq.labels.end()), at::kLong);
-  if (sample.image_paths.empty()) return out;
+  if (sample.image_paths.empty() || !with_images) return out;
   std::vector<at::Tensor> pixels;
   std::vector<int64_t> sizes;
   for (const auto& path : sample.image_paths) {

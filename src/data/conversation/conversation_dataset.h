@@ -36,6 +36,8 @@
 #include "data/image/image_decode.h"
 #include "data/image/image_processor.h"
 
+#include <nlohmann/json.hpp>
+
 #include <map>
 #include <memory>
 #include <mutex>
@@ -64,6 +66,10 @@ struct ConversationDataOptions {
   // starts (labels all -100), never truncated (a prompt over cutoff_len is dropped); packing is off.
   // An image that does not decode is an error, not a skip to the next prompt.
   bool generation = false;
+  // Preference pairs (data/conversation/preference_dataset.h): only the last turn's answer is
+  // supervised (earlier answers are part of the prompt), and nothing is truncated: a sequence
+  // longer than cutoff_len is dropped.
+  bool last_answer_only = false;
 
   static ConversationDataOptions from_config(const DataConfig& data, const ModelConfig& model);
 };
@@ -71,6 +77,8 @@ struct ConversationDataOptions {
 class ConversationDataset : public Dataset {
  public:
   explicit ConversationDataset(const ConversationDataOptions& options);
+  // Over records already read (options.dataset_file names them in messages), in the file's format.
+  ConversationDataset(const ConversationDataOptions& options, std::vector<nlohmann::json> records);
 
   int64_t size() const override;
   Batch get(int64_t index) const override;
@@ -85,6 +93,11 @@ class ConversationDataset : public Dataset {
   int64_t records() const { return records_; }
   // Samples skipped so far because an image failed to decode (on this process).
   int64_t skipped() const;
+  // The sample record `record` became; nothing when it was dropped.
+  std::optional<int64_t> sample_of_record(int64_t record) const;
+  // Sample `index` (not an item: packing is not applied) with its images decoded when with_images;
+  // nothing when one of them does not decode (then counted in skipped()).
+  std::optional<Batch> build(int64_t index, bool with_images = true) const;
 
  private:
   struct Sample {
@@ -99,14 +112,13 @@ class ConversationDataset : public Dataset {
   };
 
   Encoded encode(const Sample& sample) const;
-  // Sample `index` as an item; nothing when one of its images does not decode (then skipped).
-  std::optional<Batch> build(int64_t index) const;
   void drop(const std::string& reason, const std::string& example);
 
   ConversationDataOptions options_;
   std::unique_ptr<const chat::ChatTemplate> template_;
   ImageTokenIds image_ids_;
   std::vector<Sample> samples_;
+  std::vector<int64_t> sample_records_;     // the record each sample came from, ascending
   std::vector<std::vector<int64_t>> bins_;  // packing: sample indices per item
   int64_t records_ = 0;
   std::map<std::string, int64_t> dropped_;
@@ -114,6 +126,11 @@ class ConversationDataset : public Dataset {
   mutable std::mutex undecodable_mutex_;                // get() runs on the loader's workers
   mutable std::set<int64_t> undecodable_;               // samples with an image that failed to decode
 };
+
+// The records of a JSON list or a JSONL file; a syntax error fails naming the file (and line).
+std::vector<nlohmann::json> read_records(const std::string& path);
+// "record 3 (id abc)" for messages about record r at `index`.
+std::string record_label(const nlohmann::json& r, size_t index);
 
 // LLaMA-Factory's greedy_knapsack: lengths sorted ascending; each bin repeatedly takes the
 // longest remaining length that still fits in `capacity`. Returns indices into `lengths` per

@@ -9,9 +9,6 @@
 namespace mmtrain::conversation {
 namespace {
 
-// Mistral's <pad> (tekken id 11), the default for the seed's Magistral runs. Any valid id would
-// do: padded positions carry label -100 and follow every real token of their row.
-constexpr int64_t kDefaultPadTokenId = 11;
 
 void append_images(const Batch& sample, std::vector<at::Tensor>& pixels, std::vector<at::Tensor>& sizes) {
   auto it = sample.find("pixel_values");

@@ -18,6 +18,10 @@
 
 namespace mmtrain::conversation {
 
+// Mistral's <pad> (tekken id 11), the default for the seed's Magistral runs. Any valid id would
+// do: padded positions carry label -100 and follow every real token of their row.
+inline constexpr int64_t kDefaultPadTokenId = 11;
+
 class VlmCollator : public Collator {
  public:
   explicit VlmCollator(int64_t pad_token_id, bool pack = false) : pad_token_id_(pad_token_id), pack_(pack) {}

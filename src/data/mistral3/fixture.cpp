@@ -27,7 +27,38 @@ struct Colour {
 const Colour kColours[] = {{"red", {220, 30, 30}},   {"green", {30, 200, 60}}, {"blue", {40, 60, 220}},
                            {"yellow", {230, 220, 40}}, {"black", {10, 10, 10}}, {"white", {250, 250, 250}}};
 
-void write_tekken(const fs::path& path) {
+// A --mix record: 0 to 4 solid-colour images of random sides and a prompt with up to
+// `filler_words` filler words; the answer lists the colours in order.
+template <typename Draw>
+nlohmann::json mixed_record(const fs::path& root, int64_t i, Draw& draw, int64_t filler_words) {
+  const int64_t images = draw(0, 4), words = draw(0, filler_words);
+  std::string prompt, answer;
+  std::vector<std::string> files;
+  for (int64_t k = 0; k < images; ++k) {
+    const int64_t c = draw(0, static_cast<int64_t>(std::size(kColours)) - 1);
+    const int64_t side = draw(0, 1) ? 8 : 40;  // small and large images: image tokens differ 25x
+    const std::string name = "img_" + std::to_string(i) + "_" + std::to_string(k) + ".png";
+    write_fixture_png((root / "images" / name).string(), c, side, draw(8, 40));
+    files.push_back("images/" + name);
+    prompt += "<image>";
+    answer += std::string(k ? ", " : "") + kColours[c].name;
+  }
+  prompt += images ? "\nName the colours" : "Say that there is no picture";
+  for (int64_t w = 0; w < words; ++w) prompt += w % 2 ? " please" : " now";
+  answer = images ? "They are " + answer + "." : "There is no picture.";
+  nlohmann::json record = {{"id", "sample_" + std::to_string(i)},
+                           {"conversations", {{{"from", "human"}, {"value", prompt + "."}}, {{"from", "gpt"}, {"value", answer}}}}};
+  if (images == 1) record["image"] = files[0];
+  if (images > 1) record["images"] = files;
+  return record;
+}
+
+}  // namespace
+
+int64_t fixture_colours() { return static_cast<int64_t>(std::size(kColours)); }
+const char* fixture_colour_name(int64_t colour) { return kColours[colour].name; }
+
+void write_fixture_tokenizer(const std::string& path) {
   const auto& control_tokens = tokenizer::tekken_default_special_tokens();
   const int64_t num_special = static_cast<int64_t>(control_tokens.size());
   nlohmann::json specials = nlohmann::json::array();
@@ -48,7 +79,8 @@ void write_tekken(const fs::path& path) {
 // The colour with a texture over it (a diagonal ramp and a 4-pixel checker, +-28 per channel):
 // patches of a solid image are all alike, so the vision tower's attention would see one token
 // repeated and its q/k would get no gradient; the colour still dominates every pixel.
-void write_png(const fs::path& path, int64_t height, int64_t width, const uint8_t rgb[3]) {
+void write_fixture_png(const std::string& path, int64_t colour, int64_t height, int64_t width) {
+  const uint8_t* rgb = kColours[colour].rgb;
   std::vector<uint8_t> pixels(static_cast<size_t>(height * width * 3));
   for (int64_t y = 0; y < height; ++y)
     for (int64_t x = 0; x < width; ++x) {
@@ -57,36 +89,8 @@ void write_png(const fs::path& path, int64_t height, int64_t width, const uint8_
         pixels[static_cast<size_t>((y * width + x) * 3 + c)] = static_cast<uint8_t>(std::clamp(rgb[c] + texture, 0, 255));
     }
   if (!stbi_write_png(path.c_str(), int(width), int(height), 3, pixels.data(), int(width * 3)))
-    fail("fixture mistral3: cannot write ", path.string());
+    fail("fixture mistral3: cannot write ", path);
 }
-
-// A --mix record: 0 to 4 solid-colour images of random sides and a prompt with up to
-// `filler_words` filler words; the answer lists the colours in order.
-template <typename Draw>
-nlohmann::json mixed_record(const fs::path& root, int64_t i, Draw& draw, int64_t filler_words) {
-  const int64_t images = draw(0, 4), words = draw(0, filler_words);
-  std::string prompt, answer;
-  std::vector<std::string> files;
-  for (int64_t k = 0; k < images; ++k) {
-    const int64_t c = draw(0, static_cast<int64_t>(std::size(kColours)) - 1);
-    const int64_t side = draw(0, 1) ? 8 : 40;  // small and large images: image tokens differ 25x
-    const std::string name = "img_" + std::to_string(i) + "_" + std::to_string(k) + ".png";
-    write_png(root / "images" / name, side, draw(8, 40), kColours[c].rgb);
-    files.push_back("images/" + name);
-    prompt += "<image>";
-    answer += std::string(k ? ", " : "") + kColours[c].name;
-  }
-  prompt += images ? "\nName the colours" : "Say that there is no picture";
-  for (int64_t w = 0; w < words; ++w) prompt += w % 2 ? " please" : " now";
-  answer = images ? "They are " + answer + "." : "There is no picture.";
-  nlohmann::json record = {{"id", "sample_" + std::to_string(i)},
-                           {"conversations", {{{"from", "human"}, {"value", prompt + "."}}, {{"from", "gpt"}, {"value", answer}}}}};
-  if (images == 1) record["image"] = files[0];
-  if (images > 1) record["images"] = files;
-  return record;
-}
-
-}  // namespace
 
 void fixture_mistral3_data(const std::string& out_dir, const Mistral3DataFixture& o) {
   if (o.samples < 1) fail("fixture mistral3: --samples must be >= 1, found ", o.samples);
@@ -94,7 +98,7 @@ void fixture_mistral3_data(const std::string& out_dir, const Mistral3DataFixture
     fail("fixture mistral3: need 1 <= --min-side <= --max-side, found ", o.min_side, " and ", o.max_side);
   const fs::path root(out_dir);
   fs::create_directories(root / "images");
-  write_tekken(root / "tekken.json");
+  write_fixture_tokenizer((root / "tekken.json").string());
   auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
   auto draw = [&](int64_t low, int64_t high) { return at::randint(low, high + 1, {1}, gen, at::kLong).item<int64_t>(); };
   const int64_t colours = std::size(kColours);
@@ -110,7 +114,7 @@ void fixture_mistral3_data(const std::string& out_dir, const Mistral3DataFixture
     for (int k = 0; k < (two_images ? 2 : 1); ++k) {
       const int64_t c = draw(0, colours - 1), h = draw(o.min_side, o.max_side), w = draw(o.min_side, o.max_side);
       const std::string name = "img_" + std::to_string(i) + "_" + std::to_string(k) + ".png";
-      write_png(root / "images" / name, h, w, kColours[c].rgb);
+      write_fixture_png((root / "images" / name).string(), c, h, w);
       files.push_back("images/" + name);
       widths.push_back(w);
       picked.push_back(c);

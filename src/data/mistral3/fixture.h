@@ -27,4 +27,11 @@ struct Mistral3DataFixture {
 
 void fixture_mistral3_data(const std::string& out_dir, const Mistral3DataFixture& options);
 
+// The set's pieces, shared with the preference set (data/mistral3/preference_fixture.cpp):
+void write_fixture_tokenizer(const std::string& path);  // the tekken.json above
+int64_t fixture_colours();                              // how many colours the images take
+const char* fixture_colour_name(int64_t colour);        // "red", ...
+// A PNG of colour `colour` under a texture.
+void write_fixture_png(const std::string& path, int64_t colour, int64_t height, int64_t width);
+
 }  // namespace mmtrain::mistral3

@@ -289,6 +289,13 @@ class Mistral3Model : public Model, public SplitsSequence, public IncrementalDec
     }
     h = rms_norm(h, norm->weight.value, c.rms_norm_eps);
     result.tokens = h.size(0);
+    if (batch.count(kSequenceLogProbsKey)) {
+      if (seq->is_split())
+        fail("batch '", kSequenceLogProbsKey, "': per-sequence log-probs under context parallelism are not implemented "
+             "(a preference objective needs parallel.context_parallel_size 1 for mistral3)");
+      sequence_log_probs(h, labels, stream, result);
+      return result;
+    }
     // A token-budget step divides by the supervised tokens of its whole global batch.
     const std::optional<double> normalizer = loss_normalizer(batch, 0);
     if (seq->is_split()) {
@@ -333,6 +340,28 @@ class Mistral3Model : public Model, public SplitsSequence, public IncrementalDec
     if (token < 0 || token >= c_.vocab_size) fail("mistral3 decode: token ", token, " outside the vocabulary");
     const auto ids = at::full({1, 1}, token, at::TensorOptions().dtype(at::kLong).device(embed_tokens->weight.value.device()));
     return run_cached(at::embedding(embed_tokens->weight.value, ids)[0], cache);
+  }
+
+  // Each sequence's Σ log p(label) over its supervised tokens (models/model.h): h [T, H] the
+  // whole stream, labels [B, S], stream its sequences' begins (rows or packed samples). Position t
+  // predicts labels[t + 1] within its row; a packed sample's first label is -100, so no position
+  // scores the next sample's first token.
+  void sequence_log_probs(const at::Tensor& h, const at::Tensor& labels, const std::vector<int64_t>& stream,
+                          ModelOutput& result) const {
+    const int64_t B = labels.size(0), S = labels.size(1), T = B * S;
+    auto shifted = at::cat({labels.narrow(1, 1, S - 1), at::full({B, 1}, -100, labels.options())}, 1).reshape({T}).to(at::kLong);
+    const int64_t chunk = c_.loss_chunk_size > 0 ? c_.loss_chunk_size : T;
+    const auto token_log_probs = chunked_linear_log_probs(h, lm_head->weight.value, shifted, chunk, -100);  // [T]
+    const int64_t sequences = static_cast<int64_t>(stream.size()) - 1;
+    if (stream.back() != T) fail("batch 'cu_seqlens' ends at ", stream.back(), ", not at the row's ", T, " tokens");
+    std::vector<int64_t> owner(static_cast<size_t>(T));
+    for (int64_t n = 0; n < sequences; ++n)
+      std::fill(owner.begin() + stream[n], owner.begin() + stream[n + 1], n);
+    const auto index = at::tensor(owner, at::kLong).to(h.device());
+    result.sequence_log_probs =
+        at::zeros({sequences}, token_log_probs.options()).index_add(0, index, token_log_probs);
+    result.sequence_tokens =
+        at::zeros({sequences}, token_log_probs.options()).index_add(0, index, (shifted != -100).to(at::kFloat));
   }
 
   // The loss over a split stream: local h [T_loc, H], labels [B, S] of the whole batch. Each rank

@@ -1,0 +1,43 @@
+#include "data/conversation/preference_collator.h"
+
+#include "core/error.h"
+#include "core/param_map.h"
+#include "data/conversation/vlm_collator.h"
+#include "models/model.h"
+
+namespace mmtrain::conversation {
+
+Batch PreferenceCollator::collate(const std::vector<Batch>& pairs, std::vector<at::Generator>& generators) const {
+  if (pairs.empty()) fail("preference collator: empty micro-batch");
+  std::vector<Batch> rows;
+  for (const char* side : {"chosen", "rejected"})
+    for (const auto& pair : pairs) {
+      if (!pair.count(std::string(side) + "_input_ids"))
+        fail("preference collator: an item without ", side, " sequences (use dataset_type preference)");
+      Batch row = {{"input_ids", batch_get(pair, std::string(side) + "_input_ids")},
+                   {"labels", batch_get(pair, std::string(side) + "_labels")}};
+      for (const char* key : {"pixel_values", "image_sizes"})
+        if (pair.count(key)) row[key] = batch_get(pair, key);
+      rows.push_back(std::move(row));
+    }
+  Batch out = VlmCollator(pad_token_id_).collate(rows, generators);
+  out[kPreferencePairsKey] = at::tensor(static_cast<int64_t>(pairs.size()), at::kLong);
+  return out;
+}
+
+namespace {
+
+const CollatorRegistration collator("preference", [](const DataConfig& data, const ModelConfig&) {
+  const ParamMap p(data.loader.collate_param, "data.dataloader_param.collate_param", "collator preference");
+  p.check_known_keys({"model_name", "pad_token_id"});
+  const int64_t pad = p.get_int("pad_token_id", kDefaultPadTokenId);
+  if (pad < 0) fail(p.where("pad_token_id"), ": expected an integer >= 0, found ", pad);
+  if (data.loader.micro_batch_tokens > 0)
+    fail("collator preference: data.dataloader_param.micro_batch_tokens is not supported yet (pairs are counted by "
+         "micro_batch_size)");
+  return std::make_shared<PreferenceCollator>(pad);
+});
+
+}  // namespace
+
+}  // namespace mmtrain::conversation

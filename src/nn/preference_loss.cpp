@@ -1,0 +1,95 @@
+#include "nn/preference_loss.h"
+
+#include "core/config_schema.h"
+#include "core/error.h"
+
+#include <cmath>
+
+namespace mmtrain {
+
+namespace {
+
+const std::vector<std::string> kLossTypes = {"sigmoid", "hinge", "ipo", "sigmoid_norm", "robust", "sft"};
+
+double sum_of(const at::Tensor& t) { return t.detach().to(at::kDouble).sum().item<double>(); }
+
+}  // namespace
+
+void DpoConfig::declare(ConfigSection<DpoConfig>& s) {
+  s.field("beta", &DpoConfig::beta)
+      .field("loss_type", &DpoConfig::loss_type)
+      .field("loss_weights", &DpoConfig::loss_weights)
+      .field("label_smoothing", &DpoConfig::label_smoothing)
+      .field("rpo_alpha", &DpoConfig::rpo_alpha)
+      .check([](const DpoConfig& c, const ConfigCheck& check) {
+        const auto number = ConfigCheck::number;
+        if (!(c.beta > 0.0) || !std::isfinite(c.beta)) check.invalid("beta", "a positive number", number(c.beta));
+        if (c.loss_type.empty()) check.invalid("loss_type", "one or more of the loss types", "an empty list");
+        for (const auto& type : c.loss_type) check.one_of("loss_type", type, kLossTypes);
+        if (!c.loss_weights.empty() && c.loss_weights.size() != c.loss_type.size())
+          check.invalid("loss_weights", "one weight per loss_type (" + std::to_string(c.loss_type.size()) + ")",
+                        std::to_string(c.loss_weights.size()) + " weights");
+        for (double w : c.loss_weights)
+          if (!std::isfinite(w)) check.invalid("loss_weights", "finite numbers", number(w));
+        if (!(c.label_smoothing >= 0.0 && c.label_smoothing < 0.5))
+          check.invalid("label_smoothing", "in [0, 0.5) (the robust loss divides by 1 - 2 x label_smoothing)",
+                        number(c.label_smoothing));
+        if (!(c.rpo_alpha >= 0.0) || !std::isfinite(c.rpo_alpha))
+          check.invalid("rpo_alpha", ">= 0 (0: no SFT term)", number(c.rpo_alpha));
+      });
+}
+
+DpoLoss dpo_loss(const DpoConfig& c, const PairLogProbs& p) {
+  const int64_t pairs = p.chosen.size(0);
+  if (pairs == 0 || p.rejected.size(0) != pairs || p.ref_chosen.size(0) != pairs || p.ref_rejected.size(0) != pairs)
+    fail("dpo_loss: expected the same positive number of chosen and rejected sequences, got ", p.chosen.sizes(), " and ",
+         p.rejected.sizes());
+  const auto chosen_ratio = p.chosen - p.ref_chosen;        // [P]
+  const auto rejected_ratio = p.rejected - p.ref_rejected;  // [P]
+  const auto delta = chosen_ratio - rejected_ratio;
+  const double beta = c.beta, eps = c.label_smoothing;
+  // The length-normalized difference of ipo and sigmoid_norm (each answer at least one token).
+  auto normalized_delta = [&] {
+    return chosen_ratio / p.chosen_tokens.clamp_min(1.0) - rejected_ratio / p.rejected_tokens.clamp_min(1.0);
+  };
+  std::vector<std::string> types = c.loss_type;
+  std::vector<double> weights = c.loss_weights.empty() ? std::vector<double>(types.size(), 1.0) : c.loss_weights;
+  if (c.rpo_alpha > 0.0) {
+    types.push_back("sft");
+    weights.push_back(c.rpo_alpha);
+  }
+  at::Tensor loss = at::zeros({}, p.chosen.options());
+  for (size_t k = 0; k < types.size(); ++k) {
+    const auto& type = types[k];
+    at::Tensor per_pair;
+    if (type == "sigmoid") {
+      per_pair = -at::log_sigmoid(beta * delta);
+    } else if (type == "hinge") {
+      per_pair = at::relu(1.0 - beta * delta);
+    } else if (type == "ipo") {
+      per_pair = at::pow(normalized_delta() - 1.0 / (2.0 * beta), 2);
+    } else if (type == "sigmoid_norm") {
+      per_pair = -at::log_sigmoid(beta * normalized_delta());
+    } else if (type == "robust") {
+      per_pair = (-(1.0 - eps) * at::log_sigmoid(beta * delta) + eps * at::log_sigmoid(-beta * delta)) / (1.0 - 2.0 * eps);
+    } else if (type == "sft") {
+      per_pair = (-p.chosen.sum() / p.chosen_tokens.sum().clamp_min(1.0)).expand({pairs});
+    } else {
+      fail("dpo_loss: unknown loss_type '", type, "'");
+    }
+    loss = loss + per_pair.mean() * weights[k];
+  }
+  DpoLoss out;
+  out.loss = loss;
+  const auto chosen_rewards = beta * chosen_ratio.detach(), rejected_rewards = beta * rejected_ratio.detach();
+  out.metric_sums = {{"rewards/chosen", sum_of(chosen_rewards)},
+                     {"rewards/rejected", sum_of(rejected_rewards)},
+                     {"rewards/accuracies", sum_of((chosen_rewards > rejected_rewards).to(at::kFloat))},
+                     {"rewards/margins", sum_of(chosen_rewards - rejected_rewards)},
+                     {"logps/chosen", sum_of(p.chosen)},
+                     {"logps/rejected", sum_of(p.rejected)},
+                     {kPairCountMetric, static_cast<double>(pairs)}};
+  return out;
+}
+
+}  // namespace mmtrain

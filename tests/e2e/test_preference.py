@@ -1,0 +1,95 @@
+"""Preference data and the dpo objective's edges (docs/preference.md): the preference set's drops by
+reason, the collator's rows (chosen then rejected, only the answers supervised, each row's images),
+a short DPO run's TRL metrics, and every setting the objective does not support refused by name
+before anything is built. (The numbers against TRL: tests/parity/test_dpo_trl.py.)"""
+import json
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from conftest import read_metrics, run_mmtrain, write_config
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "magistral" / "magistral_dpo_tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def dpo_setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("preference")
+    config = EXAMPLE.read_text().replace("runs/magistral_dpo_tiny", str(tmp)).replace("train_iters: 40", "train_iters: 2")
+    cfg = write_config(tmp / "dpo.yaml", config)
+    run_mmtrain(["fixture", "mistral3-weights", "--config", str(cfg), "--out", str(tmp / "base")])
+    run_mmtrain(["fixture", "mistral3-preferences", "--out", str(tmp / "data"), "--pairs", "6", "--bad-records"])
+    return tmp, cfg
+
+
+def test_the_collator_puts_chosen_rows_then_rejected_with_only_the_answers_supervised(dpo_setup):
+    tmp, cfg = dpo_setup
+    out = tmp / "batch.safetensors"
+    run_mmtrain(["debug", "collate", str(cfg), "--out", str(out)])
+    batch = load_file(str(out))
+    with safe_open(str(out), "pt") as f:
+        indices = [int(i) for i in f.metadata()["sample_indices"].split(",")]
+    pairs = int(batch["preference_pairs"])
+    assert pairs == 4 and batch["input_ids"].shape[0] == 2 * pairs and len(indices) == pairs
+    records = json.loads((tmp / "data" / "preferences.json").read_text())  # the good pairs come first
+    for i, record in enumerate(records[k] for k in indices):
+        chosen, rejected = batch["labels"][i], batch["labels"][pairs + i]
+        for row, side in ((chosen, "chosen"), (rejected, "rejected")):
+            # The fixture's tokenizer: 20 control tokens, then one token per byte.
+            supervised = bytes(int(t) - 20 for t in row[row != -100][:-1]).decode()  # the answer, then </s>
+            assert supervised == record[side][-1]["content"], (i, side)
+            assert int(row[row != -100][-1]) == 2  # </s>
+        first_answer = int((chosen != -100).nonzero()[0])
+        assert first_answer == int((rejected != -100).nonzero()[0])  # one prompt
+        assert batch["input_ids"][i][:first_answer].tolist() == batch["input_ids"][pairs + i][:first_answer].tolist()
+    assert batch["pixel_values"].shape[0] == 2 * pairs  # one image a record, in each of its two rows
+
+
+def test_a_dpo_run_records_trls_metrics_and_the_set_says_what_it_dropped(dpo_setup):
+    tmp, cfg = dpo_setup
+    proc = run_mmtrain(["train", str(cfg)])
+    for reason in ("identical answers", "empty answer", "answer is not one assistant message", "malformed record",
+                   "a sequence of the pair dropped", "image file missing", "longer than cutoff_len"):
+        assert reason in proc.stdout, reason
+    assert "reward accuracy" in proc.stdout
+    records = read_metrics(tmp)
+    assert len(records) == 2
+    for r in records:
+        for key in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+                    "logps/rejected"):
+            assert key in r, key
+        # LoRA starts at the base (lora_B = 0): the first step's policy is the reference.
+    assert records[0]["rewards/chosen"] == 0 and records[0]["loss"] == pytest.approx(0.6931472, abs=1e-6)
+    assert records[1]["rewards/margins"] != 0
+
+
+@pytest.mark.parametrize("override,message", [
+    ("features.enable_lora=false", "needs features.enable_lora"),
+    ("features.lora.modules_to_save=[model.multi_modal_projector]", "with features.lora.modules_to_save"),
+    ("training.eval_interval=1", "held-out preference evaluation is not implemented yet"),
+    ("training.dpo.loss_type=[kto]", "training.dpo.loss_type"),
+    ("training.dpo.label_smoothing=0.5", "training.dpo.label_smoothing"),
+    ("training.objective=ppo", "training.objective"),
+])
+def test_what_the_objective_does_not_support_is_refused_by_name(dpo_setup, override, message):
+    tmp, cfg = dpo_setup
+    proc = run_mmtrain(["train", str(cfg), "--set", override, "--set", f"logging.output_dir={tmp / 'refused'}"],
+                       check=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp / "refused" / "metrics.jsonl").exists()
+
+
+def test_sft_data_under_dpo_and_eval_of_a_preference_config_are_refused(dpo_setup):
+    tmp, cfg = dpo_setup
+    run_mmtrain(["fixture", "mistral3", "--out", str(tmp / "sft"), "--samples", "4"])
+    sft = ["--set", "data.dataset_param.dataset_type=huggingface", "--set",
+           f"data.dataset_param.basic_parameters.dataset={tmp / 'sft' / 'conversations.json'}",
+           "--set", "data.dataloader_param.collator_id=pixtral", "--set", f"logging.output_dir={tmp / 'sft_run'}",
+           "--set", "training.save="]
+    proc = run_mmtrain(["train", str(cfg), *sft], check=False)
+    assert proc.returncode != 0 and "holds no preference pairs" in proc.stderr, proc.stderr[-2000:]
+    proc = run_mmtrain(["eval", str(cfg), "--load", str(tmp / "base"), "--set", "data.validation_split=0.5"], check=False)
+    assert proc.returncode != 0 and "evaluating a preference set is not implemented yet" in proc.stderr, proc.stderr[-2000:]
