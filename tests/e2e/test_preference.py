@@ -64,6 +64,16 @@ def test_a_dpo_run_records_trls_metrics_and_the_set_says_what_it_dropped(dpo_set
         # LoRA starts at the base (lora_B = 0): the first step's policy is the reference.
     assert records[0]["rewards/chosen"] == 0 and records[0]["loss"] == pytest.approx(0.6931472, abs=1e-6)
     assert records[1]["rewards/margins"] != 0
+    # `logs plot` draws the reward panels: the figure spec the plotter gets carries their series.
+    spy = tmp / "spy" / "mmtrain_py" / "plots"
+    spy.mkdir(parents=True)
+    for package in (spy.parent, spy):
+        (package / "__init__.py").write_text("")
+    (spy / "figures.py").write_text(f"import sys\nopen({str(tmp / 'spec.json')!r}, 'w').write(sys.stdin.read())\n")
+    run_mmtrain(["logs", "plot", str(tmp), "--out", str(tmp / "spied.png")],
+                env_extra={"MMTRAIN_PYTHON_PACKAGE": str(tmp / "spy")})
+    series = json.loads((tmp / "spec.json").read_text())["runs"][0]["series"]
+    assert all(k in series for k in ("rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected"))
 
 
 @pytest.mark.parametrize("override,message", [
@@ -93,3 +103,24 @@ def test_sft_data_under_dpo_and_eval_of_a_preference_config_are_refused(dpo_setu
     assert proc.returncode != 0 and "holds no preference pairs" in proc.stderr, proc.stderr[-2000:]
     proc = run_mmtrain(["eval", str(cfg), "--load", str(tmp / "base"), "--set", "data.validation_split=0.5"], check=False)
     assert proc.returncode != 0 and "evaluating a preference set is not implemented yet" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_dpo_run_resumes_bitwise_and_runs_over_a_quantized_base(dpo_setup):
+    """Stopped after step 1 and resumed, a DPO run's step 2 is the straight run's, bit for bit; under
+    QLoRA (nf4 base) the adapters-off reference is the quantized base, so step 1 is again the reference
+    itself (rewards 0, loss log 2)."""
+    tmp, cfg = dpo_setup
+    straight = ["--set", f"logging.output_dir={tmp / 'straight'}", "--set", f"training.save={tmp / 'straight_ckpt'}"]
+    run_mmtrain(["train", str(cfg), *straight])
+    split = ["--set", f"logging.output_dir={tmp / 'split'}", "--set", f"training.save={tmp / 'split_ckpt'}",
+             "--set", "training.save_interval=1"]
+    run_mmtrain(["train", str(cfg), *split, "--set", "training.exit_interval=1"])
+    run_mmtrain(["train", str(cfg), *split, "--set", "training.load=auto"])
+    keys = ("loss", "grad_norm", "rewards/chosen", "rewards/margins", "logps/rejected")
+    assert [[r[k] for k in keys] for r in read_metrics(tmp / "split")] == \
+        [[r[k] for k in keys] for r in read_metrics(tmp / "straight")]
+    run_mmtrain(["train", str(cfg), "--set", "features.lora.base_quant=nf4", "--set", f"logging.output_dir={tmp / 'nf4'}",
+                 "--set", "training.save="])
+    first, second = read_metrics(tmp / "nf4")
+    assert first["rewards/chosen"] == 0 and first["loss"] == pytest.approx(0.6931472, abs=1e-6)
+    assert second["rewards/margins"] != 0

@@ -28,6 +28,11 @@ RUN_PANELS = [
     ("peak_rss_mb", "peak RSS per rank (MiB)", 1.0),
     ("dp_compute_imbalance", "rank imbalance (max / mean)", 1.0),
     ("budget_fill", "token budget fill (%)", 100.0),
+    # A preference objective's (TRL's names, docs/preference.md).
+    ("rewards/accuracies", "reward accuracy (%)", 100.0),
+    ("rewards/margins", "reward margin", 1.0),
+    ("rewards/chosen", "reward of the chosen answers", 1.0),
+    ("rewards/rejected", "reward of the rejected answers", 1.0),
 ]
 
 

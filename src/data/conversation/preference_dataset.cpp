@@ -172,7 +172,12 @@ std::string PreferenceDataset::summary() const {
   s << "dataset " << kDatasetType << " " << options_.dataset_file << ": " << records_ << " records, " << pairs_.size()
     << " pairs kept, " << dropped << " dropped";
   for (const auto& [reason, count] : dropped_) s << "; " << count << " " << reason << " (first: " << first_example_.at(reason) << ")";
-  if (sequences_) s << "; sequences: " << sequences_->summary();
+  if (sequences_) {  // the pairs' sequences the conversation data dropped, by its reasons
+    int64_t dropped_sequences = 0;
+    for (const auto& [reason, count] : sequences_->dropped()) dropped_sequences += count;
+    s << "; of their " << sequences_->records() << " sequences (chosen and rejected) " << dropped_sequences << " dropped";
+    for (const auto& [reason, count] : sequences_->dropped()) s << "; " << count << " " << reason;
+  }
   return s.str();
 }
 
