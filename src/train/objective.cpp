@@ -69,7 +69,13 @@ MicroBatchForward objective_forward(const Config& config) {
 }
 
 void check_objective(const Config& config) {
-  if (config.training.objective == "sft") return;
+  if (config.training.objective == "sft") {
+    // SFT on pairs would imitate the rejected answers as much as the chosen ones.
+    if (config.data.dataset_type == "preference" || config.data.collate_model_name == "preference")
+      fail("config ", config.source_path, ": preference pairs (dataset_type / collator preference) train with ",
+           "training.objective dpo, not sft");
+    return;
+  }
   const std::string where = "config " + config.source_path + ": training.objective " + config.training.objective;
   if (!config.features.enable_lora)
     fail(where, " needs features.enable_lora: the reference is the base with the adapters off (a frozen reference ",

@@ -83,6 +83,7 @@ def test_a_dpo_run_records_trls_metrics_and_the_set_says_what_it_dropped(dpo_set
     ("training.dpo.loss_type=[kto]", "training.dpo.loss_type"),
     ("training.dpo.label_smoothing=0.5", "training.dpo.label_smoothing"),
     ("training.objective=ppo", "training.objective"),
+    ("training.objective=sft", "train with training.objective dpo, not sft"),
 ])
 def test_what_the_objective_does_not_support_is_refused_by_name(dpo_setup, override, message):
     tmp, cfg = dpo_setup

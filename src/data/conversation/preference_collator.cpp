@@ -1,7 +1,6 @@
 #include "data/conversation/preference_collator.h"
 
 #include "core/error.h"
-#include "core/param_map.h"
 #include "data/conversation/vlm_collator.h"
 #include "models/model.h"
 
@@ -28,10 +27,7 @@ Batch PreferenceCollator::collate(const std::vector<Batch>& pairs, std::vector<a
 namespace {
 
 const CollatorRegistration collator("preference", [](const DataConfig& data, const ModelConfig&) {
-  const ParamMap p(data.loader.collate_param, "data.dataloader_param.collate_param", "collator preference");
-  p.check_known_keys({"model_name", "pad_token_id"});
-  const int64_t pad = p.get_int("pad_token_id", kDefaultPadTokenId);
-  if (pad < 0) fail(p.where("pad_token_id"), ": expected an integer >= 0, found ", pad);
+  const int64_t pad = collate_pad_token_id(data, "preference");
   if (data.loader.micro_batch_tokens > 0)
     fail("collator preference: data.dataloader_param.micro_batch_tokens is not supported yet (pairs are counted by "
          "micro_batch_size)");

@@ -95,16 +95,20 @@ Batch VlmCollator::collate(const std::vector<Batch>& samples, std::vector<at::Ge
   return out;
 }
 
+int64_t collate_pad_token_id(const DataConfig& data, const std::string& collator) {
+  const ParamMap p(data.loader.collate_param, "data.dataloader_param.collate_param", "collator " + collator);
+  p.check_known_keys({"model_name", "pad_token_id"});
+  const int64_t pad = p.get_int("pad_token_id", kDefaultPadTokenId);
+  if (pad < 0) fail(p.where("pad_token_id"), ": expected an integer >= 0, found ", pad);
+  return pad;
+}
+
 namespace {
 
 // The seed's collator_id for Magistral; it serves any VLM's conversation items.
 const CollatorRegistration collator("pixtral", [](const DataConfig& data, const ModelConfig&) {
-  const ParamMap p(data.loader.collate_param, "data.dataloader_param.collate_param", "collator pixtral");
-  p.check_known_keys({"model_name", "pad_token_id"});
-  const int64_t pad = p.get_int("pad_token_id", kDefaultPadTokenId);
-  if (pad < 0) fail(p.where("pad_token_id"), ": expected an integer >= 0, found ", pad);
   // A token budget counts the tokens computed: a padded micro-batch would compute more.
-  return std::make_shared<VlmCollator>(pad, /*pack=*/data.loader.micro_batch_tokens > 0);
+  return std::make_shared<VlmCollator>(collate_pad_token_id(data, "pixtral"), /*pack=*/data.loader.micro_batch_tokens > 0);
 });
 
 }  // namespace

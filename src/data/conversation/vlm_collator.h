@@ -22,6 +22,10 @@ namespace mmtrain::conversation {
 // do: padded positions carry label -100 and follow every real token of their row.
 inline constexpr int64_t kDefaultPadTokenId = 11;
 
+// collate_param's pad_token_id (default kDefaultPadTokenId), its keys checked (model_name,
+// pad_token_id) for the collator named `collator`.
+int64_t collate_pad_token_id(const DataConfig& data, const std::string& collator);
+
 class VlmCollator : public Collator {
  public:
   explicit VlmCollator(int64_t pad_token_id, bool pack = false) : pad_token_id_(pad_token_id), pack_(pack) {}
