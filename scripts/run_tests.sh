@@ -27,4 +27,4 @@ stage portable-configure portable_configure
 # full CUDA build is scripts/build_cuda.sh).
 stage cuda-compile .venv/bin/python scripts/check_cuda_compile.py "$BUILD_DIR"
 stage ctest bash -c "cd '$BUILD_DIR' && ctest --output-on-failure --timeout 900"
-stage pytest .venv/bin/python -m pytest -q tests/parity tests/e2e
+stage pytest .venv/bin/python -m pytest -q --durations=20 tests/parity tests/e2e

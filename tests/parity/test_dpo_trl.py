@@ -84,13 +84,15 @@ def setup(tmp_path_factory):
 
 
 def micro_batches(tmp: Path, cfg: Path, step: int, world: int) -> list[dict]:
-    """Every rank's micro-batches of `step`, as mmtrain's loader makes them."""
+    """Every rank's micro-batches of `step`, as mmtrain's loader makes them (the data settings are
+    every run's: written once per world size and step)."""
     out = []
     for rank in range(world):
         for micro in range(PAIRS_PER_STEP // (PAIRS_PER_MICRO * world)):
-            path = tmp / f"batch_{cfg.stem}_{step}_{rank}_{micro}.safetensors"
-            run_mmtrain(["debug", "collate", str(cfg), "--out", str(path), "--step", str(step), "--micro", str(micro),
-                         "--rank", str(rank), "--world", str(world)])
+            path = tmp / f"batch_w{world}_{step}_{rank}_{micro}.safetensors"
+            if not path.exists():
+                run_mmtrain(["debug", "collate", str(cfg), "--out", str(path), "--step", str(step), "--micro",
+                             str(micro), "--rank", str(rank), "--world", str(world)])
             out.append(load_file(str(path)))
     return out
 
