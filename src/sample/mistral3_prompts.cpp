@@ -23,10 +23,12 @@ namespace fs = std::filesystem;
 
 Mistral3Prompts read_mistral3_prompts(const Config& config, const std::string& path, const std::string& image_dir) {
   DataConfig data = config.data;
-  if (data.dataset_type != "huggingface")
+  // A preference set (a DPO run's) encodes its conversations as the conversation data does.
+  if (data.dataset_type != "huggingface" && data.dataset_type != "preference")
     fail("mistral3 prompts ", path, ": config ", config.source_path,
          ": data.dataset_param.dataset_type must be the conversation data ",
-         "set (huggingface), found '", data.dataset_type, "': the prompts are read with its template and images");
+         "set (huggingface or preference), found '", data.dataset_type,
+         "': the prompts are read with its template and images");
   auto& basic = data.dataset_param["basic_parameters"];
   basic["dataset"] = path;
   if (!image_dir.empty()) basic["dataset_dir"] = image_dir;

@@ -125,3 +125,23 @@ def test_a_dpo_run_resumes_bitwise_and_runs_over_a_quantized_base(dpo_setup):
     first, second = read_metrics(tmp / "nf4")
     assert first["rewards/chosen"] == 0 and first["loss"] == pytest.approx(0.6931472, abs=1e-6)
     assert second["rewards/margins"] != 0
+
+
+def test_a_dpo_checkpoint_samples_and_exports_as_after_sft(dpo_setup):
+    """`sample mistral3`, `lora-to-peft` and `merge-lora` take a DPO run's checkpoint and config as
+    they take an SFT run's (the prompts are read with the preference set's template and images)."""
+    tmp, cfg = dpo_setup
+    run_mmtrain(["train", str(cfg), "--set", f"logging.output_dir={tmp / 'export'}", "--set",
+                 f"training.save={tmp / 'export_ckpt'}"])
+    prompts = tmp / "data" / "prompts.jsonl"
+    prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "<image>\nWhat colour is this picture?"}],
+                                   "images": ["images/img_0.png"]}) + "\n")
+    run_mmtrain(["sample", "mistral3", str(cfg), "--load", str(tmp / "export_ckpt"), "--prompts", str(prompts),
+                 "--out", str(tmp / "answers"), "--max-new-tokens", "4"])
+    assert len((tmp / "answers" / "completions.jsonl").read_text().splitlines()) == 1
+    run_mmtrain(["convert", "mistral3", "lora-to-peft", "--load_dir", str(tmp / "export_ckpt"), "--save_dir",
+                 str(tmp / "export_peft")])
+    run_mmtrain(["convert", "mistral3", "merge-lora", "--load_dir", str(tmp / "export_ckpt"), "--save_dir",
+                 str(tmp / "export_merged")])
+    assert (tmp / "export_peft" / "adapter_model.safetensors").exists()
+    assert (tmp / "export_merged" / "model.safetensors").exists()
