@@ -39,6 +39,12 @@ void DpoConfig::declare(ConfigSection<DpoConfig>& s) {
       });
 }
 
+const std::vector<std::string>& dpo_metric_names() {
+  static const std::vector<std::string> names = {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
+                                                 "rewards/margins", "logps/chosen", "logps/rejected", kPairCountMetric};
+  return names;
+}
+
 DpoLoss dpo_loss(const DpoConfig& c, const PairLogProbs& p) {
   const int64_t pairs = p.chosen.size(0);
   if (pairs == 0 || p.rejected.size(0) != pairs || p.ref_chosen.size(0) != pairs || p.ref_rejected.size(0) != pairs)

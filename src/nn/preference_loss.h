@@ -45,6 +45,9 @@ struct PairLogProbs {
 // logps/chosen, logps/rejected.
 inline constexpr const char* kPairCountMetric = "pairs";
 
+// The keys of DpoLoss::metric_sums, in a fixed order (for reductions over ranks).
+const std::vector<std::string>& dpo_metric_names();
+
 struct DpoLoss {
   at::Tensor loss;                        // scalar, with grad
   std::map<std::string, double> metric_sums;  // the keys above, and "pairs"

@@ -11,6 +11,8 @@ nlohmann::json EvalRecord::to_json() const {
   out["eval_tokens"] = supervised;
   out["eval_samples"] = samples;
   out["eval_time_ms"] = time_ms;
+  if (objective.is_object())
+    for (const auto& [key, value] : objective.items()) out["eval_" + key] = value;
   return out;
 }
 

@@ -29,6 +29,9 @@ struct EvalRecord {
   int64_t supervised = 0;     // eval_tokens (language model: supervised tokens) or supervised elements
   int64_t samples = 0;        // eval_samples: held-out samples read (each at every timestep)
   double time_ms = 0;         // eval_time_ms
+  // A preference objective's metrics over the held-out pairs under TRL's names (train/objective.h),
+  // written with TRL's eval_ prefix: eval_rewards/accuracies, ...
+  nlohmann::json objective;
 
   nlohmann::json to_json() const;
 };

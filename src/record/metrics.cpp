@@ -110,10 +110,15 @@ void MetricsLog::record(const EvalRecord& eval) {
   for (const auto& [name, value] : eval.terms) scalars.emplace_back("eval/loss_" + name, value);
   for (const auto& [name, value] : eval.timesteps) scalars.emplace_back("eval/loss_" + name, value);
   if (eval.ppl) scalars.emplace_back("eval/ppl", *eval.ppl);
+  if (eval.objective.is_object())
+    for (const auto& [name, value] : eval.objective.items())
+      if (value.is_number()) scalars.emplace_back("eval/" + name, value.get<double>());
   if (tensorboard_) tensorboard_->scalars(eval.iteration, scalars);
   std::string line = format(" evaluation after iteration %8lld | eval loss: %.6E", static_cast<long long>(eval.iteration),
                             eval.loss);
   if (eval.ppl) line += format(" | eval ppl: %.4f", *eval.ppl);
+  if (eval.objective.contains("rewards/accuracies"))
+    line += format(" | eval reward accuracy: %.3f", eval.objective["rewards/accuracies"].get<double>());
   for (const auto& [name, value] : eval.terms) line += format(" | %s: %.6E", name.c_str(), value);
   line += format(" | samples: %lld | time (ms): %.1f", static_cast<long long>(eval.samples), eval.time_ms);
   if (!std::isfinite(eval.loss)) line += " | warning: the validation loss is not finite";

@@ -101,9 +101,6 @@ void add_eval_commands(CLI::App& app, Commands& commands) {
   o->overrides.add_options(eval, "training.eval_iters=4");
   commands.add(eval, [o] {
     Config config = load_tool_config(o->config_path, o->overrides.resolved(), "", "eval");
-    if (config.training.objective != "sft")
-      fail("eval: config ", config.source_path, ": training.objective ", config.training.objective,
-           ": evaluating a preference set is not implemented yet (eval measures the model's own loss)");
     if (config.data.validation.empty() && config.data.validation_split == 0.0)
       fail("eval: config ", config.source_path, " names no validation set: set data.validation (a data set section) ",
            "or data.validation_split");

@@ -6,7 +6,9 @@
 #include "core/text.h"
 #include "data/held_out.h"
 #include "io/user_file.h"
+#include "nn/preference_loss.h"
 #include "train/build.h"
+#include "train/objective.h"
 
 #include <ATen/ATen.h>
 
@@ -152,13 +154,68 @@ void eval_losses(const EvalSums& reduced, const std::vector<double>& quantiles, 
   if (quantiles.empty()) record.ppl = std::exp(std::min(20.0, loss));
 }
 
+std::vector<int64_t> Evaluator::rank_samples(int64_t g, int dp_rank, int dp, bool& padding) const {
+  std::vector<int64_t> mine;
+  for (int64_t i = 0; i < micro_; ++i) {
+    const int64_t position = g * micro_ * dp + dp_rank * micro_ + i;
+    if (position < dataset_->size()) mine.push_back(position);
+  }
+  padding = mine.empty();
+  if (padding) mine.push_back(0);
+  return mine;
+}
+
+EvalRecord Evaluator::evaluate_objective(Run& run, int64_t iteration) {
+  const auto began = std::chrono::steady_clock::now();
+  at::NoGradGuard no_grad;
+  const auto forward = objective_forward(run.config);
+  const int dp = run.mesh->dp_size(), dp_rank = run.mesh->dp_rank();
+  double loss_sum = 0, tokens = 0;
+  std::map<std::string, double> metric_sums;
+  for (int64_t g = 0; g < global_batches_; ++g) {
+    bool padding = false;
+    std::vector<Batch> samples;
+    for (const int64_t index : rank_samples(g, dp_rank, dp, padding)) samples.push_back(dataset_->get(index));
+    std::vector<at::Generator> generators(samples.size());
+    Batch batch = collator_->collate(samples, generators);
+    for (auto& [key, tensor] : batch) tensor = tensor.to(run.comm().device());
+    const ModelOutput out = forward(*run.model, *run.fsdp, batch);
+    run.fsdp->finish_forward_only();
+    if (padding) continue;
+    const double pairs = out.metrics.at(kPairCountMetric);
+    loss_sum += out.loss.item<double>() * pairs;
+    tokens += run.model->loss_counts(batch).at(0);
+    for (const auto& [key, value] : out.metrics) metric_sums[key] += value;
+  }
+  run.fsdp->take_comm_wait_ms();  // the evaluation's waits are not the next step's
+  // [loss sum, tokens, the metric sums by key]: every rank has the same keys (a padding rank none:
+  // it adds zeros); a context-parallel group holds one micro-batch, counted world / dp times.
+  const auto& keys = dpo_metric_names();
+  std::vector<double> flat = {loss_sum, tokens};
+  for (const auto& key : keys) flat.push_back(metric_sums.count(key) ? metric_sums.at(key) : 0.0);
+  flat = run.comm().all_reduce_sum(flat);
+  const double replicas = static_cast<double>(run.comm().world_size() / dp);
+  for (double& value : flat) value /= replicas;
+  std::map<std::string, double> totals;
+  for (size_t i = 0; i < keys.size(); ++i) totals[keys[i]] = flat[2 + i];
+  const double pairs = totals.at(kPairCountMetric);
+  EvalRecord record;
+  record.iteration = iteration;
+  record.loss = pairs > 0 ? flat[0] / pairs : 0.0;
+  record.supervised = static_cast<int64_t>(flat[1]);
+  record.samples = static_cast<int64_t>(pairs);
+  record.objective = objective_metrics(totals);
+  record.time_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count();
+  return record;
+}
+
 EvalRecord Evaluator::evaluate(Run& run, int64_t iteration) {
+  if (run.config.training.objective != "sft") return evaluate_objective(run, iteration);
   const auto began = std::chrono::steady_clock::now();
   at::NoGradGuard no_grad;
   Model& model = *run.model;
   const int dp = run.mesh->dp_size(), dp_rank = run.mesh->dp_rank();
   const int world = run.comm().world_size();
-  const int64_t size = dataset_->size(), per_global = micro_ * dp;
   const size_t slots = sigmas_.empty() ? 1 : sigmas_.size();
   const auto term_names = model.loss_term_names();
   const size_t terms = std::max<size_t>(1, term_names.size());
@@ -166,15 +223,8 @@ EvalRecord Evaluator::evaluate(Run& run, int64_t iteration) {
                  std::vector<std::vector<double>>(slots, std::vector<double>(terms, 0.0))};
   int64_t samples_read = 0;
   for (int64_t g = 0; g < global_batches_; ++g) {
-    // This rank's samples of global batch g; a rank past the end of the set still runs a forward
-    // (FSDP's gathers are collective) on sample 0, whose sums are left out.
-    std::vector<int64_t> mine;
-    for (int64_t i = 0; i < micro_; ++i) {
-      const int64_t position = g * per_global + dp_rank * micro_ + i;
-      if (position < size) mine.push_back(position);
-    }
-    const bool padding = mine.empty();
-    if (padding) mine.push_back(0);
+    bool padding = false;
+    const std::vector<int64_t> mine = rank_samples(g, dp_rank, dp, padding);
     std::vector<Batch> samples;
     for (const int64_t index : mine) samples.push_back(dataset_->get(index));
     if (!padding) samples_read += static_cast<int64_t>(mine.size());

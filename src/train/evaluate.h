@@ -15,6 +15,8 @@
 //                    distribution (Collator::timestep_quantile), noise from (seed, sample, timestep
 //                    index) alone; eval_loss_t<q> = Σ_terms term mean at that timestep,
 //                    eval_loss = their mean over timesteps, eval_loss_<term> each term's mean.
+//   preference objective (training.objective dpo): eval_loss = the objective's loss over the held-out
+//                    pairs (each micro-batch's weighted by its pairs), eval_rewards/... its metrics.
 // The training RNG, data order and loader are untouched: a run with evaluation trains bitwise
 // like one without.
 #pragma once
@@ -48,6 +50,12 @@ class Evaluator {
   // Under a token budget: one sample per micro-batch, and the validation samples over the budget
   // refused or left out (over_budget_samples).
   void keep_within_budget(const Run& run, int64_t budget);
+  // This rank's samples of global batch g; a rank past the end of the set gets sample 0 and
+  // `padding` (it still runs a forward: FSDP's gathers are collective; its sums are left out).
+  std::vector<int64_t> rank_samples(int64_t g, int dp_rank, int dp, bool& padding) const;
+  // training.objective dpo: the objective's loss and metrics over the held-out pairs
+  // (train/objective.h), each micro-batch's loss weighted by its pairs.
+  EvalRecord evaluate_objective(Run& run, int64_t iteration);
 
   const Config* config_ = nullptr;
   std::shared_ptr<Dataset> dataset_;

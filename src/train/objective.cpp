@@ -86,8 +86,6 @@ void check_objective(const Config& config) {
   if (config.data.loader.micro_batch_tokens > 0)
     fail(where, " with data.dataloader_param.micro_batch_tokens: token-budget micro-batches of preference pairs are "
          "not implemented yet (use micro_batch_size pairs)");
-  if (config.training.eval_interval > 0 || config.training.eval_at_start)
-    fail(where, " with training.eval_interval / eval_at_start: held-out preference evaluation is not implemented yet");
 }
 
 nlohmann::json objective_metrics(const std::map<std::string, double>& sums) {

@@ -28,8 +28,7 @@ using MicroBatchForward = std::function<ModelOutput(Model& model, Fsdp& fsdp, co
 MicroBatchForward objective_forward(const Config& config);
 
 // Refuses, by name and before anything is built, an objective with a setting it does not support
-// (dpo: without LoRA, with modules_to_save, token budgets, held-out evaluation; sft: preference
-// pairs).
+// (dpo: without LoRA, with modules_to_save, token budgets; sft: preference pairs).
 void check_objective(const Config& config);
 
 // The step's objective metrics (TRL's names) from their sums over its micro-batches and ranks:

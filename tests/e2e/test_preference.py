@@ -79,7 +79,6 @@ def test_a_dpo_run_records_trls_metrics_and_the_set_says_what_it_dropped(dpo_set
 @pytest.mark.parametrize("override,message", [
     ("features.enable_lora=false", "needs features.enable_lora"),
     ("features.lora.modules_to_save=[model.multi_modal_projector]", "with features.lora.modules_to_save"),
-    ("training.eval_interval=1", "held-out preference evaluation is not implemented yet"),
     ("training.dpo.loss_type=[kto]", "training.dpo.loss_type"),
     ("training.dpo.label_smoothing=0.5", "training.dpo.label_smoothing"),
     ("training.objective=ppo", "training.objective"),
@@ -93,7 +92,7 @@ def test_what_the_objective_does_not_support_is_refused_by_name(dpo_setup, overr
     assert not (tmp / "refused" / "metrics.jsonl").exists()
 
 
-def test_sft_data_under_dpo_and_eval_of_a_preference_config_are_refused(dpo_setup):
+def test_sft_data_under_dpo_is_refused(dpo_setup):
     tmp, cfg = dpo_setup
     run_mmtrain(["fixture", "mistral3", "--out", str(tmp / "sft"), "--samples", "4"])
     sft = ["--set", "data.dataset_param.dataset_type=huggingface", "--set",
@@ -102,8 +101,32 @@ def test_sft_data_under_dpo_and_eval_of_a_preference_config_are_refused(dpo_setu
            "--set", "training.save="]
     proc = run_mmtrain(["train", str(cfg), *sft], check=False)
     assert proc.returncode != 0 and "holds no preference pairs" in proc.stderr, proc.stderr[-2000:]
-    proc = run_mmtrain(["eval", str(cfg), "--load", str(tmp / "base"), "--set", "data.validation_split=0.5"], check=False)
-    assert proc.returncode != 0 and "evaluating a preference set is not implemented yet" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_held_out_pairs_are_evaluated_in_training_and_by_mmtrain_eval(dpo_setup):
+    """A quarter of the pairs held out: the evaluation before the first step is the reference itself
+    (eval_loss log 2, rewards 0); after each step it reports the objective's loss and TRL's metrics
+    with TRL's eval_ prefix; `mmtrain eval` of the saved checkpoint gives the run's last evaluation."""
+    tmp, cfg = dpo_setup
+    held = ["--set", "data.validation_split=0.34", "--set", "training.eval_interval=1", "--set",
+            "training.eval_at_start=true", "--set", "training.global_batch_size=2", "--set",
+            "training.micro_batch_size=2", "--set", f"logging.output_dir={tmp / 'held'}", "--set",
+            f"training.save={tmp / 'held_ckpt'}"]
+    proc = run_mmtrain(["train", str(cfg), *held])
+    assert "eval reward accuracy" in proc.stdout
+    lines = [json.loads(line) for line in (tmp / "held" / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    evals = [r for r in lines if r.get("kind") == "eval"]
+    assert [r["iteration"] for r in evals] == [0, 1, 2]
+    assert evals[0]["eval_loss"] == pytest.approx(0.6931472, abs=1e-6) and evals[0]["eval_rewards/chosen"] == 0
+    assert evals[0]["eval_samples"] == 2  # pairs held out
+    for key in ("eval_rewards/accuracies", "eval_rewards/margins", "eval_logps/chosen", "eval_logps/rejected"):
+        assert key in evals[-1], key
+    assert evals[-1]["eval_rewards/margins"] != 0
+    proc = run_mmtrain(["eval", str(cfg), "--load", str(tmp / "held_ckpt"), *held[:10], "--set",
+                        f"logging.output_dir={tmp / 'held'}", "--out", str(tmp / "held_eval.json")])
+    again = json.loads((tmp / "held_eval.json").read_text())
+    for key in ("eval_loss", "eval_rewards/accuracies", "eval_rewards/margins", "eval_logps/chosen"):
+        assert again[key] == pytest.approx(evals[-1][key], rel=1e-6, abs=1e-9), key
 
 
 def test_a_dpo_run_resumes_bitwise_and_runs_over_a_quantized_base(dpo_setup):
