@@ -11,6 +11,7 @@
 #include "debugging/tokenize.h"
 #include "io/safetensors.h"
 #include "train/build.h"
+#include "train/preference_reference.h"
 #include "train/state.h"
 #include "train/train_step.h"
 
@@ -68,8 +69,10 @@ void debug_step(const std::string& config_path, const std::vector<std::string>& 
   config_check_supported(config, 1);
   check_objective(config);
   auto model = build_model(config);
-  auto fsdp = parallelize_model(config, *model, DeviceMesh::single(std::make_shared<Comm>(nullptr, 0, 1)));
+  const auto mesh = DeviceMesh::single(std::make_shared<Comm>(nullptr, 0, 1));
+  auto fsdp = parallelize_model(config, *model, mesh);
   load_initial_weights(config, *model, *fsdp);
+  const auto reference = build_preference_reference(config, mesh);
   if (!config.training.load.empty()) {  // a checkpoint's weights over them (a LoRA run's: its adapters)
     StateLoadOptions options;
     options.model_id = config.model.model_id;
@@ -83,7 +86,7 @@ void debug_step(const std::string& config_path, const std::vector<std::string>& 
   SafetensorsFile batch_file(batch_path);
   Batch batch;
   for (const auto& name : batch_file.names()) batch[name] = batch_file.read(name);
-  const auto out = forward_backward(*model, *fsdp, batch, 1.0, {}, objective_forward(config));
+  const auto out = forward_backward(*model, *fsdp, batch, 1.0, {}, objective_forward(config, reference));
 
   std::vector<std::pair<std::string, at::Tensor>> tensors = {{"loss", out.loss.detach().to(at::kFloat)}};
   if (const auto metrics = objective_metrics(out.metrics); metrics.is_object())  // a preference objective's

@@ -28,6 +28,10 @@ std::optional<double> loss_normalizer(const Batch& batch, size_t term);
 // batch's rows, or its packed samples at cu_seqlens), and its loss is not computed. A model that
 // cannot fails naming the key.
 inline constexpr const char* kSequenceLogProbsKey = "sequence_log_probs";
+// A diffusion model's counterpart (Flow-DPO): with batch key "sample_term_losses" present, the
+// forward fills ModelOutput::sample_term_losses, each packed sample's own flow-matching loss per
+// term, and its loss is not computed.
+inline constexpr const char* kSampleTermLossesKey = "sample_term_losses";
 // A preference micro-batch (data/conversation/preference_collator.h): int64 scalar P, its rows being
 // P chosen sequences, then their P rejected ones.
 inline constexpr const char* kPreferencePairsKey = "preference_pairs";
@@ -44,6 +48,10 @@ struct ModelOutput {
   // kSequenceLogProbsKey: fp32 [N], Σ over sequence n's supervised tokens of log p(label), with
   // grad; and fp32 [N], those tokens' count.
   at::Tensor sequence_log_probs, sequence_tokens;
+  // kSampleTermLossesKey: fp32 [N, terms], sample n's mean squared error of term k (in
+  // loss_term_names order) over its own supervised elements (0 where it has none), with grad; the
+  // whole sample's under context parallelism, on every CP rank.
+  at::Tensor sample_term_losses;
 };
 
 class Model : public Module {

@@ -63,6 +63,11 @@ struct ModelSpec {
   // adapter_config.json's task_type for `lora-to-peft` ("CAUSAL_LM": peft builds a
   // PeftModelForCausalLM); empty: null (a plain PeftModel).
   std::string peft_task_type;
+  // How training.objective dpo scores this model's preference pairs (train/objective.h):
+  // "log_probs" (a language model: each answer's log-probability, models/model.h's
+  // kSequenceLogProbsKey), "flow" (a flow-matching model: Flow-DPO over each clip's error,
+  // kSampleTermLossesKey); empty: the model has no preference objective.
+  std::string dpo_form;
   // The HF config.json of a model.config, every value the model uses written out (HF's class
   // defaults differ from the model's own: an absent rms_norm_eps is 1e-6 to transformers, 1e-5 to
   // Magistral): `fixture MODEL-weights` writes it beside the weights, so HF tools build exactly the

@@ -3,6 +3,7 @@
 #include "core/config_schema.h"
 #include "core/error.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace mmtrain {
@@ -21,6 +22,7 @@ void DpoConfig::declare(ConfigSection<DpoConfig>& s) {
       .field("loss_weights", &DpoConfig::loss_weights)
       .field("label_smoothing", &DpoConfig::label_smoothing)
       .field("rpo_alpha", &DpoConfig::rpo_alpha)
+      .field("term_weights", &DpoConfig::term_weights)
       .check([](const DpoConfig& c, const ConfigCheck& check) {
         const auto number = ConfigCheck::number;
         if (!(c.beta > 0.0) || !std::isfinite(c.beta)) check.invalid("beta", "a positive number", number(c.beta));
@@ -36,13 +38,44 @@ void DpoConfig::declare(ConfigSection<DpoConfig>& s) {
                         number(c.label_smoothing));
         if (!(c.rpo_alpha >= 0.0) || !std::isfinite(c.rpo_alpha))
           check.invalid("rpo_alpha", ">= 0 (0: no SFT term)", number(c.rpo_alpha));
+        for (double w : c.term_weights)
+          if (!(w >= 0.0) || !std::isfinite(w)) check.invalid("term_weights", "finite numbers >= 0", number(w));
       });
 }
 
-const std::vector<std::string>& dpo_metric_names() {
+const std::vector<std::string>& dpo_metric_names(bool flow) {
   static const std::vector<std::string> names = {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
                                                  "rewards/margins", "logps/chosen", "logps/rejected", kPairCountMetric};
-  return names;
+  static const std::vector<std::string> flow_names = {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
+                                                      "rewards/margins", "mse/chosen", "mse/rejected", kPairCountMetric};
+  return flow ? flow_names : names;
+}
+
+const std::vector<std::string>& flow_dpo_loss_types() {
+  static const std::vector<std::string> types = {"sigmoid", "hinge", "robust", "sft"};
+  return types;
+}
+
+DpoLoss flow_dpo_loss(const DpoConfig& config, const PairFlowErrors& e) {
+  for (const auto& type : config.loss_type)
+    if (std::find(flow_dpo_loss_types().begin(), flow_dpo_loss_types().end(), type) == flow_dpo_loss_types().end())
+      fail("flow_dpo_loss: loss_type '", type, "' has no Flow-DPO form");
+  // -e stands in for log π, β/2 for β; each clip counts as one "token" so that sft is the mean e(w).
+  DpoConfig half = config;
+  half.beta = config.beta / 2.0;
+  PairLogProbs p;
+  p.chosen = -e.chosen;
+  p.rejected = -e.rejected;
+  p.ref_chosen = -e.ref_chosen;
+  p.ref_rejected = -e.ref_rejected;
+  p.chosen_tokens = at::ones_like(e.chosen.detach());
+  p.rejected_tokens = at::ones_like(e.rejected.detach());
+  DpoLoss out = dpo_loss(half, p);
+  out.metric_sums.erase("logps/chosen");
+  out.metric_sums.erase("logps/rejected");
+  out.metric_sums["mse/chosen"] = sum_of(e.chosen);
+  out.metric_sums["mse/rejected"] = sum_of(e.rejected);
+  return out;
 }
 
 DpoLoss dpo_loss(const DpoConfig& c, const PairLogProbs& p) {

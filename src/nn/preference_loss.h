@@ -10,6 +10,16 @@
 //   sft           -(Σ chosen log π) / (chosen answer tokens): the NLL of the chosen answers, over the
 //                 micro-batch (RPO's term; TRL < 1.0's rpo_alpha)
 // Each micro-batch's loss is Σ_k weight_k × (mean over its pairs of loss_type_k), as TRL's.
+//
+// Flow-DPO (Diffusion-DPO, Wallace et al. 2023, in the flow-matching form of Liu et al. 2025) for a
+// diffusion model: the two clips of a pair are noised with one timestep and one noise, and each
+// clip's error e = Σ_k term_weight_k × mean over term k's elements of (v - v_θ(x_t))² stands in
+// for -log π, so that
+//   δ = -(e_θ(w) - e_ref(w)) + (e_θ(l) - e_ref(l))
+//   sigmoid       -log σ(β/2 · δ)     = -log σ(-β/2 [(e_θ(w) - e_ref(w)) - (e_θ(l) - e_ref(l))])
+//   hinge, robust as above with β/2 in β's place
+//   sft           the mean of e_θ(w): the flow-matching loss of the chosen clips
+// (ipo and sigmoid_norm divide by token counts, which a clip's error has not: refused.)
 #pragma once
 #include <ATen/ATen.h>
 
@@ -28,6 +38,7 @@ struct DpoConfig {
   std::vector<double> loss_weights;                 // one per loss_type; empty: all 1
   double label_smoothing = 0.0;                     // robust: the share of preferences assumed flipped, [0, 0.5)
   double rpo_alpha = 0.0;                           // > 0: adds loss_type sft with this weight
+  std::vector<double> term_weights;                 // Flow-DPO: one per model loss term (MagiHuman: video, audio); empty: all 1
 
   static void declare(ConfigSection<DpoConfig>& section);
 };
@@ -45,8 +56,9 @@ struct PairLogProbs {
 // logps/chosen, logps/rejected.
 inline constexpr const char* kPairCountMetric = "pairs";
 
+// Flow-DPO logs mse/chosen and mse/rejected (the policy's e) in place of the logps.
 // The keys of DpoLoss::metric_sums, in a fixed order (for reductions over ranks).
-const std::vector<std::string>& dpo_metric_names();
+const std::vector<std::string>& dpo_metric_names(bool flow);
 
 struct DpoLoss {
   at::Tensor loss;                        // scalar, with grad
@@ -54,5 +66,16 @@ struct DpoLoss {
 };
 
 DpoLoss dpo_loss(const DpoConfig& config, const PairLogProbs& pairs);
+
+// The loss types Flow-DPO computes.
+const std::vector<std::string>& flow_dpo_loss_types();
+
+// Each clip's error e (above), fp32 [P] each.
+struct PairFlowErrors {
+  at::Tensor chosen, rejected;          // the policy's, with grad
+  at::Tensor ref_chosen, ref_rejected;  // the reference's, no grad
+};
+
+DpoLoss flow_dpo_loss(const DpoConfig& config, const PairFlowErrors& pairs);
 
 }  // namespace mmtrain

@@ -168,7 +168,7 @@ std::vector<int64_t> Evaluator::rank_samples(int64_t g, int dp_rank, int dp, boo
 EvalRecord Evaluator::evaluate_objective(Run& run, int64_t iteration) {
   const auto began = std::chrono::steady_clock::now();
   at::NoGradGuard no_grad;
-  const auto forward = objective_forward(run.config);
+  const auto forward = objective_forward(run.config, run.preference_reference);
   const int dp = run.mesh->dp_size(), dp_rank = run.mesh->dp_rank();
   double loss_sum = 0, tokens = 0;
   std::map<std::string, double> metric_sums;
@@ -176,7 +176,10 @@ EvalRecord Evaluator::evaluate_objective(Run& run, int64_t iteration) {
     bool padding = false;
     std::vector<Batch> samples;
     for (const int64_t index : rank_samples(g, dp_rank, dp, padding)) samples.push_back(dataset_->get(index));
-    std::vector<at::Generator> generators(samples.size());
+    // A diffusion model's pairs are noised: the same noise at every evaluation.
+    std::vector<at::Generator> generators;
+    for (const int64_t index : rank_samples(g, dp_rank, dp, padding))
+      generators.push_back(eval_generator(run.config.training.seed, 0, index));
     Batch batch = collator_->collate(samples, generators);
     for (auto& [key, tensor] : batch) tensor = tensor.to(run.comm().device());
     const ModelOutput out = forward(*run.model, *run.fsdp, batch);
@@ -190,7 +193,7 @@ EvalRecord Evaluator::evaluate_objective(Run& run, int64_t iteration) {
   run.fsdp->take_comm_wait_ms();  // the evaluation's waits are not the next step's
   // [loss sum, tokens, the metric sums by key]: every rank has the same keys (a padding rank none:
   // it adds zeros); a context-parallel group holds one micro-batch, counted world / dp times.
-  const auto& keys = dpo_metric_names();
+  const auto& keys = objective_metric_names(run.config);
   std::vector<double> flat = {loss_sum, tokens};
   for (const auto& key : keys) flat.push_back(metric_sums.count(key) ? metric_sums.at(key) : 0.0);
   flat = run.comm().all_reduce_sum(flat);

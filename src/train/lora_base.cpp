@@ -15,8 +15,7 @@ nlohmann::json lora_adapters(const LoraConfig& lora) {
           {"base_quant", lora.base_quant}};
 }
 
-nlohmann::json lora_base(const Config& config, Comm* comm) {
-  if (!config.features.enable_lora) return nullptr;
+nlohmann::json initial_weights_identity(const Config& config, Comm* comm) {
   const std::string& path = config.model.weights_path();
   nlohmann::json base;
   if (path.empty()) {
@@ -45,6 +44,12 @@ nlohmann::json lora_base(const Config& config, Comm* comm) {
     }
     base = {{"weights", path}, {"fingerprint", fingerprint}, {"fingerprint_of", kWeightsFingerprintKind}};
   }
+  return base;
+}
+
+nlohmann::json lora_base(const Config& config, Comm* comm) {
+  if (!config.features.enable_lora) return nullptr;
+  nlohmann::json base = initial_weights_identity(config, comm);
   base["adapters"] = lora_adapters(config.features.lora);
   return base;
 }

@@ -14,6 +14,12 @@
 
 namespace mmtrain {
 
+// The weights a run starts from, as an identity its checkpoints can record:
+//   {"weights": path, "fingerprint": weights_fingerprint(path), "fingerprint_of": "sha256 of every
+//    byte"} or, without model weights, {"init_seed": seed}.
+// With comm, rank 0 alone reads the weights and every rank gets the fingerprint (collective).
+nlohmann::json initial_weights_identity(const Config& config, Comm* comm = nullptr);
+
 // A LoRA run's base and adapters, as its checkpoints record them (StateInfo::lora_base):
 //   {"weights": path, "fingerprint": weights_fingerprint(path), "fingerprint_of": "sha256 of every
 //    byte"} or, without model weights, {"init_seed": seed}; with

@@ -1,10 +1,13 @@
 #include "train/objective.h"
 
 #include "core/error.h"
+#include "config/registries.h"
 #include "nn/lora.h"
 #include "nn/preference_loss.h"
 
 #include <ATen/ATen.h>
+
+#include <algorithm>
 
 namespace mmtrain {
 
@@ -15,44 +18,82 @@ int64_t pairs_of(const Batch& batch) {
   const auto found = batch.find(kPreferencePairsKey);
   if (found == batch.end())
     fail("training.objective dpo: the micro-batch holds no preference pairs (batch key '", kPreferencePairsKey,
-         "'): use preference data (data.dataset_param.dataset_type preference, collator preference; docs/preference.md)");
+         "'): use preference data (docs/preference.md)");
   return found->second.item<int64_t>();
 }
 
-// The model's per-sequence log-probs of the batch (models/model.h), split into the pairs' halves.
-ModelOutput sequence_forward(Model& model, const Batch& batch, int64_t pairs) {
-  Batch asking = batch;
-  asking[kSequenceLogProbsKey] = at::ones({1});
-  ModelOutput out = model.forward(asking);
-  if (!out.sequence_log_probs.defined())
-    fail("training.objective dpo: this model gives no per-sequence log-probs (dpo is for language models; Flow-DPO ",
-         "for a diffusion model is not implemented yet)");
-  if (out.sequence_log_probs.size(0) != 2 * pairs)
-    fail("training.objective dpo: ", out.sequence_log_probs.size(0), " sequences in a micro-batch of ", pairs,
-         " pairs (expected ", 2 * pairs, ")");
+// How pairs are scored: each sequence's log-probability (a language model) or each clip's error
+// Σ_k w_k × (its term k loss) (a flow-matching model), [2P] in the batch's order.
+struct PairScoring {
+  std::string form;                  // ModelSpec::dpo_form
+  std::vector<double> term_weights;  // flow: training.dpo.term_weights (empty: all 1)
+
+  ModelOutput forward(Model& model, const Batch& batch, int64_t pairs) const {
+    Batch asking = batch;
+    asking[form == "flow" ? kSampleTermLossesKey : kSequenceLogProbsKey] = at::ones({1});
+    ModelOutput out = model.forward(asking);
+    const at::Tensor& scores = form == "flow" ? out.sample_term_losses : out.sequence_log_probs;
+    if (!scores.defined()) fail("training.objective dpo: the model gave no per-sequence scores (", form, ")");
+    if (scores.size(0) != 2 * pairs)
+      fail("training.objective dpo: ", scores.size(0), " sequences in a micro-batch of ", pairs, " pairs (expected ",
+           2 * pairs, ")");
+    return out;
+  }
+
+  // Each clip's error e [2P] from its per-term losses [2P, terms].
+  at::Tensor clip_errors(const ModelOutput& out) const {
+    const int64_t terms = out.sample_term_losses.size(1);
+    if (!term_weights.empty() && static_cast<int64_t>(term_weights.size()) != terms)
+      fail("training.dpo.term_weights: ", term_weights.size(), " weights for the model's ", terms,
+           " loss terms (one each, in the order of its eval_loss_<term> records)");
+    const auto weights = term_weights.empty()
+                             ? at::ones({terms}, out.sample_term_losses.options())
+                             : at::tensor(term_weights, at::kDouble).to(out.sample_term_losses.options());
+    return (out.sample_term_losses * weights).sum(1);
+  }
+};
+
+ModelOutput reference_forward(const PairScoring& scoring, Model& model, Fsdp& fsdp, PreferenceReference* reference,
+                              const Batch& batch, int64_t pairs) {
+  at::NoGradGuard no_grad;
+  if (reference) {
+    reference->fsdp->begin_forward();
+    ModelOutput out = scoring.forward(*reference->model, batch, pairs);
+    reference->fsdp->finish_forward_only();
+    return out;
+  }
+  const LoraAdaptersOff base;
+  fsdp.begin_forward();
+  ModelOutput out = scoring.forward(model, batch, pairs);
+  fsdp.finish_forward_only();
   return out;
 }
 
-ModelOutput dpo_forward(const DpoConfig& config, Model& model, Fsdp& fsdp, const Batch& batch) {
+ModelOutput dpo_forward(const DpoConfig& config, const PairScoring& scoring, PreferenceReference* reference,
+                        Model& model, Fsdp& fsdp, const Batch& batch) {
   const int64_t pairs = pairs_of(batch);
-  ModelOutput reference;
-  {
-    at::NoGradGuard no_grad;
-    const LoraAdaptersOff base;
-    fsdp.begin_forward();
-    reference = sequence_forward(model, batch, pairs);
-    fsdp.finish_forward_only();
-  }
+  const ModelOutput ref = reference_forward(scoring, model, fsdp, reference, batch, pairs);
   fsdp.begin_forward();
-  ModelOutput policy = sequence_forward(model, batch, pairs);
-  PairLogProbs p;
-  p.chosen = policy.sequence_log_probs.narrow(0, 0, pairs);
-  p.rejected = policy.sequence_log_probs.narrow(0, pairs, pairs);
-  p.ref_chosen = reference.sequence_log_probs.narrow(0, 0, pairs);
-  p.ref_rejected = reference.sequence_log_probs.narrow(0, pairs, pairs);
-  p.chosen_tokens = policy.sequence_tokens.narrow(0, 0, pairs);
-  p.rejected_tokens = policy.sequence_tokens.narrow(0, pairs, pairs);
-  DpoLoss loss = dpo_loss(config, p);
+  const ModelOutput policy = scoring.forward(model, batch, pairs);
+  DpoLoss loss;
+  if (scoring.form == "flow") {
+    const auto errors = scoring.clip_errors(policy), ref_errors = scoring.clip_errors(ref);
+    PairFlowErrors e;
+    e.chosen = errors.narrow(0, 0, pairs);
+    e.rejected = errors.narrow(0, pairs, pairs);
+    e.ref_chosen = ref_errors.narrow(0, 0, pairs);
+    e.ref_rejected = ref_errors.narrow(0, pairs, pairs);
+    loss = flow_dpo_loss(config, e);
+  } else {
+    PairLogProbs p;
+    p.chosen = policy.sequence_log_probs.narrow(0, 0, pairs);
+    p.rejected = policy.sequence_log_probs.narrow(0, pairs, pairs);
+    p.ref_chosen = ref.sequence_log_probs.narrow(0, 0, pairs);
+    p.ref_rejected = ref.sequence_log_probs.narrow(0, pairs, pairs);
+    p.chosen_tokens = policy.sequence_tokens.narrow(0, 0, pairs);
+    p.rejected_tokens = policy.sequence_tokens.narrow(0, pairs, pairs);
+    loss = dpo_loss(config, p);
+  }
   ModelOutput out;
   out.loss = loss.loss;
   out.tokens = policy.tokens;
@@ -62,30 +103,47 @@ ModelOutput dpo_forward(const DpoConfig& config, Model& model, Fsdp& fsdp, const
 
 }  // namespace
 
-MicroBatchForward objective_forward(const Config& config) {
+MicroBatchForward objective_forward(const Config& config, std::shared_ptr<PreferenceReference> reference) {
   if (config.training.objective == "sft") return nullptr;
+  if (needs_reference_copy(config) != static_cast<bool>(reference))
+    fail("objective_forward: training.objective dpo ", reference ? "under LoRA takes no reference copy"
+                                                                 : "under full fine-tuning needs its reference copy");
   const DpoConfig dpo = config.training.dpo;
-  return [dpo](Model& model, Fsdp& fsdp, const Batch& batch) { return dpo_forward(dpo, model, fsdp, batch); };
+  const PairScoring scoring{config_model_spec(config).dpo_form, dpo.term_weights};
+  return [dpo, scoring, reference](Model& model, Fsdp& fsdp, const Batch& batch) {
+    return dpo_forward(dpo, scoring, reference.get(), model, fsdp, batch);
+  };
 }
 
 void check_objective(const Config& config) {
   if (config.training.objective == "sft") {
     // SFT on pairs would imitate the rejected answers as much as the chosen ones.
-    if (config.data.dataset_type == "preference" || config.data.collate_model_name == "preference")
-      fail("config ", config.source_path, ": preference pairs (dataset_type / collator preference) train with ",
-           "training.objective dpo, not sft");
+    const auto& dataset = config.data.dataset_type;
+    if (dataset == "preference" || dataset == "magihuman_preference" || config.data.collate_model_name == "preference" ||
+        config.data.collate_model_name == "magihuman_preference")
+      fail("config ", config.source_path, ": preference pairs (dataset_type / collator ", dataset,
+           ") train with training.objective dpo, not sft");
     return;
   }
   const std::string where = "config " + config.source_path + ": training.objective " + config.training.objective;
-  if (!config.features.enable_lora)
-    fail(where, " needs features.enable_lora: the reference is the base with the adapters off (a frozen reference ",
-         "copy for full fine-tuning is not implemented yet)");
-  if (!config.features.lora.modules_to_save.empty())
+  const std::string& form = config_model_spec(config).dpo_form;
+  if (form.empty()) fail(where, ": model '", config.model.model_id, "' has no preference objective");
+  if (!config.features.lora.modules_to_save.empty() && config.features.enable_lora)
     fail(where, " with features.lora.modules_to_save: the reference would compute those modules as trained, not as ",
          "the base (leave modules_to_save empty)");
   if (config.data.loader.micro_batch_tokens > 0)
     fail(where, " with data.dataloader_param.micro_batch_tokens: token-budget micro-batches of preference pairs are "
          "not implemented yet (use micro_batch_size pairs)");
+  if (form == "flow") {
+    const auto& allowed = flow_dpo_loss_types();
+    for (const auto& type : config.training.dpo.loss_type)
+      if (std::find(allowed.begin(), allowed.end(), type) == allowed.end())
+        fail(where, ": training.dpo.loss_type '", type, "' has no Flow-DPO form for model '", config.model.model_id,
+             "' (it divides by answer token counts); use sigmoid, hinge, robust or sft");
+  } else if (!config.training.dpo.term_weights.empty()) {
+    fail(where, ": training.dpo.term_weights weighs a flow-matching model's loss terms; model '",
+         config.model.model_id, "' scores answers by their log-probabilities (remove the key)");
+  }
 }
 
 nlohmann::json objective_metrics(const std::map<std::string, double>& sums) {
@@ -95,6 +153,10 @@ nlohmann::json objective_metrics(const std::map<std::string, double>& sums) {
   for (const auto& [key, sum] : sums)
     if (key != kPairCountMetric) out[key] = sum / pairs->second;
   return out;
+}
+
+const std::vector<std::string>& objective_metric_names(const Config& config) {
+  return dpo_metric_names(config_model_spec(config).dpo_form == "flow");
 }
 
 }  // namespace mmtrain

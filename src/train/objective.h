@@ -1,20 +1,25 @@
 // What a training step minimizes (training.objective):
 //   sft  the model's own loss on the batch: imitating the data (the default)
-//   dpo  direct preference optimization (nn/preference_loss.h): each micro-batch holds P pairs of
-//        one prompt's chosen and rejected answers as rows [chosen_0 .. chosen_{P-1}, rejected_0 ..
-//        rejected_{P-1}] (models/model.h's kPreferencePairsKey, data/conversation/preference_collator.h).
-//        The reference is the same model with its LoRA adapters off (nn/lora.h): a no-grad forward
-//        through the same FSDP units before the policy's, so there is no second copy of the model;
-//        its identity is the LoRA base's, checked on every resume (train/lora_base.h).
+//   dpo  preference optimization (nn/preference_loss.h): each micro-batch holds P pairs as rows
+//        (or packed samples) [chosen_0 .. chosen_{P-1}, rejected_0 .. rejected_{P-1}]
+//        (models/model.h's kPreferencePairsKey). The model's spec says how a pair is scored
+//        (ModelSpec::dpo_form): a language model's answers by their log-probabilities (DPO), a
+//        flow-matching model's clips by their flow-matching errors (Flow-DPO).
+// The reference: under LoRA, the same model with its adapters off, a no-grad forward through the
+// same FSDP units before the policy's, so there is no second copy; its identity is the LoRA
+// base's, checked on every resume (train/lora_base.h). Under full fine-tuning, a frozen sharded
+// copy of the initial weights (train/preference_reference.h).
 #pragma once
 #include "config/config.h"
 #include "fsdp/fully_shard.h"
 #include "models/model.h"
+#include "train/preference_reference.h"
 
 #include <nlohmann/json.hpp>
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 
 namespace mmtrain {
@@ -25,14 +30,19 @@ namespace mmtrain {
 using MicroBatchForward = std::function<ModelOutput(Model& model, Fsdp& fsdp, const Batch& batch)>;
 
 // The objective config.training names: null for sft (the model's loss), else its forward.
-MicroBatchForward objective_forward(const Config& config);
+// reference: the frozen copy when needs_reference_copy(config) (it must then be given), else null.
+MicroBatchForward objective_forward(const Config& config, std::shared_ptr<PreferenceReference> reference);
 
 // Refuses, by name and before anything is built, an objective with a setting it does not support
-// (dpo: without LoRA, with modules_to_save, token budgets; sft: preference pairs).
+// (dpo: a model without a preference form, modules_to_save, token budgets, a loss type or
+// term_weights the model's form has not; sft: preference pairs).
 void check_objective(const Config& config);
 
 // The step's objective metrics (TRL's names) from their sums over its micro-batches and ranks:
 // each divided by the pair count; null for sft.
 nlohmann::json objective_metrics(const std::map<std::string, double>& sums);
+
+// The names of the metrics config's objective reports (nn/preference_loss.h), in a fixed order.
+const std::vector<std::string>& objective_metric_names(const Config& config);
 
 }  // namespace mmtrain

@@ -157,6 +157,11 @@ void build_run(Run& r) {
   r.fsdp = parallelize_model(c, *r.model, *r.mesh, r.tiers);
   r.adamw = make_fsdp_adamw(*r.fsdp, adamw_options(c.training), r.tiers);
   if (OffloadSetting::of(c).swap) offload_moments(r);
+  // Its own tiers: the reference's shards never share the model's disk files.
+  r.preference_reference = build_preference_reference(c, *r.mesh);
+  if (r.preference_reference)
+    r.log(format("dpo reference: a frozen copy of the initial weights, rank %d holds %.2f MiB of it",
+                 comm.rank(), r.preference_reference->fsdp->memory_stats().param_bytes / 1048576.0));
   r.schedule = LrSchedule::make(c.training.lr, c.training.lr_min, c.training.lr_warmup_ratio, c.training.train_iters,
                                 c.training.lr_decay_style);
   const std::string trace_dir =

@@ -17,6 +17,7 @@
 #include "optim/lr_schedule.h"
 #include "record/memory_profile.h"
 #include "record/profiler.h"
+#include "train/preference_reference.h"
 #include "train/save_root_lock.h"
 #include "train/state_finite.h"
 #include "train/train_step.h"
@@ -46,6 +47,9 @@ struct Run {
   std::string lineage;     // this run's line of checkpoints (sharded_checkpoint.h): continued on resume
   std::vector<BestCheckpoint> best;  // training.keep_best: lowest eval_loss first; continued on resume
   nlohmann::json lora_base;  // features.enable_lora: the base the adapters train over (train/build.h); else null
+  // A full fine-tuning preference run's frozen reference and its identity (train/preference_reference.h); else null.
+  std::shared_ptr<PreferenceReference> preference_reference;
+  nlohmann::json preference_reference_identity;
   StateFiniteness finiteness;  // whether a step made a weight NaN/Inf (train/state_finite.h)
   double baseline_rss_mb = 0;  // before the model is built: the runtime and the data pipeline
 

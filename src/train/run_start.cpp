@@ -181,6 +181,7 @@ void resume(Run& run, const std::string& path) {
   options.model_config = run.config.model.config;
   options.execution_only_keys = config_model_spec(run.config).execution_only_keys;
   options.lora_base = run.lora_base;
+  options.preference_reference = run.preference_reference_identity;
   const StateLoaded loaded = state_load(path, run.comm(), *run.model, *run.fsdp, *run.adamw, options);  // a unit at a time
   if (loaded.model_only) {
     run.log("initialized from model-only checkpoint " + loaded.dir);
@@ -209,6 +210,7 @@ std::unique_ptr<Run> start_run(Config config, Runtime runtime) {
   build_run(r);
   r.lineage = new_lineage(r);  // a resume continues the loaded checkpoint's instead
   r.lora_base = lora_base(r.config, &r.comm());
+  r.preference_reference_identity = preference_reference_identity(r.config, &r.comm());
   const bool lora = !r.lora_base.is_null();
   if (lora) load_weights(r);  // a LoRA checkpoint holds the adapters; the base comes from the model weights
   if (!load.empty()) {

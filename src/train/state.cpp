@@ -1,6 +1,7 @@
 #include "train/state.h"
 
 #include "train/lora_base.h"
+#include "train/preference_reference.h"
 #include "train/state_finite.h"
 
 #include "core/dtype.h"
@@ -299,6 +300,7 @@ nlohmann::json state_global_state(const StateInfo& info, std::optional<int64_t> 
   }
   for (const auto& [key, value] : info.extra.items()) global[key] = value;
   if (!info.lora_base.is_null()) global["lora_base"] = info.lora_base;
+  if (!info.preference_reference.is_null()) global["preference_reference"] = info.preference_reference;
   return global;
 }
 
@@ -411,6 +413,11 @@ StateLoaded state_load(const std::string& path, Comm& comm, Model& model, Fsdp& 
     if (!options.lora_base.is_null())
       fail("cannot start LoRA from ", reader.dir(), ": it is a model-only checkpoint; name its weights as the base ",
            "instead (model.checkpoint_path: its HF export, mmtrain convert MODEL ckpt-to-hf)");
+    if (!options.preference_reference.is_null())
+      fail("cannot start a full fine-tuning dpo run from ", reader.dir(), ": it is a model-only checkpoint, and the ",
+           "frozen reference is the model's initial weights (", lora_base_describe(options.preference_reference),
+           "), not its; name its weights as the model instead (model.checkpoint_path: its HF export, mmtrain ",
+           "convert MODEL ckpt-to-hf)");
     check_no_extra_tensors(reader, model, false);
     state_load_model(reader, model, fsdp);
     loaded.model_only = true;
@@ -426,6 +433,8 @@ StateLoaded state_load(const std::string& path, Comm& comm, Model& model, Fsdp& 
          "micro_batch_size/gradient_accumulation_steps so they match");
   check_same_model_config(reader, options, "resume from");
   check_lora_base(reader, options.lora_base, "resume from");
+  if (const auto why = preference_reference_difference(global, options.preference_reference); !why.empty())
+    fail("cannot resume from ", reader.dir(), ": ", why);
   check_no_extra_tensors(reader, model, options.load_optimizer);
   state_load_model(reader, model, fsdp, /*frozen_from_base=*/!options.lora_base.is_null());
   if (options.load_optimizer) {

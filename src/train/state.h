@@ -50,6 +50,9 @@ struct StateInfo {
   // frozen base: lora_base names the base ({"weights", "fingerprint"} or {"init_seed"}), recorded
   // in trainer_state.json and required again on resume. Null: every param is saved.
   nlohmann::json lora_base;
+  // A full fine-tuning preference run: its frozen reference (train/preference_reference.h), recorded
+  // in trainer_state.json and required again on resume. Null otherwise.
+  nlohmann::json preference_reference;
 };
 
 // trainer_state.json of a checkpoint of info.iteration (optimizer_step absent: model-only), and
@@ -84,6 +87,9 @@ struct StateLoadOptions {
   // A LoRA run: the base it loaded (StateInfo::lora_base), which a LoRA checkpoint's must equal;
   // its frozen params come from that base, not from the checkpoint. Null: not a LoRA run.
   nlohmann::json lora_base;
+  // A full fine-tuning preference run: its reference (StateInfo::preference_reference), which a
+  // training checkpoint's must equal; a model-only checkpoint is refused. Null: none.
+  nlohmann::json preference_reference;
 };
 
 struct StateLoaded {

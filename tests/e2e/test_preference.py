@@ -77,7 +77,7 @@ def test_a_dpo_run_records_trls_metrics_and_the_set_says_what_it_dropped(dpo_set
 
 
 @pytest.mark.parametrize("override,message", [
-    ("features.enable_lora=false", "needs features.enable_lora"),
+    ("training.dpo.term_weights=[1.0]", "term_weights weighs a flow-matching model"),
     ("features.lora.modules_to_save=[model.multi_modal_projector]", "with features.lora.modules_to_save"),
     ("training.dpo.loss_type=[kto]", "training.dpo.loss_type"),
     ("training.dpo.label_smoothing=0.5", "training.dpo.label_smoothing"),

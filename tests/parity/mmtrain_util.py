@@ -296,8 +296,10 @@ class MmtrainFailed(RuntimeError):
     pass
 
 
-def magihuman_yaml(title: str, c: dict, weights, data_root, training: dict, output_dir, param_dtype="fp32") -> str:
-    """A MagiHuman config in plain YAML (no anchors), which config_io reads too."""
+def magihuman_yaml(title: str, c: dict, weights, data_root, training: dict, output_dir, param_dtype="fp32",
+                   pairs=None) -> str:
+    """A MagiHuman config in plain YAML (no anchors), which config_io reads too. pairs: a preference
+    manifest over data_root (dataset and collator magihuman_preference)."""
     model_keys = ("num_layers", "hidden_size", "head_dim", "num_query_groups", "video_in_channels",
                   "audio_in_channels", "text_in_channels", "mm_layers", "gelu7_layers")
     cfg = {
@@ -316,6 +318,9 @@ def magihuman_yaml(title: str, c: dict, weights, data_root, training: dict, outp
         "training": {**training, "save": ""},
         "logging": {"output_dir": str(output_dir), "progress": False},
     }
+    if pairs is not None:
+        cfg["data"]["dataset_param"].update({"dataset_type": "magihuman_preference", "pairs": str(pairs)})
+        cfg["data"]["dataloader_param"]["collate_param"]["model_name"] = "magihuman_preference"
     return f"# {title}\n" + config_io.dump_yaml(cfg)
 
 

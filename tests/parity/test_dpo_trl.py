@@ -11,6 +11,8 @@ reference) through peft, each micro-batch's loss / micro-batches backward, then 
 mmtrain's. Compared, at rtol 1e-5: every step's loss and TRL's metrics (rewards/chosen, rejected,
 accuracies, margins, logps/chosen, rejected), and the adapters after the 3 steps (mmtrain's
 `lora-to-peft` export against peft's parameters); on 1 rank for each loss_type and on 2 ranks.
+Full fine-tuning likewise, on 1 and 2 ranks: mmtrain's reference a frozen sharded copy of the
+base, TRL's a `ref_model`; every trained weight after 3 steps (`ckpt-to-hf`) against TRL's.
 """
 import json
 import re
@@ -35,10 +37,18 @@ TARGETS = r"model\.language_model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.
 METRICS = ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
            "logps/rejected"]
 LR = 1e-2
+# Full fine-tuning at a full fine-tuning rate. At 1e-2 every value agreed within 1e-5 but lm_head
+# (1.06e-5 relative L2 after 3 steps): Adam turns the rounding of its rarely-hit vocabulary rows'
+# tiny gradients into whole lr-sized steps, so the weights' agreement scales with lr.
+FULL_LR = 1e-3
 
 
-def dpo_yaml(tmp: Path, data: Path, dpo: dict, tag: str) -> str:
+def dpo_yaml(tmp: Path, data: Path, dpo: dict, tag: str, full: bool = False) -> str:
+    """LoRA from peft's initial adapters; full: full fine-tuning of the base (vision frozen, as
+    Magistral's default freeze_vision), the reference a frozen copy of it."""
     model_config = json.loads((tmp / "base" / "config.json").read_text())
+    lora = "" if full else "features:\n  enable_lora: true\n  lora: {rank: 4, alpha: 8}\n"
+    load = "" if full else f"load: {tmp / 'init_ckpt'}, "
     return f"""parallel:
   fsdp_plan:
     apply_modules: ["model.vision_tower.transformer.layers.{{*}}", "model.language_model.layers.{{*}}"]
@@ -48,18 +58,15 @@ model:
   model_id: mistral3
   checkpoint_path: {tmp / 'base'}
   config: {json.dumps(model_config)}
-features:
-  enable_lora: true
-  lora: {{rank: 4, alpha: 8}}
-data:
+{lora}data:
   dataset_param:
     dataset_type: preference
     preprocess_parameters: {{model_name_or_path: {data / 'tekken.json'}}}
     basic_parameters: {{template: mistral, dataset: {data / 'preferences.json'}, cutoff_len: 512}}
   dataloader_param: {{collator_id: preference, shuffle: false}}
-training: {{train_iters: {STEPS}, global_batch_size: {PAIRS_PER_STEP}, micro_batch_size: {PAIRS_PER_MICRO}, lr: {LR},
+training: {{train_iters: {STEPS}, global_batch_size: {PAIRS_PER_STEP}, micro_batch_size: {PAIRS_PER_MICRO}, lr: {FULL_LR if full else LR},
   lr_decay_style: constant, seed: 5, objective: dpo, dpo: {json.dumps(dpo)},
-  load: {tmp / 'init_ckpt'}, save: {tmp / ('ckpt_' + tag)}}}
+  {load}save: {tmp / ('ckpt_' + tag)}}}
 logging: {{output_dir: {tmp / ('run_' + tag)}}}
 """
 
@@ -97,24 +104,34 @@ def micro_batches(tmp: Path, cfg: Path, step: int, world: int) -> list[dict]:
     return out
 
 
-def trl_reference(tmp: Path, cfg: Path, dpo: dict, world: int):
+def trl_reference(tmp: Path, cfg: Path, dpo: dict, world: int, full: bool = False):
     """TRL's DPOTrainer loss and metrics on mmtrain's micro-batches; returns per-step metrics and the
-    trained adapters."""
+    trained adapters (full: every trained parameter, the reference a frozen copy of the base)."""
     from trl.trainer.dpo_trainer import DPOTrainer
     from trl.trainer.utils import add_fused_lm_head
-    base = hf_model()
-    for sub in (base, base.model.vision_tower, base.model.language_model):
-        sub.config._attn_implementation = "eager"
-    add_fused_lm_head(base, outputs=("log_probs", "entropy", "mean_logits", "is_top1"))
-    model = peft.PeftModel.from_pretrained(base, str(tmp / "init_peft"), is_trainable=True).float()
+
+    def fused(model):
+        for sub in (model, model.model.vision_tower, model.model.language_model):
+            sub.config._attn_implementation = "eager"
+        add_fused_lm_head(model, outputs=("log_probs", "entropy", "mean_logits", "is_top1"))
+        return model
+
+    ref_model = None
+    if full:
+        model = fused(hf_model())
+        for name, p in model.named_parameters():  # freeze_vision: the tower and the projector stay
+            p.requires_grad = not name.startswith(("model.vision_tower.", "model.multi_modal_projector."))
+        ref_model = fused(hf_model()).requires_grad_(False)
+    else:
+        model = peft.PeftModel.from_pretrained(fused(hf_model()), str(tmp / "init_peft"), is_trainable=True).float()
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(trainable, lr=FULL_LR if full else LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     loss_types = dpo.get("loss_type", ["sigmoid"])
     accelerator = types.SimpleNamespace(device=torch.device("cpu"), unwrap_model=lambda m: m,
                                         gather=lambda t: t, gather_for_metrics=lambda t: t)
     trainer = types.SimpleNamespace(
-        model=model, ref_model=None, accelerator=accelerator, aux_loss_enabled=False, precompute_ref_logps=False,
+        model=model, ref_model=ref_model, accelerator=accelerator, aux_loss_enabled=False, precompute_ref_logps=False,
         args=types.SimpleNamespace(gradient_checkpointing_kwargs=None), ld_alpha=None, f_divergence_type="reverse_kl",
         loss_types=loss_types, loss_weights=dpo.get("loss_weights", [1.0] * len(loss_types)), beta=dpo["beta"],
         label_smoothing=dpo.get("label_smoothing", 0.0), use_weighting=False, _tp_size=1, _total_train_tokens=0,
@@ -138,22 +155,32 @@ def trl_reference(tmp: Path, cfg: Path, dpo: dict, world: int):
             values = trainer._metrics["train"][key]
             record[key] = sum(values) / len(values)  # micro-batches of equal pair counts: the mean over pairs
         steps.append(record)
+    if full:
+        return steps, {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     adapters = {n.removeprefix("base_model.model.").replace(".default.", "."): p.detach().clone()
                 for n, p in model.named_parameters() if "lora_" in n}
     return steps, adapters
 
 
-def compare(setup, parity_report, dpo: dict, world: int, tag: str):
+def compare(setup, parity_report, dpo: dict, world: int, tag: str, full: bool = False):
     tmp = setup
-    cfg = write_config(tmp / f"{tag}.yaml", dpo_yaml(tmp, tmp / "data", dpo, tag))
+    cfg = write_config(tmp / f"{tag}.yaml", dpo_yaml(tmp, tmp / "data", dpo, tag, full))
     run_mmtrain(["train", str(cfg)], world=world, timeout=1800)
     got = [json.loads(line) for line in (tmp / f"run_{tag}" / "metrics.jsonl").read_text().splitlines()
            if line.strip() and '"kind"' not in line]
-    run_mmtrain(["convert", "mistral3", "lora-to-peft", "--load_dir", str(tmp / f"ckpt_{tag}"), "--save_dir",
-                 str(tmp / f"peft_{tag}")])
-    mine = {k.removeprefix("base_model.model."): v
-            for k, v in load_file(str(tmp / f"peft_{tag}" / "adapter_model.safetensors")).items()}
-    want_steps, want_adapters = trl_reference(tmp, cfg, dpo, world)
+    want_steps, want_adapters = trl_reference(tmp, cfg, dpo, world, full)
+    if full:
+        run_mmtrain(["convert", "mistral3", "ckpt-to-hf", "--load_dir", str(tmp / f"ckpt_{tag}"), "--save_dir",
+                     str(tmp / f"hf_{tag}"), "--model_assets_dir", str(tmp / "base")])
+        # transformers reads its own saved layout back under the module names TRL's parameters have.
+        exported = dict(transformers.Mistral3ForConditionalGeneration.from_pretrained(
+            str(tmp / f"hf_{tag}"), dtype=torch.float32).named_parameters())
+        mine = {k: exported[k].detach() for k in want_adapters if k in exported}
+    else:
+        run_mmtrain(["convert", "mistral3", "lora-to-peft", "--load_dir", str(tmp / f"ckpt_{tag}"), "--save_dir",
+                     str(tmp / f"peft_{tag}")])
+        mine = {k.removeprefix("base_model.model."): v
+                for k, v in load_file(str(tmp / f"peft_{tag}" / "adapter_model.safetensors")).items()}
     assert len(got) == STEPS
     worst = {}
     for step, (g, w) in enumerate(zip(got, want_steps)):
@@ -169,7 +196,8 @@ def compare(setup, parity_report, dpo: dict, world: int, tag: str):
         worst[key] = rel_l2(mine[key], want)
     top = max(worst.items(), key=lambda kv: kv[1])
     accuracies = [round(w["rewards/accuracies"], 3) for w in want_steps]
-    parity_report(f"mistral3 DPO ({tag}, {world} rank{'s' if world > 1 else ''}) vs TRL DPOTrainer + peft: worst "
+    peer = "TRL DPOTrainer (full, frozen reference copy)" if full else "TRL DPOTrainer + peft"
+    parity_report(f"mistral3 DPO ({tag}, {world} rank{'s' if world > 1 else ''}) vs {peer}: worst "
                   f"{top[0]} {top[1]:.2e} over {len(worst)} values; losses {[round(w['loss'], 5) for w in want_steps]}, "
                   f"reward accuracies {accuracies}")
     bad = {k: v for k, v in worst.items() if not v <= RTOL}
@@ -188,6 +216,12 @@ def test_dpo_equals_trl_on_one_rank(setup, parity_report, tag, dpo):
 
 def test_dpo_equals_trl_on_two_ranks(setup, parity_report):
     compare(setup, parity_report, {"beta": 0.1}, 2, "sigmoid_2ranks")
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_full_fine_tuning_dpo_equals_trl_with_a_frozen_reference(setup, parity_report, world):
+    compare(setup, parity_report, {"beta": 0.1, "loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, 0.5]}, world,
+            f"full_{world}ranks", full=True)
 
 
 def test_the_reference_is_the_base_with_the_adapters_off(setup):

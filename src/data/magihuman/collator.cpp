@@ -156,15 +156,6 @@ Batch MagiHumanCollator::collate_with(const std::vector<Batch>& samples, std::ve
 
 namespace {
 
-// dataset_param with the channel widths the model is configured for filled in where the data
-// section does not give its own (which must then agree with the files).
-nlohmann::json with_model_channels(const DataConfig& data, const ModelConfig& model) {
-  auto p = data.dataset_param;
-  for (const char* key : {"video_in_channels", "audio_in_channels", "text_in_channels"})
-    if (!p.contains(key) && model.config.contains(key)) p[key] = model.config[key];
-  return p;
-}
-
 const DatasetRegistration dataset("magihuman_precomputed", [](const DataConfig& data, const ModelConfig& model) {
   return std::make_shared<PrecomputedDataset>(PrecomputedDataOptions::from_json(with_model_channels(data, model)));
 });

@@ -5,10 +5,12 @@
 // (unit-variance like normalised VAE latents, so a zero prediction scores E[(eps - x0)^2] = 2 per
 // modality, loss 4), drawn per sample from a generator seeded by (seed, sample index): video,
 // then audio, then text. --mix gives each sample its own duration and resolution (sample_shape).
+// `mmtrain fixture magihuman-pairs --out DIR --pairs N` writes 2N such samples and a pairs manifest.
 #include "core/cli_command.h"
 #include "core/error.h"
 #include "core/random.h"
 #include "data/magihuman/precomputed_dataset.h"
+#include "io/atomic_file.h"
 #include "io/safetensors.h"
 
 #include <CLI/CLI.hpp>
@@ -131,28 +133,62 @@ void write_samples(const DataFixture& o) {
   std::printf("wrote %lld samples to %s\n", static_cast<long long>(o.samples), o.out_dir.c_str());
 }
 
-const CliRegistration fixture(fixture_registry(), 
+// `fixture magihuman-pairs`: 2N samples of one shape and DIR/pairs.jsonl pairing sample 2k
+// (chosen) with sample 2k+1 (rejected), the dataset magihuman_preference's manifest.
+void write_pairs(DataFixture o, int64_t pairs) {
+  if (pairs <= 0) fail("fixture magihuman-pairs: --pairs must be >= 1, found ", pairs);
+  o.samples = 2 * pairs;
+  write_samples(o);
+  std::string manifest;
+  for (int64_t k = 0; k < pairs; ++k) {
+    char line[96];
+    std::snprintf(line, sizeof(line), "{\"chosen\": \"sample_%06lld\", \"rejected\": \"sample_%06lld\"}\n",
+                  static_cast<long long>(2 * k), static_cast<long long>(2 * k + 1));
+    manifest += line;
+  }
+  const auto path = (std::filesystem::path(o.out_dir) / "pairs.jsonl").string();
+  file_write_atomic(path, manifest);
+  std::printf("wrote %lld pairs to %s\n", static_cast<long long>(pairs), path.c_str());
+}
+
+// The options both fixtures share: the clips' shapes, seed and format.
+void add_clip_options(CLI::App& cmd, DataFixture& o) {
+  cmd.add_option("--out", o.out_dir, "output .precomputed directory")->required();
+  cmd.add_option("--seed", o.seed, "random seed of the clean latents")->capture_default_str();
+  cmd.add_option("--video-grid", o.video_grid, "video token grid T,H',W'")->capture_default_str();
+  cmd.add_option("--audio-tokens", o.audio_tokens, "audio latent rows")->capture_default_str();
+  cmd.add_option("--text-tokens", o.text_tokens, "text embedding rows")->capture_default_str();
+  cmd.add_option("--video-channels", o.video_channels, "video token width (latent channels x 4)")
+      ->capture_default_str();
+  cmd.add_option("--audio-channels", o.audio_channels, "audio latent width")->capture_default_str();
+  cmd.add_option("--text-channels", o.text_channels, "text embedding width")->capture_default_str();
+  cmd.add_option("--format", o.format, "pt (torch.save) or safetensors")
+      ->check(CLI::IsMember({"pt", "safetensors"}))
+      ->capture_default_str();
+}
+
+const CliRegistration fixture(fixture_registry(),
     "magihuman", {"MagiHuman precomputed samples: DIR/{latents,audio_latents,conditions}/ (dataset magihuman_precomputed)",
                   [](CLI::App& cmd) {
                     auto o = std::make_shared<DataFixture>();
-                    cmd.add_option("--out", o->out_dir, "output .precomputed directory")->required();
+                    add_clip_options(cmd, *o);
                     cmd.add_option("--samples", o->samples, "number of samples")->capture_default_str();
-                    cmd.add_option("--seed", o->seed, "random seed of the clean latents")->capture_default_str();
-                    cmd.add_option("--video-grid", o->video_grid, "video token grid T,H',W'")->capture_default_str();
-                    cmd.add_option("--audio-tokens", o->audio_tokens, "audio latent rows")->capture_default_str();
-                    cmd.add_option("--text-tokens", o->text_tokens, "text embedding rows")->capture_default_str();
-                    cmd.add_option("--video-channels", o->video_channels, "video token width (latent channels x 4)")
-                        ->capture_default_str();
-                    cmd.add_option("--audio-channels", o->audio_channels, "audio latent width")->capture_default_str();
-                    cmd.add_option("--text-channels", o->text_channels, "text embedding width")->capture_default_str();
                     cmd.add_flag("--mix", o->mix,
                                  "each sample one of 4 durations (1/4 to 2 x T, audio with it) at one of 3 "
                                  "resolutions (1/2 to 3/2 x H', W'): a 72x spread of video tokens");
-                    cmd.add_option("--format", o->format, "pt (torch.save) or safetensors")
-                        ->check(CLI::IsMember({"pt", "safetensors"}))
-                        ->capture_default_str();
                     return [o] { write_samples(*o); };
                   }});
+
+const CliRegistration pairs_fixture(fixture_registry(),
+    "magihuman-pairs", {"MagiHuman preference pairs: 2N samples of one shape and DIR/pairs.jsonl (dataset "
+                        "magihuman_preference)",
+                        [](CLI::App& cmd) {
+                          auto o = std::make_shared<DataFixture>();
+                          auto pairs = std::make_shared<int64_t>(4);
+                          add_clip_options(cmd, *o);
+                          cmd.add_option("--pairs", *pairs, "number of pairs")->capture_default_str();
+                          return [o, pairs] { write_pairs(*o, *pairs); };
+                        }});
 
 }  // namespace
 }  // namespace mmtrain::magihuman

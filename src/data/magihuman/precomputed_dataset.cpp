@@ -180,6 +180,13 @@ at::Tensor as_rows(at::Tensor t, int64_t width, const std::string& what, const s
 
 }  // namespace
 
+nlohmann::json with_model_channels(const DataConfig& data, const ModelConfig& model) {
+  auto p = data.dataset_param;
+  for (const char* key : {"video_in_channels", "audio_in_channels", "text_in_channels"})
+    if (!p.contains(key) && model.config.contains(key)) p[key] = model.config[key];
+  return p;
+}
+
 PrecomputedDataOptions PrecomputedDataOptions::from_json(const nlohmann::json& p) { return parse_options(p, true); }
 PrecomputedDataOptions PrecomputedDataOptions::from_json_collate(const nlohmann::json& p) {
   return parse_options(p, false);

@@ -42,6 +42,10 @@ struct PrecomputedDataOptions {
   int64_t out_width() const;  // target columns: max(Cv, Ca)
 };
 
+// data.dataset_param with the channel widths the model is configured for filled in where the data
+// section does not give its own (which must then agree with the files).
+nlohmann::json with_model_channels(const DataConfig& data, const ModelConfig& model);
+
 // One sample as the dataset returns it (Batch keys):
 //   video_latent   [Nv, Cv] fp32, channel order (C, pT, pH, pW) as upstream img2tokens emits
 //   video_grid_thw [3] int64 (T, H', W'), T * H' * W' = Nv

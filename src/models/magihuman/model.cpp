@@ -259,7 +259,8 @@ class MagiHumanModel : public Model, public SplitsSequence {
       fail("batch 'modality_mapping' must be [", total, "], got ", batch_get(batch, "modality_mapping").sizes());
     // This rank's rows of the packed stream: all of them, or its share under context
     // parallelism (padding rows are text rows outside every sample and the loss).
-    const auto seq = split_sequence(cu_seqlens_from(cu_seqlens, total, "batch 'cu_seqlens'"), /*causal=*/false);
+    const auto stream = cu_seqlens_from(cu_seqlens, total, "batch 'cu_seqlens'");
+    const auto seq = split_sequence(stream, /*causal=*/false);
     const auto x = seq->take(full_x);
     const auto coords = seq->take(batch_get(batch, "coords_mapping"));
     const auto modality = seq->take(batch_get(batch, "modality_mapping"), kText);
@@ -303,15 +304,52 @@ class MagiHumanModel : public Model, public SplitsSequence {
     }
 
     ModelOutput result;
+    result.tokens = L;
+    result.tensors["prediction"] = prediction;
+    if (batch.count(kSampleTermLossesKey)) {
+      result.sample_term_losses = sample_term_losses(prediction, target, modality, loss_mask, *seq, batch, stream);
+      // As for the loss below: every CP rank runs the whole backward.
+      if (seq->is_split()) result.sample_term_losses = result.sample_term_losses + h.sum() * 0.0;
+      return result;
+    }
     result.loss = seq->is_split()
                       ? split_flow_matching_loss(prediction, target, modality, loss_mask, *seq, batch, &result.term_losses)
                       : flow_matching_loss(prediction, target, modality, loss_mask, batch, &result.term_losses);
     // Under context parallelism every rank must run the whole backward (its attention sends
     // gradients to the other ranks), even when none of its rows reaches the loss.
     if (seq->is_split()) result.loss = result.loss + h.sum() * 0.0;
-    result.tokens = L;
-    result.tensors["prediction"] = prediction;
     return result;
+  }
+
+  // Each packed sample's flow-matching loss per term (models/model.h's kSampleTermLossesKey):
+  // [N, 2], sample n's mean of (pred - target)^2 over its supervised video (audio) elements.
+  // Local rows are this rank's (seq); their sums are added over the CP ranks, the counts come
+  // from the whole batch. stream: the whole batch's cu_seqlens, N + 1 entries.
+  at::Tensor sample_term_losses(const at::Tensor& prediction, const at::Tensor& target, const at::Tensor& modality,
+                                const at::Tensor& loss_mask, const SequenceSplit& seq, const Batch& batch,
+                                const std::vector<int64_t>& stream) const {
+    const int64_t samples = static_cast<int64_t>(stream.size()) - 1;
+    std::vector<int64_t> owner(static_cast<size_t>(stream.back()));
+    for (int64_t n = 0; n < samples; ++n) std::fill(owner.begin() + stream[n], owner.begin() + stream[n + 1], n);
+    const auto full_owner = at::tensor(owner, at::kLong).to(prediction.device());
+    const auto local_owner = seq.take(full_owner, 0);  // padding rows are outside loss_mask
+    const auto full_supervised = batch_get(batch, "loss_mask").to(at::kBool);
+    const auto& full_modality = batch_get(batch, "modality_mapping");
+    const auto diff = (prediction - target.to(at::kFloat)).pow(2);
+    std::vector<at::Tensor> terms;
+    for (const int k : kLossTerms) {
+      const auto full_rows = ((full_modality == k) & full_supervised).nonzero().view(-1);
+      const auto counts = at::zeros({samples}, at::kFloat)
+                              .to(prediction.device())
+                              .index_add(0, full_owner.index_select(0, full_rows),
+                                         at::ones({full_rows.numel()}, prediction.options()))
+                              * static_cast<double>(loss_channels(k));
+      const auto rows = ((modality == k) & loss_mask.to(at::kBool)).nonzero().view(-1);
+      const auto row_sums = diff.index_select(0, rows).slice(1, 0, loss_channels(k)).sum(1);
+      const auto sums = seq.sum(at::zeros({samples}, diff.options()).index_add(0, local_owner.index_select(0, rows), row_sums));
+      terms.push_back(sums / counts.clamp_min(1.0));
+    }
+    return at::stack(terms, 1);
   }
 
   // The loss terms, in the order of loss_counts and the batch's loss_normalizer: video, audio.

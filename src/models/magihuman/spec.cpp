@@ -71,6 +71,7 @@ ModelSpec magihuman_spec() {
   spec.name = "magihuman";
   spec.title = "MagiHuman DiT";
   spec.converter_alias = "MagiHumanConverter";
+  spec.dpo_form = "flow";
   spec.build = [](const nlohmann::json& j) { return make_magihuman(MagiHumanConfig::from_json(j)); };
   spec.hf_adapter = [](const nlohmann::json& j) {
     return std::make_shared<MagiHumanHfAdapter>(MagiHumanConfig::from_json(j));

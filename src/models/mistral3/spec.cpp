@@ -150,6 +150,7 @@ ModelSpec mistral3_spec() {
                                  vision + "feed_forward.*_proj", "model.multi_modal_projector.linear_?",
                                  "model.multi_modal_projector.patch_merger.merging_layer"};
   spec.peft_task_type = "CAUSAL_LM";
+  spec.dpo_form = "log_probs";
   spec.hf_config = [](const nlohmann::json& model_config) { return Mistral3Config::from_json(model_config).to_hf_json(); };
   spec.converter_alias = "Mistral3Converter";
   spec.build = [](const nlohmann::json& j) { return make_mistral3(Mistral3Config::from_json(j)); };

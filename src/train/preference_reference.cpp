@@ -1,0 +1,46 @@
+#include "train/preference_reference.h"
+
+#include "train/build.h"
+#include "train/lora_base.h"
+
+namespace mmtrain {
+
+bool needs_reference_copy(const Config& config) {
+  return config.training.objective == "dpo" && !config.features.enable_lora;
+}
+
+std::shared_ptr<PreferenceReference> build_preference_reference(const Config& config, const DeviceMesh& mesh,
+                                                                std::shared_ptr<OffloadTiers> tiers) {
+  if (!needs_reference_copy(config)) return nullptr;
+  auto reference = std::make_shared<PreferenceReference>();
+  reference->model = build_model(config);
+  for (auto& [name, param] : reference->model->named_parameters())
+    if (param->trainable) param->requires_grad = false;
+  reference->fsdp = parallelize_model(config, *reference->model, mesh, std::move(tiers));
+  load_initial_weights(config, *reference->model, *reference->fsdp);
+  return reference;
+}
+
+nlohmann::json preference_reference_identity(const Config& config, Comm* comm) {
+  if (!needs_reference_copy(config)) return nullptr;
+  return initial_weights_identity(config, comm);
+}
+
+std::string preference_reference_difference(const nlohmann::json& trainer_state, const nlohmann::json& run) {
+  const auto saved = trainer_state.value("preference_reference", nlohmann::json());
+  if (run.is_null()) return "";  // no reference now: nothing to continue
+  if (saved.is_null())
+    return "it was not trained against a frozen reference (training.objective sft, or LoRA), and this run's dpo "
+           "would take " + lora_base_describe(run) + " as its reference, not the weights it starts from; to tune "
+           "these weights from preferences, export them (mmtrain convert MODEL ckpt-to-hf) and start a new run "
+           "with model.checkpoint_path set to the export";
+  if (!saved.is_object()) return "its preference_reference " + saved.dump() + " is not an object";
+  const bool same = saved.contains("init_seed") || run.contains("init_seed")
+                        ? saved.value("init_seed", nlohmann::json()) == run.value("init_seed", nlohmann::json())
+                        : saved.value("fingerprint", nlohmann::json()) == run.value("fingerprint", nlohmann::json());
+  if (same) return "";
+  return "its preference reference was " + lora_base_describe(saved) + ", and this run's is " +
+         lora_base_describe(run) + "; a dpo run continues against the reference it started with";
+}
+
+}  // namespace mmtrain

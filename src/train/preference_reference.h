@@ -1,0 +1,44 @@
+// The frozen reference of a preference objective under full fine-tuning (train/objective.h).
+// Under LoRA none is built: the reference is the model with its adapters off. Full fine-tuning
+// changes every weight, so the reference is a second copy of the run's initial weights
+// (model.checkpoint_path / model_name_or_path, or the seeded init), every parameter frozen and
+// sharded by the same parallelize chain as the model: each rank holds 1/fsdp of it in
+// param_dtype (the dtype frozen parameters keep), with no gradient and no optimizer state.
+// Its identity (that of the initial weights) is recorded in every checkpoint
+// ("preference_reference") and required again on resume.
+#pragma once
+#include "config/config.h"
+#include "dist/comm.h"
+#include "dist/device_mesh.h"
+#include "fsdp/fully_shard.h"
+#include "models/model.h"
+#include "offload/offload_tiers.h"
+
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <string>
+
+namespace mmtrain {
+
+struct PreferenceReference {
+  std::shared_ptr<Model> model;
+  std::unique_ptr<Fsdp> fsdp;
+};
+
+// True when config's objective needs a reference copy: a preference objective without LoRA.
+bool needs_reference_copy(const Config& config);
+
+// The reference copy, its weights loaded (collective over mesh); null when none is needed.
+std::shared_ptr<PreferenceReference> build_preference_reference(const Config& config, const DeviceMesh& mesh,
+                                                                std::shared_ptr<OffloadTiers> tiers = nullptr);
+
+// What a checkpoint records of the reference (train/lora_base.h's initial_weights_identity);
+// null when needs_reference_copy is false. With comm: collective, as initial_weights_identity.
+nlohmann::json preference_reference_identity(const Config& config, Comm* comm = nullptr);
+
+// "" when a checkpoint (its trainer_state.json, saved) may continue a run whose reference is run
+// (preference_reference_identity); else why not, naming both.
+std::string preference_reference_difference(const nlohmann::json& trainer_state, const nlohmann::json& run);
+
+}  // namespace mmtrain
