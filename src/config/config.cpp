@@ -98,6 +98,10 @@ ParallelDims config_check_world(const Config& c, int world_size) {
   return dims;
 }
 
+bool config_needs_reference_copy(const Config& config) {
+  return config.training.objective == "dpo" && !config.features.enable_lora;
+}
+
 int config_accumulation(const Config& c, const ParallelDims& dims) {
   const std::string where = "config " + c.source_path + ": ";
   const auto& t = c.training;

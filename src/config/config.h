@@ -71,5 +71,9 @@ ParallelDims config_check_supported(const Config& config, int world_size);
 // A token budget (data.dataloader_param.micro_batch_tokens) sizes the micro-batches itself:
 // training.micro_batch_size must stay 1 (an error naming both keys otherwise).
 void config_check_token_budget(const Config& config);
+// A preference objective (training.objective dpo) without LoRA keeps a frozen copy of the initial
+// weights as its reference (train/preference_reference.h); under LoRA the reference is the model
+// with its adapters off.
+bool config_needs_reference_copy(const Config& config);
 
 }  // namespace mmtrain

@@ -42,12 +42,17 @@ std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_
   e->recompute = cfg.features.recompute && !cfg.features.recompute_plan.apply_modules.empty();
   e->seqlen = checked_tokens(seqlen > 0 ? seqlen : e->spec->default_seqlen, "plan: the sequence length");
   e->micro = cfg.training.micro_batch_size;
+  if (cfg.training.objective == "dpo") e->sequences_per_sample = 2;
+  if (config_needs_reference_copy(cfg))
+    e->reference_copy_bytes = checked_mul(e->plan.total_numel, static_cast<int64_t>(c10::elementSize(fp.param_dtype)),
+                                          "plan: the reference copy") / e->dims.fsdp();
   for (const int64_t s : flops_seqlens) checked_tokens(s, "plan: a sample's length");
   // Token-budget micro-batches (data.dataloader_param.micro_batch_tokens) hold up to the budget
   // whatever the samples' lengths: the activations are those of one packed micro-batch of that
   // many tokens (seqlen still times the samples' FLOPs).
   const int64_t budget = cfg.data.loader.micro_batch_tokens;
-  const int64_t act_seqlen = budget > 0 ? budget : e->seqlen, act_micro = budget > 0 ? 1 : e->micro;
+  const int64_t act_seqlen = budget > 0 ? budget : e->seqlen,
+                act_micro = budget > 0 ? 1 : e->micro * e->sequences_per_sample;
   // Context parallelism splits a micro-batch's packed tokens over the CP ranks (padded to a
   // multiple of the degree): the activations are those of the local tokens.
   const int ring = e->dims.ring, ulysses = e->dims.ulysses, cp = e->dims.cp();
@@ -115,7 +120,7 @@ OffloadPlanInputs PlanEstimate::offload_inputs() const {
   // free memory may make them smaller.
   OffloadPlanInputs in;
   in.fsdp = &plan;
-  in.other_device_bytes = cp_buffer_bytes;
+  in.other_device_bytes = cp_buffer_bytes + reference_copy_bytes;
   if (no_activations.empty()) {
     in.activation_bytes = recompute ? act.with_recompute_bytes() : act.without_recompute_bytes();
     in.layers_kept_bytes = recompute ? act.layer_inputs_bytes : act.layers_full_bytes;
@@ -145,8 +150,17 @@ StepTimeInputs PlanEstimate::step_inputs(int devices_per_node, bool* flops) cons
     in.gemm_flops_per_sample = report.flops_per_sample - report.attention_flops_per_sample;
     // LoRA: the frozen base takes no weight gradients, so the backward's GEMMs are the input
     // gradients alone: forward + backward is 2 forwards, not 3 (plus the trained share's third).
-    if (cfg.features.enable_lora && plan.total_numel > 0)
-      in.gemm_flops_per_sample *= (2.0 + static_cast<double>(plan.trained_numel) / plan.total_numel) / 3.0;
+    double train_passes = 3.0;  // forward + backward, in forwards
+    if (cfg.features.enable_lora && plan.total_numel > 0) {
+      train_passes = 2.0 + static_cast<double>(plan.trained_numel) / plan.total_numel;
+      in.gemm_flops_per_sample *= train_passes / 3.0;
+    }
+    // dpo: a sample is two sequences, each also run forward once more, without grads, by the
+    // reference (attention's backward counted as 2.5 forwards).
+    if (sequences_per_sample == 2) {
+      in.gemm_flops_per_sample *= 2.0 * (train_passes + 1.0) / train_passes;
+      in.attention_flops_per_sample *= 2.0 * (3.5 + 1.0) / 3.5;
+    }
   }
   if (act.num_layers > 0) {
     in.tokens_per_rank = act.tokens;

@@ -32,6 +32,11 @@ struct PlanEstimate {
   ActivationEstimate act;
   std::string no_activations;     // why there is no activation estimate; "" when there is one
   int64_t cp_buffer_bytes = 0;    // one layer's context-parallel attention buffers
+  // training.objective dpo: a sample is a pair, so a micro-batch of `micro` holds 2 x micro
+  // sequences; under full fine-tuning the frozen reference copy's shards (param_dtype, this
+  // rank's 1/fsdp) stay on the device all run (config_needs_reference_copy).
+  int64_t sequences_per_sample = 1;
+  int64_t reference_copy_bytes = 0;
 
   // What an evaluation (training.eval_interval) holds beyond the step: its forwards run under
   // no-grad between steps, when the step's activations are freed, and keep one layer's working

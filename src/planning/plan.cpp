@@ -192,19 +192,25 @@ void plan_memory(const PlanOptions& o) {
   j["ring"] = ring;
   j["ulysses"] = ulysses;
   j["cp_size"] = cp;
-  const int64_t fixed = plan.sharded_state_bytes() + plan.transient_bytes() + cp_buffer_bytes;
+  if (e.reference_copy_bytes > 0) row("dpo reference: a frozen copy of the initial weights (" + p_name + ")",
+                                      e.reference_copy_bytes);
+  j["sequences_per_sample"] = e.sequences_per_sample;
+  j["reference_copy_bytes"] = e.reference_copy_bytes;
+  const int64_t fixed = plan.sharded_state_bytes() + plan.transient_bytes() + cp_buffer_bytes + e.reference_copy_bytes;
   if (no_activations.empty()) {
     if (cfg.data.loader.micro_batch_tokens > 0)  // plan_estimate sizes one packed micro-batch of the budget
       std::printf("\n  activations, %lld token(s) per %s (data.dataloader_param.micro_batch_tokens %lld), %lld layers\n",
                   static_cast<long long>(act.tokens), cp == 1 ? "micro-batch" : "rank",
                   static_cast<long long>(cfg.data.loader.micro_batch_tokens), static_cast<long long>(act.num_layers));
     else if (cp == 1)
-      std::printf("\n  activations, %lld token(s) per micro-batch (%lld x %lld), %lld layers\n",
-                  static_cast<long long>(act.tokens), static_cast<long long>(micro), static_cast<long long>(seqlen),
+      std::printf("\n  activations, %lld token(s) per micro-batch (%lld x %lld%s), %lld layers\n",
+                  static_cast<long long>(act.tokens), static_cast<long long>(micro * e.sequences_per_sample),
+                  static_cast<long long>(seqlen), e.sequences_per_sample == 2 ? ": dpo pairs, two sequences each" : "",
                   static_cast<long long>(act.num_layers));
     else
-      std::printf("\n  activations, %lld token(s) per rank (%lld x %lld over %d context-parallel ranks), %lld layers\n",
-                  static_cast<long long>(act.tokens), static_cast<long long>(micro), static_cast<long long>(seqlen), cp,
+      std::printf("\n  activations, %lld token(s) per rank (%lld x %lld over %d context-parallel ranks%s), %lld layers\n",
+                  static_cast<long long>(act.tokens), static_cast<long long>(micro * e.sequences_per_sample),
+                  static_cast<long long>(seqlen), cp, e.sequences_per_sample == 2 ? "; dpo pairs" : "",
                   static_cast<long long>(act.num_layers));
     row("recompute on: layer inputs (all layers)", act.layer_inputs_bytes);
     row("recompute on: one layer rebuilt (" + act.largest_layer + ")", act.max_layer_full_bytes);

@@ -105,7 +105,7 @@ ModelOutput dpo_forward(const DpoConfig& config, const PairScoring& scoring, Pre
 
 MicroBatchForward objective_forward(const Config& config, std::shared_ptr<PreferenceReference> reference) {
   if (config.training.objective == "sft") return nullptr;
-  if (needs_reference_copy(config) != static_cast<bool>(reference))
+  if (config_needs_reference_copy(config) != static_cast<bool>(reference))
     fail("objective_forward: training.objective dpo ", reference ? "under LoRA takes no reference copy"
                                                                  : "under full fine-tuning needs its reference copy");
   const DpoConfig dpo = config.training.dpo;

@@ -30,7 +30,7 @@ namespace mmtrain {
 using MicroBatchForward = std::function<ModelOutput(Model& model, Fsdp& fsdp, const Batch& batch)>;
 
 // The objective config.training names: null for sft (the model's loss), else its forward.
-// reference: the frozen copy when needs_reference_copy(config) (it must then be given), else null.
+// reference: the frozen copy when config_needs_reference_copy(config) (it must then be given), else null.
 MicroBatchForward objective_forward(const Config& config, std::shared_ptr<PreferenceReference> reference);
 
 // Refuses, by name and before anything is built, an objective with a setting it does not support

@@ -5,13 +5,9 @@
 
 namespace mmtrain {
 
-bool needs_reference_copy(const Config& config) {
-  return config.training.objective == "dpo" && !config.features.enable_lora;
-}
-
 std::shared_ptr<PreferenceReference> build_preference_reference(const Config& config, const DeviceMesh& mesh,
                                                                 std::shared_ptr<OffloadTiers> tiers) {
-  if (!needs_reference_copy(config)) return nullptr;
+  if (!config_needs_reference_copy(config)) return nullptr;
   auto reference = std::make_shared<PreferenceReference>();
   reference->model = build_model(config);
   for (auto& [name, param] : reference->model->named_parameters())
@@ -22,7 +18,7 @@ std::shared_ptr<PreferenceReference> build_preference_reference(const Config& co
 }
 
 nlohmann::json preference_reference_identity(const Config& config, Comm* comm) {
-  if (!needs_reference_copy(config)) return nullptr;
+  if (!config_needs_reference_copy(config)) return nullptr;
   return initial_weights_identity(config, comm);
 }
 

@@ -26,15 +26,13 @@ struct PreferenceReference {
   std::unique_ptr<Fsdp> fsdp;
 };
 
-// True when config's objective needs a reference copy: a preference objective without LoRA.
-bool needs_reference_copy(const Config& config);
-
-// The reference copy, its weights loaded (collective over mesh); null when none is needed.
+// The reference copy, its weights loaded (collective over mesh); null when none is needed
+// (config_needs_reference_copy).
 std::shared_ptr<PreferenceReference> build_preference_reference(const Config& config, const DeviceMesh& mesh,
                                                                 std::shared_ptr<OffloadTiers> tiers = nullptr);
 
 // What a checkpoint records of the reference (train/lora_base.h's initial_weights_identity);
-// null when needs_reference_copy is false. With comm: collective, as initial_weights_identity.
+// null when no copy is needed. With comm: collective, as initial_weights_identity.
 nlohmann::json preference_reference_identity(const Config& config, Comm* comm = nullptr);
 
 // "" when a checkpoint (its trainer_state.json, saved) may continue a run whose reference is run
