@@ -243,6 +243,7 @@ EvalRecord Evaluator::evaluate(Run& run, int64_t iteration) {
         fail("evaluation: the model reports ", counts.size(), " loss count(s) for ", terms, " term(s) (Model::loss_counts)");
       batch[kLossNormalizerKey] = at::ones({static_cast<int64_t>(terms)}, at::kDouble);  // sums, not means
       run.fsdp->begin_forward();
+      check_sft_batch(batch);
       const ModelOutput out = model.forward(batch);
       run.fsdp->finish_forward_only();
       if (padding) continue;

@@ -116,15 +116,7 @@ MicroBatchForward objective_forward(const Config& config, std::shared_ptr<Prefer
 }
 
 void check_objective(const Config& config) {
-  if (config.training.objective == "sft") {
-    // SFT on pairs would imitate the rejected answers as much as the chosen ones.
-    const auto& dataset = config.data.dataset_type;
-    if (dataset == "preference" || dataset == "magihuman_preference" || config.data.collate_model_name == "preference" ||
-        config.data.collate_model_name == "magihuman_preference")
-      fail("config ", config.source_path, ": preference pairs (dataset_type / collator ", dataset,
-           ") train with training.objective dpo, not sft");
-    return;
-  }
+  if (config.training.objective == "sft") return;  // pairs under sft: check_sft_batch
   const std::string where = "config " + config.source_path + ": training.objective " + config.training.objective;
   const std::string& form = config_model_spec(config).dpo_form;
   if (form.empty()) fail(where, ": model '", config.model.model_id, "' has no preference objective");
@@ -144,6 +136,13 @@ void check_objective(const Config& config) {
     fail(where, ": training.dpo.term_weights weighs a flow-matching model's loss terms; model '",
          config.model.model_id, "' scores answers by their log-probabilities (remove the key)");
   }
+}
+
+void check_sft_batch(const Batch& batch) {
+  // SFT on pairs would imitate the rejected answers as much as the chosen ones.
+  if (batch.count(kPreferencePairsKey))
+    fail("training.objective sft: the micro-batch holds preference pairs (a preference data set and collator); ",
+         "pairs train with training.objective dpo, not sft");
 }
 
 nlohmann::json objective_metrics(const std::map<std::string, double>& sums) {

@@ -35,8 +35,11 @@ MicroBatchForward objective_forward(const Config& config, std::shared_ptr<Prefer
 
 // Refuses, by name and before anything is built, an objective with a setting it does not support
 // (dpo: a model without a preference form, modules_to_save, token budgets, a loss type or
-// term_weights the model's form has not; sft: preference pairs).
+// term_weights the model's form has not).
 void check_objective(const Config& config);
+// Refuses, by name, a micro-batch of preference pairs (models/model.h's kPreferencePairsKey) under
+// sft: the data set's pairs are known only once collated.
+void check_sft_batch(const Batch& batch);
 
 // The step's objective metrics (TRL's names) from their sums over its micro-batches and ranks:
 // each divided by the pair count; null for sft.

@@ -55,6 +55,7 @@ ModelOutput forward_backward(Model& model, Fsdp& fsdp, const Batch& batch, doubl
     if (objective) {
       out = objective(model, fsdp, batch);
     } else {
+      check_sft_batch(batch);
       fsdp.begin_forward();
       out = model.forward(batch);
     }

@@ -125,7 +125,7 @@ def test_bad_pairs_and_settings_are_refused_by_name(tmp_path, pairs):
     for override, message in [
         ("training.dpo.loss_type=[ipo]", "has no Flow-DPO form"),
         ("training.dpo.term_weights=[1.0, 1.0, 1.0]", "3 weights for the model's 2 loss terms"),
-        ("training.objective=sft", "train with training.objective dpo, not sft"),
+        ("training.objective=sft", "pairs train with training.objective dpo, not sft"),
     ]:
         proc = run_mmtrain(["train", str(cfg), "--set", override], check=False)
         assert proc.returncode != 0 and message in proc.stderr, (override, proc.stderr[-1500:])

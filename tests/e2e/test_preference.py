@@ -82,7 +82,6 @@ def test_a_dpo_run_records_trls_metrics_and_the_set_says_what_it_dropped(dpo_set
     ("training.dpo.loss_type=[kto]", "training.dpo.loss_type"),
     ("training.dpo.label_smoothing=0.5", "training.dpo.label_smoothing"),
     ("training.objective=ppo", "training.objective"),
-    ("training.objective=sft", "train with training.objective dpo, not sft"),
 ])
 def test_what_the_objective_does_not_support_is_refused_by_name(dpo_setup, override, message):
     tmp, cfg = dpo_setup
@@ -90,6 +89,16 @@ def test_what_the_objective_does_not_support_is_refused_by_name(dpo_setup, overr
                        check=False)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
     assert not (tmp / "refused" / "metrics.jsonl").exists()
+
+
+def test_pairs_under_sft_are_refused_at_the_first_micro_batch(dpo_setup):
+    """Whether a data set yields pairs is known once it is collated: the first step stops, by name."""
+    tmp, cfg = dpo_setup
+    proc = run_mmtrain(["train", str(cfg), "--set", "training.objective=sft", "--set",
+                        f"logging.output_dir={tmp / 'sft_pairs'}", "--set", "training.save="], check=False)
+    assert proc.returncode != 0 and "pairs train with training.objective dpo, not sft" in proc.stderr, proc.stderr[-2000:]
+    metrics = tmp / "sft_pairs" / "metrics.jsonl"
+    assert not metrics.exists() or not any("loss" in r for r in read_metrics(tmp / "sft_pairs"))
 
 
 def test_sft_data_under_dpo_is_refused(dpo_setup):
