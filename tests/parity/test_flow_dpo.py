@@ -8,8 +8,9 @@ each clip run through the reference on its own (attention never crosses packed s
 policy from a checkpoint two steps into full fine-tuning, the reference the initial weights (the
 frozen copy full fine-tuning keeps). Checked: the collated pairs share timestep and noise; loss,
 the TRL-named metrics and every gradient of `debug step` (fp32, 1e-5 relative L2); and a 3-step run
-on 2 ranks (FSDP) and under Ulysses 2 equals the 1-rank run (per-step loss and metrics, the final
-checkpoint's weights and moments).
+on 2 ranks equals the 1-rank run (per-step loss and metrics, the final checkpoint's weights and
+moments) under FSDP, Ulysses 2, ring 2, HSDP (2 replicas) and recompute with the shards in host
+memory (the reference copy's too).
 """
 import importlib.util
 import math
@@ -200,8 +201,13 @@ def test_loss_metrics_and_gradients_equal_the_formula(fd, term_weights):
 @pytest.mark.parametrize("name,world,sets", [
     ("fsdp2", 2, ()),
     ("ulysses2", 2, ("parallel.ulysses_parallel_size=2",)),
+    ("ring2", 2, ("parallel.ring_attention_size=2",)),
+    ("hsdp_replicas", 2, ("parallel.fully_shard_parallel_size=1",)),
+    ("recompute_cpu_offload", 2, ("features.recompute=true",
+                                  'features.recompute_plan.apply_modules=["dit.block.layers.{*}"]',
+                                  "parallel.fsdp_plan.cpu_offload=true")),
 ])
-def test_two_ranks_and_ulysses_equal_one_rank(fd, name, world, sets):
+def test_two_ranks_equal_one_rank_under_fsdp_cp_hsdp_recompute_and_offload(fd, name, world, sets):
     one, one_save = fd.train("one_rank")
     many, many_save = fd.train(name, world=world, sets=sets)
     assert len(one) == len(many) == ITERS
