@@ -8,15 +8,17 @@ SFT set: each pair's prompt + chosen answer and prompt + rejected answer as two 
 in pair order, so that with shuffle off SFT step s trains on exactly DPO step s's tokens (GLOBAL pairs
 = 2 x GLOBAL records, the micro-batches doubled alike).
 
-Arms, interleaved over ROUNDS rounds (A B C, then C B A, ...):
+Arms, interleaved over ROUNDS rounds (A B C D, then D C B A, ...):
   sft       training.objective sft on the 2 x GLOBAL sequences
   dpo       training.objective dpo on the GLOBAL pairs: a no-grad reference forward with the adapters
             off, then the policy's forward and backward, over the same sequences
+  trl       the peer (bench/trl_dpo_peer.py): TRL's DPOTrainer loss on HF transformers + peft under
+            FSDP2, fused AdamW, on exactly the dpo arm's micro-batches (`debug collate`)
   sft2      sft again: the control, whose spread against `sft` is the noise floor
 
 Reported (medians over rounds): step_ms (median step time over the steps after the first two) and
-peak_rss_mib (rank 0's peak RSS), and the ratios dpo / sft (targets: step <= 2.3, peak <= 1.15) with
-sft2 / sft as the noise floor.
+peak_rss_mib (the peak RSS over ranks), and the ratios dpo / sft (targets: step <= 2.3, peak <= 1.15)
+and dpo / trl, with sft2 / sft as the noise floor.
 
 Usage: .venv/bin/python bench/dpo.py [BUILD_DIR]   (binary BUILD_DIR/bin/mmtrain or $MMTRAIN_BIN)
 Knobs (environment): STEPS (8), GLOBAL (4 pairs), MICRO (2 pairs), PAIRS (32), ROUNDS (2), BENCH_DIR
@@ -39,7 +41,7 @@ BENCH = Path(os.environ.get("BENCH_DIR", BUILD / "bench_dpo"))
 STEPS, GLOBAL, MICRO = int(os.environ.get("STEPS", 8)), int(os.environ.get("GLOBAL", 4)), int(os.environ.get("MICRO", 2))
 PAIRS, ROUNDS = int(os.environ.get("PAIRS", 32)), int(os.environ.get("ROUNDS", 2))
 ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-ARMS = ["sft", "dpo", "sft2"]
+ARMS = ["sft", "dpo", "trl", "sft2"]
 
 
 def run(label, cmd, log):
@@ -95,6 +97,35 @@ def one_run(arm, r, data, root):
             "tokens_per_step": statistics.median(s["tokens"] for s in steps)}
 
 
+def peer_batches(root: Path) -> tuple[Path, int]:
+    """Every micro-batch of the dpo arm's run on 2 ranks, as mmtrain's loader makes them."""
+    batches, accum = root / "batches", GLOBAL // (2 * MICRO)
+    cfg = root / "peer_batches.yaml"
+    cfg.write_text(config(root / "data", root / "peer_batches", "dpo"))
+    if not (batches / f"s{STEPS - 1}_r1_m{accum - 1}.safetensors").exists():
+        batches.mkdir(exist_ok=True)
+        for s in range(STEPS):
+            for rank in range(2):
+                for m in range(accum):
+                    run(f"mistral3 batch s{s} r{rank} m{m}", [BIN, "debug", "collate", str(cfg), "--step", str(s),
+                                                             "--rank", str(rank), "--world", "2", "--micro", str(m),
+                                                             "--out", str(batches / f"s{s}_r{rank}_m{m}.safetensors")],
+                        root / "collate.log")
+    return batches, accum
+
+
+def peer_run(r, root):
+    out = root / f"trl_r{r}.jsonl"
+    batches, accum = peer_batches(root)
+    run(f"mistral3 trl r{r}", [TORCHRUN, "--nproc-per-node", "2", str(Path(__file__).parent / "trl_dpo_peer.py"),
+                               "--weights", str(root / "base"), "--batches", str(batches), "--steps", str(STEPS),
+                               "--accum", str(accum), "--out", str(out)], str(out) + ".log")
+    steps = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    return {"step_ms": statistics.median(s["step_time_ms"] for s in steps if s["iteration"] > 2),
+            "peak_rss_mib": max(s["peak_rss_mb"] for s in steps),
+            "tokens_per_step": statistics.median(s["tokens"] for s in steps)}
+
+
 def bench_model(model):
     root = BENCH / model
     data = root / "data"
@@ -107,18 +138,20 @@ def bench_model(model):
         (root / "weights.yaml").write_text(config(data, root / "unused", "sft"))
         run("mistral3 base", [BIN, "fixture", "mistral3-weights", "--config", str(root / "weights.yaml"), "--out",
                               str(root / "base")], root / "base.log")
-    runs = interleaved(ARMS, ROUNDS, lambda arm, r: one_run(arm, r, data, root))
+    runs = interleaved(ARMS, ROUNDS, lambda arm, r: peer_run(r, root) if arm == "trl" else one_run(arm, r, data, root))
     med = {arm: {k: statistics.median(x[k] for x in runs[arm]) for k in runs[arm][0]} for arm in ARMS}
-    sft, dpo, control = med["sft"], med["dpo"], med["sft2"]
-    ratio = lambda a, k: round(a[k] / sft[k], 3)  # noqa: E731
+    sft, dpo, trl, control = med["sft"], med["dpo"], med["trl"], med["sft2"]
+    ratio = lambda a, k, b=sft: round(a[k] / b[k], 3)  # noqa: E731
     out = {
         "model": model,
         "arms": {arm: {k: round(v, 2) for k, v in med[arm].items()} for arm in ARMS},
         "dpo_over_sft": {k: ratio(dpo, k) for k in ("step_ms", "peak_rss_mib", "tokens_per_step")},
         "control_over_sft": {k: ratio(control, k) for k in ("step_ms", "peak_rss_mib")},
+        "dpo_over_trl": {k: ratio(dpo, k, trl) for k in ("step_ms", "peak_rss_mib", "tokens_per_step")},
         "targets": {"step_ms": 2.3, "peak_rss_mib": 1.15},
     }
-    print(f"bench: dpo / sft {out['dpo_over_sft']} (control {out['control_over_sft']})", file=sys.stderr)
+    print(f"bench: dpo / sft {out['dpo_over_sft']} (control {out['control_over_sft']}), dpo / trl "
+          f"{out['dpo_over_trl']}", file=sys.stderr)
     return out
 
 
