@@ -14,5 +14,10 @@ namespace mmtrain {
 const ModelSpec& config_model_spec(const Config& config);
 // The config's dataset, built from the dataset registry.
 std::shared_ptr<Dataset> build_dataset(const Config& config);
+// A full fine-tuning preference run's reference copy as a Module tree (shapes only; nothing is
+// allocated until FSDP shards it): the model, every parameter frozen, the Linears
+// training.dpo.reference_quant names stored quantized (nn/lora.h's quantize_frozen_linears). The
+// run builds it (train/preference_reference.h), the planner sizes it.
+std::shared_ptr<Model> build_reference_model(const Config& config);
 
 }  // namespace mmtrain

@@ -125,17 +125,25 @@ LoraSummary apply_lora(Module& model, const LoraConfig& config, const std::vecto
         }
       }
   // The frozen base's storage: every frozen weight of an adaptable Linear (modules_to_save train).
-  const quant::BaseQuant kind = quant::parse_base_quant(config.base_quant, "features.lora.base_quant");
-  if (kind != quant::BaseQuant::none)
-    for (auto& [name, module] : model.named_modules()) {
-      auto* linear = dynamic_cast<Linear*>(module);
-      bool is_adaptable = false;
-      for (const auto& pattern : adaptable) is_adaptable = is_adaptable || pattern.matches(name);
-      if (linear && is_adaptable && !linear->weight.requires_grad && quant::row_quantizable(kind, linear->weight.shape))
-        linear->weight.base_quant = kind;
-    }
+  quantize_frozen_linears(model, quant::parse_base_quant(config.base_quant, "features.lora.base_quant"), supported);
   summary.trainable_params = trainable_param_count(model);
   return summary;
+}
+
+int64_t quantize_frozen_linears(Module& model, quant::BaseQuant kind, const std::vector<std::string>& supported) {
+  if (kind == quant::BaseQuant::none) return 0;
+  const std::vector<ModulePattern> adaptable(supported.begin(), supported.end());
+  int64_t marked = 0;
+  for (auto& [name, module] : model.named_modules()) {
+    auto* linear = dynamic_cast<Linear*>(module);
+    bool is_adaptable = false;
+    for (const auto& pattern : adaptable) is_adaptable = is_adaptable || pattern.matches(name);
+    if (linear && is_adaptable && !linear->weight.requires_grad && quant::row_quantizable(kind, linear->weight.shape)) {
+      linear->weight.base_quant = kind;
+      ++marked;
+    }
+  }
+  return marked;
 }
 
 namespace {

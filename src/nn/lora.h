@@ -9,6 +9,7 @@
 // alpha `lora_alpha`, init "kaiming" its default and "gaussian" its init_lora_weights="gaussian".
 #pragma once
 #include "nn/module.h"
+#include "quant/base_quant.h"
 
 #include <string>
 #include <vector>
@@ -51,6 +52,12 @@ struct LoraSummary {
 // lora_supported_targets); a target outside them is refused.
 LoraSummary apply_lora(Module& model, const LoraConfig& config, const std::vector<std::string>& default_targets,
                        const std::vector<std::string>& supported);
+
+// Marks the frozen weight of every Linear matching `supported` (ModelSpec::lora_supported_targets)
+// whose rows hold whole blocks of `kind` to be stored quantized (quant/quantized_rows.h; FSDP
+// shards the codes and scales and dequantizes on gather). QLoRA's base and a full fine-tuning
+// preference run's reference copy (training.dpo.reference_quant). Returns how many; none for none.
+int64_t quantize_frozen_linears(Module& model, quant::BaseQuant kind, const std::vector<std::string>& supported);
 
 // While one lives, on this thread, every LoRA adapter is off: the model computes its base (and
 // the modules_to_save as they are now). A preference objective's reference forward (train/objective.h):

@@ -23,6 +23,7 @@ void DpoConfig::declare(ConfigSection<DpoConfig>& s) {
       .field("label_smoothing", &DpoConfig::label_smoothing)
       .field("rpo_alpha", &DpoConfig::rpo_alpha)
       .field("term_weights", &DpoConfig::term_weights)
+      .field("reference_quant", &DpoConfig::reference_quant)
       .check([](const DpoConfig& c, const ConfigCheck& check) {
         const auto number = ConfigCheck::number;
         if (!(c.beta > 0.0) || !std::isfinite(c.beta)) check.invalid("beta", "a positive number", number(c.beta));
@@ -38,6 +39,7 @@ void DpoConfig::declare(ConfigSection<DpoConfig>& s) {
                         number(c.label_smoothing));
         if (!(c.rpo_alpha >= 0.0) || !std::isfinite(c.rpo_alpha))
           check.invalid("rpo_alpha", ">= 0 (0: no SFT term)", number(c.rpo_alpha));
+        check.one_of("reference_quant", c.reference_quant, {"none", "nf4", "int8", "fp8_e4m3"});
         for (double w : c.term_weights)
           if (!(w >= 0.0) || !std::isfinite(w)) check.invalid("term_weights", "finite numbers >= 0", number(w));
       });

@@ -39,6 +39,9 @@ struct DpoConfig {
   double label_smoothing = 0.0;                     // robust: the share of preferences assumed flipped, [0, 0.5)
   double rpo_alpha = 0.0;                           // > 0: adds loss_type sft with this weight
   std::vector<double> term_weights;                 // Flow-DPO: one per model loss term (MagiHuman: video, audio); empty: all 1
+  // Full fine-tuning: how the frozen reference copy stores its Linear weights (none | nf4 | int8 |
+  // fp8_e4m3, as features.lora.base_quant stores QLoRA's base; train/preference_reference.h).
+  std::string reference_quant = "none";
 
   static void declare(ConfigSection<DpoConfig>& section);
 };

@@ -1,5 +1,6 @@
 #include "plan/plan_estimate.h"
 
+#include "config/registries.h"
 #include "core/checked_math.h"
 #include "core/error.h"
 #include "optim/swapped_moments.h"
@@ -44,8 +45,7 @@ std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_
   e->micro = cfg.training.micro_batch_size;
   if (cfg.training.objective == "dpo") e->sequences_per_sample = 2;
   if (config_needs_reference_copy(cfg))
-    e->reference_copy_bytes = checked_mul(e->plan.total_numel, static_cast<int64_t>(c10::elementSize(fp.param_dtype)),
-                                          "plan: the reference copy") / e->dims.fsdp();
+    e->reference_copy_bytes = fsdp_memory_plan(*build_reference_model(cfg), fp, e->dims.fsdp()).param_bytes;
   for (const int64_t s : flops_seqlens) checked_tokens(s, "plan: a sample's length");
   // Token-budget micro-batches (data.dataloader_param.micro_batch_tokens) hold up to the budget
   // whatever the samples' lengths: the activations are those of one packed micro-batch of that

@@ -192,8 +192,11 @@ void plan_memory(const PlanOptions& o) {
   j["ring"] = ring;
   j["ulysses"] = ulysses;
   j["cp_size"] = cp;
-  if (e.reference_copy_bytes > 0) row("dpo reference: a frozen copy of the initial weights (" + p_name + ")",
-                                      e.reference_copy_bytes);
+  const std::string& reference_quant = cfg.training.dpo.reference_quant;
+  if (e.reference_copy_bytes > 0)
+    row("dpo reference: a frozen copy of the initial weights (" +
+            (reference_quant != "none" ? reference_quant + " / " : std::string()) + p_name + ")",
+        e.reference_copy_bytes);
   j["sequences_per_sample"] = e.sequences_per_sample;
   j["reference_copy_bytes"] = e.reference_copy_bytes;
   const int64_t fixed = plan.sharded_state_bytes() + plan.transient_bytes() + cp_buffer_bytes + e.reference_copy_bytes;

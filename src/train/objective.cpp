@@ -120,6 +120,9 @@ void check_objective(const Config& config) {
   const std::string where = "config " + config.source_path + ": training.objective " + config.training.objective;
   const std::string& form = config_model_spec(config).dpo_form;
   if (form.empty()) fail(where, ": model '", config.model.model_id, "' has no preference objective");
+  if (config.features.enable_lora && config.training.dpo.reference_quant != "none")
+    fail(where, ": training.dpo.reference_quant quantizes full fine-tuning's reference copy; under LoRA the reference ",
+         "is the base, stored as features.lora.base_quant says (set that instead)");
   if (!config.features.lora.modules_to_save.empty() && config.features.enable_lora)
     fail(where, " with features.lora.modules_to_save: the reference would compute those modules as trained, not as ",
          "the base (leave modules_to_save empty)");

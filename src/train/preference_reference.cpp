@@ -1,6 +1,7 @@
 #include "train/preference_reference.h"
 
 #include "train/build.h"
+#include "config/registries.h"
 #include "train/lora_base.h"
 
 namespace mmtrain {
@@ -9,9 +10,7 @@ std::shared_ptr<PreferenceReference> build_preference_reference(const Config& co
                                                                 std::shared_ptr<OffloadTiers> tiers) {
   if (!config_needs_reference_copy(config)) return nullptr;
   auto reference = std::make_shared<PreferenceReference>();
-  reference->model = build_model(config);
-  for (auto& [name, param] : reference->model->named_parameters())
-    if (param->trainable) param->requires_grad = false;
+  reference->model = build_reference_model(config);
   reference->fsdp = parallelize_model(config, *reference->model, mesh, std::move(tiers));
   load_initial_weights(config, *reference->model, *reference->fsdp);
   return reference;
@@ -19,7 +18,9 @@ std::shared_ptr<PreferenceReference> build_preference_reference(const Config& co
 
 nlohmann::json preference_reference_identity(const Config& config, Comm* comm) {
   if (!config_needs_reference_copy(config)) return nullptr;
-  return initial_weights_identity(config, comm);
+  nlohmann::json identity = initial_weights_identity(config, comm);
+  if (config.training.dpo.reference_quant != "none") identity["quant"] = config.training.dpo.reference_quant;
+  return identity;
 }
 
 std::string preference_reference_difference(const nlohmann::json& trainer_state, const nlohmann::json& run) {
@@ -31,6 +32,11 @@ std::string preference_reference_difference(const nlohmann::json& trainer_state,
            "these weights from preferences, export them (mmtrain convert MODEL ckpt-to-hf) and start a new run "
            "with model.checkpoint_path set to the export";
   if (!saved.is_object()) return "its preference_reference " + saved.dump() + " is not an object";
+  const nlohmann::json unquantized = "none";
+  if (saved.value("quant", unquantized) != run.value("quant", unquantized))
+    return "its preference reference was stored as " + saved.value("quant", unquantized).dump() +
+           " (training.dpo.reference_quant), this run's as " + run.value("quant", unquantized).dump() +
+           "; a dpo run continues against the reference it started with";
   const bool same = saved.contains("init_seed") || run.contains("init_seed")
                         ? saved.value("init_seed", nlohmann::json()) == run.value("init_seed", nlohmann::json())
                         : saved.value("fingerprint", nlohmann::json()) == run.value("fingerprint", nlohmann::json());

@@ -3,7 +3,8 @@
 // changes every weight, so the reference is a second copy of the run's initial weights
 // (model.checkpoint_path / model_name_or_path, or the seeded init), every parameter frozen and
 // sharded by the same parallelize chain as the model: each rank holds 1/fsdp of it in
-// param_dtype (the dtype frozen parameters keep), with no gradient and no optimizer state.
+// param_dtype (the dtype frozen parameters keep), or its Linears in training.dpo.reference_quant's
+// codes and scales, with no gradient and no optimizer state.
 // Its identity (that of the initial weights) is recorded in every checkpoint
 // ("preference_reference") and required again on resume.
 #pragma once

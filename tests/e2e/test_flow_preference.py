@@ -78,6 +78,9 @@ def test_a_full_run_records_its_reference_and_refuses_another_on_resume(tmp_path
     proc = run_mmtrain(["train", str(cfg), "--set", "training.seed=6", "--set", "training.load=auto", "--set",
                         "training.exit_interval=0"], check=False)
     assert proc.returncode != 0 and "its preference reference was a random init with seed 5" in proc.stderr, proc.stderr
+    proc = run_mmtrain(["train", str(cfg), "--set", "training.dpo.reference_quant=nf4", "--set", "training.load=auto",
+                        "--set", "training.exit_interval=0"], check=False)
+    assert proc.returncode != 0 and 'its preference reference was stored as "none"' in proc.stderr, proc.stderr
     # An SFT checkpoint continued as DPO would take the initial weights as the reference: refused.
     sft_data = tmp_path / "sft_data"
     run_mmtrain(["fixture", "magihuman", "--out", str(sft_data), "--samples", "4", "--seed", "3", *SHAPE])
@@ -129,6 +132,9 @@ def test_bad_pairs_and_settings_are_refused_by_name(tmp_path, pairs):
     ]:
         proc = run_mmtrain(["train", str(cfg), "--set", override], check=False)
         assert proc.returncode != 0 and message in proc.stderr, (override, proc.stderr[-1500:])
+    proc = run_mmtrain(["train", str(cfg), "--set", "features.enable_lora=true", "--set",
+                        "training.dpo.reference_quant=nf4"], check=False)
+    assert proc.returncode != 0 and "under LoRA the reference is the base" in proc.stderr, proc.stderr[-1500:]
 
 
 def test_the_plan_counts_two_sequences_a_pair_and_the_reference_copy(tmp_path, pairs):
@@ -141,6 +147,8 @@ def test_the_plan_counts_two_sequences_a_pair_and_the_reference_copy(tmp_path, p
         return json.loads(run_mmtrain(args).stdout.strip().splitlines()[-1])
 
     dpo, sft, lora = plan(), plan("training.objective=sft"), plan("features.enable_lora=true")
+    nf4 = plan("training.dpo.reference_quant=nf4")  # the Linears in 4-bit codes and their scales
+    assert 0 < nf4["reference_copy_bytes"] < dpo["reference_copy_bytes"] / 4
     assert dpo["tokens"] == 2 * sft["tokens"] == 2 * 2 * 100  # micro-batches of 2 pairs
     assert dpo["reference_copy_bytes"] == dpo["total_params"] * 4 // 2  # fp32 param_dtype over 2 shards
     assert sft["reference_copy_bytes"] == 0 and lora["reference_copy_bytes"] == 0  # LoRA: adapters off

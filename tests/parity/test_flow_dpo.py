@@ -87,6 +87,19 @@ class Setup:
         return hf, ckpt
 
 
+    def reference_weights(self, quant: str) -> Path:
+        """The base as the reference copy computes with it: stored as `quant`, gathered in fp32."""
+        if quant == "none":
+            return self.weights
+        stored, back = self.tmp / f"base_{quant}", self.tmp / f"base_{quant}_fp32"
+        if not back.exists():
+            run_mmtrain(["convert", "magihuman", "quantize-base", "--load_dir", str(self.weights), "--save_dir",
+                         str(stored), "--dtype", quant])
+            run_mmtrain(["convert", "magihuman", "dequantize-base", "--load_dir", str(stored), "--save_dir", str(back),
+                         "--dtype", "fp32"])
+        return back
+
+
 def checkpoint_tensors(iter_dir: Path) -> dict:
     """Every tensor of an mmtrain checkpoint (weights and AdamW moments, fp32), each rank's rows
     joined in rank order (docs/checkpoint_format.md)."""
@@ -154,14 +167,17 @@ def test_the_two_clips_of_a_pair_share_timestep_and_noise(fd):
     assert abs(sigmas[0] - sigmas[1]) > 1e-6, "two pairs drew one timestep: the draw is not per pair"
 
 
-@pytest.mark.parametrize("term_weights", [None, (1.0, 0.25)])
-def test_loss_metrics_and_gradients_equal_the_formula(fd, term_weights):
+@pytest.mark.parametrize("term_weights,reference_quant", [(None, "none"), ((1.0, 0.25), "none"), (None, "int8"),
+                                                          (None, "nf4")])
+def test_loss_metrics_and_gradients_equal_the_formula(fd, term_weights, reference_quant):
+    """reference_quant: the reference copy's Linears stored quantized; the formula's reference is then
+    the base through `convert quantize-base` and back (`dequantize-base`, fp32)."""
     policy_hf, policy_ckpt = fd.policy()
     batch_path = fd.tmp / "batch.safetensors"
     if not batch_path.exists():
         run_mmtrain(["debug", "collate", str(fd.cfg), "--out", str(batch_path)])
-    out = fd.tmp / f"step_{term_weights}.safetensors"
-    sets = ["--set", f"training.load={policy_ckpt}"]
+    out = fd.tmp / f"step_{term_weights}_{reference_quant}.safetensors"
+    sets = ["--set", f"training.load={policy_ckpt}", "--set", f"training.dpo.reference_quant={reference_quant}"]
     if term_weights:
         sets += ["--set", f"training.dpo.term_weights=[{term_weights[0]}, {term_weights[1]}]"]
     run_mmtrain(["debug", "step", str(fd.cfg), "--batch", str(batch_path), "--out", str(out), *sets])
@@ -173,7 +189,7 @@ def test_loss_metrics_and_gradients_equal_the_formula(fd, term_weights):
     pairs = int(batch["preference_pairs"])
     leaves = R.trainable_leaves(R.load_hf(policy_hf))
     with torch.no_grad():
-        e_ref = clip_errors(R.load_hf(fd.weights), batch, weights)
+        e_ref = clip_errors(R.load_hf(fd.reference_weights(reference_quant)), batch, weights)
     e = clip_errors(leaves, batch, weights)
     chosen, rejected = e[:pairs], e[pairs:]
     inside = -BETA / 2 * ((chosen - e_ref[:pairs]) - (rejected - e_ref[pairs:]))
