@@ -58,7 +58,7 @@ const std::vector<std::string>& flow_dpo_loss_types() {
   return types;
 }
 
-DpoLoss flow_dpo_loss(const DpoConfig& config, const PairFlowErrors& e) {
+DpoLoss flow_dpo_loss(const DpoConfig& config, const PairFlowErrors& e, std::optional<double> pair_normalizer) {
   for (const auto& type : config.loss_type)
     if (std::find(flow_dpo_loss_types().begin(), flow_dpo_loss_types().end(), type) == flow_dpo_loss_types().end())
       fail("flow_dpo_loss: loss_type '", type, "' has no Flow-DPO form");
@@ -72,7 +72,7 @@ DpoLoss flow_dpo_loss(const DpoConfig& config, const PairFlowErrors& e) {
   p.ref_rejected = -e.ref_rejected;
   p.chosen_tokens = at::ones_like(e.chosen.detach());
   p.rejected_tokens = at::ones_like(e.rejected.detach());
-  DpoLoss out = dpo_loss(half, p);
+  DpoLoss out = dpo_loss(half, p, pair_normalizer);
   out.metric_sums.erase("logps/chosen");
   out.metric_sums.erase("logps/rejected");
   out.metric_sums["mse/chosen"] = sum_of(e.chosen);
@@ -80,7 +80,7 @@ DpoLoss flow_dpo_loss(const DpoConfig& config, const PairFlowErrors& e) {
   return out;
 }
 
-DpoLoss dpo_loss(const DpoConfig& c, const PairLogProbs& p) {
+DpoLoss dpo_loss(const DpoConfig& c, const PairLogProbs& p, std::optional<double> pair_normalizer) {
   const int64_t pairs = p.chosen.size(0);
   if (pairs == 0 || p.rejected.size(0) != pairs || p.ref_chosen.size(0) != pairs || p.ref_rejected.size(0) != pairs)
     fail("dpo_loss: expected the same positive number of chosen and rejected sequences, got ", p.chosen.sizes(), " and ",
@@ -118,7 +118,7 @@ DpoLoss dpo_loss(const DpoConfig& c, const PairLogProbs& p) {
     } else {
       fail("dpo_loss: unknown loss_type '", type, "'");
     }
-    loss = loss + per_pair.mean() * weights[k];
+    loss = loss + (pair_normalizer ? per_pair.sum() / *pair_normalizer : per_pair.mean()) * weights[k];
   }
   DpoLoss out;
   out.loss = loss;

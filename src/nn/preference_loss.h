@@ -24,6 +24,7 @@
 #include <ATen/ATen.h>
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,7 +69,10 @@ struct DpoLoss {
   std::map<std::string, double> metric_sums;  // the keys above, and "pairs"
 };
 
-DpoLoss dpo_loss(const DpoConfig& config, const PairLogProbs& pairs);
+// pair_normalizer: a token-budget step's pair count over its whole global batch (models/model.h's
+// loss_normalizer): each loss type's mean over the micro-batch's pairs becomes their sum over it, so
+// that the step adds up to the mean over every pair. nullopt: the micro-batch's mean.
+DpoLoss dpo_loss(const DpoConfig& config, const PairLogProbs& pairs, std::optional<double> pair_normalizer = {});
 
 // The loss types Flow-DPO computes.
 const std::vector<std::string>& flow_dpo_loss_types();
@@ -79,6 +83,6 @@ struct PairFlowErrors {
   at::Tensor ref_chosen, ref_rejected;  // the reference's, no grad
 };
 
-DpoLoss flow_dpo_loss(const DpoConfig& config, const PairFlowErrors& pairs);
+DpoLoss flow_dpo_loss(const DpoConfig& config, const PairFlowErrors& pairs, std::optional<double> pair_normalizer = {});
 
 }  // namespace mmtrain

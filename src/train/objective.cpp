@@ -75,6 +75,7 @@ ModelOutput dpo_forward(const DpoConfig& config, const PairScoring& scoring, Pre
   const ModelOutput ref = reference_forward(scoring, model, fsdp, reference, batch, pairs);
   fsdp.begin_forward();
   const ModelOutput policy = scoring.forward(model, batch, pairs);
+  const std::optional<double> pair_normalizer = loss_normalizer(batch, 0);  // a token-budget step's global pairs
   DpoLoss loss;
   if (scoring.form == "flow") {
     const auto errors = scoring.clip_errors(policy), ref_errors = scoring.clip_errors(ref);
@@ -83,7 +84,7 @@ ModelOutput dpo_forward(const DpoConfig& config, const PairScoring& scoring, Pre
     e.rejected = errors.narrow(0, pairs, pairs);
     e.ref_chosen = ref_errors.narrow(0, 0, pairs);
     e.ref_rejected = ref_errors.narrow(0, pairs, pairs);
-    loss = flow_dpo_loss(config, e);
+    loss = flow_dpo_loss(config, e, pair_normalizer);
   } else {
     PairLogProbs p;
     p.chosen = policy.sequence_log_probs.narrow(0, 0, pairs);
@@ -92,7 +93,7 @@ ModelOutput dpo_forward(const DpoConfig& config, const PairScoring& scoring, Pre
     p.ref_rejected = ref.sequence_log_probs.narrow(0, pairs, pairs);
     p.chosen_tokens = policy.sequence_tokens.narrow(0, 0, pairs);
     p.rejected_tokens = policy.sequence_tokens.narrow(0, pairs, pairs);
-    loss = dpo_loss(config, p);
+    loss = dpo_loss(config, p, pair_normalizer);
   }
   ModelOutput out;
   out.loss = loss.loss;
@@ -126,9 +127,6 @@ void check_objective(const Config& config) {
   if (!config.features.lora.modules_to_save.empty() && config.features.enable_lora)
     fail(where, " with features.lora.modules_to_save: the reference would compute those modules as trained, not as ",
          "the base (leave modules_to_save empty)");
-  if (config.data.loader.micro_batch_tokens > 0)
-    fail(where, " with data.dataloader_param.micro_batch_tokens: token-budget micro-batches of preference pairs are "
-         "not implemented yet (use micro_batch_size pairs)");
   if (form == "flow") {
     const auto& allowed = flow_dpo_loss_types();
     for (const auto& type : config.training.dpo.loss_type)

@@ -34,7 +34,7 @@ using MicroBatchForward = std::function<ModelOutput(Model& model, Fsdp& fsdp, co
 MicroBatchForward objective_forward(const Config& config, std::shared_ptr<PreferenceReference> reference);
 
 // Refuses, by name and before anything is built, an objective with a setting it does not support
-// (dpo: a model without a preference form, modules_to_save, token budgets, a loss type or
+// (dpo: a model without a preference form, modules_to_save, a loss type or
 // term_weights the model's form has not).
 void check_objective(const Config& config);
 // Refuses, by name, a micro-batch of preference pairs (models/model.h's kPreferencePairsKey) under

@@ -70,7 +70,10 @@ std::vector<Batch> with_global_loss_normalizers(const Model& model, std::vector<
                                                 const StepSettings& settings) {
   std::vector<double> counts;
   for (const auto& batch : batches) {
-    const auto mine = model.loss_counts(batch);
+    // A preference micro-batch's loss is a mean over its pairs, so the global batch's is over all of them.
+    const auto pairs = batch.find(kPreferencePairsKey);
+    const auto mine = pairs != batch.end() ? std::vector<double>{static_cast<double>(pairs->second.item<int64_t>())}
+                                           : model.loss_counts(batch);
     if (mine.empty())
       fail("token-budget micro-batches (data.dataloader_param.micro_batch_tokens) normalize the loss over the global ",
            "batch, and this model reports no loss counts (Model::loss_counts): use micro_batch_size");

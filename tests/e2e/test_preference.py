@@ -138,6 +138,24 @@ def test_held_out_pairs_are_evaluated_in_training_and_by_mmtrain_eval(dpo_setup)
         assert again[key] == pytest.approx(evals[-1][key], rel=1e-6, abs=1e-9), key
 
 
+def test_token_budget_micro_batches_of_pairs_train_as_fixed_ones(dpo_setup):
+    """micro_batch_tokens groups whole pairs by their tokens; the loss is a mean over the step's pairs
+    whatever the grouping: one budget-full micro-batch of 4 pairs trains as 2 micro-batches of 2."""
+    tmp, cfg = dpo_setup
+    common = ["--set", "training.global_batch_size=4", "--set", "training.save="]
+    run_mmtrain(["train", str(cfg), *common, "--set", "training.micro_batch_size=2", "--set",
+                 f"logging.output_dir={tmp / 'fixed'}"])
+    proc = run_mmtrain(["train", str(cfg), *common, "--set", "training.micro_batch_size=1", "--set",
+                        "data.dataloader_param.micro_batch_tokens=100000", "--set", f"logging.output_dir={tmp / 'budget'}"])
+    assert "micro-batches of at most 100000 tokens" in proc.stdout
+    fixed, budget = read_metrics(tmp / "fixed"), read_metrics(tmp / "budget")
+    assert len(fixed) == len(budget) == 2
+    for a, b in zip(fixed, budget):
+        for key in ("loss", "rewards/margins", "logps/chosen"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
+    assert fixed[1]["loss"] != fixed[0]["loss"]
+
+
 def test_a_dpo_run_resumes_bitwise_and_runs_over_a_quantized_base(dpo_setup):
     """Stopped after step 1 and resumed, a DPO run's step 2 is the straight run's, bit for bit; under
     QLoRA (nf4 base) the adapters-off reference is the quantized base, so step 1 is again the reference

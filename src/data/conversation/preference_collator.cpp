@@ -19,7 +19,7 @@ Batch PreferenceCollator::collate(const std::vector<Batch>& pairs, std::vector<a
         if (pair.count(key)) row[key] = batch_get(pair, key);
       rows.push_back(std::move(row));
     }
-  Batch out = VlmCollator(pad_token_id_).collate(rows, generators);
+  Batch out = VlmCollator(pad_token_id_, pack_).collate(rows, generators);
   out[kPreferencePairsKey] = at::tensor(static_cast<int64_t>(pairs.size()), at::kLong);
   return out;
 }
@@ -28,10 +28,7 @@ namespace {
 
 const CollatorRegistration collator("preference", [](const DataConfig& data, const ModelConfig&) {
   const int64_t pad = collate_pad_token_id(data, "preference");
-  if (data.loader.micro_batch_tokens > 0)
-    fail("collator preference: data.dataloader_param.micro_batch_tokens is not supported yet (pairs are counted by "
-         "micro_batch_size)");
-  return std::make_shared<PreferenceCollator>(pad);
+  return std::make_shared<PreferenceCollator>(pad, /*pack=*/data.loader.micro_batch_tokens > 0);
 });
 
 }  // namespace
