@@ -1,7 +1,8 @@
 // dpo_loss against a naive loop over the pairs in double, written from the formulas of
 // nn/preference_loss.h (TRL 1.16's DPOTrainer): each loss type alone and a weighted sum with rpo's
 // sft term; the gradient with respect to the policy's log-probs against central differences of the
-// loop; the metric sums; and the settings the section refuses.
+// loop; the metric sums; a token-budget step's pair normalizer; Flow-DPO's form against its formula;
+// and the settings the section refuses.
 #include "nn/preference_loss.h"
 
 #include "core/config_schema.h"
@@ -129,6 +130,45 @@ TEST(DpoLoss, MetricSumsAreTrlsOverThePairs) {
   EXPECT_LT(accuracies, kPairs);
 }
 
+TEST(DpoLoss, APairNormalizerMakesTheMeanASumOverTheGlobalPairs) {
+  // A token-budget step: this micro-batch's kPairs of a global batch of 12 pairs.
+  const Inputs in = inputs();
+  auto c = config({"sigmoid", "sft"});
+  const double global_pairs = 12;
+  const double got = dpo_loss(c, tensors(in), global_pairs).loss.item<double>();
+  EXPECT_NEAR(got, naive_loss(c, in) * kPairs / global_pairs, 2e-6);
+}
+
+// Flow-DPO: the clips' errors e stand in for -log π, β/2 for β (nn/preference_loss.h).
+TEST(FlowDpoLoss, MatchesTheFormulaWithItsMetrics) {
+  const Inputs in = inputs();
+  auto error = [](const std::vector<double>& v) {  // errors about 1, a difference about 0.1
+    std::vector<double> out;
+    for (double x : v) out.push_back(1.0 + x / 200.0);
+    return out;
+  };
+  const auto e_w = error(in.chosen), e_l = error(in.rejected), r_w = error(in.ref_chosen), r_l = error(in.ref_rejected);
+  auto t = [](const std::vector<double>& v) { return at::tensor(v, at::kDouble).to(at::kFloat); };
+  PairFlowErrors e{t(e_w).requires_grad_(true), t(e_l), t(r_w), t(r_l)};
+  const double beta = 500;
+  auto c = config({"sigmoid", "sft"}, beta);
+  c.loss_weights = {1.0, 0.3};
+  const auto got = flow_dpo_loss(c, e);
+  double loss = 0, margins = 0, accuracies = 0, mse_chosen = 0;
+  for (int64_t i = 0; i < kPairs; ++i) {
+    const double inside = -beta / 2 * ((e_w[i] - r_w[i]) - (e_l[i] - r_l[i]));
+    loss += (-log_sigmoid(inside) + 0.3 * e_w[i]) / kPairs;
+    const double reward_w = beta / 2 * (r_w[i] - e_w[i]), reward_l = beta / 2 * (r_l[i] - e_l[i]);
+    margins += reward_w - reward_l, accuracies += reward_w > reward_l, mse_chosen += e_w[i];
+  }
+  EXPECT_NEAR(got.loss.item<double>(), loss, 1e-5 * std::max(1.0, loss));
+  EXPECT_NEAR(got.metric_sums.at("rewards/margins"), margins, 1e-3);
+  EXPECT_EQ(got.metric_sums.at("rewards/accuracies"), accuracies);
+  EXPECT_NEAR(got.metric_sums.at("mse/chosen"), mse_chosen, 1e-5);
+  EXPECT_EQ(got.metric_sums.count("logps/chosen"), 0u);
+  for (const auto& type : {"ipo", "sigmoid_norm"}) EXPECT_THROW(flow_dpo_loss(config({type}), e), Error) << type;
+}
+
 TEST(DpoLoss, TheSectionRefusesWhatItCannotCompute) {
   auto load = [](const std::string& yaml) {
     ConfigSchema schema;
@@ -142,7 +182,7 @@ TEST(DpoLoss, TheSectionRefusesWhatItCannotCompute) {
   EXPECT_EQ(load("dpo: {beta: 0.2, loss_type: [sigmoid, sft], loss_weights: [1, 0.5]}").loss_weights.size(), 2u);
   for (const char* bad : {"dpo: {beta: 0}", "dpo: {loss_type: [kto]}", "dpo: {loss_type: []}",
                           "dpo: {loss_type: [sigmoid], loss_weights: [1, 2]}", "dpo: {label_smoothing: 0.5}",
-                          "dpo: {rpo_alpha: -1}"})
+                          "dpo: {rpo_alpha: -1}", "dpo: {term_weights: [1, -1]}", "dpo: {reference_quant: nf8}"})
     EXPECT_THROW(load(bad), Error) << bad;
 }
 
