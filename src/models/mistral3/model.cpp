@@ -435,7 +435,18 @@ class Mistral3Model : public Model, public SplitsSequence, public IncrementalDec
     const int64_t image_tokens = image_mask.sum().item<int64_t>();
     auto pixels = batch.find("pixel_values");
     if (pixels != batch.end() && pixels->second.size(0) > 0) {
-      auto features = image_features(pixels->second, batch_get(batch, "image_sizes"), result);
+      const auto& sizes = batch_get(batch, "image_sizes");
+      at::Tensor features;
+      if (pair_images_repeat(batch, pixels->second, sizes)) {
+        // A preference micro-batch: its rejected rows carry its chosen rows' images, in the same
+        // order (data/conversation/preference_collator.h). Each image is encoded once (the tower
+        // sees every image apart from the others) and both halves take its features.
+        const int64_t half = pixels->second.size(0) / 2;
+        const auto once = image_features(pixels->second.narrow(0, 0, half), sizes.narrow(0, 0, half), result);
+        features = at::cat({once, once});
+      } else {
+        features = image_features(pixels->second, sizes, result);
+      }
       if (features.size(0) != image_tokens)
         fail("mistral3: ", image_tokens, " [IMG] tokens (id ", c.image_token_index, ") in input_ids but the images give ",
              features.size(0), " features: image tokens and image_sizes do not match");
@@ -453,6 +464,14 @@ class Mistral3Model : public Model, public SplitsSequence, public IncrementalDec
       embeds = embeds + dummy.sum().to(embeds.scalar_type()) * 0.0;
     }
     return embeds;
+  }
+
+  // True when the batch is preference pairs whose second half of images repeats the first.
+  static bool pair_images_repeat(const Batch& batch, const at::Tensor& pixels, const at::Tensor& sizes) {
+    const int64_t n = pixels.size(0);
+    if (!batch.count(kPreferencePairsKey) || n % 2 != 0 || sizes.size(0) != n) return false;
+    return at::equal(pixels.narrow(0, 0, n / 2), pixels.narrow(0, n / 2, n / 2)) &&
+           at::equal(sizes.narrow(0, 0, n / 2), sizes.narrow(0, n / 2, n / 2));
   }
 
   // Generation: the new rows x [T, H] through every layer with its cache, then the final norm and
