@@ -10,7 +10,7 @@ frozen copy full fine-tuning keeps). Checked: the collated pairs share timestep 
 the TRL-named metrics and every gradient of `debug step` (fp32, 1e-5 relative L2); and a 3-step run
 on 2 ranks equals the 1-rank run (per-step loss and metrics, the final checkpoint's weights and
 moments) under FSDP, Ulysses 2, ring 2, HSDP (2 replicas) and recompute with the shards in host
-memory (the reference copy's too); and token-budget micro-batches (one pair each on 1 rank, two on 2
+memory (the reference copy's too), and all three offload features at once; and token-budget micro-batches (one pair each on 1 rank, two on 2
 ranks) equal micro-batches of 2 pairs.
 """
 import importlib.util
@@ -223,6 +223,11 @@ def test_loss_metrics_and_gradients_equal_the_formula(fd, term_weights, referenc
     ("recompute_cpu_offload", 2, ("features.recompute=true",
                                   'features.recompute_plan.apply_modules=["dit.block.layers.{*}"]',
                                   "parallel.fsdp_plan.cpu_offload=true")),
+    # The offload trio together: activations to host, the shards in host memory, the moments on disk.
+    ("offload_trio", 2, ("features.enable_activation_offload=true",
+                         'features.activation_offload_plan.apply_modules=["dit.block.layers.{*}"]',
+                         "parallel.fsdp_plan.cpu_offload=true", "training.optimizer=adamw_swap",
+                         "training.offload_dir={tmp}/offload")),
     # Token budgets: a pair is 48 tokens, so 60 holds one pair a micro-batch and 100 two; the loss is
     # normalized over the step's pairs, so any grouping trains as micro-batches of 2 pairs do.
     ("budget_one_pair", 1, ("data.dataloader_param.micro_batch_tokens=60", "training.micro_batch_size=1")),
@@ -230,7 +235,8 @@ def test_loss_metrics_and_gradients_equal_the_formula(fd, term_weights, referenc
 ])
 def test_every_layout_equals_one_rank_of_fixed_micro_batches(fd, name, world, sets):
     one, one_save = fd.train("one_rank")
-    many, many_save = fd.train(name, world=world, sets=sets)
+    (fd.tmp / "offload").mkdir(exist_ok=True)
+    many, many_save = fd.train(name, world=world, sets=[item.replace("{tmp}", str(fd.tmp)) for item in sets])
     assert len(one) == len(many) == ITERS
     for a, b in zip(one, many):
         for key in ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "mse/chosen", "mse/rejected"):
