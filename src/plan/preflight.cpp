@@ -1,6 +1,7 @@
 #include "plan/preflight.h"
 
 #include "checkpoint/sharded_checkpoint.h"
+#include "config/registries.h"
 #include "core/error.h"
 #include "core/text.h"
 #include "fsdp/plan.h"
@@ -206,6 +207,11 @@ void preflight_memory(const Config& config, Module& model, const LaunchEnv& env,
   // on CPU the host tier is the same RAM, so there only the disk tier takes bytes away.
   OffloadPlanInputs offload_in;
   offload_in.fsdp = &plan;
+  // A full fine-tuning dpo run's frozen reference copy, resident all run (train/preference_reference.h).
+  const int64_t reference_bytes = config_needs_reference_copy(config)
+                                      ? fsdp_memory_plan(*build_reference_model(config), config.parallel.fsdp_plan, fsdp_size).param_bytes
+                                      : 0;
+  offload_in.other_device_bytes = reference_bytes;
   offload_in.window_bytes = SwappedMoments::window_bytes_for(
       SwappedMoments::chunk_numel_for(config.training.mem_fraction_static, available, plan.largest_shard_numel()));
   const OffloadSetting setting = OffloadSetting::of(config);
@@ -234,7 +240,8 @@ void preflight_memory(const Config& config, Module& model, const LaunchEnv& env,
   const std::string where = cuda ? "this rank's GPU (cuda:" + std::to_string(env.local_rank) + ")" : "this machine";
   fail("config ", config.source_path, ": the run cannot fit ", where, "'s memory: each rank needs at least ",
        gib(per_rank), " (fp32 shards ", gib(plan.param_bytes), ", grads ", gib(plan.grad_bytes), ", AdamW ",
-       gib(plan.optimizer_bytes), ", gathered units ", gib(plan.transient_bytes()), "; activations not counted",
+       gib(plan.optimizer_bytes), ", gathered units ", gib(plan.transient_bytes()),
+       reference_bytes > 0 ? ", the dpo reference copy " + gib(reference_bytes) : std::string(), "; activations not counted",
        setting == OffloadSetting{} ? "" : "; offload " + setting.name() + ": " + gib(step) + " for the step",
        "; ", gib(device_peak.bytes), " more during ", device_peak.name, ")",
        cuda ? "" : format(" x %d rank(s) on this node = %s", sharing, gib(needed).c_str()), ", but ", gib(*available),

@@ -235,6 +235,9 @@ def test_the_15b_model_on_one_process_is_refused_with_the_numbers(tmp_path):
     for needle in ["cannot fit this machine's memory", "fp32 shards 56.99 GiB", "AdamW 113.99 GiB", "are available"]:
         assert needle in proc.stderr, proc.stderr
     assert time.time() - started < 30
+    # Full fine-tuning DPO keeps a frozen reference copy beside: counted too (bf16, one rank).
+    proc = run_mmtrain(["train", *proc.args[2:], "--set", "training.objective=dpo"], check=False)
+    assert proc.returncode != 0 and "the dpo reference copy 28.54 GiB" in proc.stderr, proc.stderr
 
 
 def rank_pids(cfg) -> dict:
