@@ -27,6 +27,7 @@ Contract:
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -371,3 +372,16 @@ def crash_reports(log_text: str) -> str:
         if any(m in line for m in marks):
             picked += lines[max(0, i - 2):i + 40] + ["..."]
     return ("--- crash reports ---\n" + "\n".join(picked) + "\n--- log tail ---\n") if picked else ""
+
+
+def e2e_helpers():
+    """tests/e2e/conftest.py (run_mmtrain, write_config, mmtrain_bin, read_metrics, ...) loaded once
+    under a name of its own, so that it never collides with this directory's conftest in sys.modules."""
+    name = "mmtrain_e2e_helpers"
+    if name not in sys.modules:
+        from pathlib import Path
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "e2e" / "conftest.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]

@@ -13,7 +13,6 @@ moments) under FSDP, Ulysses 2, ring 2, HSDP (2 replicas) and recompute with the
 memory (the reference copy's too), and all three offload features at once; and token-budget micro-batches (one pair each on 1 rank, two on 2
 ranks) equal micro-batches of 2 pairs.
 """
-import importlib.util
 import math
 import sys
 from pathlib import Path
@@ -28,9 +27,7 @@ sys.path.insert(0, str(HERE))
 import reference_magihuman as R  # noqa: E402
 import mmtrain_util as mu  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("mmtrain_e2e_helpers", REPO / "tests" / "e2e" / "conftest.py")
-_e2e = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_e2e)
+_e2e = mu.e2e_helpers()
 run_mmtrain, write_config, mmtrain_bin, read_metrics = _e2e.run_mmtrain, _e2e.write_config, _e2e.mmtrain_bin, _e2e.read_metrics
 
 TINY = R.make_config(num_layers=4, hidden_size=64, head_dim=16, num_query_groups=2, video_in_channels=16,

@@ -12,7 +12,6 @@ A test skips (with the reason) only when $MMTRAIN_BIN (default build/bin/mmtrain
 subcommands it needs is missing. Whole file < 60 s on 2 cores (tiny shapes, OMP_NUM_THREADS=1).
 """
 import functools
-import importlib.util
 import json
 import math
 import subprocess
@@ -32,9 +31,7 @@ import mmtrain_util as mu  # noqa: E402
 
 # Reuse the e2e helpers (run_mmtrain, write_config, mmtrain_bin) under a name of our own, so that
 # this module and tests/e2e/conftest.py never collide as `conftest` in sys.modules.
-_spec = importlib.util.spec_from_file_location("mmtrain_e2e_helpers", REPO / "tests" / "e2e" / "conftest.py")
-_e2e = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_e2e)
+_e2e = mu.e2e_helpers()
 run_mmtrain, write_config, mmtrain_bin, read_metrics = _e2e.run_mmtrain, _e2e.write_config, _e2e.mmtrain_bin, _e2e.read_metrics
 
 TINY = R.make_config(num_layers=6, hidden_size=128, head_dim=32, num_query_groups=2, video_in_channels=16,

@@ -2,7 +2,6 @@
 UniPC in float64 scalars, upstream's packing, the independent PyTorch DiT of the parity tests
 (reference_magihuman.py). Tiny model in fp32; final latents within 1e-5, with and without guidance;
 1 rank against 2 ranks bitwise; Ulysses and ring context parallelism; the refused inputs."""
-import importlib.util
 import json
 import math
 import sys
@@ -19,9 +18,7 @@ sys.path.insert(0, str(HERE))
 import reference_magihuman as R  # noqa: E402
 import mmtrain_util as mu  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("mmtrain_e2e_helpers", REPO / "tests" / "e2e" / "conftest.py")
-_e2e = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_e2e)
+_e2e = mu.e2e_helpers()
 run_mmtrain = _e2e.run_mmtrain
 
 TINY = R.make_config(num_layers=3, hidden_size=64, head_dim=16, num_query_groups=2, video_in_channels=16,

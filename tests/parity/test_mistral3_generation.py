@@ -2,7 +2,6 @@
 images included: greedy tokens equal, every step's logits within 1e-5 (fp32); the key/value cache
 path equal to recomputing the whole prefix; sampling reproducible from its seed; 1 rank equal to
 2 ranks; the refused prompt files."""
-import importlib.util
 import json
 from pathlib import Path
 
@@ -14,9 +13,8 @@ transformers = pytest.importorskip("transformers")
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-_spec = importlib.util.spec_from_file_location("mmtrain_e2e_helpers_gen", REPO / "tests" / "e2e" / "conftest.py")
-_e2e = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_e2e)
+import mmtrain_util as mu  # noqa: E402
+_e2e = mu.e2e_helpers()
 run_mmtrain = _e2e.run_mmtrain
 
 NEW_TOKENS = 6

@@ -21,7 +21,6 @@ One batch: sample 0 holds two images of different sizes, sample 1 a third one; l
 
 Skips when the binary (MMTRAIN_BIN, default build/bin/mmtrain) or transformers is missing.
 """
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -34,9 +33,8 @@ transformers = pytest.importorskip("transformers")
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-_spec = importlib.util.spec_from_file_location("mmtrain_e2e_helpers_m3", REPO / "tests" / "e2e" / "conftest.py")
-_e2e = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_e2e)
+import mmtrain_util as mu  # noqa: E402
+_e2e = mu.e2e_helpers()
 run_mmtrain, write_config, mmtrain_bin = _e2e.run_mmtrain, _e2e.write_config, _e2e.mmtrain_bin
 
 # fp32 on both sides; only summation orders differ (patch conv as a matmul, SDPA vs eager).
