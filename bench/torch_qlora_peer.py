@@ -15,17 +15,10 @@ Usage (under torchrun): torch_qlora_peer.py --arm peft|nf4 --weights HF_DIR --ba
 --accum A --out METRICS.jsonl; DIR/s{step}_r{rank}_m{micro}.safetensors. Writes one JSON line a step:
 {"iteration", "step_time_ms", "loss", "peak_rss_mb", "tokens"}.
 """
-import argparse
-import json
-import os
-import resource
-import time
-
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file
 
-ADAPTED = r".*language_model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)"
+import peer_steps
 
 
 def quantize_base_nf4(model, world):
@@ -49,62 +42,23 @@ def quantize_base_nf4(model, world):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arm", choices=["peft", "nf4"], required=True)
-    parser.add_argument("--weights", required=True)
-    parser.add_argument("--batches", required=True)
-    parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--accum", type=int, required=True)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    import peft
-    from torch.distributed.fsdp import fully_shard
+    args = peer_steps.parse_args(__doc__.splitlines()[0], lambda parser: parser.add_argument(
+        "--arm", choices=["peft", "nf4"], required=True))
     from transformers import Mistral3ForConditionalGeneration
 
     model = Mistral3ForConditionalGeneration.from_pretrained(args.weights, dtype=torch.bfloat16)
     model.config._attn_implementation = "sdpa"
-    model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=ADAPTED))
-    quantized = quantize_base_nf4(model, dist.get_world_size()) if args.arm == "nf4" else (0, 0)
-    # The decoder layers, then the root (the Pixtral tower with it: HF skips the tower on a micro-batch
-    # without images, and a unit of its own would be gathered on some ranks only).
-    for layer in model.base_model.model.model.language_model.layers:
-        fully_shard(layer)
-    fully_shard(model)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    try:
-        optimizer = torch.optim.AdamW(trainable, lr=1e-4, fused=True)
-    except (RuntimeError, TypeError):
-        optimizer = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
-    model.train()
-    out = open(args.out, "w") if rank == 0 else None
-    for step in range(args.steps):
-        batches = [load_file(os.path.join(args.batches, f"s{step}_r{rank}_m{m}.safetensors")) for m in range(args.accum)]
-        dist.barrier()
-        began = time.perf_counter()
-        total, tokens = 0.0, 0
-        for b in batches:
-            inputs = {"input_ids": b["input_ids"], "labels": b["labels"], "position_ids": b["position_ids"]}
-            if "pixel_values" in b:
-                inputs.update(pixel_values=b["pixel_values"].to(torch.bfloat16), image_sizes=b["image_sizes"])
-            loss = model(**inputs).loss / args.accum
-            loss.backward()
-            total += loss.item()
-            tokens += b["input_ids"].numel()
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        optimizer.step()
-        optimizer.zero_grad()
-        elapsed = (time.perf_counter() - began) * 1e3
-        peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        if out:
-            out.write(json.dumps({"iteration": step + 1, "step_time_ms": elapsed, "loss": total,
-                                  "peak_rss_mb": peak.item(), "tokens": tokens, "quantized": quantized[0],
-                                  "left_bf16": quantized[1]}) + "\n")
-            out.flush()
-    dist.destroy_process_group()
+    quantized = []
+    model, trainable = peer_steps.peft_under_fsdp2(model, lambda m: quantized.extend(
+        quantize_base_nf4(m, dist.get_world_size()) if args.arm == "nf4" else (0, 0)))
+
+    def micro_loss(b):
+        inputs = {"input_ids": b["input_ids"], "labels": b["labels"], "position_ids": b["position_ids"]}
+        if "pixel_values" in b:
+            inputs.update(pixel_values=b["pixel_values"].to(torch.bfloat16), image_sizes=b["image_sizes"])
+        return model(**inputs).loss
+
+    peer_steps.run_steps(args, model, trainable, micro_loss, {"quantized": quantized[0], "left_bf16": quantized[1]})
 
 
 if __name__ == "__main__":

@@ -16,34 +16,16 @@ METRICS.jsonl; DIR/s{step}_r{rank}_m{micro}.safetensors. Writes one JSON line a 
 {"iteration", "step_time_ms", "loss", "peak_rss_mb", "tokens"} (tokens: every rank's rows x columns, padding
 included).
 """
-import argparse
-import json
-import os
-import resource
-import time
 import types
 from collections import defaultdict
 
 import torch
-import torch.distributed as dist
-from safetensors.torch import load_file
 
-ADAPTED = r".*language_model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)"
+import peer_steps
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--weights", required=True)
-    parser.add_argument("--batches", required=True)
-    parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--accum", type=int, required=True)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    import peft
-    from torch.distributed.fsdp import fully_shard
+    args = peer_steps.parse_args(__doc__.splitlines()[0])
     from transformers import Mistral3ForConditionalGeneration
     from trl.trainer.dpo_trainer import DPOTrainer
     from trl.trainer.utils import add_fused_lm_head
@@ -52,16 +34,7 @@ def main():
     for sub in (model, model.model.vision_tower, model.model.language_model):
         sub.config._attn_implementation = "sdpa"
     add_fused_lm_head(model, outputs=("log_probs", "entropy", "mean_logits", "is_top1"))
-    model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=ADAPTED))
-    for layer in model.base_model.model.model.language_model.layers:
-        fully_shard(layer)
-    fully_shard(model)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    try:
-        optimizer = torch.optim.AdamW(trainable, lr=1e-4, fused=True)
-    except (RuntimeError, TypeError):
-        optimizer = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
-    model.train()
+    model, trainable = peer_steps.peft_under_fsdp2(model)
     accelerator = types.SimpleNamespace(device=torch.device("cpu"), unwrap_model=lambda m: m,
                                         gather=lambda t: t, gather_for_metrics=lambda t: t)
     trainer = types.SimpleNamespace(
@@ -69,35 +42,15 @@ def main():
         args=types.SimpleNamespace(gradient_checkpointing_kwargs=None), ld_alpha=None, f_divergence_type="reverse_kl",
         loss_types=["sigmoid"], loss_weights=[1.0], beta=0.1, label_smoothing=0.0, use_weighting=False, _tp_size=1,
         _total_train_tokens=0, _metrics={"train": defaultdict(list), "eval": defaultdict(list)})
-    out = open(args.out, "w") if rank == 0 else None
-    for step in range(args.steps):
-        batches = [load_file(os.path.join(args.batches, f"s{step}_r{rank}_m{m}.safetensors")) for m in range(args.accum)]
-        dist.barrier()
-        began = time.perf_counter()
-        total, tokens = 0.0, 0
-        for b in batches:
-            inputs = {"input_ids": b["input_ids"], "attention_mask": b["attention_mask"],
-                      "completion_mask": (b["labels"] != -100).long()}
-            if "pixel_values" in b:
-                inputs.update(pixel_values=b["pixel_values"], image_sizes=b["image_sizes"])
-            loss = DPOTrainer._compute_loss(trainer, model, inputs, False) / args.accum
-            loss.backward()
-            total += loss.item()
-            tokens += b["input_ids"].numel()
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        optimizer.step()
-        optimizer.zero_grad()
-        elapsed = (time.perf_counter() - began) * 1e3
-        peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        step_tokens = torch.tensor([float(tokens)])
-        dist.all_reduce(step_tokens)  # every rank's, as mmtrain's records count them
-        tokens = int(step_tokens.item())
-        if out:
-            out.write(json.dumps({"iteration": step + 1, "step_time_ms": elapsed, "loss": total,
-                                  "peak_rss_mb": peak.item(), "tokens": tokens}) + "\n")
-            out.flush()
-    dist.destroy_process_group()
+
+    def micro_loss(b):
+        inputs = {"input_ids": b["input_ids"], "attention_mask": b["attention_mask"],
+                  "completion_mask": (b["labels"] != -100).long()}
+        if "pixel_values" in b:
+            inputs.update(pixel_values=b["pixel_values"], image_sizes=b["image_sizes"])
+        return DPOTrainer._compute_loss(trainer, model, inputs, False)
+
+    peer_steps.run_steps(args, model, trainable, micro_loss)
 
 
 if __name__ == "__main__":
