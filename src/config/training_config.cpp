@@ -51,6 +51,7 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
       .field("sample_failure", &T::sample_failure)
       .field("objective", &T::objective)
       .section("dpo", &T::dpo, DpoConfig::declare)
+      .section("ema", &T::ema, EmaConfig::declare)
       .check([](const T& t, const ConfigCheck& check) {
         const auto number = ConfigCheck::number;
         check.at_least("micro_batch_size", t.micro_batch_size, 1);

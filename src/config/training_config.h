@@ -2,6 +2,7 @@
 // checkpoint cadence and resume switches of the trainer.
 #pragma once
 #include "nn/preference_loss.h"
+#include "optim/ema.h"
 
 #include <cstdint>
 #include <string>
@@ -69,6 +70,9 @@ struct TrainingConfig {
   // the dpo section: nn/preference_loss.h; docs/preference.md).
   std::string objective = "sft";
   DpoConfig dpo;
+  // An exponential moving average of the trained weights, saved with each checkpoint and
+  // exported with `convert ... ckpt-to-hf --ema` (optim/ema.h; docs/optimizer.md).
+  EmaConfig ema;
 
   static void declare(ConfigSection<TrainingConfig>& section);
 };

@@ -67,9 +67,11 @@ namespace {
 
 // ckpt-to-hf from an mmtrain checkpoint into out_dir (a conversion's staging directory).
 void write_hf_directory(const std::string& model_id, const std::string& load_dir, const std::string& out_dir,
-                        const std::string& save_dir, const std::string& model_assets_dir) {
+                        const std::string& save_dir, const std::string& model_assets_dir, bool ema) {
   const auto opened = open_checkpoint_of(model_id, load_dir, "ckpt-to-hf");
   const CheckpointReader& reader = *opened.reader;
+  if (ema && !reader.global_state().contains("ema"))
+    fail("ckpt-to-hf --ema: ", reader.dir(), " holds no EMA weights (it was trained without training.ema)");
   const auto& model = opened.model;
   const auto& adapter = opened.adapter;
   SafetensorsIndex reference(model_assets_dir);
@@ -97,7 +99,9 @@ void write_hf_directory(const std::string& model_id, const std::string& load_dir
     std::vector<std::pair<std::string, at::Tensor>> tensors;
     for (const auto& key : ref_file.names()) {
       const auto& name = param_of_key.at(key);
-      auto full = reader.read_full(state_model_key(name));
+      // --ema: the trained params' shadows; a frozen param (or a buffer) has none and is its weight.
+      const bool shadowed = ema && reader.contains(state_ema_key(name));
+      auto full = reader.read_full(shadowed ? state_ema_key(name) : state_model_key(name));
       if (adapter->layout_differs(name)) ++conversions;
       tensors.emplace_back(key, adapter->to_hf_layout(name, full).to(ref_file.info(key).dtype).contiguous());
     }
@@ -117,22 +121,23 @@ void write_hf_directory(const std::string& model_id, const std::string& load_dir
 }  // namespace
 
 void convert_ckpt_to_hf(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
-                        const std::string& model_assets_dir, bool overwrite) {
+                        const std::string& model_assets_dir, bool overwrite, bool ema) {
   const auto& spec = model_spec(model_id, "convert");
   ConversionOutput output(save_dir, overwrite, "ckpt-to-hf");
   const std::string& out_dir = output.staging();
   if (is_dcp_dir(load_dir)) {
     // A PyTorch DCP (MindSpeed-MM's training checkpoints): its weights through a model-only
     // checkpoint in the staging directory, the model's config read off the reference directory.
+    if (ema) fail("ckpt-to-hf --ema: ", load_dir, " is a PyTorch DCP checkpoint, which holds no mmtrain EMA weights");
     if (!spec.config_from_checkpoint)
       fail("ckpt-to-hf: ", load_dir, " is a DCP checkpoint, and model '", model_id,
            "' cannot read its config off ", model_assets_dir, "; convert it with dcp-to-ckpt --config first");
     const std::string staged = (fs::path(output.staging()) / "from_dcp").string();
     const auto dir = convert_dcp_weights_to_ckpt(model_id, spec.config_from_checkpoint(model_assets_dir), load_dir, staged);
-    write_hf_directory(model_id, dir, out_dir, save_dir, model_assets_dir);
+    write_hf_directory(model_id, dir, out_dir, save_dir, model_assets_dir, false);
     fs::remove_all(staged);  // not part of the output
   } else {
-    write_hf_directory(model_id, load_dir, out_dir, save_dir, model_assets_dir);
+    write_hf_directory(model_id, load_dir, out_dir, save_dir, model_assets_dir, ema);
   }
   output.commit();
 }
@@ -171,6 +176,7 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
       int world_size = 0;
       std::string layout = "training";
       bool overwrite = false;
+      bool ema = false;
     };
     auto o = std::make_shared<Options>();
     auto* model_cmd = convert_command_of(app, name);
@@ -186,6 +192,7 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
     to_hf->add_option("--load_dir", o->load_dir, "checkpoint iter_N directory or save root, or a DCP directory")
         ->required();
     to_hf->add_option("--save_dir", o->save_dir, "output HF directory")->required();
+    to_hf->add_flag("--ema", o->ema, "the checkpoint's EMA weights (training.ema) in place of its trained weights");
     to_hf->add_option("--model_assets_dir", o->assets_dir,
                       "reference HF directory: shard names, key order, dtypes, other files")
         ->required();
@@ -215,7 +222,9 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
       convert_ckpt_to_dcp(name, o->load_dir, o->save_dir, o->layout == "hf" ? DcpLayout::hf : DcpLayout::training,
                           o->overwrite);
     });
-    commands.add(to_hf, [o, name] { convert_ckpt_to_hf(name, o->load_dir, o->save_dir, o->assets_dir, o->overwrite); });
+    commands.add(to_hf, [o, name] {
+      convert_ckpt_to_hf(name, o->load_dir, o->save_dir, o->assets_dir, o->overwrite, o->ema);
+    });
   }
 }
 

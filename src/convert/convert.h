@@ -31,8 +31,9 @@ inline constexpr const char* kOverwriteHelp =
 // non-empty save_dir refused unless overwrite, staged and moved into place only when complete.
 void convert_hf_to_ckpt(const std::string& model_id, const std::string& config_path, const std::string& hf_dir,
                         const std::string& save_dir, bool overwrite);
+// ema: the checkpoint's EMA weights (training.ema) in place of its trained weights.
 void convert_ckpt_to_hf(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
-                        const std::string& model_assets_dir, bool overwrite);
+                        const std::string& model_assets_dir, bool overwrite, bool ema = false);
 
 // A checkpoint of model_id opened for export (`command` names the caller in errors): its reader,
 // the model built from the config it records, and the model's HF adapter. A checkpoint of another

@@ -14,6 +14,7 @@
 #include "models/model.h"
 #include "offload/offload_tiers.h"
 #include "optim/adamw.h"
+#include "optim/ema.h"
 #include "optim/lr_schedule.h"
 #include "record/memory_profile.h"
 #include "record/profiler.h"
@@ -50,6 +51,7 @@ struct Run {
   // A full fine-tuning preference run's frozen reference and its identity (train/preference_reference.h); else null.
   std::shared_ptr<PreferenceReference> preference_reference;
   nlohmann::json preference_reference_identity;
+  std::unique_ptr<Ema> ema;  // training.ema (optim/ema.h): from the weights the run starts with, or its checkpoint's
   StateFiniteness finiteness;  // whether a step made a weight NaN/Inf (train/state_finite.h)
   double baseline_rss_mb = 0;  // before the model is built: the runtime and the data pipeline
 

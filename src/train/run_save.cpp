@@ -75,6 +75,7 @@ void save_checkpoint(Run& run, int64_t step, const std::function<void(double sta
   if (const auto held_out = held_out_draw(run.config, *run.data.dataset); !held_out.is_null()) info.extra["held_out"] = held_out;
   info.lora_base = run.lora_base;
   info.preference_reference = run.preference_reference_identity;
+  info.ema = run.ema.get();
   if (config.training.keep_best > 0) info.extra[kBestCheckpointsKey] = best_checkpoints_json(run.best);
   try {
     if (run.async_saver) {

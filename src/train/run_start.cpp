@@ -172,6 +172,16 @@ void report_node_changes(const Run& run, const std::vector<std::string>& saved_n
           " kept with gradient accumulation " + std::to_string(run.config.training.gradient_accumulation_steps));
 }
 
+// training.ema over the FSDP units' trained shards, its shadows copies of them now.
+std::unique_ptr<Ema> make_ema(Run& run) {
+  if (run.fsdp->shard_pager())
+    fail("config ", run.config.source_path, ": training.ema with the parameter shards on disk (fsdp_plan.cpu_offload ",
+         "with training.offload_dir) is not implemented yet: the EMA would need the shards in memory every step");
+  std::vector<at::Tensor> shards;
+  for (auto* unit : run.fsdp->units()) shards.push_back(unit->shard_flat);
+  return std::make_unique<Ema>(run.config.training.ema, std::move(shards));
+}
+
 void resume(Run& run, const std::string& path) {
   StateLoadOptions options;
   options.model_id = run.config.model.model_id;
@@ -182,8 +192,13 @@ void resume(Run& run, const std::string& path) {
   options.execution_only_keys = config_model_spec(run.config).execution_only_keys;
   options.lora_base = run.lora_base;
   options.preference_reference = run.preference_reference_identity;
+  if (run.config.training.ema.enable) {
+    run.ema = make_ema(run);  // its shadows come from the checkpoint
+    options.ema = run.ema.get();
+  }
   const StateLoaded loaded = state_load(path, run.comm(), *run.model, *run.fsdp, *run.adamw, options);  // a unit at a time
   if (loaded.model_only) {
+    run.ema.reset();  // a fresh run: the EMA starts at these weights (start_run)
     run.log("initialized from model-only checkpoint " + loaded.dir);
     return;
   }
@@ -225,6 +240,7 @@ std::unique_ptr<Run> start_run(Config config, Runtime runtime) {
   } else if (!lora) {
     load_weights(r);
   }
+  if (r.config.training.ema.enable && !r.ema) r.ema = make_ema(r);  // a fresh run: from its initial weights
   return run;
 }
 

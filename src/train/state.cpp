@@ -18,7 +18,7 @@
 namespace mmtrain {
 namespace {
 
-const std::string kExpAvg = "optim.exp_avg.", kExpAvgSq = "optim.exp_avg_sq.";
+const std::string kExpAvg = "optim.exp_avg.", kExpAvgSq = "optim.exp_avg_sq.", kEma = "ema.";
 
 std::string to_hex(const at::Tensor& bytes) {
   static const char* digits = "0123456789abcdef";
@@ -85,10 +85,10 @@ constexpr const char* kRefusal = "; refusing to save non-finite state (`latest` 
 // its file is written.
 class UnitWindow {
  public:
-  enum class Part { weight, exp_avg, exp_avg_sq };
+  enum class Part { weight, exp_avg, exp_avg_sq, ema };
 
-  UnitWindow(Fsdp& fsdp, const AdamW* adamw, int64_t iteration, bool check_finite)
-      : units_(fsdp.units()), pager_(fsdp.shard_pager()), adamw_(adamw), rank_(fsdp.comm().rank()),
+  UnitWindow(Fsdp& fsdp, const AdamW* adamw, const Ema* ema, int64_t iteration, bool check_finite)
+      : units_(fsdp.units()), pager_(fsdp.shard_pager()), adamw_(adamw), ema_(ema), rank_(fsdp.comm().rank()),
         iteration_(iteration), check_finite_(check_finite) {}
   ~UnitWindow() { leave(); }  // paging out an unchanged shard writes nothing: it cannot fail
   UnitWindow(const UnitWindow&) = delete;
@@ -102,6 +102,8 @@ class UnitWindow {
     if (part == Part::weight) {
       enter(u);
       out = param.shard.narrow(0, 0, rows);
+    } else if (part == Part::ema) {
+      out = param.view_of(ema_->shadow(u)).narrow(0, 0, rows);
     } else {
       std::vector<int64_t> shape = param.shard.sizes().vec();
       shape[0] = rows;
@@ -134,6 +136,7 @@ class UnitWindow {
   std::vector<FsdpUnit*> units_;
   ShardPager* pager_;
   const AdamW* adamw_;
+  const Ema* ema_;
   int rank_;
   int64_t iteration_;
   bool check_finite_;
@@ -142,9 +145,10 @@ class UnitWindow {
 };
 
 // This rank's shards of the params (real rows; none on HSDP replicas but the first) and, with
-// adamw, of the moments, each fetched through `window` when the save asks for it.
-std::vector<ShardedTensor> trained_shards(Fsdp& fsdp, const AdamW* adamw, const std::shared_ptr<UnitWindow>& window,
-                                          bool with_frozen) {
+// adamw, of the moments, with ema of the EMA's shadows, each fetched through `window` when the save
+// asks for it.
+std::vector<ShardedTensor> trained_shards(Fsdp& fsdp, const AdamW* adamw, const Ema* ema,
+                                          const std::shared_ptr<UnitWindow>& window, bool with_frozen) {
   std::vector<ShardedTensor> out;
   const int rank = fsdp.comm().rank();
   const auto units = fsdp.units();
@@ -159,6 +163,7 @@ std::vector<ShardedTensor> trained_shards(Fsdp& fsdp, const AdamW* adamw, const 
                        }});
       };
       part(state_model_key(param.name), UnitWindow::Part::weight);
+      if (ema && !param.frozen) part(kEma + param.name, UnitWindow::Part::ema);
       if (!adamw || param.frozen) continue;  // a frozen param has no optimizer state
       part(kExpAvg + param.name, UnitWindow::Part::exp_avg);
       part(kExpAvgSq + param.name, UnitWindow::Part::exp_avg_sq);
@@ -212,7 +217,7 @@ void check_same_model_config(const CheckpointReader& reader, const StateLoadOpti
 
 // Every tensor of the checkpoint must be one this run loads: a tensor the model lacks would be
 // dropped silently (a layer and its AdamW state gone).
-void check_no_extra_tensors(const CheckpointReader& reader, Model& model, bool with_optimizer) {
+void check_no_extra_tensors(const CheckpointReader& reader, Model& model, bool with_optimizer, bool with_ema = false) {
   std::set<std::string> expected;
   for (auto& [name, param] : model.named_parameters()) {
     expected.insert(state_model_key(name));
@@ -224,9 +229,37 @@ void check_no_extra_tensors(const CheckpointReader& reader, Model& model, bool w
   for (const auto& name : reader.names()) {
     const bool optimizer_state = name.rfind("optim.", 0) == 0;
     if (expected.count(name) || (optimizer_state && !with_optimizer)) continue;
+    if (with_ema && name.rfind(kEma, 0) == 0 && expected.count(state_model_key(name.substr(kEma.size())))) continue;
     fail("cannot resume from ", reader.dir(), ": it holds tensor '", name,
          "', which this model does not have (was it saved by a larger model?)");
   }
+}
+
+// The EMA's shadows (training.ema) from a checkpoint that holds them.
+void load_ema(const CheckpointReader& reader, Fsdp& fsdp, Ema& ema, int rank) {
+  const auto units = fsdp.units();
+  for (size_t u = 0; u < units.size(); ++u) {
+    const auto shadow = at::zeros_like(units[u]->shard_flat);
+    for (auto& p : units[u]->params) {
+      if (p.frozen) continue;
+      const int64_t rows = p.layout.rows(rank), begin = p.layout.row_begin(rank);
+      const auto key = kEma + p.name;
+      if (!reader.contains(key)) fail("checkpoint ", reader.dir(), ": missing tensor '", key, "'");
+      if (rows > 0) p.view_of(shadow).narrow(0, 0, rows).copy_(reader.read_rows(key, begin, begin + rows));
+    }
+    ema.set_shadow(u, shadow);
+  }
+}
+
+// A checkpoint with EMA shadows continues only a run that keeps them, and the other way round.
+void check_ema(const CheckpointReader& reader, const Ema* ema) {
+  const bool saved = reader.global_state().contains("ema");
+  if (saved && !ema)
+    fail("cannot resume from ", reader.dir(), ": it holds EMA weights (training.ema), which this run would drop; set ",
+         "training.ema.enable: true to continue them, or export them first (mmtrain convert MODEL ckpt-to-hf --ema)");
+  if (!saved && ema)
+    fail("cannot resume from ", reader.dir(), ": training.ema is on and the checkpoint holds no EMA weights (it was ",
+         "trained without); turn training.ema off to continue it, or start a new run from its weights to average them");
 }
 
 void load_optimizer(const CheckpointReader& reader, Fsdp& fsdp, AdamW& adamw, int rank) {
@@ -274,7 +307,8 @@ StateSnapshot state_snapshot(const Comm& comm, Model& model, Fsdp& fsdp, const A
                              bool check_finite) {
   StateSnapshot snapshot;
   snapshot.global_state = state_global_state(info, adamw ? std::optional<int64_t>(adamw->step_count()) : std::nullopt);
-  snapshot.tensors = trained_shards(fsdp, adamw, std::make_shared<UnitWindow>(fsdp, adamw, info.iteration, check_finite),
+  snapshot.tensors = trained_shards(fsdp, adamw, info.ema,
+                                    std::make_shared<UnitWindow>(fsdp, adamw, info.ema, info.iteration, check_finite),
                                     /*with_frozen=*/info.lora_base.is_null());
   snapshot.trained_count = snapshot.tensors.size();
   append_buffers(model, comm.rank(), snapshot.tensors);
@@ -287,6 +321,7 @@ StateSnapshot state_snapshot(const Comm& comm, Model& model, Fsdp& fsdp, const A
 
 std::string state_model_key(const std::string& param_name) { return "model." + param_name; }
 std::string state_exp_avg_key(const std::string& param_name) { return kExpAvg + param_name; }
+std::string state_ema_key(const std::string& param_name) { return kEma + param_name; }
 std::string state_exp_avg_sq_key(const std::string& param_name) { return kExpAvgSq + param_name; }
 
 nlohmann::json state_global_state(const StateInfo& info, std::optional<int64_t> optimizer_step) {
@@ -301,6 +336,16 @@ nlohmann::json state_global_state(const StateInfo& info, std::optional<int64_t> 
   for (const auto& [key, value] : info.extra.items()) global[key] = value;
   if (!info.lora_base.is_null()) global["lora_base"] = info.lora_base;
   if (!info.preference_reference.is_null()) global["preference_reference"] = info.preference_reference;
+  if (info.ema) {
+    const EmaConfig& e = info.ema->config();
+    global["ema"] = {{"decay", e.decay},
+                     {"min_decay", e.min_decay},
+                     {"update_after_step", e.update_after_step},
+                     {"use_ema_warmup", e.use_ema_warmup},
+                     {"inv_gamma", e.inv_gamma},
+                     {"power", e.power},
+                     {"update_every", e.update_every}};
+  }
   return global;
 }
 
@@ -433,10 +478,12 @@ StateLoaded state_load(const std::string& path, Comm& comm, Model& model, Fsdp& 
          "micro_batch_size/gradient_accumulation_steps so they match");
   check_same_model_config(reader, options, "resume from");
   check_lora_base(reader, options.lora_base, "resume from");
+  check_ema(reader, options.ema);
   if (const auto why = preference_reference_difference(global, options.preference_reference); !why.empty())
     fail("cannot resume from ", reader.dir(), ": ", why);
-  check_no_extra_tensors(reader, model, options.load_optimizer);
+  check_no_extra_tensors(reader, model, options.load_optimizer, /*with_ema=*/options.ema != nullptr);
   state_load_model(reader, model, fsdp, /*frozen_from_base=*/!options.lora_base.is_null());
+  if (options.ema) load_ema(reader, fsdp, *options.ema, fsdp.comm().rank());
   if (options.load_optimizer) {
     load_optimizer(reader, fsdp, adamw, fsdp.comm().rank());
     adamw.set_step_count(state_int(reader, "optimizer_step", 0, iteration));
@@ -465,7 +512,7 @@ StateLoaded state_load_weights(const std::string& path, Model& model, Fsdp& fsdp
     check_same_model_config(reader, options, "evaluate");
     check_lora_base(reader, options.lora_base, "evaluate");
   }
-  check_no_extra_tensors(reader, model, !loaded.model_only);
+  check_no_extra_tensors(reader, model, !loaded.model_only, /*with_ema=*/global.contains("ema"));
   state_load_model(reader, model, fsdp, /*frozen_from_base=*/!options.lora_base.is_null() && !loaded.model_only);
   return loaded;
 }

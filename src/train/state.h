@@ -15,6 +15,7 @@
 #include "fsdp/fully_shard.h"
 #include "models/model.h"
 #include "optim/adamw.h"
+#include "optim/ema.h"
 
 #include <nlohmann/json.hpp>
 
@@ -28,6 +29,8 @@ namespace mmtrain {
 // The checkpoint name of a model parameter or buffer: "model." + name; of its AdamW moments.
 std::string state_model_key(const std::string& param_name);
 std::string state_exp_avg_key(const std::string& param_name);
+// A trained param's EMA shadow (training.ema), in the checkpoints of a run that keeps one.
+std::string state_ema_key(const std::string& param_name);
 std::string state_exp_avg_sq_key(const std::string& param_name);
 
 // The index's plan entry for shards laid out by an Fsdp built with plan: apply_modules, param and
@@ -53,6 +56,9 @@ struct StateInfo {
   // A full fine-tuning preference run: its frozen reference (train/preference_reference.h), recorded
   // in trainer_state.json and required again on resume. Null otherwise.
   nlohmann::json preference_reference;
+  // training.ema: the live EMA, whose shadows the checkpoint holds as "ema.<param>" beside the
+  // weights (and its settings as trainer_state.json "ema"). Null: none.
+  const Ema* ema = nullptr;
 };
 
 // trainer_state.json of a checkpoint of info.iteration (optimizer_step absent: model-only), and
@@ -90,6 +96,9 @@ struct StateLoadOptions {
   // A full fine-tuning preference run: its reference (StateInfo::preference_reference), which a
   // training checkpoint's must equal; a model-only checkpoint is refused. Null: none.
   nlohmann::json preference_reference;
+  // training.ema: the EMA to load the checkpoint's shadows into (it must hold them); null: the run
+  // keeps none (a checkpoint holding them is refused).
+  Ema* ema = nullptr;
 };
 
 struct StateLoaded {

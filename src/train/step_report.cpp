@@ -43,6 +43,7 @@ StepOutcome run_step(Run& run, DataLoader& loader, int64_t step) {
   out.lr = settings.lr = run.schedule.at(step);
   settings.clip_grad = run.config.training.clip_grad;
   settings.objective = objective_forward(run.config, run.preference_reference);
+  settings.ema = run.ema.get();
   settings.listeners = {&run.phase_timer};
   settings.samples = [&run, step] { return run.describe_step_samples(step); };
   out.memory_profiled = run.memory_profile->covers(step + 1);

@@ -132,6 +132,7 @@ StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, StateFiniteness& fi
   {
     PhaseScope scope(settings.listeners, StepPhase::optimizer);
     adamw.step(settings.lr);
+    if (settings.ema) settings.ema->after_step(settings.iteration);
   }
   PhaseScope scope(settings.listeners, StepPhase::finite_check);
   finiteness.after_step(fsdp, adamw, settings.iteration, settings.lr, stats.grad_norm, settings.samples);

@@ -10,6 +10,7 @@
 #pragma once
 #include "fsdp/fully_shard.h"
 #include "models/model.h"
+#include "optim/ema.h"
 #include "optim/adamw.h"
 #include "record/step_phases.h"
 #include "train/objective.h"
@@ -56,7 +57,7 @@ struct StepStats {
 };
 
 struct StepSettings {
-  int64_t iteration = 1;  // 1-based, for messages
+  int64_t iteration = 1;  // 1-based: the optimizer step this is
   int accumulation = 1;   // micro-batches; each loss is divided by it (unless normalized globally)
   double lr = 0;
   double clip_grad = 0;   // max global grad norm; <= 0 measures the norm without clipping
@@ -70,6 +71,7 @@ struct StepSettings {
   std::function<std::vector<double>(const std::vector<double>&)> sum_over_dp;
   int dp = 1;
   MicroBatchForward objective;  // null: the model's own loss (training.objective sft)
+  Ema* ema = nullptr;  // training.ema: updated after the optimizer step
 };
 
 // One optimizer step over micro_batch(0 .. accumulation-1). Fails, naming the iteration and the

@@ -385,3 +385,16 @@ def e2e_helpers():
         spec.loader.exec_module(module)
         sys.modules[name] = module
     return sys.modules[name]
+
+
+def checkpoint_tensors(iter_dir) -> dict:
+    """Every tensor of an mmtrain checkpoint (weights, AdamW moments, EMA shadows), each rank's rows
+    joined in rank order (docs/checkpoint_format.md)."""
+    import torch
+    from pathlib import Path
+    from safetensors.torch import load_file
+    parts = {}
+    for rank_file in sorted(Path(iter_dir).glob("rank_*.safetensors")):
+        for name, rows in load_file(str(rank_file)).items():
+            parts.setdefault(name, []).append(rows)
+    return {name: torch.cat(rows) if rows[0].dim() else rows[0] for name, rows in parts.items()}

@@ -98,16 +98,6 @@ class Setup:
         return back
 
 
-def checkpoint_tensors(iter_dir: Path) -> dict:
-    """Every tensor of an mmtrain checkpoint (weights and AdamW moments, fp32), each rank's rows
-    joined in rank order (docs/checkpoint_format.md)."""
-    parts = {}
-    for rank_file in sorted(iter_dir.glob("rank_*.safetensors")):
-        for name, rows in load_file(str(rank_file)).items():
-            parts.setdefault(name, []).append(rows)
-    return {name: torch.cat(rows) if rows[0].dim() else rows[0] for name, rows in parts.items()}
-
-
 @pytest.fixture(scope="module")
 def fd(tmp_path_factory):
     mmtrain_bin()
@@ -239,8 +229,8 @@ def test_every_layout_equals_one_rank_of_fixed_micro_batches(fd, name, world, se
         for key in ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "mse/chosen", "mse/rejected"):
             assert abs(a[key] - b[key]) <= RANKS_RTOL * max(1.0, abs(a[key])), (name, a["iteration"], key, a[key], b[key])
         assert a["rewards/accuracies"] == b["rewards/accuracies"]
-    first, final = checkpoint_tensors(one_save / "iter_0000001"), f"iter_{ITERS:07d}"
-    want, got = checkpoint_tensors(one_save / final), checkpoint_tensors(many_save / final)
+    first, final = mu.checkpoint_tensors(one_save / "iter_0000001"), f"iter_{ITERS:07d}"
+    want, got = mu.checkpoint_tensors(one_save / final), mu.checkpoint_tensors(many_save / final)
     assert sorted(want) == sorted(got)
     floats = [k for k in want if want[k].is_floating_point() and want[k].numel() > 0]
     moved = max(rel_l2(want[k], first[k]) for k in floats)

@@ -1,0 +1,151 @@
+"""training.ema against diffusers' EMAModel (PyPI) on the same weight trajectory (optim/ema.h).
+
+A tiny MagiHuman trains 5 steps, full fine-tuning, saving every step. diffusers' EMAModel, fed the
+trained weights each checkpoint holds (`model.*`), one `step()` per EMA update (every update_every
+optimizer steps), must end with exactly the shadows the last checkpoint holds (`ema.*`), bitwise:
+with the warm-up off and on, update_after_step, min_decay and update_every 2. The EMA on 2 ranks
+equals 1 rank; a run stopped and resumed keeps it bitwise; `ckpt-to-hf --ema` exports it (with
+decay 0 the EMA is the weights: byte-identical to the plain export); and a checkpoint with or
+without EMA weights continues only a run that keeps them or not, by name.
+"""
+import math
+from pathlib import Path
+import sys
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import reference_magihuman as R  # noqa: E402
+import mmtrain_util as mu  # noqa: E402
+
+diffusers_training = pytest.importorskip("diffusers.training_utils")
+_e2e = mu.e2e_helpers()
+run_mmtrain, write_config, mmtrain_bin = _e2e.run_mmtrain, _e2e.write_config, _e2e.mmtrain_bin
+
+TINY = R.make_config(num_layers=2, hidden_size=64, head_dim=16, num_query_groups=2, video_in_channels=16,
+                     audio_in_channels=8, text_in_channels=24, mm_layers=[0], gelu7_layers=[0])
+STEPS = 5
+CASES = {
+    "plain": {"decay": 0.9, "update_after_step": 1},
+    "warmup": {"decay": 0.999, "min_decay": 0.2, "use_ema_warmup": True, "inv_gamma": 1.5, "power": 0.75},
+    "every2": {"decay": 0.95, "update_every": 2},
+}
+
+
+class Setup:
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.weights, self.data = tmp / "weights", tmp / "data"
+        training = {"micro_batch_size": 2, "global_batch_size": 4, "seed": 7, "lr": 1.0e-2,
+                    "lr_decay_style": "constant", "weight_decay": 0.0, "clip_grad": 1.0, "train_iters": STEPS}
+        self.cfg = write_config(tmp / "ema.yaml", mu.magihuman_yaml("EMA parity: the tiny MagiHuman", TINY,
+                                                                    self.weights, self.data, training, tmp / "run"))
+        run_mmtrain(["fixture", "magihuman-weights", "--config", str(self.cfg), "--out", str(self.weights), "--seed", "3"])
+        run_mmtrain(["fixture", "magihuman", "--out", str(self.data), "--samples", "8", "--seed", "4", "--video-grid",
+                     "2,2,3", "--audio-tokens", "5", "--text-tokens", "7", "--video-channels", "16",
+                     "--audio-channels", "8", "--text-channels", "24"])
+        self.runs = {}
+
+    def initial_weights(self) -> dict:
+        """The fixture's weights in mmtrain's own layout (a model-only checkpoint of them)."""
+        ckpt = self.tmp / "initial_ckpt"
+        if not ckpt.exists():
+            run_mmtrain(["convert", "magihuman", "hf-to-ckpt", "--hf_dir", str(self.weights), "--save_dir", str(ckpt)])
+        found = sorted(ckpt.glob("iter_*"))
+        return mu.checkpoint_tensors(found[-1] if found else ckpt)
+
+    def train(self, name, ema: dict, world=1, extra=()):
+        """A run saving every step; its save root."""
+        if name not in self.runs:
+            save = self.tmp / name / "ckpt"
+            args = ["train", str(self.cfg), "--set", f"logging.output_dir={self.tmp / name}", "--set",
+                    f"training.save={save}", "--set", "training.save_interval=1", *extra]
+            for key, value in {"enable": True, **ema}.items():
+                args += ["--set", f"training.ema.{key}={str(value).lower() if isinstance(value, bool) else value}"]
+            run_mmtrain(args, world=world, timeout=600)
+            self.runs[name] = save
+        return self.runs[name]
+
+
+@pytest.fixture(scope="module")
+def ema_setup(tmp_path_factory):
+    mmtrain_bin()
+    return Setup(tmp_path_factory.mktemp("ema"))
+
+
+def iter_dir(save: Path, step: int) -> Path:
+    return save / f"iter_{step:07d}"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_shadows_are_diffusers_emamodels_bitwise(ema_setup, case):
+    settings = CASES[case]
+    save = ema_setup.train(case, settings)
+    every = settings.get("update_every", 1)
+    trajectory = [mu.checkpoint_tensors(iter_dir(save, s)) for s in range(1, STEPS + 1)]
+    names = sorted(k[len("ema."):] for k in trajectory[-1] if k.startswith("ema."))
+    assert names and all(f"model.{n}" in trajectory[-1] for n in names)
+    # EMAModel starts from the weights before the first step, as a training script builds it: the
+    # first update's decay is 0, but s - (s - w) rounds unless s is the start mmtrain's shadow had.
+    start = ema_setup.initial_weights()
+    params = [torch.nn.Parameter(start[f"model.{n}"].clone()) for n in names]
+    ema = diffusers_training.EMAModel(params, **{k: v for k, v in settings.items() if k != "update_every"})
+    for step in range(every, STEPS + 1, every):
+        with torch.no_grad():
+            for p, n in zip(params, names):
+                p.copy_(trajectory[step - 1][f"model.{n}"])
+        ema.step(params)
+    want, got = ema.shadow_params, [trajectory[-1][f"ema.{n}"] for n in names]
+    assert ema.optimization_step == STEPS // every
+    moved = max((w - trajectory[-1][f"model.{n}"]).abs().max().item() for w, n in zip(want, names))
+    assert moved > 0, "the EMA equals the weights: the comparison would be vacuous"
+    different = [n for n, a, b in zip(names, got, want) if not torch.equal(a, b)]
+    assert not different, f"{len(different)} shadows differ from diffusers' (first {different[0]})"
+
+
+def test_two_ranks_equal_one_and_a_resume_is_bitwise(ema_setup):
+    one = mu.checkpoint_tensors(iter_dir(ema_setup.train("plain", CASES["plain"]), STEPS))
+    two = mu.checkpoint_tensors(iter_dir(ema_setup.train("plain_2ranks", CASES["plain"], world=2), STEPS))
+    for name in (k for k in one if k.startswith("ema.")):
+        scale = one[name].norm().item()
+        assert (two[name] - one[name]).norm().item() <= 1e-6 * max(scale, 1e-12), name
+    stopped = ema_setup.train("plain_stopped", CASES["plain"], extra=("--set", "training.exit_interval=2"))
+    assert not iter_dir(stopped, 3).exists()
+    run_mmtrain(["train", str(ema_setup.cfg), "--set", f"logging.output_dir={ema_setup.tmp / 'plain_stopped'}",
+                 "--set", f"training.save={stopped}", "--set", "training.save_interval=1", "--set", "training.load=auto",
+                 "--set", "training.ema.enable=true", "--set", "training.ema.decay=0.9", "--set",
+                 "training.ema.update_after_step=1"])
+    resumed = mu.checkpoint_tensors(iter_dir(stopped, STEPS))
+    for name in (k for k in one if k.startswith("ema.")):
+        assert torch.equal(resumed[name], one[name]), name
+
+
+def test_the_export_and_the_refusals(ema_setup):
+    tmp = ema_setup.tmp
+    plain = ema_setup.train("plain", CASES["plain"])
+    zero = ema_setup.train("zero_decay", {"decay": 0.0})
+    for name, save, ema in (("zero_plain", zero, False), ("zero_ema", zero, True), ("plain_ema", plain, True),
+                            ("plain_weights", plain, False)):
+        run_mmtrain(["convert", "magihuman", "ckpt-to-hf", "--load_dir", str(iter_dir(save, STEPS)), "--save_dir",
+                     str(tmp / name), "--model_assets_dir", str(ema_setup.weights), *(["--ema"] if ema else [])])
+    files = lambda d: sorted(p.name for p in d.glob("*.safetensors"))  # noqa: E731
+    assert all((tmp / "zero_ema" / f).read_bytes() == (tmp / "zero_plain" / f).read_bytes() for f in files(tmp / "zero_ema"))
+    ema, weights = R.load_hf(tmp / "plain_ema"), R.load_hf(tmp / "plain_weights")
+    assert any(not torch.equal(ema[k], weights[k]) for k in ema)
+    # Continuing a checkpoint needs the same choice about the EMA.
+    proc = run_mmtrain(["train", str(ema_setup.cfg), "--set", f"training.load={iter_dir(plain, 2)}", "--set",
+                        f"logging.output_dir={tmp / 'no_ema'}", "--set", f"training.save={tmp / 'no_ema_ckpt'}"],
+                       check=False)
+    assert proc.returncode != 0 and "it holds EMA weights (training.ema)" in proc.stderr, proc.stderr[-1500:]
+    run_mmtrain(["train", str(ema_setup.cfg), "--set", f"logging.output_dir={tmp / 'without'}", "--set",
+                 f"training.save={tmp / 'without_ckpt'}", "--set", "training.train_iters=1"])
+    proc = run_mmtrain(["train", str(ema_setup.cfg), "--set", f"training.load={tmp / 'without_ckpt'}", "--set",
+                        "training.ema.enable=true", "--set", f"logging.output_dir={tmp / 'late'}", "--set",
+                        f"training.save={tmp / 'late_ckpt'}"], check=False)
+    assert proc.returncode != 0 and "holds no EMA weights" in proc.stderr, proc.stderr[-1500:]
+    proc = run_mmtrain(["convert", "magihuman", "ckpt-to-hf", "--load_dir", str(tmp / "without_ckpt"), "--save_dir",
+                        str(tmp / "refused_export"), "--model_assets_dir", str(ema_setup.weights), "--ema"], check=False)
+    assert proc.returncode != 0 and "holds no EMA weights" in proc.stderr, proc.stderr[-1500:]
+    assert math.isfinite(float(ema[next(iter(ema))].float().sum()))
