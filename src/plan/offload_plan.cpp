@@ -51,6 +51,7 @@ TierBytes offload_tier_bytes(const OffloadPlanInputs& in, const OffloadSetting& 
     t.device += (kFsdpReductionsInFlight + 1) * p.largest_shard_numel() *
                 static_cast<int64_t>(c10::elementSize(p.config.reduce_dtype));
   }
+  (s.cpu_offload ? t.host : t.device) += in.ema_bytes;
   // The moments leave the side where the step runs (the host under cpu_offload); three windows
   // take their place there, or in host RAM when the disk holds them.
   int64_t& step_side = s.cpu_offload ? t.host : t.device;

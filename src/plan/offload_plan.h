@@ -45,6 +45,7 @@ struct OffloadPlanInputs {
   int64_t layers_kept_bytes = 0;     // of that, what the layers keep for backward (inputs under recompute)
   int64_t num_layers = 0;
   int64_t window_bytes = 0;          // adamw_swap's three chunk windows
+  int64_t ema_bytes = 0;             // training.ema's fp32 shadows: beside the shards (the host under cpu_offload)
 };
 
 struct TierBytes {

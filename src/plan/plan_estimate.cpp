@@ -44,6 +44,7 @@ std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_
   e->seqlen = checked_tokens(seqlen > 0 ? seqlen : e->spec->default_seqlen, "plan: the sequence length");
   e->micro = cfg.training.micro_batch_size;
   if (cfg.training.objective == "dpo") e->sequences_per_sample = 2;
+  if (cfg.training.ema.enable) e->ema_bytes = e->plan.optimizer_bytes / 2;  // AdamW keeps two fp32 values per trained element
   if (config_needs_reference_copy(cfg))
     e->reference_copy_bytes = fsdp_memory_plan(*build_reference_model(cfg), fp, e->dims.fsdp()).param_bytes;
   for (const int64_t s : flops_seqlens) checked_tokens(s, "plan: a sample's length");
@@ -121,6 +122,7 @@ OffloadPlanInputs PlanEstimate::offload_inputs() const {
   OffloadPlanInputs in;
   in.fsdp = &plan;
   in.other_device_bytes = cp_buffer_bytes + reference_copy_bytes;
+  in.ema_bytes = ema_bytes;
   if (no_activations.empty()) {
     in.activation_bytes = recompute ? act.with_recompute_bytes() : act.without_recompute_bytes();
     in.layers_kept_bytes = recompute ? act.layer_inputs_bytes : act.layers_full_bytes;

@@ -37,6 +37,8 @@ struct PlanEstimate {
   // rank's 1/fsdp) stay on the device all run (config_needs_reference_copy).
   int64_t sequences_per_sample = 1;
   int64_t reference_copy_bytes = 0;
+  // training.ema: one fp32 shadow per trained element, beside the shards (optim/ema.h).
+  int64_t ema_bytes = 0;
 
   // What an evaluation (training.eval_interval) holds beyond the step: its forwards run under
   // no-grad between steps, when the step's activations are freed, and keep one layer's working

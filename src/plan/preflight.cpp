@@ -212,6 +212,7 @@ void preflight_memory(const Config& config, Module& model, const LaunchEnv& env,
                                       ? fsdp_memory_plan(*build_reference_model(config), config.parallel.fsdp_plan, fsdp_size).param_bytes
                                       : 0;
   offload_in.other_device_bytes = reference_bytes;
+  offload_in.ema_bytes = config.training.ema.enable ? plan.optimizer_bytes / 2 : 0;  // optim/ema.h
   offload_in.window_bytes = SwappedMoments::window_bytes_for(
       SwappedMoments::chunk_numel_for(config.training.mem_fraction_static, available, plan.largest_shard_numel()));
   const OffloadSetting setting = OffloadSetting::of(config);

@@ -197,9 +197,12 @@ void plan_memory(const PlanOptions& o) {
     row("dpo reference: a frozen copy of the initial weights (" +
             (reference_quant != "none" ? reference_quant + " / " : std::string()) + p_name + ")",
         e.reference_copy_bytes);
+  if (e.ema_bytes > 0) row("EMA shadows (fp32, training.ema)", e.ema_bytes);
+  j["ema_bytes"] = e.ema_bytes;
   j["sequences_per_sample"] = e.sequences_per_sample;
   j["reference_copy_bytes"] = e.reference_copy_bytes;
-  const int64_t fixed = plan.sharded_state_bytes() + plan.transient_bytes() + cp_buffer_bytes + e.reference_copy_bytes;
+  const int64_t fixed =
+      plan.sharded_state_bytes() + plan.transient_bytes() + cp_buffer_bytes + e.reference_copy_bytes + e.ema_bytes;
   if (no_activations.empty()) {
     if (cfg.data.loader.micro_batch_tokens > 0)  // plan_estimate sizes one packed micro-batch of the budget
       std::printf("\n  activations, %lld token(s) per %s (data.dataloader_param.micro_batch_tokens %lld), %lld layers\n",

@@ -149,3 +149,19 @@ def test_the_export_and_the_refusals(ema_setup):
                         str(tmp / "refused_export"), "--model_assets_dir", str(ema_setup.weights), "--ema"], check=False)
     assert proc.returncode != 0 and "holds no EMA weights" in proc.stderr, proc.stderr[-1500:]
     assert math.isfinite(float(ema[next(iter(ema))].float().sum()))
+
+
+def test_the_plan_counts_the_shadows_beside_the_shards(ema_setup):
+    import json
+
+    def plan(*sets):
+        args = ["plan", str(ema_setup.cfg), "--world-size", "2", "--seqlen", "64"]
+        for item in sets:
+            args += ["--set", item]
+        return json.loads(run_mmtrain(args).stdout.strip().splitlines()[-1])
+
+    without, with_ema = plan(), plan("training.ema.enable=true")
+    assert with_ema["ema_bytes"] == without["optimizer_bytes"] // 2 > 0  # one fp32 value a trained element
+    assert with_ema["total_bytes"] - without["total_bytes"] == with_ema["ema_bytes"]
+    offloaded = with_ema["offload"]["cpu_offload"]["host_bytes"] - without["offload"]["cpu_offload"]["host_bytes"]
+    assert offloaded == with_ema["ema_bytes"]  # under cpu_offload the shadows sit with the shards on the host
