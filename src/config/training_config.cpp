@@ -32,6 +32,8 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
       .field("save_interval", &T::save_interval)
       .field("keep_latest_k", &T::keep_latest_k)
       .field("keep_best", &T::keep_best)
+      .field("eval_with_ema", &T::eval_with_ema)
+      .field("keep_best_by", &T::keep_best_by)
       .field("archive_newer_checkpoints", &T::archive_newer_checkpoints)
       .field("async_save", &T::async_save)
       .field("log_interval", &T::log_interval)
@@ -87,6 +89,12 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
         check.at_least("save_interval", t.save_interval, 0);
         check.at_least("keep_latest_k", t.keep_latest_k, 0);
         check.at_least("keep_best", t.keep_best, 0);
+        check.one_of("keep_best_by", t.keep_best_by, {"eval_loss", "eval_ema_loss"});
+        if (t.eval_with_ema && !t.ema.enable)
+          check.invalid("eval_with_ema", "false unless training.ema.enable (there are no EMA weights to evaluate)", "true");
+        if (t.keep_best_by == "eval_ema_loss" && !t.eval_with_ema)
+          check.invalid("keep_best_by", "eval_loss unless training.eval_with_ema (no EMA loss is measured)",
+                        "eval_ema_loss");
         if (t.keep_best > 0 && (t.save.empty() || t.eval_interval == 0))
           check.invalid("keep_best", "0 unless training.save and training.eval_interval are set (it keeps the "
                         "checkpoints of the evaluations with the lowest eval_loss)",

@@ -43,6 +43,8 @@ struct TrainingConfig {
   std::string save;                            // save root; empty = never save
   int64_t save_interval = 0;                   // 0 = only at the end (when save is set)
   int keep_latest_k = 0;                       // complete checkpoints of this run's lineage kept under save (the newest k); 0 = all
+  bool eval_with_ema = false;                  // training.ema: each evaluation also at the EMA weights (eval_ema_*)
+  std::string keep_best_by = "eval_loss";      // eval_loss | eval_ema_loss: what keep_best ranks by
   int keep_best = 0;                           // also keep the N checkpoints of lowest eval_loss (a save at each
                                                // evaluation; checkpoint/best_checkpoints.h); 0 = off
   bool archive_newer_checkpoints = false;      // a run starting at iteration i in a save holding newer checkpoints

@@ -57,6 +57,15 @@ void Ema::after_step(int64_t step) {
   for (size_t i = 0; i < shadows_.size(); ++i) shadows_[i].sub_((shadows_[i] - params_[i]) * one_minus_decay);
 }
 
+void Ema::swap_with_params() {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < shadows_.size(); ++i) {
+    const auto weights = params_[i].clone();
+    params_[i].copy_(shadows_[i]);
+    shadows_[i].copy_(weights);
+  }
+}
+
 void Ema::set_shadow(size_t i, const at::Tensor& values) {
   if (values.numel() != shadows_.at(i).numel())
     fail("training.ema: shadow ", i, " has ", shadows_[i].numel(), " elements, the checkpoint's ", values.numel());

@@ -48,6 +48,9 @@ class Ema {
   void after_step(int64_t step);
   // Shadow i (fp32, shaped like params[i]).
   const at::Tensor& shadow(size_t i) const { return shadows_.at(i); }
+  // Exchanges the shadows' values with the weights' (every shard, one at a time): called twice
+  // around an evaluation of the EMA weights (training.eval_with_ema), it leaves both as they were.
+  void swap_with_params();
   // Overwrites shadow i with a copy of `values` (a checkpoint's), shaped like it.
   void set_shadow(size_t i, const at::Tensor& values);
   size_t size() const { return shadows_.size(); }

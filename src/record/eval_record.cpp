@@ -13,6 +13,10 @@ nlohmann::json EvalRecord::to_json() const {
   out["eval_time_ms"] = time_ms;
   if (objective.is_object())
     for (const auto& [key, value] : objective.items()) out["eval_" + key] = value;
+  if (ema.is_object())
+    for (const auto& [key, value] : ema.items())
+      if (key.rfind("eval_", 0) == 0 && key != "eval_samples" && key != "eval_tokens")
+        out["eval_ema_" + key.substr(5)] = value;
   return out;
 }
 

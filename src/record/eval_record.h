@@ -32,6 +32,9 @@ struct EvalRecord {
   // A preference objective's metrics over the held-out pairs under TRL's names (train/objective.h),
   // written with TRL's eval_ prefix: eval_rewards/accuracies, ...
   nlohmann::json objective;
+  // training.eval_with_ema: the same evaluation at the EMA weights (its to_json()), written with
+  // its eval_ keys as eval_ema_ (eval_ema_loss, ...); null otherwise.
+  nlohmann::json ema;
 
   nlohmann::json to_json() const;
 };

@@ -113,10 +113,14 @@ void MetricsLog::record(const EvalRecord& eval) {
   if (eval.objective.is_object())
     for (const auto& [name, value] : eval.objective.items())
       if (value.is_number()) scalars.emplace_back("eval/" + name, value.get<double>());
+  if (eval.ema.is_object())  // training.eval_with_ema: eval_ema/loss, ...
+    for (const auto& [name, value] : eval.ema.items())
+      if (name.rfind("eval_", 0) == 0 && value.is_number()) scalars.emplace_back("eval_ema/" + name.substr(5), value.get<double>());
   if (tensorboard_) tensorboard_->scalars(eval.iteration, scalars);
   std::string line = format(" evaluation after iteration %8lld | eval loss: %.6E", static_cast<long long>(eval.iteration),
                             eval.loss);
   if (eval.ppl) line += format(" | eval ppl: %.4f", *eval.ppl);
+  if (eval.ema.is_object()) line += format(" | eval ema loss: %.6E", eval.ema.at("eval_loss").get<double>());
   if (eval.objective.contains("rewards/accuracies"))
     line += format(" | eval reward accuracy: %.3f", eval.objective["rewards/accuracies"].get<double>());
   for (const auto& [name, value] : eval.terms) line += format(" | %s: %.6E", name.c_str(), value);

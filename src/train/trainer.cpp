@@ -64,11 +64,17 @@ void Trainer::run() {
   auto evaluate_if_due = [&](int64_t iteration) -> std::optional<EvalRecord> {
     if (!evaluator || !evaluator->due(iteration)) return std::nullopt;
     EvalRecord eval = evaluator->evaluate(run, iteration);
-    if (!std::isfinite(eval.loss))
+    if (t.eval_with_ema) {  // the EMA weights in the shards for one more evaluation, then back
+      run.ema->swap_with_params();
+      eval.ema = evaluator->evaluate(run, iteration).to_json();
+      run.ema->swap_with_params();
+    }
+    const double ranked = t.keep_best_by == "eval_ema_loss" ? eval.ema.at("eval_loss").get<double>() : eval.loss;
+    if (!std::isfinite(ranked))
       run.log("warning: iteration " + std::to_string(iteration) + ": the validation loss is NaN/Inf (recorded; it "
               "is never a training.keep_best checkpoint)");
     else if (t.keep_best > 0 && iteration > 0 && !t.save.empty())  // only a checkpoint saved after it is ever best
-      run.best = best_checkpoints_update(run.best, iteration, eval.loss, t.keep_best);
+      run.best = best_checkpoints_update(run.best, iteration, ranked, t.keep_best);
     return eval;
   };
   SamplingPhase sampling(run);

@@ -165,3 +165,31 @@ def test_the_plan_counts_the_shadows_beside_the_shards(ema_setup):
     assert with_ema["total_bytes"] - without["total_bytes"] == with_ema["ema_bytes"]
     offloaded = with_ema["offload"]["cpu_offload"]["host_bytes"] - without["offload"]["cpu_offload"]["host_bytes"]
     assert offloaded == with_ema["ema_bytes"]  # under cpu_offload the shadows sit with the shards on the host
+
+
+def test_evaluating_the_ema_weights_leaves_training_untouched_and_ranks_keep_best(ema_setup):
+    """eval_with_ema swaps the shadows into the shards for one more evaluation and back: the run's
+    losses and state are bitwise those of the same run without it; eval_ema_loss follows the EMA
+    (equal to eval_loss while the EMA is the weights, after the first update), and keep_best_by
+    eval_ema_loss keeps the checkpoint of the lowest one."""
+    import json
+    common = {"decay": 0.9}
+    held = ("--set", "data.validation_split=0.25", "--set", "training.eval_interval=1")
+    plain = ema_setup.train("held_plain", common, extra=held)
+    with_ema = ema_setup.train("held_ema", common, extra=(*held, "--set", "training.eval_with_ema=true", "--set",
+                                                          "training.keep_best=1", "--set",
+                                                          "training.keep_best_by=eval_ema_loss"))
+    records = lambda name: [json.loads(line) for line in (ema_setup.tmp / name / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    steps = lambda rs: [r["loss"] for r in rs if r.get("kind") != "eval"]  # noqa: E731
+    assert steps(records("held_plain")) == steps(records("held_ema"))
+    a, b = mu.checkpoint_tensors(iter_dir(plain, STEPS)), mu.checkpoint_tensors(iter_dir(with_ema, STEPS))
+    assert all(torch.equal(a[k], b[k]) for k in a if k.startswith(("model.", "ema.")))
+    evals = [r for r in records("held_ema") if r.get("kind") == "eval"]
+    assert [e["iteration"] for e in evals] == list(range(1, STEPS + 1))
+    assert evals[0]["eval_ema_loss"] == pytest.approx(evals[0]["eval_loss"], rel=1e-6)  # d_1 = 0
+    assert any(abs(e["eval_ema_loss"] - e["eval_loss"]) > 1e-4 * abs(e["eval_loss"]) for e in evals[1:])
+    best = min(evals, key=lambda e: e["eval_ema_loss"])
+    listed = json.loads((with_ema / "best.json").read_text())["checkpoints"]
+    assert listed[0]["dir"] == f"iter_{best['iteration']:07d}", (best, listed)
+    assert listed[0]["eval_loss"] == pytest.approx(best["eval_ema_loss"], rel=1e-12)  # the EMA's loss ranked it
+    assert best["eval_ema_loss"] != pytest.approx(best["eval_loss"], rel=1e-6)
