@@ -35,14 +35,19 @@ WeightsKind kind_of(const std::string& dir, const std::string& flag) {
 
 }  // namespace
 
-int64_t load_tool_weights(Run& run, const std::string& dir, const std::string& flag, const std::string& dcp_scratch_prefix) {
+int64_t load_tool_weights(Run& run, const std::string& dir, const std::string& flag, const std::string& dcp_scratch_prefix,
+                          bool ema) {
   const Config& c = run.config;
   StateLoadOptions options;
   options.model_id = c.model.model_id;
   options.model_config = c.model.config;
   options.execution_only_keys = config_model_spec(c).execution_only_keys;
   options.lora_base = lora_base(c, &run.comm());
-  switch (kind_of(dir, flag)) {
+  options.weights_from_ema = ema;
+  const WeightsKind kind = kind_of(dir, flag);
+  if (ema && kind != WeightsKind::checkpoint)
+    fail(flag, " ", dir, " --ema: only an mmtrain checkpoint of a run with training.ema holds EMA weights");
+  switch (kind) {
     case WeightsKind::checkpoint:
       if (!options.lora_base.is_null()) load_initial_weights(c, *run.model, *run.fsdp);  // the adapters' base
       return state_load_weights(dir, *run.model, *run.fsdp, options).iteration;

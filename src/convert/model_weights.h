@@ -16,7 +16,9 @@ namespace mmtrain {
 // Loads DIR's weights into run.model (run.config, run.runtime, run.model and run.fsdp set); returns
 // the iteration they are of (0: not a training checkpoint). Errors start with `flag` ("eval --load").
 // Collective.
+// ema: a checkpoint's EMA weights (training.ema) in place of its trained weights; HF and DCP
+// weights hold none (refused).
 int64_t load_tool_weights(Run& run, const std::string& dir, const std::string& flag,
-                          const std::string& dcp_scratch_prefix);
+                          const std::string& dcp_scratch_prefix, bool ema = false);
 
 }  // namespace mmtrain

@@ -64,9 +64,10 @@ void check_out(const std::string& out) {
 
 // Written whole to a temporary file, then linked to its name (link() never replaces a file: one
 // that appeared meanwhile is not overwritten); a failed write leaves nothing at out.
-void write_record(const EvalRecord& record, const std::string& out, const std::string& dir) {
+void write_record(const EvalRecord& record, const std::string& out, const std::string& dir, bool ema) {
   nlohmann::json j = record.to_json();
   j["load"] = dir;
+  j["weights"] = ema ? "ema" : "model";  // --ema: the checkpoint's EMA weights
   const std::string tmp = out + ".tmp-" + std::to_string(::getpid());
   ::unlink(tmp.c_str());  // a stale one of an earlier process with this pid; a link there is removed, not followed
   try {
@@ -90,6 +91,7 @@ void add_eval_commands(CLI::App& app, Commands& commands) {
   struct Options {
     std::string config_path, load, out;
     ConfigOverrides overrides;
+    bool ema = false;
   };
   auto o = std::make_shared<Options>();
   auto* eval = app.add_subcommand("eval", "the held-out loss of a checkpoint, an HF model directory or a DCP, "
@@ -97,6 +99,7 @@ void add_eval_commands(CLI::App& app, Commands& commands) {
   eval->add_option("config", o->config_path, "YAML config of the run (its validation set and parallelism)")->required();
   eval->add_option("--load", o->load, "mmtrain checkpoint (iter_N or save root), HF model directory, or DCP")
       ->required();
+  eval->add_flag("--ema", o->ema, "evaluate the checkpoint's EMA weights (training.ema) instead of its weights");
   eval->add_option("--out", o->out, "JSON result (default <output_dir>/eval_iter_<N>.json; never overwritten)");
   o->overrides.add_options(eval, "training.eval_iters=4");
   commands.add(eval, [o] {
@@ -129,16 +132,17 @@ void add_eval_commands(CLI::App& app, Commands& commands) {
     };
     if (!o->out.empty()) refuse_bad_out(o->out);
     build_run(run);
-    const int64_t iteration = load_tool_weights(run, o->load, "eval --load", ".eval_from_dcp_");
+    const int64_t iteration = load_tool_weights(run, o->load, "eval --load", ".eval_from_dcp_", o->ema);
     const std::string out = !o->out.empty() ? o->out
-                                            : run.config.logging.output_dir + "/eval_" + checkpoint_dir_name(iteration) +
+                                            : run.config.logging.output_dir + (o->ema ? "/eval_ema_" : "/eval_") +
+                                                  checkpoint_dir_name(iteration) +
                                                   ".json";
     if (o->out.empty()) refuse_bad_out(out);
     Evaluator evaluator(run, false);
     const EvalRecord record = evaluator.evaluate(run, iteration);
     if (!run.is_rank0()) return;
     print_record(record, o->load);
-    write_record(record, out, o->load);
+    write_record(record, out, o->load, o->ema);
   });
 }
 

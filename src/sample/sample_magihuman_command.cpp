@@ -38,6 +38,7 @@ struct SampleOptions {
   double seconds = 5.0, shift = 5.0, guidance_video = 5.0, guidance_audio = 5.0;
   int64_t steps = 32;
   uint64_t seed = 0;
+  bool ema = false;
   ConfigOverrides overrides;
 };
 
@@ -103,7 +104,7 @@ void run_sample(const SampleOptions& o) {
 
   // The model: FSDP over the ranks as the config shards it, forward only (no optimizer, no data).
   build_tool_model(run);
-  load_tool_weights(run, o.load, "sample --load", ".sample_from_dcp_");
+  load_tool_weights(run, o.load, "sample --load", ".sample_from_dcp_", o.ema);
 
   sample::sample_magihuman_prompts(run, prompts, o.out, o.load);
   if (o.vae.empty()) return;
@@ -124,6 +125,7 @@ const CliRegistration sample_command(
        auto o = std::make_shared<SampleOptions>();
        cmd->add_option("config", o->config_path, "YAML config of the model (its model section and parallelism)")->required();
        cmd->add_option("--load", o->load, "mmtrain checkpoint, HF model directory or DCP")->required();
+       cmd->add_flag("--ema", o->ema, "sample with the checkpoint's EMA weights (training.ema)");
        cmd->add_option("--prompts", o->prompts, "JSONL: {\"prompt\": TEXT, \"seed\": N} or {\"conditions\": FILE, \"seed\": N} "
                        "a line")->required();
        cmd->add_option("--out", o->out, "output directory (new): <index>.safetensors, .json and, decoded, .mp4")->required();

@@ -27,7 +27,7 @@ struct Options {
   int64_t max_new_tokens = 256;
   double temperature = 0.0, top_p = 1.0;
   uint64_t seed = 0;
-  bool no_kv_cache = false, save_logits = false;
+  bool no_kv_cache = false, save_logits = false, ema = false;
   ConfigOverrides overrides;
 };
 
@@ -49,7 +49,7 @@ void run_sample(const Options& o) {
   start_tool_run(run, std::move(config));
   make_new_output_dir(run, o.out, "--out");
   build_tool_model(run);
-  load_tool_weights(run, o.load, "sample --load", ".sample_from_dcp_");
+  load_tool_weights(run, o.load, "sample --load", ".sample_from_dcp_", o.ema);
   sample::generate_completions(run, prompts, sampling, o.seed, o.save_logits, o.out);
 }
 
@@ -62,6 +62,7 @@ const CliRegistration sample_command(
        cmd->add_option("config", o->config_path, "YAML config of the model (model, data template and images, parallelism)")
            ->required();
        cmd->add_option("--load", o->load, "mmtrain checkpoint, HF model directory or DCP")->required();
+       cmd->add_flag("--ema", o->ema, "sample with the checkpoint's EMA weights (training.ema)");
        cmd->add_option("--prompts", o->prompts, "JSONL of records in the training data's format; a final assistant "
                        "message is dropped")->required();
        cmd->add_option("--out", o->out, "output directory (new): completions.jsonl")->required();

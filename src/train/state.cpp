@@ -384,7 +384,11 @@ AsyncCheckpointSaver::Staged state_save_async(AsyncCheckpointSaver& saver, const
                      std::move(snapshot.rank_state), info.plan, keep_latest_k, refuse_non_finite);
 }
 
-void state_load_model(const CheckpointReader& reader, Model& model, Fsdp& fsdp, bool frozen_from_base) {
+void state_load_model(const CheckpointReader& reader, Model& model, Fsdp& fsdp, bool frozen_from_base, bool from_ema) {
+  // from_ema: a trained param's shadow where the checkpoint holds one (frozen params have none).
+  auto key_of = [&](const std::string& name) {
+    return from_ema && reader.contains(state_ema_key(name)) ? state_ema_key(name) : state_model_key(name);
+  };
   for (auto& [name, param] : model.named_parameters()) {
     if (frozen_from_base && param->trainable && !param->requires_grad) continue;
     const auto key = state_model_key(name);
@@ -395,7 +399,7 @@ void state_load_model(const CheckpointReader& reader, Model& model, Fsdp& fsdp, 
     if (!param->trainable) param->value = reader.read_full(key).to(fsdp.device(), at::kFloat);
   }
   fsdp.load_params(
-      [&](const std::string& name, int64_t b, int64_t e) { return reader.read_rows(state_model_key(name), b, e); },
+      [&](const std::string& name, int64_t b, int64_t e) { return reader.read_rows(key_of(name), b, e); },
       /*frozen_too=*/!frozen_from_base);
 }
 
@@ -512,8 +516,11 @@ StateLoaded state_load_weights(const std::string& path, Model& model, Fsdp& fsdp
     check_same_model_config(reader, options, "evaluate");
     check_lora_base(reader, options.lora_base, "evaluate");
   }
+  if (options.weights_from_ema && !global.contains("ema"))
+    fail("cannot load the EMA weights of ", reader.dir(), ": it holds none (it was trained without training.ema)");
   check_no_extra_tensors(reader, model, !loaded.model_only, /*with_ema=*/global.contains("ema"));
-  state_load_model(reader, model, fsdp, /*frozen_from_base=*/!options.lora_base.is_null() && !loaded.model_only);
+  state_load_model(reader, model, fsdp, /*frozen_from_base=*/!options.lora_base.is_null() && !loaded.model_only,
+                   options.weights_from_ema);
   return loaded;
 }
 

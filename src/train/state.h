@@ -99,6 +99,9 @@ struct StateLoadOptions {
   // training.ema: the EMA to load the checkpoint's shadows into (it must hold them); null: the run
   // keeps none (a checkpoint holding them is refused).
   Ema* ema = nullptr;
+  // state_load_weights (`eval --ema`, `sample --ema`): the trained params' EMA shadows in place of
+  // their weights (the checkpoint must hold them).
+  bool weights_from_ema = false;
 };
 
 struct StateLoaded {
@@ -124,6 +127,7 @@ StateLoaded state_load_weights(const std::string& path, Model& model, Fsdp& fsdp
 
 // Only the model: params and buffers from a checkpoint reader (any world size), shapes checked.
 // frozen_from_base: a LoRA run's frozen params are its base's, already loaded, and not read.
-void state_load_model(const CheckpointReader& reader, Model& model, Fsdp& fsdp, bool frozen_from_base = false);
+void state_load_model(const CheckpointReader& reader, Model& model, Fsdp& fsdp, bool frozen_from_base = false,
+                      bool from_ema = false);
 
 }  // namespace mmtrain

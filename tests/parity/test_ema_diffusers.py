@@ -193,3 +193,18 @@ def test_evaluating_the_ema_weights_leaves_training_untouched_and_ranks_keep_bes
     assert listed[0]["dir"] == f"iter_{best['iteration']:07d}", (best, listed)
     assert listed[0]["eval_loss"] == pytest.approx(best["eval_ema_loss"], rel=1e-12)  # the EMA's loss ranked it
     assert best["eval_ema_loss"] != pytest.approx(best["eval_loss"], rel=1e-6)
+    # `mmtrain eval --ema` of the last checkpoint: the run's last EMA evaluation; without: its weights'.
+    out = {}
+    for flag in ([], ["--ema"]):
+        path = ema_setup.tmp / f"eval{''.join(flag)}.json"
+        run_mmtrain(["eval", str(ema_setup.cfg), "--load", str(iter_dir(with_ema, STEPS)), "--out", str(path),
+                     "--set", "data.validation_split=0.25", "--set", f"logging.output_dir={ema_setup.tmp / 'eval_out'}"]
+                    + flag)
+        out[bool(flag)] = json.loads(path.read_text())
+    assert out[True]["weights"] == "ema" and out[False]["weights"] == "model"
+    assert out[True]["eval_loss"] == pytest.approx(evals[-1]["eval_ema_loss"], rel=1e-6)
+    assert out[False]["eval_loss"] == pytest.approx(evals[-1]["eval_loss"], rel=1e-6)
+    proc = run_mmtrain(["eval", str(ema_setup.cfg), "--load", str(ema_setup.weights), "--ema", "--set",
+                        "data.validation_split=0.25", "--set", f"logging.output_dir={ema_setup.tmp / 'eval_out'}"],
+                       check=False)
+    assert proc.returncode != 0 and "only an mmtrain checkpoint of a run with training.ema" in proc.stderr
