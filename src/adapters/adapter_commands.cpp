@@ -23,6 +23,7 @@ void add_adapter_commands(CLI::App& app, Commands& commands) {
       std::string dtype = "public";
       std::string quant_dtype = "nf4", public_dtype = "bf16";
       bool overwrite = false;
+      bool ema = false;
     };
     auto o = std::make_shared<Options>();
     auto* model_cmd = convert_command_of(app, name);
@@ -67,11 +68,17 @@ void add_adapter_commands(CLI::App& app, Commands& commands) {
         ->capture_default_str();
     for (auto* sub : {to_peft, from_peft, merge, quantize, dequantize})
       sub->add_flag("--overwrite", o->overwrite, kOverwriteHelp);
+    for (auto* sub : {to_peft, merge})
+      sub->add_flag("--ema", o->ema, "the adapters' EMA (training.ema) in place of their trained values");
     commands.add(from_peft, [o, name] {
       convert_peft_to_ckpt(name, o->config_path, o->peft_dir, o->save_dir, std::max(1, o->world_size), o->overwrite);
     });
-    commands.add(to_peft, [o, name] { convert_lora_to_peft(name, o->load_dir, o->save_dir, o->base_model, o->base_dir, o->overwrite); });
-    commands.add(merge, [o, name] { convert_merge_lora(name, o->load_dir, o->save_dir, o->dtype, o->base_dir, o->overwrite); });
+    commands.add(to_peft, [o, name] {
+      convert_lora_to_peft(name, o->load_dir, o->save_dir, o->base_model, o->base_dir, o->overwrite, o->ema);
+    });
+    commands.add(merge, [o, name] {
+      convert_merge_lora(name, o->load_dir, o->save_dir, o->dtype, o->base_dir, o->overwrite, o->ema);
+    });
     commands.add(quantize, [o, name] {
       convert_quantize_base(name, o->load_dir, o->save_dir, quant::parse_base_quant(o->quant_dtype, "--dtype"), o->overwrite);
     });

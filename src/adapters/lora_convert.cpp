@@ -44,6 +44,12 @@ struct LoraCheckpoint {
   std::map<std::string, Linear*> adapted;
   std::shared_ptr<const HfAdapter> hf;
   nlohmann::json base;  // trainer_state.json's lora_base
+  bool ema = false;     // --ema: the trained tensors' EMA shadows (training.ema) in place of their values
+
+  // A trained tensor (an adapter, a module to save) as the export takes it.
+  at::Tensor trained(const std::string& name) const {
+    return reader->read_full(ema ? state_ema_key(name) : state_model_key(name));
+  }
 };
 
 // The Linears apply_lora adapted, by name.
@@ -55,10 +61,14 @@ std::map<std::string, Linear*> adapted_linears(Module& model, const LoraSummary&
   return linears;
 }
 
-LoraCheckpoint open_lora_checkpoint(const std::string& model_id, const std::string& load_dir, const std::string& command) {
+LoraCheckpoint open_lora_checkpoint(const std::string& model_id, const std::string& load_dir, const std::string& command,
+                                    bool ema) {
   LoraCheckpoint out;
   out.reader = std::make_unique<CheckpointReader>(load_dir);
+  out.ema = ema;
   const auto& global = out.reader->global_state();
+  if (ema && !global.contains("ema"))
+    fail(command, " --ema: ", out.reader->dir(), " holds no EMA weights (it was trained without training.ema)");
   const std::string where = out.reader->dir() + "/trainer_state.json";
   if (global.value("model_id", "") != model_id)
     fail(command, ": ", out.reader->dir(), " holds model '", global.value("model_id", ""), "', not '", model_id, "'");
@@ -82,7 +92,7 @@ LoraCheckpoint open_lora_checkpoint(const std::string& model_id, const std::stri
       *out.model, apply_lora(*out.model, out.config.features.lora, spec.lora_default_targets, spec.lora_supported_targets));
   for (auto& [name, param] : out.model->named_parameters()) {  // every trained tensor, at the model's shape
     if (!param->trainable || !param->requires_grad) continue;
-    const auto key = state_model_key(name);
+    const auto key = ema ? state_ema_key(name) : state_model_key(name);
     if (!out.reader->contains(key)) fail(command, ": ", out.reader->dir(), " has no '", key, "', which its features.lora trains");
     if (out.reader->global_shape(key) != param->shape)
       fail(command, ": ", out.reader->dir(), ": '", key, "' has shape ", shape_str(out.reader->global_shape(key)),
@@ -204,10 +214,10 @@ void refuse_unimplemented_peft_fields(const nlohmann::json& adapter_config, cons
 }  // namespace
 
 void convert_lora_to_peft(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
-                          const std::string& base_model_name, const std::string& base_dir, bool overwrite) {
+                          const std::string& base_model_name, const std::string& base_dir, bool overwrite, bool ema) {
   const std::string command = "lora-to-peft";
   ConversionOutput output(save_dir, overwrite, command);
-  auto ckpt = open_lora_checkpoint(model_id, load_dir, command);
+  auto ckpt = open_lora_checkpoint(model_id, load_dir, command, ema);
   if (!base_dir.empty()) open_lora_base(ckpt, base_dir, command);  // a moved base: checked, then named below
   const auto& lora = ckpt.config.features.lora;
   std::vector<std::pair<std::string, at::Tensor>> tensors;
@@ -220,7 +230,7 @@ void convert_lora_to_peft(const std::string& model_id, const std::string& load_d
     const std::string prefix = "base_model.model." + hf_module(*ckpt.hf, name);
     for (const char* part : {"lora_A", "lora_B"})
       tensors.emplace_back(prefix + "." + part + ".weight",
-                           ckpt.reader->read_full(state_model_key(name + "." + part + ".weight")).contiguous());
+                           ckpt.trained(name + "." + part + ".weight").contiguous());
   }
   std::vector<std::string> saved_modules;
   for (auto& [module_name, module] : ckpt.model->named_modules())
@@ -232,7 +242,7 @@ void convert_lora_to_peft(const std::string& model_id, const std::string& load_d
         if (ckpt.hf->layout_differs(name)) fail(command, ": modules_to_save '", name, "' has another row layout in HF");
         // The trained fp32 values: peft copies them into the module's own dtype when it loads.
         tensors.emplace_back("base_model.model." + ckpt.hf->hf_key(name),
-                             ckpt.reader->read_full(state_model_key(name)).contiguous());
+                             ckpt.trained(name).contiguous());
       }
   safetensors_write((fs::path(output.staging()) / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
 
@@ -361,11 +371,11 @@ void convert_peft_to_ckpt(const std::string& model_id, const std::string& config
 }
 
 void convert_merge_lora(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
-                        const std::string& dtype, const std::string& base_dir, bool overwrite) {
+                        const std::string& dtype, const std::string& base_dir, bool overwrite, bool ema) {
   const std::string command = "merge-lora";
   if (dtype != "public" && dtype != "fp32") fail(command, ": --dtype must be public or fp32, found '", dtype, "'");
   ConversionOutput output(save_dir, overwrite, command);
-  auto ckpt = open_lora_checkpoint(model_id, load_dir, command);
+  auto ckpt = open_lora_checkpoint(model_id, load_dir, command, ema);
   // The base: the run's model weights (checked against the fingerprint the adapters were trained
   // over) or its random init.
   const std::unique_ptr<WeightSource> source = open_lora_base(ckpt, base_dir, command);
@@ -400,7 +410,7 @@ void convert_merge_lora(const std::string& model_id, const std::string& load_dir
     if (!param->trainable)
       full = source ? read_as_trained(ckpt.hf->hf_key(name), 0, rows) : param->init_value();
     else if (param->requires_grad)  // modules_to_save: trained in full, in the checkpoint
-      full = ckpt.reader->read_full(state_model_key(name));
+      full = ckpt.trained(name);
     else
       full = source ? ckpt.hf->load_rows(name, 0, rows, read_as_trained) : param_init_rows(*param, name, seed, 0, rows);
     if (dequantized_here && !source)  // a random init, quantized as the run's loader quantizes it
@@ -410,8 +420,8 @@ void convert_merge_lora(const std::string& model_id, const std::string& load_dir
     if (auto it = ckpt.adapted.find(module); it != ckpt.adapted.end() && name == module + ".weight") {
       const Linear& linear = *it->second;
       const int64_t e = linear.experts();
-      const auto a = ckpt.reader->read_full(state_model_key(module + ".lora_A.weight")).to(at::kFloat);
-      const auto b = ckpt.reader->read_full(state_model_key(module + ".lora_B.weight")).to(at::kFloat);
+      const auto a = ckpt.trained(module + ".lora_A.weight").to(at::kFloat);
+      const auto b = ckpt.trained(module + ".lora_B.weight").to(at::kFloat);
       std::vector<at::Tensor> delta;  // W_k += scale * B_k A_k, expert by expert
       for (int64_t k = 0; k < e; ++k) delta.push_back(at::mm(b.chunk(e, 0)[k], a.chunk(e, 0)[k]));
       full = full + at::cat(delta, 0) * linear.lora_scale;

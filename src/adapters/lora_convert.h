@@ -24,14 +24,16 @@ namespace mmtrain {
 // base_model_name: adapter_config.json's base_model_name_or_path; empty: the run's weights path.
 // base_dir: the base's weights where they are now (checked against the recorded fingerprint);
 // empty: where the run loaded them from.
+// ema (both exports): the adapters' and modules_to_save's EMA (training.ema) in place of their values.
 void convert_lora_to_peft(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
-                          const std::string& base_model_name, const std::string& base_dir, bool overwrite);
+                          const std::string& base_model_name, const std::string& base_dir, bool overwrite,
+                          bool ema = false);
 // world_size: the ranks of the run that will load it (its global batch, as dcp-to-ckpt).
 void convert_peft_to_ckpt(const std::string& model_id, const std::string& config_path, const std::string& peft_dir,
                           const std::string& save_dir, int world_size, bool overwrite);
 // dtype: "public" writes each tensor in the dtype of the model's public checkpoint
 // (Param::checkpoint_dtype: bf16 linears), "fp32" keeps the merged values whole.
 void convert_merge_lora(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
-                        const std::string& dtype, const std::string& base_dir, bool overwrite);
+                        const std::string& dtype, const std::string& base_dir, bool overwrite, bool ema = false);
 
 }  // namespace mmtrain

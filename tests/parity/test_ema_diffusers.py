@@ -208,3 +208,20 @@ def test_evaluating_the_ema_weights_leaves_training_untouched_and_ranks_keep_bes
                         "data.validation_split=0.25", "--set", f"logging.output_dir={ema_setup.tmp / 'eval_out'}"],
                        check=False)
     assert proc.returncode != 0 and "only an mmtrain checkpoint of a run with training.ema" in proc.stderr
+
+
+def test_a_lora_runs_ema_merges_and_decay_zero_is_the_adapters(ema_setup):
+    """Under LoRA the EMA averages the adapters; merge-lora --ema merges the averaged ones (decay 0:
+    the adapters themselves, byte for byte)."""
+    tmp = ema_setup.tmp
+    lora = ("--set", "features.enable_lora=true", "--set", "features.lora.rank=4")
+    outputs = {}
+    for name, decay in (("lora_zero", 0.0), ("lora_ema", 0.9)):
+        save = ema_setup.train(name, {"decay": decay}, extra=lora)
+        for ema in (False, True):
+            out = tmp / f"{name}_merged{'_ema' if ema else ''}"
+            run_mmtrain(["convert", "magihuman", "merge-lora", "--load_dir", str(iter_dir(save, STEPS)), "--save_dir",
+                         str(out)] + (["--ema"] if ema else []))
+            outputs[(name, ema)] = {p.name: p.read_bytes() for p in out.glob("*.safetensors")}
+    assert outputs[("lora_zero", True)] == outputs[("lora_zero", False)]
+    assert outputs[("lora_ema", True)] != outputs[("lora_ema", False)]
