@@ -28,6 +28,15 @@ void require_sane_estimate(const ActivationEstimate& a, const std::string& what)
 
 }  // namespace
 
+int64_t ema_shadow_bytes(const Config& cfg, const FsdpMemoryPlan& plan) {
+  return cfg.training.ema.enable ? plan.optimizer_bytes / 2 : 0;  // AdamW keeps two fp32 values per trained element
+}
+
+int64_t reference_copy_bytes(const Config& cfg, int fsdp_size) {
+  if (!config_needs_reference_copy(cfg)) return 0;
+  return fsdp_memory_plan(*build_reference_model(cfg), cfg.parallel.fsdp_plan, fsdp_size).param_bytes;
+}
+
 std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_t seqlen, Module& model,
                                             const std::vector<std::pair<int64_t, int64_t>>& images,
                                             const std::vector<int64_t>& flops_seqlens) {
@@ -44,9 +53,8 @@ std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_
   e->seqlen = checked_tokens(seqlen > 0 ? seqlen : e->spec->default_seqlen, "plan: the sequence length");
   e->micro = cfg.training.micro_batch_size;
   if (cfg.training.objective == "dpo") e->sequences_per_sample = 2;
-  if (cfg.training.ema.enable) e->ema_bytes = e->plan.optimizer_bytes / 2;  // AdamW keeps two fp32 values per trained element
-  if (config_needs_reference_copy(cfg))
-    e->reference_copy_bytes = fsdp_memory_plan(*build_reference_model(cfg), fp, e->dims.fsdp()).param_bytes;
+  e->ema_bytes = ema_shadow_bytes(cfg, e->plan);
+  e->reference_copy_bytes = reference_copy_bytes(cfg, e->dims.fsdp());
   for (const int64_t s : flops_seqlens) checked_tokens(s, "plan: a sample's length");
   // Token-budget micro-batches (data.dataloader_param.micro_batch_tokens) hold up to the budget
   // whatever the samples' lengths: the activations are those of one packed micro-batch of that

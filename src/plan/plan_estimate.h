@@ -56,6 +56,14 @@ struct PlanEstimate {
   StepTimeInputs step_inputs(int devices_per_node, bool* flops) const;
 };
 
+// What a rank holds beside the model's own state, the same for the plan and the start-up
+// pre-flight (plan/preflight.h), each 0 when the config keeps none:
+//   training.ema's fp32 shadows (optim/ema.h): one value per trained element, beside the shards;
+//   a full fine-tuning dpo run's frozen reference copy (train/preference_reference.h): its shards
+//   on this rank, through the same Module tree the run builds.
+int64_t ema_shadow_bytes(const Config& cfg, const FsdpMemoryPlan& plan);
+int64_t reference_copy_bytes(const Config& cfg, int fsdp_size);
+
 // The estimate for cfg on `world` ranks; seqlen 0 = the model's default; images: (H, W) in pixels
 // of each image of one sample (its tokens are in seqlen), for a model with a vision tower;
 // flops_seqlens: the lengths of a data set's samples (plan/length_mix.h), whose mean FLOPs time

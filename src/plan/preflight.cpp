@@ -1,7 +1,6 @@
 #include "plan/preflight.h"
 
 #include "checkpoint/sharded_checkpoint.h"
-#include "config/registries.h"
 #include "core/error.h"
 #include "core/text.h"
 #include "fsdp/plan.h"
@@ -207,12 +206,9 @@ void preflight_memory(const Config& config, Module& model, const LaunchEnv& env,
   // on CPU the host tier is the same RAM, so there only the disk tier takes bytes away.
   OffloadPlanInputs offload_in;
   offload_in.fsdp = &plan;
-  // A full fine-tuning dpo run's frozen reference copy, resident all run (train/preference_reference.h).
-  const int64_t reference_bytes = config_needs_reference_copy(config)
-                                      ? fsdp_memory_plan(*build_reference_model(config), config.parallel.fsdp_plan, fsdp_size).param_bytes
-                                      : 0;
+  const int64_t reference_bytes = reference_copy_bytes(config, fsdp_size);
   offload_in.other_device_bytes = reference_bytes;
-  offload_in.ema_bytes = config.training.ema.enable ? plan.optimizer_bytes / 2 : 0;  // optim/ema.h
+  offload_in.ema_bytes = ema_shadow_bytes(config, plan);
   offload_in.window_bytes = SwappedMoments::window_bytes_for(
       SwappedMoments::chunk_numel_for(config.training.mem_fraction_static, available, plan.largest_shard_numel()));
   const OffloadSetting setting = OffloadSetting::of(config);
