@@ -13,6 +13,13 @@ void check_cu_seqlens(const std::vector<int64_t>& cu_seqlens, int64_t total_rows
     if (cu_seqlens[i] < cu_seqlens[i - 1]) fail(what, ": cu_seqlens decreases at entry ", i);
 }
 
+at::Tensor sequence_of_rows(const std::vector<int64_t>& cu_seqlens, const at::Device& device) {
+  std::vector<int64_t> owner(static_cast<size_t>(cu_seqlens.back()));
+  for (size_t n = 0; n + 1 < cu_seqlens.size(); ++n)
+    std::fill(owner.begin() + cu_seqlens[n], owner.begin() + cu_seqlens[n + 1], static_cast<int64_t>(n));
+  return at::tensor(owner, at::kLong).to(device);
+}
+
 std::vector<int64_t> cu_seqlens_from(const at::Tensor& cu_seqlens, int64_t total_rows, const std::string& what) {
   if (cu_seqlens.dim() != 1 || at::isFloatingType(cu_seqlens.scalar_type()))
     fail(what, ": expected a 1-D integer tensor, got ", cu_seqlens.scalar_type(), " ", cu_seqlens.sizes());

@@ -23,6 +23,9 @@ namespace mmtrain {
 void check_cu_seqlens(const std::vector<int64_t>& cu_seqlens, int64_t total_rows, const std::string& what);
 // The same, reading a batch's int tensor (any device) into a vector.
 std::vector<int64_t> cu_seqlens_from(const at::Tensor& cu_seqlens, int64_t total_rows, const std::string& what);
+// Which sequence each row of a packed stream belongs to: int64 [cu_seqlens.back()] on device,
+// n for the rows [cu_seqlens[n], cu_seqlens[n + 1]) (per-sequence sums by index_add).
+at::Tensor sequence_of_rows(const std::vector<int64_t>& cu_seqlens, const at::Device& device);
 
 class SequenceSplit {
  public:

@@ -329,9 +329,7 @@ class MagiHumanModel : public Model, public SplitsSequence {
                                 const at::Tensor& loss_mask, const SequenceSplit& seq, const Batch& batch,
                                 const std::vector<int64_t>& stream) const {
     const int64_t samples = static_cast<int64_t>(stream.size()) - 1;
-    std::vector<int64_t> owner(static_cast<size_t>(stream.back()));
-    for (int64_t n = 0; n < samples; ++n) std::fill(owner.begin() + stream[n], owner.begin() + stream[n + 1], n);
-    const auto full_owner = at::tensor(owner, at::kLong).to(prediction.device());
+    const auto full_owner = sequence_of_rows(stream, prediction.device());
     const auto local_owner = seq.take(full_owner, 0);  // padding rows are outside loss_mask
     const auto full_supervised = batch_get(batch, "loss_mask").to(at::kBool);
     const auto& full_modality = batch_get(batch, "modality_mapping");

@@ -354,10 +354,7 @@ class Mistral3Model : public Model, public SplitsSequence, public IncrementalDec
     const auto token_log_probs = chunked_linear_log_probs(h, lm_head->weight.value, shifted, chunk, -100);  // [T]
     const int64_t sequences = static_cast<int64_t>(stream.size()) - 1;
     if (stream.back() != T) fail("batch 'cu_seqlens' ends at ", stream.back(), ", not at the row's ", T, " tokens");
-    std::vector<int64_t> owner(static_cast<size_t>(T));
-    for (int64_t n = 0; n < sequences; ++n)
-      std::fill(owner.begin() + stream[n], owner.begin() + stream[n + 1], n);
-    const auto index = at::tensor(owner, at::kLong).to(h.device());
+    const auto index = sequence_of_rows(stream, h.device());
     result.sequence_log_probs =
         at::zeros({sequences}, token_log_probs.options()).index_add(0, index, token_log_probs);
     result.sequence_tokens =
