@@ -175,11 +175,12 @@ EvalRecord Evaluator::evaluate_objective(Run& run, int64_t iteration) {
   for (int64_t g = 0; g < global_batches_; ++g) {
     bool padding = false;
     std::vector<Batch> samples;
-    for (const int64_t index : rank_samples(g, dp_rank, dp, padding)) samples.push_back(dataset_->get(index));
     // A diffusion model's pairs are noised: the same noise at every evaluation.
     std::vector<at::Generator> generators;
-    for (const int64_t index : rank_samples(g, dp_rank, dp, padding))
+    for (const int64_t index : rank_samples(g, dp_rank, dp, padding)) {
+      samples.push_back(dataset_->get(index));
       generators.push_back(eval_generator(run.config.training.seed, 0, index));
+    }
     Batch batch = collator_->collate(samples, generators);
     for (auto& [key, tensor] : batch) tensor = tensor.to(run.comm().device());
     const ModelOutput out = forward(*run.model, *run.fsdp, batch);
