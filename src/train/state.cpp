@@ -236,19 +236,24 @@ void check_no_extra_tensors(const CheckpointReader& reader, Model& model, bool w
 }
 
 // The EMA's shadows (training.ema) from a checkpoint that holds them.
+// This rank's rows of the checkpoint's `prefix + param` for every trained param of unit, laid out
+// as the unit's trained flat shard (shard_flat): a per-element state of the shards (moments, EMA).
+// Frozen params have none (a checkpoint from before frozen params had none may hold zeros).
+at::Tensor read_trained_flat(const CheckpointReader& reader, const FsdpUnit& unit, const std::string& prefix, int rank) {
+  const auto flat = at::zeros_like(unit.shard_flat);
+  for (const auto& p : unit.params) {
+    if (p.frozen) continue;
+    const int64_t rows = p.layout.rows(rank), begin = p.layout.row_begin(rank);
+    const auto key = prefix + p.name;
+    if (!reader.contains(key)) fail("checkpoint ", reader.dir(), ": missing tensor '", key, "'");
+    if (rows > 0) p.view_of(flat).narrow(0, 0, rows).copy_(reader.read_rows(key, begin, begin + rows));
+  }
+  return flat;
+}
+
 void load_ema(const CheckpointReader& reader, Fsdp& fsdp, Ema& ema, int rank) {
   const auto units = fsdp.units();
-  for (size_t u = 0; u < units.size(); ++u) {
-    const auto shadow = at::zeros_like(units[u]->shard_flat);
-    for (auto& p : units[u]->params) {
-      if (p.frozen) continue;
-      const int64_t rows = p.layout.rows(rank), begin = p.layout.row_begin(rank);
-      const auto key = kEma + p.name;
-      if (!reader.contains(key)) fail("checkpoint ", reader.dir(), ": missing tensor '", key, "'");
-      if (rows > 0) p.view_of(shadow).narrow(0, 0, rows).copy_(reader.read_rows(key, begin, begin + rows));
-    }
-    ema.set_shadow(u, shadow);
-  }
+  for (size_t u = 0; u < units.size(); ++u) ema.set_shadow(u, read_trained_flat(reader, *units[u], kEma, rank));
 }
 
 // A checkpoint with EMA shadows continues only a run that keeps them, and the other way round.
@@ -265,18 +270,8 @@ void check_ema(const CheckpointReader& reader, const Ema* ema) {
 void load_optimizer(const CheckpointReader& reader, Fsdp& fsdp, AdamW& adamw, int rank) {
   const auto units = fsdp.units();
   for (size_t u = 0; u < units.size(); ++u) {
-    const AdamWState state{at::zeros_like(units[u]->shard_flat), at::zeros_like(units[u]->shard_flat)};
-    for (auto& p : units[u]->params) {
-      if (p.frozen) continue;  // no moments (a checkpoint from before frozen params had none may hold zeros)
-      const int64_t rows = p.layout.rows(rank), begin = p.layout.row_begin(rank);
-      for (const auto& [prefix, flat] : {std::pair<std::string, at::Tensor>{kExpAvg, state.exp_avg},
-                                         std::pair<std::string, at::Tensor>{kExpAvgSq, state.exp_avg_sq}}) {
-        const auto key = prefix + p.name;
-        if (!reader.contains(key)) fail("checkpoint ", reader.dir(), ": missing tensor '", key, "'");
-        if (rows > 0) p.view_of(flat).narrow(0, 0, rows).copy_(reader.read_rows(key, begin, begin + rows));
-      }
-    }
-    adamw.set_moments(u, state.exp_avg, state.exp_avg_sq);
+    adamw.set_moments(u, read_trained_flat(reader, *units[u], kExpAvg, rank),
+                      read_trained_flat(reader, *units[u], kExpAvgSq, rank));
   }
 }
 
