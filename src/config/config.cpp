@@ -144,8 +144,16 @@ ParallelDims config_check_supported(const Config& c, int world_size) {
     fail(where, "training.offload_dir: expected empty unless training.optimizer is adamw_swap or "
          "parallel.fsdp_plan.cpu_offload is true (it holds their state on disk), found '", c.training.offload_dir,
          "' with neither");
-  config_check_token_budget(c);
   const auto& t = c.training;
+  if (t.optimizer != "adamw8bit" && t.min_8bit_size != defaults.training.min_8bit_size)
+    fail(where, "training.min_8bit_size: ", t.min_8bit_size, " applies to training.optimizer adamw8bit only, and the "
+         "optimizer is ", t.optimizer, "; remove it or set the optimizer");
+  if (t.optimizer == "adamw8bit" && !t.offload_dir.empty())
+    fail(where, "training.optimizer adamw8bit with training.offload_dir '", t.offload_dir, "' (the shards and the ",
+         "optimizer state on disk) is not implemented yet: the 8-bit state (about 2 bytes a weight) stays in memory ",
+         "beside the shards; drop offload_dir (parallel.fsdp_plan.cpu_offload keeps both in host memory), or use "
+         "training.optimizer adamw");
+  config_check_token_budget(c);
   if ((t.eval_interval > 0 || t.eval_at_start) && c.data.validation.empty() && c.data.validation_split == 0.0)
     fail(where, "training.eval_interval ", t.eval_interval, t.eval_at_start ? " with eval_at_start" : "",
          " needs a validation set: set data.validation (a data set section) or data.validation_split (a fraction "

@@ -21,6 +21,7 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
       .field("clip_grad", &T::clip_grad)
       .field("train_iters", &T::train_iters)
       .field("optimizer", &T::optimizer)
+      .field("min_8bit_size", &T::min_8bit_size)
       .field("mem_fraction_static", &T::mem_fraction_static)
       .field("offload_dir", &T::offload_dir)
       .field("adam_fused", &T::adam_fused)
@@ -82,7 +83,8 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
         check.in_unit("adam_beta2", t.adam_beta2, false);
         if (!(t.adam_eps > 0.0)) check.invalid("adam_eps", "> 0", number(t.adam_eps));
         if (!(t.clip_grad >= 0.0)) check.invalid("clip_grad", ">= 0 (0 = no clipping)", number(t.clip_grad));
-        check.one_of("optimizer", t.optimizer, {"adamw", "adamw_swap"});
+        check.one_of("optimizer", t.optimizer, {"adamw", "adamw_swap", "adamw8bit"});
+        check.at_least("min_8bit_size", t.min_8bit_size, 0);
         check.one_of("objective", t.objective, {"sft", "dpo"});
         if (!(t.mem_fraction_static > 0.0 && t.mem_fraction_static <= 1.0))
           check.invalid("mem_fraction_static", "in (0, 1]", number(t.mem_fraction_static));

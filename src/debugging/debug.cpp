@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "debugging/debug_image.h"
+#include "debugging/debug_optimizer.h"
 #include "debugging/tokenize.h"
 #include "io/safetensors.h"
 #include "train/build.h"
@@ -149,6 +150,21 @@ void add_debug_commands(CLI::App& app, Commands& commands) {
   tokenize->add_option("--in", t->in_path, "JSONL, one JSON string per line")->required();
   tokenize->add_option("--out", t->out_path, "JSONL, one {ids, text} per line")->required();
   commands.add(tokenize, [t] { debug_tokenize(*t); });
+
+  // Hidden (group ""): the 8-bit AdamW on given grads, for the bitsandbytes parity test.
+  auto opt = std::make_shared<DebugOptimizerOptions>();
+  auto* optimizer = debug->add_subcommand("optimizer-steps", "8-bit AdamW steps on given params and grads "
+                                          "(debugging/debug_optimizer.h)")->group("");
+  optimizer->add_option("--tensors", opt->tensors_path, "safetensors: param.<name>, grad.<k>.<name>")->required();
+  optimizer->add_option("--save", opt->save_dir, "checkpoint root: one iter_<k> per step")->required();
+  optimizer->add_option("--steps", opt->steps, "steps")->capture_default_str();
+  optimizer->add_option("--lr", opt->lr, "learning rate")->capture_default_str();
+  optimizer->add_option("--beta1", opt->beta1, "Adam beta1")->capture_default_str();
+  optimizer->add_option("--beta2", opt->beta2, "Adam beta2")->capture_default_str();
+  optimizer->add_option("--eps", opt->eps, "Adam eps")->capture_default_str();
+  optimizer->add_option("--weight_decay", opt->weight_decay, "decoupled weight decay")->capture_default_str();
+  optimizer->add_option("--min_8bit_size", opt->min_8bit_size, "params below it keep fp32 moments")->capture_default_str();
+  commands.add(optimizer, [opt] { debug_optimizer_steps(*opt); });
 
   // Hidden (group ""): the Pixtral image pipeline on one file, for the parity tests.
   struct ImageArgs {

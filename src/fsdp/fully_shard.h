@@ -184,6 +184,7 @@ class Fsdp {
 
   std::vector<FsdpUnit*> units();
   const Comm& comm() const { return *comm_; }
+  Comm& comm() { return *comm_; }
   // Whether this rank writes the shard group's shards to checkpoints: replicas hold the same
   // shards, and only the first writes them.
   bool is_primary_replica() const { return !reduction_.replicate || reduction_.replicate->rank() == 0; }

@@ -1,7 +1,6 @@
 #include "optim/adamw.h"
 
 #include "core/error.h"
-#include "core/finite.h"
 
 
 namespace mmtrain {
@@ -69,8 +68,7 @@ void AdamW::step(double lr) {
     run_kernel(params, grads, exp_avgs, exp_avg_sqs, steps);
     if (after_update_)
       for (size_t i : updating) {
-        if (!paged_non_finite_)
-          if (const int64_t at = first_non_finite(params_[i]); at >= 0) paged_non_finite_ = NonFiniteWeight{i, at};
+        check_paged(i, 0, params_[i]);
         after_update_(i);
       }
     return;
@@ -94,9 +92,7 @@ void AdamW::step(double lr) {
     }
     // Params that leave memory after their update (set_residency) are checked here, in the chunk;
     // resident ones are read whole after the step (train/state_finite.h).
-    if (!paged_non_finite_ && after_update_)
-      if (const int64_t at = first_non_finite(params_[i].reshape(-1).narrow(0, begin, n)); at >= 0)
-        paged_non_finite_ = NonFiniteWeight{i, begin + at};
+    check_paged(i, begin, params_[i].reshape(-1).narrow(0, begin, n));
   });
   if (current && after_update_) after_update_(*current);
 }

@@ -5,14 +5,13 @@
 // it: with the moments swapped out (offload_moments: host memory or the disk) the same kernel runs
 // chunk by chunk over windows streamed from there, bitwise equal to the in-memory step.
 #pragma once
+#include "optim/optimizer.h"
 #include "optim/swapped_moments.h"
 
 #include <ATen/ATen.h>
 
 #include <functional>
-
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,7 +29,7 @@ struct AdamWState {
   at::Tensor exp_avg_sq;  // fp32, like the param
 };
 
-class AdamW {
+class AdamW : public Optimizer {
  public:
   // Zeroed moments for a param (fsdp cpu_offload: from the host tier); null: at::zeros_like.
   using MomentAllocator = std::function<at::Tensor(const at::Tensor& param)>;
@@ -47,17 +46,7 @@ class AdamW {
   void offload_moments(std::shared_ptr<TierStore> store, int64_t chunk_numel);
   const SwappedMoments* swapped_moments() const { return swapped_.get(); }
 
-  // Called around each param's update (in order, once each) when the params are not always in
-  // memory (fsdp cpu_offload with shards on disk): before(i) makes param i resident, after(i)
-  // may write it back and let it go. Unset: nothing.
-  void set_residency(std::function<void(size_t)> before, std::function<void(size_t)> after) {
-    before_update_ = std::move(before);
-    after_update_ = std::move(after);
-  }
-
-  void step(double lr);
-  int64_t step_count() const { return step_count_; }
-  void set_step_count(int64_t step) { step_count_ = step; }
+  void step(double lr) override;
 
   // Param i's moments: the live tensors when they are in memory (created by this call if no step
   // has run yet); when they are swapped out, host tensors from the store, never a device window
@@ -69,15 +58,7 @@ class AdamW {
   // Overwrites param i's moments with copies of these (shaped like the param).
   void set_moments(size_t i, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq);
 
-  // With the params leaving memory after their update (set_residency), the first NaN/Inf the last
-  // step left in a param, read in its updated chunk while it was in RAM; nothing otherwise (the
-  // resident params are read after the step by train/state_finite.h, which owns the question).
-  struct NonFiniteWeight {
-    size_t param;
-    int64_t element;  // in the param's flat shard
-  };
-  std::optional<NonFiniteWeight> first_non_finite_paged_weight() const { return paged_non_finite_; }
-  int64_t state_bytes() const;  // memory the moments hold where the update runs
+  int64_t state_bytes() const override;  // memory the moments hold where the update runs
 
  private:
   std::vector<at::Tensor> params_;
@@ -89,11 +70,8 @@ class AdamW {
   MomentAllocator allocate_moment_;
   mutable std::vector<AdamWState> states_;  // empty until materialize(), and for good once offloaded
   std::unique_ptr<SwappedMoments> swapped_;
-  std::optional<NonFiniteWeight> paged_non_finite_;  // seen by the last step in a paged param
-  std::function<void(size_t)> before_update_, after_update_;  // set_residency
   std::vector<at::Tensor> steps_;  // per param, fp32 scalar = step_count_ (the kernel's state_steps)
   AdamWOptions options_;
-  int64_t step_count_ = 0;
 };
 
 }  // namespace mmtrain

@@ -9,6 +9,7 @@
 #include "fsdp/fully_shard.h"
 #include "models/model_spec.h"
 #include "optim/adamw.h"
+#include "optim/adamw8bit.h"
 #include "config/config.h"
 #include "config/registries.h"
 #include "train/lora_base.h"
@@ -31,6 +32,11 @@ AdamWOptions adamw_options(const TrainingConfig& training);
 // them). With fsdp_plan.cpu_offload the moments are in the host tier, beside the shards.
 std::unique_ptr<AdamW> make_fsdp_adamw(Fsdp& fsdp, const AdamWOptions& options,
                                        const std::shared_ptr<OffloadTiers>& tiers = nullptr);
+// training.optimizer's optimizer over the units: AdamW (adamw, adamw_swap: its moments are swapped
+// by the caller), or the 8-bit AdamW (adamw8bit) with each trained param's rows located in its
+// unit's shard and the straddling blocks' absmax agreed over the shard group.
+std::unique_ptr<Optimizer> make_fsdp_optimizer(Fsdp& fsdp, const TrainingConfig& training,
+                                               const std::shared_ptr<OffloadTiers>& tiers = nullptr);
 // Weights from model.checkpoint_path / model_name_or_path (HF layout, through the model's HF
 // adapter), else a seeded random init. Returns how many tensors had their layout converted (0 for
 // a random init).

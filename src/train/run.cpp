@@ -31,7 +31,8 @@ OffloadCounts Run::offload_counts() const {
   if (tiers->disk) {
     counts.disk_read_bytes = tiers->disk->bytes_read();
     counts.disk_written_bytes = tiers->disk->bytes_written();
-    if (const auto* swapped = adamw->swapped_moments())
+    const auto* adamw = dynamic_cast<const AdamW*>(optimizer.get());
+    if (const auto* swapped = adamw ? adamw->swapped_moments() : nullptr)
       counts.disk_wait_us += static_cast<int64_t>(swapped->wait_ms() * 1000.0);
   }
   return counts;
@@ -79,8 +80,9 @@ void offload_moments(Run& run) {
   int64_t largest = 0;
   for (const auto* unit : run.fsdp->units()) largest = std::max(largest, unit->shard_flat.numel());
   // Never in memory first.
-  run.adamw->offload_moments(store, adamw_offload_chunk_numel(run.config.training, run.runtime.device, largest));
-  const auto* swapped = run.adamw->swapped_moments();
+  auto& adamw = dynamic_cast<AdamW&>(*run.optimizer);  // adamw_swap, or cpu_offload with a disk: fp32 moments
+  adamw.offload_moments(store, adamw_offload_chunk_numel(run.config.training, run.runtime.device, largest));
+  const auto* swapped = adamw.swapped_moments();
   run.log(format("AdamW moments %s (%.1f MiB per rank), through %.1f MiB of windows "
                  "(chunks of %lld elements)",
                  store->describe().c_str(), store->size() / 1048576.0, swapped->window_bytes() / 1048576.0,
@@ -155,7 +157,7 @@ void build_run(Run& r) {
   if (!c.training.offload_dir.empty())  // the disk tier: moments, and with cpu_offload the shards
     r.tiers->disk = std::make_shared<DiskStore>(c.training.offload_dir, comm.rank(), r.tiers->host_pool);
   r.fsdp = parallelize_model(c, *r.model, *r.mesh, r.tiers);
-  r.adamw = make_fsdp_adamw(*r.fsdp, adamw_options(c.training), r.tiers);
+  r.optimizer = make_fsdp_optimizer(*r.fsdp, c.training, r.tiers);
   if (OffloadSetting::of(c).swap) offload_moments(r);
   // Its own tiers: the reference's shards never share the model's disk files.
   r.preference_reference = build_preference_reference(c, *r.mesh);
@@ -175,7 +177,7 @@ void build_run(Run& r) {
   r.log(format("rank %d holds params %.2f MiB, grads %.2f MiB, optimizer state %.2f MiB (full model in param_dtype: "
                "%.2f MiB, %zu FSDP units)",
                comm.rank(), stats.param_bytes / 1048576.0, stats.grad_bytes / 1048576.0,
-               r.adamw->state_bytes() / 1048576.0, stats.unsharded_param_bytes / 1048576.0, r.fsdp->units().size()));
+               r.optimizer->state_bytes() / 1048576.0, stats.unsharded_param_bytes / 1048576.0, r.fsdp->units().size()));
 }
 
 }  // namespace mmtrain

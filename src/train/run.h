@@ -13,7 +13,7 @@
 #include "fsdp/fully_shard.h"
 #include "models/model.h"
 #include "offload/offload_tiers.h"
-#include "optim/adamw.h"
+#include "optim/optimizer.h"
 #include "optim/ema.h"
 #include "optim/lr_schedule.h"
 #include "record/memory_profile.h"
@@ -36,7 +36,7 @@ struct Run {
   std::shared_ptr<Model> model;
   std::shared_ptr<OffloadTiers> tiers;  // the offload features' host pool, copy stream and counters
   std::unique_ptr<Fsdp> fsdp;
-  std::unique_ptr<AdamW> adamw;
+  std::unique_ptr<Optimizer> optimizer;  // training.optimizer: AdamW, or the 8-bit one
   LrSchedule schedule;
   DataPipeline data;
   std::unique_ptr<MemoryProfile> memory_profile;

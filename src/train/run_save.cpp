@@ -88,13 +88,13 @@ void save_checkpoint(Run& run, int64_t step, const std::function<void(double sta
                        static_cast<long long>(step), waited_ms));
       }
       const auto staged = state_save_async(*run.async_saver, config.training.save, run.comm(), *run.model, *run.fsdp,
-                                           *run.adamw, info, config.training.keep_latest_k);
+                                           *run.optimizer, info, config.training.keep_latest_k);
       run.log(format("checkpoint of iteration %lld staged in %.1f ms (%.1f MiB on rank 0); writing it in the background",
                      static_cast<long long>(step), staged.ms, staged.bytes / 1048576.0));
       stalled_so_far();
     } else {
       const std::string dir =
-          state_save(config.training.save, run.comm(), *run.model, *run.fsdp, run.adamw.get(), info, stalled_so_far);
+          state_save(config.training.save, run.comm(), *run.model, *run.fsdp, run.optimizer.get(), info, stalled_so_far);
       CheckpointPruned pruned;
       const int keep = config.training.keep_latest_k;
       if (run.is_rank0() && keep > 0) pruned = checkpoint_prune(config.training.save, keep, run.lineage);

@@ -196,7 +196,7 @@ void resume(Run& run, const std::string& path) {
     run.ema = make_ema(run);  // its shadows come from the checkpoint
     options.ema = run.ema.get();
   }
-  const StateLoaded loaded = state_load(path, run.comm(), *run.model, *run.fsdp, *run.adamw, options);  // a unit at a time
+  const StateLoaded loaded = state_load(path, run.comm(), *run.model, *run.fsdp, *run.optimizer, options);  // a unit at a time
   if (loaded.model_only) {
     run.ema.reset();  // a fresh run: the EMA starts at these weights (start_run)
     run.log("initialized from model-only checkpoint " + loaded.dir);

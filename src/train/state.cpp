@@ -2,6 +2,7 @@
 
 #include "train/lora_base.h"
 #include "train/preference_reference.h"
+#include "train/state_adamw8bit.h"
 #include "train/state_finite.h"
 
 #include "core/dtype.h"
@@ -110,11 +111,16 @@ class UnitWindow {
       const int64_t numel = rows * (rows > 0 ? param.shard[0].numel() : 0);
       out = adamw_->moment_range(u, part == Part::exp_avg_sq, param.offset, numel).view(shape);
     }
+    return checked(name, out);
+  }
+
+  // tensor, checked for NaN/Inf the first time `name` is asked for (with check_finite).
+  at::Tensor checked(const std::string& name, const at::Tensor& tensor) {
     if (check_finite_ && checked_.insert(name).second) {
-      if (const std::string bad = describe_non_finite({{name, {}, 0, out}}, 1, rank_); !bad.empty())
+      if (const std::string bad = describe_non_finite({{name, {}, 0, tensor}}, 1, rank_); !bad.empty())
         fail("checkpoint of iteration ", iteration_, " not written: ", bad, kRefusal);
     }
-    return out;
+    return tensor;
   }
 
  private:
@@ -145,10 +151,12 @@ class UnitWindow {
 };
 
 // This rank's shards of the params (real rows; none on HSDP replicas but the first) and, with
-// adamw, of the moments, with ema of the EMA's shadows, each fetched through `window` when the save
-// asks for it.
-std::vector<ShardedTensor> trained_shards(Fsdp& fsdp, const AdamW* adamw, const Ema* ema,
+// an optimizer, of its state, with ema of the EMA's shadows, each fetched through `window` when the
+// save asks for it.
+std::vector<ShardedTensor> trained_shards(Fsdp& fsdp, const Optimizer* optimizer, const Ema* ema,
                                           const std::shared_ptr<UnitWindow>& window, bool with_frozen) {
+  const auto* adamw = dynamic_cast<const AdamW*>(optimizer);
+  const auto* adamw8bit = dynamic_cast<const AdamW8bit*>(optimizer);
   std::vector<ShardedTensor> out;
   const int rank = fsdp.comm().rank();
   const auto units = fsdp.units();
@@ -164,7 +172,12 @@ std::vector<ShardedTensor> trained_shards(Fsdp& fsdp, const AdamW* adamw, const 
       };
       part(state_model_key(param.name), UnitWindow::Part::weight);
       if (ema && !param.frozen) part(kEma + param.name, UnitWindow::Part::ema);
-      if (!adamw || param.frozen) continue;  // a frozen param has no optimizer state
+      if (param.frozen) continue;  // a frozen param has no optimizer state
+      if (adamw8bit) {
+        auto checked = [window](const std::string& key, const at::Tensor& t) { return window->checked(key, t); };
+        for (auto& shard : adamw8bit_param_shards(*adamw8bit, u, param, rank, checked)) out.push_back(std::move(shard));
+      }
+      if (!adamw) continue;
       part(kExpAvg + param.name, UnitWindow::Part::exp_avg);
       part(kExpAvgSq + param.name, UnitWindow::Part::exp_avg_sq);
     }
@@ -224,6 +237,10 @@ void check_no_extra_tensors(const CheckpointReader& reader, Model& model, bool w
     if (param->trainable) {
       expected.insert(kExpAvg + name);
       expected.insert(kExpAvgSq + name);
+      for (int moment = 0; moment < 2; ++moment) {  // training.optimizer adamw8bit's
+        expected.insert(adamw8bit_codes_key(name, moment));
+        expected.insert(adamw8bit_absmax_key(name, moment));
+      }
     }
   }
   for (const auto& name : reader.names()) {
@@ -267,7 +284,31 @@ void check_ema(const CheckpointReader& reader, const Ema* ema) {
          "trained without); turn training.ema off to continue it, or start a new run from its weights to average them");
 }
 
-void load_optimizer(const CheckpointReader& reader, Fsdp& fsdp, AdamW& adamw, int rank) {
+// What a checkpoint's optimizer state is (trainer_state.json "optimizer_state"; absent: AdamW's,
+// from before the 8-bit one), and what this run's is.
+std::string optimizer_state_kind(const Optimizer& optimizer) {
+  return dynamic_cast<const AdamW8bit*>(&optimizer) ? "adamw8bit" : "adamw";
+}
+
+void load_optimizer(const CheckpointReader& reader, Fsdp& fsdp, Optimizer& optimizer, int rank) {
+  const auto& global = reader.global_state();
+  const std::string saved = global.value("optimizer_state", std::string("adamw")), ours = optimizer_state_kind(optimizer);
+  auto text = [](const std::string& kind) {
+    return kind == "adamw8bit" ? std::string("8-bit AdamW moments (training.optimizer adamw8bit)")
+                               : std::string("fp32 AdamW moments (training.optimizer adamw or adamw_swap)");
+  };
+  if (saved != ours)
+    fail("cannot resume from ", reader.dir(), ": it holds ", text(saved), " and this run keeps ", text(ours),
+         "; set training.optimizer to match, or resume its weights alone with training.no_load_optim: true");
+  if (auto* adamw8bit = dynamic_cast<AdamW8bit*>(&optimizer)) {
+    const auto saved_min = global.value("min_8bit_size", nlohmann::json());
+    const int64_t min_8bit_size = adamw8bit->min_8bit_size();
+    if (!saved_min.is_number_integer() || saved_min.get<int64_t>() != min_8bit_size)
+      fail("cannot resume from ", reader.dir(), ": its 8-bit AdamW kept params below min_8bit_size ", saved_min.dump(),
+           " in fp32 and this run's training.min_8bit_size is ", min_8bit_size, "; set it to the checkpoint's");
+    return adamw8bit_load(reader, fsdp, *adamw8bit, rank);
+  }
+  auto& adamw = dynamic_cast<AdamW&>(optimizer);
   const auto units = fsdp.units();
   for (size_t u = 0; u < units.size(); ++u) {
     adamw.set_moments(u, read_trained_flat(reader, *units[u], kExpAvg, rank),
@@ -298,11 +339,18 @@ int64_t state_int(const CheckpointReader& reader, const char* key, int64_t minim
   return value;
 }
 
-StateSnapshot state_snapshot(const Comm& comm, Model& model, Fsdp& fsdp, const AdamW* adamw, const StateInfo& info,
-                             bool check_finite) {
+StateSnapshot state_snapshot(const Comm& comm, Model& model, Fsdp& fsdp, const Optimizer* optimizer,
+                             const StateInfo& info, bool check_finite) {
   StateSnapshot snapshot;
-  snapshot.global_state = state_global_state(info, adamw ? std::optional<int64_t>(adamw->step_count()) : std::nullopt);
-  snapshot.tensors = trained_shards(fsdp, adamw, info.ema,
+  snapshot.global_state =
+      state_global_state(info, optimizer ? std::optional<int64_t>(optimizer->step_count()) : std::nullopt);
+  if (optimizer) {
+    snapshot.global_state["optimizer_state"] = optimizer_state_kind(*optimizer);
+    if (const auto* adamw8bit = dynamic_cast<const AdamW8bit*>(optimizer))
+      snapshot.global_state["min_8bit_size"] = adamw8bit->min_8bit_size();
+  }
+  const auto* adamw = dynamic_cast<const AdamW*>(optimizer);
+  snapshot.tensors = trained_shards(fsdp, optimizer, info.ema,
                                     std::make_shared<UnitWindow>(fsdp, adamw, info.ema, info.iteration, check_finite),
                                     /*with_frozen=*/info.lora_base.is_null());
   snapshot.trained_count = snapshot.tensors.size();
@@ -356,20 +404,20 @@ nlohmann::json state_plan_entry(const FsdpConfig& plan) {
 }
 
 
-std::string state_save(const std::string& save_root, Comm& comm, Model& model, Fsdp& fsdp, const AdamW* adamw,
+std::string state_save(const std::string& save_root, Comm& comm, Model& model, Fsdp& fsdp, const Optimizer* optimizer,
                        const StateInfo& info, const std::function<void()>& before_commit) {
   // Each unit is checked as it comes in for its checksum, before this rank's file is written; a
   // rank that refuses fails the save on every rank (checkpoint_save), and `latest` stays.
-  const auto snapshot = state_snapshot(comm, model, fsdp, adamw, info, /*check_finite=*/true);
+  const auto snapshot = state_snapshot(comm, model, fsdp, optimizer, info, /*check_finite=*/true);
   return checkpoint_save(save_root, info.iteration, comm, snapshot.tensors, snapshot.global_state,
                          snapshot.rank_state, info.plan, before_commit);
 }
 
 AsyncCheckpointSaver::Staged state_save_async(AsyncCheckpointSaver& saver, const std::string& save_root, Comm& comm,
-                                              Model& model, Fsdp& fsdp, const AdamW& adamw, const StateInfo& info,
+                                              Model& model, Fsdp& fsdp, const Optimizer& optimizer, const StateInfo& info,
                                               int keep_latest_k) {
   // The staged copy is checked off the training thread.
-  auto snapshot = state_snapshot(comm, model, fsdp, &adamw, info, /*check_finite=*/false);
+  auto snapshot = state_snapshot(comm, model, fsdp, &optimizer, info, /*check_finite=*/false);
   auto refuse_non_finite = [trained_count = snapshot.trained_count, rank = comm.rank(),
                             iteration = info.iteration](const std::vector<ShardedTensor>& staged) {
     if (const std::string bad = describe_non_finite(staged, trained_count, rank); !bad.empty())
@@ -422,7 +470,7 @@ void check_lora_base(const CheckpointReader& reader, const nlohmann::json& run_b
 
 }  // namespace
 
-StateLoaded state_load(const std::string& path, Comm& comm, Model& model, Fsdp& fsdp, AdamW& adamw,
+StateLoaded state_load(const std::string& path, Comm& comm, Model& model, Fsdp& fsdp, Optimizer& optimizer,
                        const StateLoadOptions& options) {
   CheckpointReader reader(path);
   const auto& global = reader.global_state();
@@ -484,8 +532,8 @@ StateLoaded state_load(const std::string& path, Comm& comm, Model& model, Fsdp& 
   state_load_model(reader, model, fsdp, /*frozen_from_base=*/!options.lora_base.is_null());
   if (options.ema) load_ema(reader, fsdp, *options.ema, fsdp.comm().rank());
   if (options.load_optimizer) {
-    load_optimizer(reader, fsdp, adamw, fsdp.comm().rank());
-    adamw.set_step_count(state_int(reader, "optimizer_step", 0, iteration));
+    load_optimizer(reader, fsdp, optimizer, fsdp.comm().rank());
+    optimizer.set_step_count(state_int(reader, "optimizer_step", 0, iteration));
   }
   // Each rank restores its own RNG stream; on another world size there is no stream to restore.
   if (options.load_rng && reader.saved_world_size() == comm.world_size()) {

@@ -3,6 +3,7 @@
 //   model.<name>             a parameter: this rank's FSDP rows (fp32); a buffer: whole, on rank 0
 //   optim.exp_avg.<name>     AdamW moments, the same rows as the parameter
 //   optim.exp_avg_sq.<name>
+//   optim.exp_avg_codes.<name>, ...: the 8-bit AdamW's state instead (train/state_adamw8bit.h)
 //   trainer_state.json       iteration, consumed_samples, global_batch_size, optimizer_step,
 //                            model_id, the run's config, and per rank its CPU RNG state and
 //                            node (dist/node_names.h)
@@ -14,7 +15,7 @@
 #include "checkpoint/sharded_checkpoint.h"
 #include "fsdp/fully_shard.h"
 #include "models/model.h"
-#include "optim/adamw.h"
+#include "optim/optimizer.h"
 #include "optim/ema.h"
 
 #include <nlohmann/json.hpp>
@@ -68,17 +69,17 @@ nlohmann::json state_global_state(const StateInfo& info, std::optional<int64_t> 
 nlohmann::json state_rank_state();
 
 // Saves a checkpoint of iteration info.iteration under save_root (collective, crash-safe) and
-// returns its directory. adamw null: a model-only checkpoint. Non-finite weights or moments on
+// returns its directory. optimizer null: a model-only checkpoint. Non-finite weights or moments on
 // any rank: nothing is written, and every rank throws (the one holding them names the tensor).
 // before_commit: as for checkpoint_save.
-std::string state_save(const std::string& save_root, Comm& comm, Model& model, Fsdp& fsdp, const AdamW* adamw,
+std::string state_save(const std::string& save_root, Comm& comm, Model& model, Fsdp& fsdp, const Optimizer* optimizer,
                        const StateInfo& info, const std::function<void()>& before_commit = {});
 
 // state_save through the asynchronous saver (training.async_save): collective; returns once this
 // rank's state is staged. The background writer refuses non-finite state (it checks the staged
 // copy, off the training thread), which fails the save at a later poll() on every rank.
 AsyncCheckpointSaver::Staged state_save_async(AsyncCheckpointSaver& saver, const std::string& save_root, Comm& comm,
-                                              Model& model, Fsdp& fsdp, const AdamW& adamw, const StateInfo& info,
+                                              Model& model, Fsdp& fsdp, const Optimizer& optimizer, const StateInfo& info,
                                               int keep_latest_k);
 
 struct StateLoadOptions {
@@ -118,7 +119,7 @@ struct StateLoaded {
 // Loads a checkpoint (an iter_N directory or a save root with `latest`) on any world size: the
 // model always, the optimizer and RNG unless options say not to. Fails naming the checkpoint
 // when it holds another model, another global batch size, or misses or mis-shapes a tensor.
-StateLoaded state_load(const std::string& path, Comm& comm, Model& model, Fsdp& fsdp, AdamW& adamw,
+StateLoaded state_load(const std::string& path, Comm& comm, Model& model, Fsdp& fsdp, Optimizer& optimizer,
                        const StateLoadOptions& options);
 
 // The weights alone, for an evaluation (`mmtrain eval`): the model id and model.config checked as

@@ -16,7 +16,7 @@ std::string describe_shard_element(const FsdpUnit& unit, int64_t at) {
 
 }  // namespace
 
-void StateFiniteness::after_step(Fsdp& fsdp, const AdamW& adamw, int64_t iteration, double lr, double grad_norm,
+void StateFiniteness::after_step(Fsdp& fsdp, const Optimizer& optimizer, int64_t iteration, double lr, double grad_norm,
                                  const std::function<std::string()>& samples) {
   if (non_finite()) return;  // the first one found is the one to name
   const auto units = fsdp.units();
@@ -29,7 +29,7 @@ void StateFiniteness::after_step(Fsdp& fsdp, const AdamW& adamw, int64_t iterati
     }
   }
   if (what.empty())
-    if (const auto paged = adamw.first_non_finite_paged_weight(); paged && paged->param < units.size())
+    if (const auto paged = optimizer.first_non_finite_paged_weight(); paged && paged->param < units.size())
       what = describe_shard_element(*units[paged->param], paged->element);
   if (what.empty()) return;
   found_ = format("iteration %lld: the AdamW step at lr %g (grad norm %g) made ", static_cast<long long>(iteration), lr,

@@ -17,7 +17,7 @@
 #pragma once
 #include "checkpoint/sharded_checkpoint.h"
 #include "fsdp/fully_shard.h"
-#include "optim/adamw.h"
+#include "optim/optimizer.h"
 
 #include <cstdint>
 #include <functional>
@@ -31,7 +31,7 @@ class StateFiniteness {
   // After the optimizer step of `iteration`: one pass over the resident weight shards, plus what
   // AdamW saw of the shards it paged. samples (may be null): which samples the step read, asked
   // only when something is found.
-  void after_step(Fsdp& fsdp, const AdamW& adamw, int64_t iteration, double lr, double grad_norm,
+  void after_step(Fsdp& fsdp, const Optimizer& optimizer, int64_t iteration, double lr, double grad_norm,
                   const std::function<std::string()>& samples);
   // Whether a step made one of this rank's weights NaN/Inf: the next grad norm is then NaN/Inf.
   bool non_finite() const { return !found_.empty(); }

@@ -53,7 +53,7 @@ StepOutcome run_step(Run& run, DataLoader& loader, int64_t step) {
   }
   run.profiler->begin_step(step + 1);
   out.offload_before = run.offload_counts();
-  out.stats = train_step(*run.model, *run.fsdp, *run.adamw, run.finiteness, settings, [&](int micro) {
+  out.stats = train_step(*run.model, *run.fsdp, *run.optimizer, run.finiteness, settings, [&](int micro) {
     auto batch = loader.next(step, micro);
     for (auto& [key, tensor] : batch) tensor = tensor.to(run.comm().device());
     return batch;

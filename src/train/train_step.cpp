@@ -86,7 +86,7 @@ std::vector<Batch> with_global_loss_normalizers(const Model& model, std::vector<
   return batches;
 }
 
-StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, StateFiniteness& finiteness, const StepSettings& settings,
+StepStats train_step(Model& model, Fsdp& fsdp, Optimizer& optimizer, StateFiniteness& finiteness, const StepSettings& settings,
                      const std::function<Batch(int micro)>& micro_batch) {
   StepStats stats;
   fsdp.zero_grad();
@@ -131,11 +131,11 @@ StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, StateFiniteness& fi
          "the previous step made NaN/Inf on another rank: see its error)");
   {
     PhaseScope scope(settings.listeners, StepPhase::optimizer);
-    adamw.step(settings.lr);
+    optimizer.step(settings.lr);
     if (settings.ema) settings.ema->after_step(settings.iteration);
   }
   PhaseScope scope(settings.listeners, StepPhase::finite_check);
-  finiteness.after_step(fsdp, adamw, settings.iteration, settings.lr, stats.grad_norm, settings.samples);
+  finiteness.after_step(fsdp, optimizer, settings.iteration, settings.lr, stats.grad_norm, settings.samples);
   return stats;
 }
 

@@ -11,7 +11,7 @@
 #include "fsdp/fully_shard.h"
 #include "models/model.h"
 #include "optim/ema.h"
-#include "optim/adamw.h"
+#include "optim/optimizer.h"
 #include "record/step_phases.h"
 #include "train/objective.h"
 #include "train/state_finite.h"
@@ -80,7 +80,7 @@ struct StepSettings {
 // learning rate or decay too large for fp32) makes the next step's grad norm NaN on every rank,
 // and that step fails, the rank holding it naming the tensor, the step, lr, grad norm and samples.
 // finiteness is the run's record (train/state_finite.h), the same object for every step of a run.
-StepStats train_step(Model& model, Fsdp& fsdp, AdamW& adamw, StateFiniteness& finiteness, const StepSettings& settings,
+StepStats train_step(Model& model, Fsdp& fsdp, Optimizer& optimizer, StateFiniteness& finiteness, const StepSettings& settings,
                      const std::function<Batch(int micro)>& micro_batch);
 
 // Global normalization's first part: the step's micro-batches, each with the batch's

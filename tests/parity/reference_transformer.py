@@ -299,6 +299,7 @@ class RunConfig:
     adam_beta1: float
     adam_beta2: float
     adam_eps: float
+    min_8bit_size: int
     seed: int
     save: str | None
     output_dir: str | None
@@ -340,6 +341,7 @@ class RunConfig:
             adam_beta1=float(tr.get("adam_beta1", 0.9)),
             adam_beta2=float(tr.get("adam_beta2", 0.999)),
             adam_eps=float(tr.get("adam_eps", 1e-8)),
+            min_8bit_size=int(tr.get("min_8bit_size", 4096)),
             seed=int(tr.get("seed", 0)),
             save=tr.get("save") or None,
             output_dir=(cfg.get("logging", {}) or {}).get("output_dir") or None,
@@ -389,9 +391,10 @@ def micro_batch_indices(step: int, micro: int, rank: int, ranks: int, mbs: int, 
     return torch.arange(base, base + mbs) % num_samples
 
 
-# torch.optim.AdamW implementations: "fused" (fused=True, one ATen kernel per step; what mmtrain
-# runs) and "single" (foreach=False, the per-tensor op sequence).
-ADAMW_KINDS = ("fused", "single")
+# AdamW implementations: torch.optim.AdamW "fused" (fused=True, one ATen kernel per step; what
+# mmtrain's adamw runs) and "single" (foreach=False, the per-tensor op sequence); "bnb8bit":
+# bitsandbytes' AdamW8bit (what mmtrain's adamw8bit follows), with the config's min_8bit_size.
+ADAMW_KINDS = ("fused", "single", "bnb8bit")
 
 
 class _StepRunner:
@@ -413,9 +416,15 @@ class _StepRunner:
         self.params = list(model.parameters())
         if adamw not in ADAMW_KINDS:
             raise ValueError(f"adamw must be one of {ADAMW_KINDS}, got {adamw!r}")
-        self.optimizer = torch.optim.AdamW(self.params, lr=rc.lr, betas=(rc.adam_beta1, rc.adam_beta2),
-                                           eps=rc.adam_eps, weight_decay=rc.weight_decay,
-                                           foreach=False, fused=(adamw == "fused"))
+        if adamw == "bnb8bit":
+            import bitsandbytes as bnb
+            self.optimizer = bnb.optim.AdamW8bit(self.params, lr=rc.lr, betas=(rc.adam_beta1, rc.adam_beta2),
+                                                 eps=rc.adam_eps, weight_decay=rc.weight_decay,
+                                                 min_8bit_size=rc.min_8bit_size)
+        else:
+            self.optimizer = torch.optim.AdamW(self.params, lr=rc.lr, betas=(rc.adam_beta1, rc.adam_beta2),
+                                               eps=rc.adam_eps, weight_decay=rc.weight_decay,
+                                               foreach=False, fused=(adamw == "fused"))
 
     def grad_norm_and_clip(self) -> float:
         grads = [p.grad for p in self.params if p.grad is not None]

@@ -1,0 +1,235 @@
+#include "optim/adamw8bit.h"
+
+#include "core/error.h"
+#include "quant/dynamic_map.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <set>
+
+namespace mmtrain {
+namespace {
+
+constexpr int64_t kBlock = AdamW8bit::kBlocksize;
+// Elements one task of the update takes at a time: whole blocks, small enough that its fp32
+// moments stay in cache between the dequantize, the update and the quantize.
+constexpr int64_t kChunk = 64 * kBlock;
+constexpr quant::DynamicMap kMaps[2] = {quant::DynamicMap::signed_values, quant::DynamicMap::unsigned_values};
+
+}  // namespace
+
+AdamW8bit::AdamW8bit(std::vector<at::Tensor> params, std::vector<at::Tensor> grads,
+                     std::vector<std::vector<ShardedParamSpan>> spans, int rank, AdamW8bitOptions options,
+                     AllReduceMax all_reduce_max, StateAllocator allocate)
+    : params_(std::move(params)), grads_(std::move(grads)), options_(options), all_reduce_max_(std::move(all_reduce_max)) {
+  if (params_.size() != grads_.size() || params_.size() != spans.size())
+    fail("AdamW8bit: ", params_.size(), " params, ", grads_.size(), " grads and ", spans.size(), " span lists");
+  if (options_.min_8bit_size < 0) fail("AdamW8bit: min_8bit_size must be >= 0, found ", options_.min_8bit_size);
+  if (!allocate)
+    allocate = [](int64_t numel, at::ScalarType dtype, const at::Tensor&) { return at::zeros({numel}, dtype); };
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& flat = params_[i];
+    if (flat.scalar_type() != at::kFloat || flat.dim() != 1 || flat.device().type() != at::kCPU)
+      fail("AdamW8bit: params must be 1-D fp32 CPU flat shards (its update is bitsandbytes' CPU kernel), got ",
+           flat.scalar_type(), " ", flat.sizes(), " on ", flat.device());
+    UnitState unit;
+    int64_t absmax_total = 0, small_total = 0;
+    for (const auto& param : spans[i]) {
+      const auto& b = param.rank_begins;
+      if (b.size() < 2 || rank < 0 || rank + 1 >= static_cast<int>(b.size()) || b.front() != 0 || b.back() != param.numel ||
+          !std::is_sorted(b.begin(), b.end()))
+        fail("AdamW8bit: param '", param.name, "': rank_begins must rise from 0 to its ", param.numel,
+             " elements with one entry per rank and rank ", rank, " among them");
+      Span span;
+      span.param = param;
+      span.begin = b[rank];
+      span.end = b[rank + 1];
+      if (param.shard_offset < 0 || param.shard_offset + (span.end - span.begin) > flat.numel())
+        fail("AdamW8bit: param '", param.name, "' at ", param.shard_offset, " overruns its unit's shard of ", flat.numel());
+      span.eight_bit = param.numel >= options_.min_8bit_size;
+      if (span.eight_bit) {
+        if (span.end > span.begin) {
+          span.first_block = span.begin / kBlock;
+          span.blocks = (span.end - 1) / kBlock - span.first_block + 1;
+        }
+        span.absmax_at = absmax_total;
+        absmax_total += span.blocks;
+        // Every rank numbers the straddling blocks of every param the same way.
+        std::set<int64_t> straddling;
+        for (size_t r = 1; r + 1 < b.size(); ++r)
+          if (b[r] > 0 && b[r] < param.numel && b[r] % kBlock != 0) straddling.insert(b[r] / kBlock);
+        for (const int64_t block : straddling) {
+          if (block >= span.first_block && block < span.first_block + span.blocks) span.shared.push_back({block, exchange_slots_});
+          ++exchange_slots_;
+        }
+      } else {
+        span.small_at = small_total;
+        small_total += span.end - span.begin;
+      }
+      unit.spans.push_back(std::move(span));
+    }
+    for (int m = 0; m < 2; ++m) {
+      unit.codes[m] = allocate(flat.numel(), at::kByte, flat);
+      unit.absmax[m] = allocate(absmax_total, at::kFloat, flat);
+      unit.small[m] = allocate(small_total, at::kFloat, flat);
+    }
+    units_.push_back(std::move(unit));
+  }
+}
+
+void AdamW8bit::update_32bit(size_t i, const Span& span, double lr) {
+  const auto& o = options_.adamw;
+  const int64_t n = span.end - span.begin;
+  at::Tensor p = params_[i].narrow(0, span.param.shard_offset, n), g = grads_[i].narrow(0, span.param.shard_offset, n);
+  at::Tensor m = units_[i].small[0].narrow(0, span.small_at, n), v = units_[i].small[1].narrow(0, span.small_at, n);
+  m.mul_(o.beta1).add_(g, 1.0 - o.beta1);
+  v.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
+  const double correction1 = 1.0 - std::pow(o.beta1, static_cast<double>(step_count_));
+  const double correction2 = std::sqrt(1.0 - std::pow(o.beta2, static_cast<double>(step_count_)));
+  const double step_size = -lr * correction2 / correction1;
+  if (o.weight_decay > 0.0) p.mul_(1.0 - lr * o.weight_decay);
+  p.add_(m / (v.sqrt() + o.eps * correction2), step_size);
+}
+
+void AdamW8bit::update_8bit(size_t i, const Span& span, double lr, std::vector<float>& exchange,
+                            std::vector<PendingBlock>& pending) {
+  const auto& o = options_.adamw;
+  UnitState& unit = units_[i];
+  const double correction1 = 1.0 - std::pow(o.beta1, static_cast<double>(step_count_));
+  const double correction2 = std::sqrt(1.0 - std::pow(o.beta2, static_cast<double>(step_count_)));
+  // Flat-shard position of element e of the param.
+  auto at_shard = [&](int64_t e) { return span.param.shard_offset + (e - span.begin); };
+  uint8_t* codes[2] = {unit.codes[0].data_ptr<uint8_t>(), unit.codes[1].data_ptr<uint8_t>()};
+  float* absmax[2] = {unit.absmax[0].data_ptr<float>() + span.absmax_at - span.first_block,
+                      unit.absmax[1].data_ptr<float>() + span.absmax_at - span.first_block};  // by block index
+  std::mutex pending_mutex;
+  const int64_t first_chunk = span.begin / kChunk, chunks = (span.end - 1) / kChunk - first_chunk + 1;
+  at::parallel_for(0, chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
+    for (int64_t c = chunk_begin; c < chunk_end; ++c) {
+      const int64_t lo = std::max(span.begin, (first_chunk + c) * kChunk);
+      const int64_t hi = std::min(span.end, (first_chunk + c + 1) * kChunk);
+      const int64_t n = hi - lo;
+      at::Tensor moments[2] = {at::empty({n}, at::kFloat), at::empty({n}, at::kFloat)};
+      float* values[2] = {moments[0].data_ptr<float>(), moments[1].data_ptr<float>()};
+      const int64_t block_lo = lo / kBlock, block_hi = (hi - 1) / kBlock + 1;
+      auto block_range = [&](int64_t k) { return std::pair{std::max(lo, k * kBlock), std::min(hi, (k + 1) * kBlock)}; };
+      for (int64_t k = block_lo; k < block_hi; ++k) {
+        const auto [a, b] = block_range(k);
+        for (int m = 0; m < 2; ++m)
+          quant::dequantize_block(codes[m] + at_shard(a), b - a, absmax[m][k], kMaps[m], values[m] + (a - lo));
+      }
+      at::Tensor p = params_[i].narrow(0, at_shard(lo), n), g = grads_[i].narrow(0, at_shard(lo), n);
+      at::Tensor& m = moments[0];
+      at::Tensor& v = moments[1];
+      m.mul_(o.beta1).add_(g, 1.0 - o.beta1);
+      v.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
+      const at::Tensor denom = (v.sqrt() / correction2).add_(o.eps);
+      if (o.weight_decay > 0.0) p.mul_(1.0 - lr * o.weight_decay);
+      p.addcdiv_(m, denom, -lr / correction1);
+      for (int64_t k = block_lo; k < block_hi; ++k) {
+        const auto [a, b] = block_range(k);
+        const auto shared = std::find_if(span.shared.begin(), span.shared.end(), [k](const auto& s) { return s.first == k; });
+        if (shared == span.shared.end()) {
+          for (int mo = 0; mo < 2; ++mo) {
+            absmax[mo][k] = quant::block_absmax(values[mo] + (a - lo), b - a);
+            quant::quantize_block(values[mo] + (a - lo), b - a, absmax[mo][k], kMaps[mo], codes[mo] + at_shard(a));
+          }
+          continue;
+        }
+        PendingBlock held{i, 0, k, shared->second, a, b, {}};
+        for (int mo = 0; mo < 2; ++mo) {
+          exchange[2 * shared->second + mo] = quant::block_absmax(values[mo] + (a - lo), b - a);
+          held.values[mo].assign(values[mo] + (a - lo), values[mo] + (b - lo));
+        }
+        held.span = static_cast<size_t>(&span - unit.spans.data());
+        std::lock_guard<std::mutex> lock(pending_mutex);
+        pending.push_back(std::move(held));
+      }
+    }
+  });
+}
+
+void AdamW8bit::step(double lr) {
+  at::NoGradGuard no_grad;
+  ++step_count_;
+  paged_non_finite_.reset();
+  std::vector<float> exchange(2 * exchange_slots_, 0.0f);  // (absmax of exp_avg, of exp_avg_sq) per straddling block
+  std::vector<PendingBlock> pending;
+  for (size_t i = 0; i < units_.size(); ++i) {
+    if (units_[i].spans.empty()) continue;  // a unit of frozen params only
+    if (before_update_) before_update_(i);
+    for (const Span& span : units_[i].spans) {
+      if (span.end == span.begin) continue;  // no rows of it here
+      if (span.eight_bit)
+        update_8bit(i, span, lr, exchange, pending);
+      else
+        update_32bit(i, span, lr);
+    }
+    if (after_update_) {
+      check_paged(i, 0, params_[i]);
+      after_update_(i);
+    }
+  }
+  if (exchange_slots_ == 0) return;
+  at::Tensor reduced = at::from_blob(exchange.data(), {static_cast<int64_t>(exchange.size())}, at::kFloat).clone();
+  all_reduce_max_(reduced);
+  const float* absmax_of = reduced.data_ptr<float>();
+  for (PendingBlock& held : pending) {
+    UnitState& unit = units_[held.unit];
+    const Span& span = unit.spans[held.span];
+    for (int m = 0; m < 2; ++m) {
+      const float absmax = absmax_of[2 * held.slot + m];
+      unit.absmax[m].data_ptr<float>()[span.absmax_at + held.block - span.first_block] = absmax;
+      quant::quantize_block(held.values[m].data(), held.end - held.begin, absmax, kMaps[m],
+                            unit.codes[m].data_ptr<uint8_t>() + span.param.shard_offset + (held.begin - span.begin));
+    }
+  }
+}
+
+int64_t AdamW8bit::state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& unit : units_)
+    for (int m = 0; m < 2; ++m) bytes += unit.codes[m].nbytes() + unit.absmax[m].nbytes() + unit.small[m].nbytes();
+  return bytes;
+}
+
+const AdamW8bit::Span& AdamW8bit::find(size_t i, const std::string& name) const {
+  if (i >= units_.size()) fail("AdamW8bit: unit ", i, " of ", units_.size());
+  for (const auto& span : units_[i].spans)
+    if (span.param.name == name) return span;
+  fail("AdamW8bit: unit ", i, " trains no param '", name, "'");
+}
+
+bool AdamW8bit::is_8bit(size_t i, const std::string& name) const { return find(i, name).eight_bit; }
+
+at::Tensor AdamW8bit::codes(size_t i, const std::string& name, int moment) const {
+  const Span& span = find(i, name);
+  if (!span.eight_bit) fail("AdamW8bit: '", name, "' keeps fp32 moments (", span.param.numel, " < min_8bit_size)");
+  return units_[i].codes[moment].narrow(0, span.param.shard_offset, span.end - span.begin);
+}
+
+at::Tensor AdamW8bit::absmax(size_t i, const std::string& name, int moment) const {
+  const Span& span = find(i, name);
+  if (!span.eight_bit) fail("AdamW8bit: '", name, "' keeps fp32 moments (", span.param.numel, " < min_8bit_size)");
+  return units_[i].absmax[moment].narrow(0, span.absmax_at, span.blocks);
+}
+
+int64_t AdamW8bit::first_block(size_t i, const std::string& name) const { return find(i, name).first_block; }
+
+std::pair<int64_t, int64_t> AdamW8bit::owned_blocks(size_t i, const std::string& name) const {
+  const Span& span = find(i, name);
+  auto ceil_block = [](int64_t e) { return (e + kBlock - 1) / kBlock; };
+  return {ceil_block(span.begin), ceil_block(span.end)};
+}
+
+at::Tensor AdamW8bit::moment(size_t i, const std::string& name, int moment) const {
+  const Span& span = find(i, name);
+  if (span.eight_bit) fail("AdamW8bit: '", name, "' keeps 8-bit moments");
+  return units_[i].small[moment].narrow(0, span.small_at, span.end - span.begin);
+}
+
+}  // namespace mmtrain
