@@ -197,6 +197,17 @@ int64_t AdamW8bit::state_bytes() const {
   return bytes;
 }
 
+int64_t AdamW8bit::state_bytes_for(int64_t shard_numel, const std::vector<ShardedParamSpan>& spans, int rank,
+                                   int64_t min_8bit_size) {
+  int64_t bytes = 2 * shard_numel;
+  for (const auto& span : spans) {
+    const int64_t begin = span.rank_begins.at(rank), end = span.rank_begins.at(rank + 1);
+    if (end == begin) continue;
+    bytes += span.numel >= min_8bit_size ? 2 * 4 * ((end - 1) / kBlock - begin / kBlock + 1) : 2 * 4 * (end - begin);
+  }
+  return bytes;
+}
+
 const AdamW8bit::Span& AdamW8bit::find(size_t i, const std::string& name) const {
   if (i >= units_.size()) fail("AdamW8bit: unit ", i, " of ", units_.size());
   for (const auto& span : units_[i].spans)

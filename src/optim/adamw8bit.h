@@ -64,6 +64,11 @@ class AdamW8bit : public Optimizer {
   void step(double lr) override;
   int64_t state_bytes() const override;
   int64_t min_8bit_size() const { return options_.min_8bit_size; }
+  // What state_bytes() will be on `rank` for these spans over flat shards of shard_numel elements
+  // in all (the planner's figure): 2 bytes of codes per shard element, 8 per touched block's two
+  // absmax, 8 per element of a param below min_8bit_size.
+  static int64_t state_bytes_for(int64_t shard_numel, const std::vector<ShardedParamSpan>& spans, int rank,
+                                 int64_t min_8bit_size);
 
   // Checkpoint access to param `name` of unit i (its rows, as the weights). moment: 0 exp_avg, 1
   // exp_avg_sq.

@@ -34,6 +34,12 @@ std::vector<OffloadSetting> OffloadSetting::all() {
           {true, true, true, true}};
 }
 
+std::vector<OffloadSetting> OffloadSetting::all_for(const std::string& optimizer) {
+  std::vector<OffloadSetting> out = all();
+  if (optimizer == "adamw8bit") std::erase_if(out, [](const OffloadSetting& s) { return s.swap || s.disk; });
+  return out;
+}
+
 TierBytes offload_tier_bytes(const OffloadPlanInputs& in, const OffloadSetting& s) {
   const FsdpMemoryPlan& p = *in.fsdp;
   TierBytes t;

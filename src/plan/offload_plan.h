@@ -36,6 +36,9 @@ struct OffloadSetting {
   static OffloadSetting of(const Config& config);
   // Each feature alone and the useful combinations.
   static std::vector<OffloadSetting> all();
+  // The settings a run of training.optimizer `optimizer` can use: adamw8bit's state is neither
+  // swapped nor on disk (optim/adamw8bit.h), so it has the settings without swap.
+  static std::vector<OffloadSetting> all_for(const std::string& optimizer);
 };
 
 struct OffloadPlanInputs {

@@ -4,6 +4,7 @@
 #include "core/checked_math.h"
 #include "core/error.h"
 #include "optim/swapped_moments.h"
+#include "optim/adamw8bit.h"
 #include "plan/sampling_plan.h"
 
 #include <c10/core/ScalarType.h>
@@ -29,7 +30,19 @@ void require_sane_estimate(const ActivationEstimate& a, const std::string& what)
 }  // namespace
 
 int64_t ema_shadow_bytes(const Config& cfg, const FsdpMemoryPlan& plan) {
-  return cfg.training.ema.enable ? plan.optimizer_bytes / 2 : 0;  // AdamW keeps two fp32 values per trained element
+  return cfg.training.ema.enable ? plan.grad_bytes : 0;  // one fp32 value per trained shard element, as the grads
+}
+
+int64_t optimizer_state_bytes(const Config& cfg, Module& model, const FsdpMemoryPlan& plan, int fsdp_size) {
+  if (cfg.training.optimizer != "adamw8bit") return plan.optimizer_bytes;
+  std::vector<ShardedParamSpan> spans;  // rank 0's: it holds the fullest shard of every param
+  for (const auto& [name, param] : model.named_parameters()) {
+    if (!param->trainable || !param->requires_grad) continue;
+    const ShardLayout layout(param->shape, fsdp_size);
+    ShardedParamSpan span{name, 0, layout.dim0 * layout.row_numel, {0, layout.rows(0) * layout.row_numel}};
+    spans.push_back(std::move(span));
+  }
+  return AdamW8bit::state_bytes_for(plan.grad_bytes / 4, spans, 0, cfg.training.min_8bit_size);
 }
 
 int64_t reference_copy_bytes(const Config& cfg, int fsdp_size) {
@@ -49,6 +62,7 @@ std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_
   const auto& id = cfg.model.model_id;
   e->spec = &model_spec(id, "config " + cfg.source_path + ": model.model_id");
   e->plan = fsdp_memory_plan(model, fp, e->dims.fsdp());
+  e->plan.optimizer_bytes = optimizer_state_bytes(cfg, model, e->plan, e->dims.fsdp());
   e->recompute = cfg.features.recompute && !cfg.features.recompute_plan.apply_modules.empty();
   e->seqlen = checked_tokens(seqlen > 0 ? seqlen : e->spec->default_seqlen, "plan: the sequence length");
   e->micro = cfg.training.micro_batch_size;

@@ -62,6 +62,9 @@ struct PlanEstimate {
 //   a full fine-tuning dpo run's frozen reference copy (train/preference_reference.h): its shards
 //   on this rank, through the same Module tree the run builds.
 int64_t ema_shadow_bytes(const Config& cfg, const FsdpMemoryPlan& plan);
+// Per rank, what training.optimizer keeps: AdamW's 8 bytes per trained shard element (the fsdp
+// plan's optimizer_bytes), or the 8-bit AdamW's codes, absmax and small params' fp32 moments.
+int64_t optimizer_state_bytes(const Config& cfg, Module& model, const FsdpMemoryPlan& plan, int fsdp_size);
 int64_t reference_copy_bytes(const Config& cfg, int fsdp_size);
 
 // The estimate for cfg on `world` ranks; seqlen 0 = the model's default; images: (H, W) in pixels

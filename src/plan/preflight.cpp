@@ -182,7 +182,8 @@ int64_t sampling_forward_bytes(const Config& config, Module& model, int world) {
 }  // namespace
 
 void preflight_memory(const Config& config, Module& model, const LaunchEnv& env, Device device, int fsdp_size) {
-  const auto plan = fsdp_memory_plan(model, config.parallel.fsdp_plan, fsdp_size);
+  auto plan = fsdp_memory_plan(model, config.parallel.fsdp_plan, fsdp_size);
+  plan.optimizer_bytes = optimizer_state_bytes(config, model, plan, fsdp_size);
   // The disk tier (the moments, and under cpu_offload the fp32 shards): the disk needs room for
   // every rank of this node's file, whether or not the memory below can be read.
   if (!config.training.offload_dir.empty())
@@ -236,7 +237,7 @@ void preflight_memory(const Config& config, Module& model, const LaunchEnv& env,
   if (needed <= *available) return;
   const std::string where = cuda ? "this rank's GPU (cuda:" + std::to_string(env.local_rank) + ")" : "this machine";
   fail("config ", config.source_path, ": the run cannot fit ", where, "'s memory: each rank needs at least ",
-       gib(per_rank), " (fp32 shards ", gib(plan.param_bytes), ", grads ", gib(plan.grad_bytes), ", AdamW ",
+       gib(per_rank), " (fp32 shards ", gib(plan.param_bytes), ", grads ", gib(plan.grad_bytes), ", optimizer state ",
        gib(plan.optimizer_bytes), ", gathered units ", gib(plan.transient_bytes()),
        reference_bytes > 0 ? ", the dpo reference copy " + gib(reference_bytes) : std::string(), "; activations not counted",
        setting == OffloadSetting{} ? "" : "; offload " + setting.name() + ": " + gib(step) + " for the step",

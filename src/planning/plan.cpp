@@ -160,7 +160,10 @@ void plan_memory(const PlanOptions& o) {
   row(plan.trained_numel != plan.total_numel ? "param shards (fp32 trained, " + frozen_form + " frozen)" : "fp32 param shards",
       plan.param_bytes);
   row("fp32 grad shards", plan.grad_bytes);
-  row("AdamW exp_avg + exp_avg_sq (fp32)", plan.optimizer_bytes);
+  row(cfg.training.optimizer == "adamw8bit"
+          ? "AdamW8bit exp_avg + exp_avg_sq (uint8 codes, fp32 absmax per 256)"
+          : "AdamW exp_avg + exp_avg_sq (fp32)",
+      plan.optimizer_bytes);
   row("= sharded state", plan.sharded_state_bytes());
   row("root unit, gathered all step (" + p_name + ")", plan.root_gathered_bytes);
   row(std::to_string(plan.units_in_flight) + " units in flight (" + p_name + ", from '" + plan.in_flight_first + "')",
@@ -256,7 +259,7 @@ void plan_memory(const PlanOptions& o) {
   std::printf("\n  offload features, per rank: device / host tier / disk%s\n",
               no_activations.empty() ? "" : " (activations not counted)");
   j["offload"] = nlohmann::ordered_json::object();
-  for (const auto& setting : OffloadSetting::all()) {
+  for (const auto& setting : OffloadSetting::all_for(cfg.training.optimizer)) {
     const TierBytes t = offload_tier_bytes(offload_in, setting);
     std::printf("    %-48s %9.3f / %9.3f / %9.3f GiB%s\n", setting.name().c_str(), gib(t.device), gib(t.host),
                 gib(t.disk), setting == chosen ? "  (this config)" : "");

@@ -113,7 +113,7 @@ void plan_auto(const PlanOptions& o) {
   };
 
   std::vector<OffloadSetting> settings;
-  for (const auto& s : OffloadSetting::all()) {
+  for (const auto& s : OffloadSetting::all_for(base.training.optimizer)) {
     if (s.disk && base.training.offload_dir.empty()) continue;  // no directory to put it in
     if (s.activations && recompute_modules.empty()) continue;   // no blocks to offload from
     settings.push_back(s);
@@ -146,7 +146,8 @@ void plan_auto(const PlanOptions& o) {
                         std::string("features.recompute=") + (recompute ? "true" : "false"),
                         std::string("features.enable_activation_offload=") + (s.activations ? "true" : "false"),
                         std::string("parallel.fsdp_plan.cpu_offload=") + (s.cpu_offload ? "true" : "false"),
-                        std::string("training.optimizer=") + (s.swap ? "adamw_swap" : "adamw"),
+                        "training.optimizer=" + (base.training.optimizer == "adamw8bit" ? std::string("adamw8bit")
+                                                 : s.swap ? std::string("adamw_swap") : std::string("adamw")),
                         "training.micro_batch_size=" + std::to_string(micro),
                         "training.gradient_accumulation_steps=0",
                         "training.global_batch_size=" + std::to_string(global_batch)};

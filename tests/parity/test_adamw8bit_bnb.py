@@ -12,6 +12,7 @@
    shows the 8-bit moments are bitsandbytes' and not AdamW's.
 """
 from pathlib import Path
+import re
 import subprocess
 import sys
 
@@ -120,3 +121,34 @@ def test_training_follows_bitsandbytes(mmtrain_bin, tmp_path, parity_report):
     # A reduction-order difference in a grad can move a moment across a code boundary: 9.5e-5 measured.
     assert results["bnb8bit"][1] < 5e-4, results
     assert results["fused"][1] > 10 * results["bnb8bit"][1], results
+
+
+def test_resume_offload_and_refusals(mmtrain_bin, tmp_path):
+    """A run stopped at step 2 and resumed equals the straight run bitwise (weights, codes, absmax);
+    so does one with parallel.fsdp_plan.cpu_offload (the state in the host tier); a resume on 1
+    rank reshards the straddling blocks; another optimizer or min_8bit_size is refused by name."""
+    model_path, tokens_path = rt.make_fixture(str(tmp_path / "fixture"), MODEL, num_samples=16, seq_len=17, seed=5)
+
+    def run(name, world=2, train_iters=4, sets=()):
+        cfg = mu.mmtrain_config(model_path, tokens_path, MODEL, str(tmp_path / name), save=str(tmp_path / (name + "_ckpt")),
+                                train_iters=train_iters, lr=1e-2)
+        cfg["training"].update(optimizer="adamw8bit", min_8bit_size=1000, save_interval=2, global_batch_size=4,
+                               gradient_accumulation_steps=0)
+        path = config_io.write_yaml(cfg, str(tmp_path / (name + ".yaml")))
+        mu.run_mmtrain(mmtrain_bin, path, world, str(tmp_path / (name + ".log")), overrides=sets)
+        return tmp_path / (name + "_ckpt")
+
+    straight = mu.checkpoint_tensors(run("straight") / mu.iter_dir_name(4))
+    assert any(k.startswith("optim.exp_avg_codes.") for k in straight) and "optim.exp_avg.norm.weight" in straight
+    second = str(tmp_path / "straight_ckpt" / mu.iter_dir_name(2))
+    for name, sets in {"resumed": [f"training.load={second}"], "offload": ["parallel.fsdp_plan.cpu_offload=true"]}.items():
+        got = mu.checkpoint_tensors(run(name, sets=sets) / mu.iter_dir_name(4))
+        assert got.keys() == straight.keys()
+        differ = [k for k in straight if not torch.equal(got[k], straight[k])]
+        assert not differ, f"{name}: {differ[:5]} differ from the straight run"
+    run("one_rank", world=1, sets=[f"training.load={second}"])  # the blocks reshard
+    for sets, message in [(["training.optimizer=adamw", "training.min_8bit_size=4096"],
+                           "it holds 8-bit AdamW moments (training.optimizer adamw8bit) and this run keeps fp32 AdamW"),
+                          (["training.min_8bit_size=500"], "min_8bit_size 1000 in fp32 and this run's training.min_8bit_size is 500")]:
+        with pytest.raises(mu.MmtrainFailed, match=re.escape(message)):
+            run("refused", sets=[f"training.load={second}"] + sets)
