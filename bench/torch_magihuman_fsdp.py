@@ -15,7 +15,10 @@ Contract:
                       after step N and saving a torch.distributed.checkpoint: HF keys, HF rows); every layer and the root are
                       fully_shard units (as mmtrain's plan); fp32 params, gathered in PARAM_DTYPE
                       (bf16: MixedPrecisionPolicy, upstream's numerics); torch.optim.AdamW(fused=True);
-                      clip_grad_norm_ split for DTensors; the LR schedule of the YAML. Output
+                      clip_grad_norm_ split for DTensors; the LR schedule of the YAML. With
+                      OPTIMIZER=bnb8bit, bitsandbytes' AdamW8bit instead, stepping each rank's
+                      local shards (bitsandbytes takes no DTensors; its blocks then count from each
+                      shard's start, which costs the same). Output
                       O/metrics.jsonl (iteration, loss, grad_norm, lr, step_time_ms, peak_rss_mb).
 PyTorch's best configuration, not the oracle's: attention is F.scaled_dot_product_attention (ATen's
 CPU flash attention, one call per packed sample) instead of the reference's explicit softmax, whose
@@ -245,7 +248,20 @@ def rank_main(rank: int, world: int, port: int, d: str, out: str, dcp_load: str 
         model.to_empty(device="cpu")
         load_own_rows(model, os.path.join(d, "weights"), rank, world)
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=tr["lr"], weight_decay=tr["weight_decay"], fused=True)
+        if os.environ.get("OPTIMIZER", "fused") == "bnb8bit":
+            import bitsandbytes as bnb
+            local = [torch.nn.Parameter(p.to_local()) for p in params]  # the shards' own storage
+            optimizer = bnb.optim.AdamW8bit(local, lr=tr["lr"], weight_decay=tr["weight_decay"])
+
+            def step_local():
+                for lp, p in zip(local, params):
+                    lp.grad = p.grad.to_local()
+                optimizer.step()
+                for lp in local:
+                    lp.grad = None
+        else:
+            optimizer = torch.optim.AdamW(params, lr=tr["lr"], weight_decay=tr["weight_decay"], fused=True)
+            step_local = optimizer.step
         iters = int(tr["train_iters"])
         start = dcp_resume(model, params, optimizer, dcp_load) if dcp_load else 0
         records = []
@@ -263,8 +279,9 @@ def rank_main(rank: int, world: int, port: int, d: str, out: str, dcp_load: str 
             torch.nn.utils.clip_grads_with_norm_(params, tr["clip_grad"], total)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            step_local()
+            for p in params:
+                p.grad = None
             step_ms = (time.perf_counter() - start) * 1000.0
             rss = torch.tensor([rt.peak_rss_mb()], dtype=torch.float64)
             dist.all_reduce(rss, op=dist.ReduceOp.MAX)

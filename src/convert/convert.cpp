@@ -4,6 +4,7 @@
 #include "cli/command.h"
 #include "config/config.h"
 #include "convert/base_files.h"
+#include "convert/bnb_optimizer.h"
 #include "convert/conversion_output.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -212,7 +213,11 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
     to_dcp->add_option("--layout", o->layout, layout_help)->check(CLI::IsMember({"training", "hf"}))->capture_default_str();
     to_dcp->add_option("--load_dir", o->load_dir, "checkpoint iter_N directory or save root")->required();
     to_dcp->add_option("--save_dir", o->save_dir, "DCP directory to write")->required();
-    for (auto* sub : {to_ckpt, to_hf, from_dcp, to_dcp}) sub->add_flag("--overwrite", o->overwrite, kOverwriteHelp);
+    auto* to_bnb = model_cmd->add_subcommand("ckpt-to-bnb", "adamw8bit checkpoint -> bitsandbytes AdamW8bit state (HF names)");
+    to_bnb->add_option("--load_dir", o->load_dir, "checkpoint iter_N directory or save root")->required();
+    to_bnb->add_option("--save_dir", o->save_dir, "directory to write optimizer.safetensors into")->required();
+    for (auto* sub : {to_ckpt, to_hf, from_dcp, to_dcp, to_bnb}) sub->add_flag("--overwrite", o->overwrite, kOverwriteHelp);
+    commands.add(to_bnb, [o, name] { convert_ckpt_to_bnb(name, o->load_dir, o->save_dir, o->overwrite); });
     commands.add(to_ckpt, [o, name] { convert_hf_to_ckpt(name, o->config_path, o->hf_dir, o->save_dir, o->overwrite); });
     commands.add(from_dcp, [o, name] {
       convert_dcp_to_ckpt(name, o->config_path, o->load_dir, o->save_dir, o->drop, o->world_size,

@@ -364,6 +364,10 @@ void convert_ckpt_to_dcp(const std::string& model_id, const std::string& load_di
   const auto& global = reader.global_state();
   const bool with_optimizer = !global.value("model_only", false);
   const int64_t iteration = global.value("iteration", int64_t{0});
+  if (with_optimizer && global.value("optimizer_state", std::string("adamw")) == "adamw8bit")
+    fail("ckpt-to-dcp: ", reader.dir(), " holds the 8-bit AdamW's state (training.optimizer adamw8bit), which ",
+         "torch.optim.AdamW does not take; `mmtrain convert ", model_id, " ckpt-to-bnb` writes it for bitsandbytes' ",
+         "AdamW8bit (docs/optimizer.md)");
 
   // Each tensor is read from the checkpoint only when the flat file's writer reaches it.
   std::vector<SafetensorsSource> tensors;

@@ -152,3 +152,55 @@ def test_resume_offload_and_refusals(mmtrain_bin, tmp_path):
                           (["training.min_8bit_size=500"], "min_8bit_size 1000 in fp32 and this run's training.min_8bit_size is 500")]:
         with pytest.raises(mu.MmtrainFailed, match=re.escape(message)):
             run("refused", sets=[f"training.load={second}"] + sets)
+
+
+def test_ckpt_to_bnb_loads_into_bitsandbytes(mmtrain_bin, tmp_path):
+    """`convert ckpt-to-bnb` + mmtrain_py.bnb_optimizer.load_state put every param's codes, absmax,
+    fp32 moments and step into a bnb.optim.AdamW8bit as the checkpoint holds them, and it steps
+    on from there; save_state writes the same file back; ckpt-to-dcp refuses the 8-bit state."""
+    sys.path.insert(0, str(HERE.parents[1] / "python"))
+    from mmtrain_py.bnb_optimizer import load_state, save_state
+    from safetensors.torch import load_file
+
+    model_path, tokens_path = rt.make_fixture(str(tmp_path / "fixture"), MODEL, num_samples=16, seq_len=17, seed=5)
+    cfg = mu.mmtrain_config(model_path, tokens_path, MODEL, str(tmp_path / "run"), save=str(tmp_path / "ckpt"),
+                            train_iters=3, lr=1e-2)
+    cfg["training"].update(optimizer="adamw8bit", min_8bit_size=1000)
+    mu.run_mmtrain(mmtrain_bin, config_io.write_yaml(cfg, str(tmp_path / "c.yaml")), 2, str(tmp_path / "train.log"))
+    ckpt = mu.latest_iter_dir(str(tmp_path / "ckpt"))
+    done = subprocess.run([mmtrain_bin, "convert", "test_transformer", "ckpt-to-bnb", "--load_dir", ckpt,
+                           "--save_dir", str(tmp_path / "bnb")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    saved = mu.checkpoint_tensors(ckpt)
+    params = {k[len("model."):]: torch.nn.Parameter(v.clone()) for k, v in saved.items() if k.startswith("model.")}
+    opt = bnb.optim.AdamW8bit(list(params.values()), lr=1.0, min_8bit_size=1000)
+    load_state(opt, params.items(), str(tmp_path / "bnb" / "optimizer.safetensors"))
+    eight = 0
+    for name, p in params.items():
+        s = opt.state[p]
+        assert s["step"] == 3
+        if s["state1"].dtype == torch.uint8:
+            eight += 1
+            for ours, theirs in (("exp_avg_codes", "state1"), ("exp_avg_sq_codes", "state2"),
+                                 ("exp_avg_absmax", "absmax1"), ("exp_avg_sq_absmax", "absmax2")):
+                assert torch.equal(s[theirs], saved[f"optim.{ours}.{name}"]), (name, theirs)
+        else:
+            assert torch.equal(s["state1"], saved[f"optim.exp_avg.{name}"]) and torch.equal(s["state2"], saved[f"optim.exp_avg_sq.{name}"])
+    tr = cfg["training"]
+    assert eight >= 4  # the matrices; the norms keep fp32 moments
+    assert opt.param_groups[0]["lr"] == pytest.approx(rt.lr_at(2, tr["lr"], tr["lr_min"], 3, tr["lr_warmup_ratio"],
+                                                                tr["lr_decay_style"]), rel=1e-12)
+    assert opt.param_groups[0]["weight_decay"] == tr["weight_decay"]
+    for p in params.values():
+        p.grad = torch.randn_like(p) * 1e-2
+    opt.step()
+    assert all(torch.isfinite(p).all() for p in params.values()) and opt.state[params["embed.weight"]]["step"] == 4
+    # The format's other direction: a live AdamW8bit written back is the file ckpt-to-bnb wrote, plus one step.
+    reloaded = bnb.optim.AdamW8bit(list(params.values()), lr=1.0, min_8bit_size=1000)
+    save_state(opt, params.items(), str(tmp_path / "again.safetensors"), min_8bit_size=1000)
+    load_state(reloaded, params.items(), str(tmp_path / "again.safetensors"))
+    assert all(torch.equal(reloaded.state[p]["state1"], opt.state[p]["state1"]) for p in params.values())
+    refused = subprocess.run([mmtrain_bin, "convert", "test_transformer", "ckpt-to-dcp", "--load_dir", ckpt,
+                              "--save_dir", str(tmp_path / "dcp")], capture_output=True, text=True)
+    assert refused.returncode != 0 and "holds the 8-bit AdamW's state" in refused.stderr, refused.stderr
+    assert load_file(str(tmp_path / "bnb" / "optimizer.safetensors"))["qmap2"].min() == 0
