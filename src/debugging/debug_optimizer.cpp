@@ -6,6 +6,7 @@
 #include "fsdp/fully_shard.h"
 #include "io/safetensors.h"
 #include "nn/module.h"
+#include "train/build.h"
 #include "train/state_adamw8bit.h"
 
 #include <map>
@@ -51,15 +52,8 @@ void debug_optimizer_steps(const DebugOptimizerOptions& o) {
   fsdp.load_params([&](const std::string& name, int64_t b, int64_t e) { return file.read_rows(kParam + name, b, e); });
   FsdpUnit& unit = *fsdp.units().at(0);
 
-  std::vector<ShardedParamSpan> spans;
-  for (const auto& param : unit.params) {
-    ShardedParamSpan span{param.name, param.offset, param.layout.dim0 * param.layout.row_numel, {}};
-    for (int r = 0; r < runtime.comm->world_size(); ++r) span.rank_begins.push_back(param.layout.row_begin(r) * param.layout.row_numel);
-    span.rank_begins.push_back(span.numel);
-    spans.push_back(std::move(span));
-  }
   Comm* comm = runtime.comm.get();
-  AdamW8bit optimizer({unit.shard_flat}, {unit.grad_flat}, {spans}, rank,
+  AdamW8bit optimizer({unit.shard_flat}, {unit.grad_flat}, fsdp_param_spans(fsdp), rank,
                       AdamW8bitOptions{AdamWOptions{o.beta1, o.beta2, o.eps, o.weight_decay}, o.min_8bit_size},
                       [comm](at::Tensor& absmax) { comm->all_reduce_max(absmax).wait(); });
   for (int64_t k = 1; k <= o.steps; ++k) {

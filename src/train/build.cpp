@@ -54,6 +54,22 @@ std::unique_ptr<AdamW> make_fsdp_adamw(Fsdp& fsdp, const AdamWOptions& options,
   return adamw;
 }
 
+std::vector<std::vector<ShardedParamSpan>> fsdp_param_spans(Fsdp& fsdp) {
+  std::vector<std::vector<ShardedParamSpan>> spans;
+  const int world = fsdp.comm().world_size();
+  for (auto* unit : fsdp.units()) {
+    auto& unit_spans = spans.emplace_back();
+    for (const auto& param : unit->params) {
+      if (param.frozen) continue;
+      ShardedParamSpan span{param.name, param.offset, param.layout.dim0 * param.layout.row_numel, {}};
+      for (int r = 0; r < world; ++r) span.rank_begins.push_back(param.layout.row_begin(r) * param.layout.row_numel);
+      span.rank_begins.push_back(span.numel);
+      unit_spans.push_back(std::move(span));
+    }
+  }
+  return spans;
+}
+
 std::unique_ptr<Optimizer> make_fsdp_optimizer(Fsdp& fsdp, const TrainingConfig& training,
                                                const std::shared_ptr<OffloadTiers>& tiers) {
   if (training.optimizer != "adamw8bit") return make_fsdp_adamw(fsdp, adamw_options(training), tiers);
@@ -63,19 +79,9 @@ std::unique_ptr<Optimizer> make_fsdp_optimizer(Fsdp& fsdp, const TrainingConfig&
   if (fsdp.shard_pager())
     fail("training.optimizer adamw8bit with the shards paged to disk is not implemented yet (drop training.offload_dir)");
   std::vector<at::Tensor> params, grads;
-  std::vector<std::vector<ShardedParamSpan>> spans;
-  const int world = fsdp.comm().world_size();
   for (auto* unit : fsdp.units()) {
     params.push_back(unit->shard_flat);
     grads.push_back(unit->grad_flat);
-    auto& unit_spans = spans.emplace_back();
-    for (const auto& param : unit->params) {
-      if (param.frozen) continue;
-      ShardedParamSpan span{param.name, param.offset, param.layout.dim0 * param.layout.row_numel, {}};
-      for (int r = 0; r < world; ++r) span.rank_begins.push_back(param.layout.row_begin(r) * param.layout.row_numel);
-      span.rank_begins.push_back(span.numel);
-      unit_spans.push_back(std::move(span));
-    }
   }
   AdamW8bit::StateAllocator allocate;  // default: zeros in RAM
   if (fsdp.config().cpu_offload) {
@@ -90,7 +96,7 @@ std::unique_ptr<Optimizer> make_fsdp_optimizer(Fsdp& fsdp, const TrainingConfig&
     comm->all_reduce_max(on_comm).wait();
     absmax.copy_(on_comm);
   };
-  return std::make_unique<AdamW8bit>(params, grads, spans, comm->rank(),
+  return std::make_unique<AdamW8bit>(params, grads, fsdp_param_spans(fsdp), comm->rank(),
                                      AdamW8bitOptions{adamw_options(training), training.min_8bit_size},
                                      all_reduce_max, allocate);
 }

@@ -32,6 +32,9 @@ AdamWOptions adamw_options(const TrainingConfig& training);
 // them). With fsdp_plan.cpu_offload the moments are in the host tier, beside the shards.
 std::unique_ptr<AdamW> make_fsdp_adamw(Fsdp& fsdp, const AdamWOptions& options,
                                        const std::shared_ptr<OffloadTiers>& tiers = nullptr);
+// Where each unit's trained params sit in its flat shard and how the shard group cuts them: the
+// 8-bit AdamW's layout (one list per unit, its trained params in order).
+std::vector<std::vector<ShardedParamSpan>> fsdp_param_spans(Fsdp& fsdp);
 // training.optimizer's optimizer over the units: AdamW (adamw, adamw_swap: its moments are swapped
 // by the caller), or the 8-bit AdamW (adamw8bit) with each trained param's rows located in its
 // unit's shard and the straddling blocks' absmax agreed over the shard group.
