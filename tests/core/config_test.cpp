@@ -297,7 +297,7 @@ TEST(ConfigTest, ImpossibleCombinationsNameKeyAndFile) {
       {"training.adam_beta1=1.0", "training.adam_beta1: expected a value in [0, 1), found 1"},
       {"training.adam_beta2=-0.1", "training.adam_beta2: expected a value in [0, 1)"},
       {"training.adam_eps=0", "training.adam_eps: expected > 0"},
-      {"training.optimizer=sgd", "training.optimizer: expected one of adamw|adamw_swap, found 'sgd'"},
+      {"training.optimizer=sgd", "training.optimizer: expected one of adamw|adamw_swap|adamw8bit, found 'sgd'"},
       {"training.save_interval=-5", "training.save_interval: expected >= 0, found -5"},
       {"training.log_interval=0", "training.log_interval: expected >= 1, found 0"},
       {"training.clip_grad=-1", "training.clip_grad: expected >= 0"},
