@@ -11,7 +11,8 @@ parameters, then
 which fills each parameter's state (state1/state2 codes, absmax1/absmax2, qmap1/qmap2, step) and
 the param groups' lr, betas, eps and weight_decay through `optimizer.load_state_dict`, checking
 every tensor's name, dtype and shape first. `save_state` writes the same file from a live
-AdamW8bit (what the format holds for the reverse direction). File format: convert/bnb_optimizer.h.
+AdamW8bit, which `mmtrain convert MODEL bnb-to-ckpt` (with the HF weights) turns into a training
+checkpoint: the way back. File format: src/convert/bnb_optimizer.h.
 """
 from __future__ import annotations
 

@@ -7,7 +7,13 @@
 //   qmap1, qmap2                        the signed and unsigned dynamic maps, fp32 [256]
 //   metadata: format "bitsandbytes.optim.AdamW8bit", step, lr (the schedule's at the checkpoint),
 //             betas, eps, weight_decay, min_8bit_size (JSON), params (the HF names, in order)
-// python/mmtrain_py/bnb_optimizer.py loads it into a bnb.optim.AdamW8bit (load_state_dict).
+// python/mmtrain_py/bnb_optimizer.py loads it into a bnb.optim.AdamW8bit (load_state_dict), and
+// writes it from one (save_state).
+//
+// `mmtrain convert MODEL bnb-to-ckpt` goes the other way: such a file and the HF weights it goes
+// with become a training checkpoint at iteration = its step, for the run of --config (whose
+// training.optimizer must be adamw8bit with the file's min_8bit_size, and whose betas, eps and
+// weight_decay must be the file's), so that a run begun in PyTorch continues in mmtrain.
 // A param whose HF rows are laid out otherwise than the training rows (the adapter's
 // layout_differs) has its 8-bit moments dequantized, reordered and quantized again by
 // bitsandbytes' rule: close, not bitwise (the blocks hold other elements); the others are copied.
@@ -18,5 +24,8 @@ namespace mmtrain {
 
 void convert_ckpt_to_bnb(const std::string& model_id, const std::string& load_dir, const std::string& save_dir,
                          bool overwrite);
+// world_size: the ranks of the run that resumes (its global batch when the config sets none).
+void convert_bnb_to_ckpt(const std::string& model_id, const std::string& config_path, const std::string& hf_dir,
+                         const std::string& bnb_path, const std::string& save_dir, int world_size, bool overwrite);
 
 }  // namespace mmtrain

@@ -178,6 +178,7 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
       std::string layout = "training";
       bool overwrite = false;
       bool ema = false;
+      std::string bnb_path;
     };
     auto o = std::make_shared<Options>();
     auto* model_cmd = convert_command_of(app, name);
@@ -216,7 +217,18 @@ void add_convert_commands(CLI::App& app, Commands& commands) {
     auto* to_bnb = model_cmd->add_subcommand("ckpt-to-bnb", "adamw8bit checkpoint -> bitsandbytes AdamW8bit state (HF names)");
     to_bnb->add_option("--load_dir", o->load_dir, "checkpoint iter_N directory or save root")->required();
     to_bnb->add_option("--save_dir", o->save_dir, "directory to write optimizer.safetensors into")->required();
-    for (auto* sub : {to_ckpt, to_hf, from_dcp, to_dcp, to_bnb}) sub->add_flag("--overwrite", o->overwrite, kOverwriteHelp);
+    auto* from_bnb = model_cmd->add_subcommand("bnb-to-ckpt", "bitsandbytes AdamW8bit state + HF weights -> training checkpoint");
+    from_bnb->add_option("--hf_dir", o->hf_dir, "HF directory of the weights the state goes with")->required();
+    from_bnb->add_option("--bnb", o->bnb_path, "optimizer.safetensors (mmtrain_py.bnb_optimizer.save_state, ckpt-to-bnb)")->required();
+    from_bnb->add_option("--config", o->config_path, "YAML of the run that will resume from it (training.optimizer adamw8bit)")->required();
+    from_bnb->add_option("--save_dir", o->save_dir, "checkpoint root to write")->required();
+    from_bnb->add_option("--world-size,--world_size", o->world_size,
+                         "ranks of the run that resumes, for its global batch when training.global_batch_size is not set")
+        ->capture_default_str();
+    for (auto* sub : {to_ckpt, to_hf, from_dcp, to_dcp, to_bnb, from_bnb}) sub->add_flag("--overwrite", o->overwrite, kOverwriteHelp);
+    commands.add(from_bnb, [o, name] {
+      convert_bnb_to_ckpt(name, o->config_path, o->hf_dir, o->bnb_path, o->save_dir, std::max(1, o->world_size), o->overwrite);
+    });
     commands.add(to_bnb, [o, name] { convert_ckpt_to_bnb(name, o->load_dir, o->save_dir, o->overwrite); });
     commands.add(to_ckpt, [o, name] { convert_hf_to_ckpt(name, o->config_path, o->hf_dir, o->save_dir, o->overwrite); });
     commands.add(from_dcp, [o, name] {

@@ -207,3 +207,49 @@ def test_ckpt_to_bnb_loads_into_bitsandbytes(mmtrain_bin, tmp_path):
                               "--save_dir", str(tmp_path / "dcp")], capture_output=True, text=True)
     assert refused.returncode != 0 and "holds the 8-bit AdamW's state" in refused.stderr, refused.stderr
     assert load_file(str(tmp_path / "bnb" / "optimizer.safetensors"))["qmap2"].min() == 0
+
+
+def test_bnb_to_ckpt_brings_the_state_back(mmtrain_bin, tmp_path):
+    """A run's step-2 checkpoint taken to PyTorch (ckpt-to-hf + ckpt-to-bnb) and back (bnb-to-ckpt)
+    holds the same weights and 8-bit state, bitwise, at the same iteration; a resume from it trains
+    on bitwise as the straight run; a file whose hyperparameters differ from the config's is refused."""
+    model_path, tokens_path = rt.make_fixture(str(tmp_path / "fixture"), MODEL, num_samples=16, seq_len=17, seed=5)
+    assets = tmp_path / "assets"
+    assets.mkdir()
+    (assets / "model.safetensors").write_bytes(Path(model_path).read_bytes())
+
+    def config(name, **training):
+        cfg = mu.mmtrain_config(model_path, tokens_path, MODEL, str(tmp_path / name), save=str(tmp_path / (name + "_ckpt")),
+                                train_iters=4, lr=1e-2)
+        cfg["training"].update(optimizer="adamw8bit", min_8bit_size=1000, save_interval=2, **training)
+        return config_io.write_yaml(cfg, str(tmp_path / (name + ".yaml")))
+
+    def convert(*args):
+        done = subprocess.run([mmtrain_bin, "convert", "test_transformer", *map(str, args)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done
+
+    straight_cfg = config("straight")
+    mu.run_mmtrain(mmtrain_bin, straight_cfg, 2, str(tmp_path / "straight.log"))
+    second = tmp_path / "straight_ckpt" / mu.iter_dir_name(2)
+    convert("ckpt-to-hf", "--load_dir", second, "--save_dir", tmp_path / "hf", "--model_assets_dir", assets)
+    convert("ckpt-to-bnb", "--load_dir", second, "--save_dir", tmp_path / "bnb")
+    bnb_file = tmp_path / "bnb" / "optimizer.safetensors"
+    convert("bnb-to-ckpt", "--hf_dir", tmp_path / "hf", "--bnb", bnb_file, "--config", straight_cfg,
+            "--save_dir", tmp_path / "back", "--world_size", 2)
+    back_dir = Path(mu.latest_iter_dir(str(tmp_path / "back")))
+    assert back_dir.name == mu.iter_dir_name(2)
+    want, got = mu.checkpoint_tensors(second), mu.checkpoint_tensors(back_dir)
+    assert got.keys() == want.keys()
+    assert not [k for k in want if not torch.equal(got[k], want[k])]
+    resumed = config("resumed", load=str(back_dir))
+    mu.run_mmtrain(mmtrain_bin, resumed, 2, str(tmp_path / "resumed.log"))
+    a = mu.checkpoint_tensors(tmp_path / "straight_ckpt" / mu.iter_dir_name(4))
+    b = mu.checkpoint_tensors(tmp_path / "resumed_ckpt" / mu.iter_dir_name(4))
+    assert not [k for k in a if not torch.equal(a[k], b[k])]
+    other = config("other", adam_beta2=0.99)
+    refused = subprocess.run([mmtrain_bin, "convert", "test_transformer", "bnb-to-ckpt", "--hf_dir", str(tmp_path / "hf"),
+                              "--bnb", str(bnb_file), "--config", other, "--save_dir", str(tmp_path / "refused")],
+                             capture_output=True, text=True)
+    assert refused.returncode != 0 and "has betas[1] 0.999 and" in refused.stderr and "adam_beta2 0.99" in refused.stderr, refused.stderr
+    assert not (tmp_path / "refused").exists()
