@@ -132,6 +132,10 @@ def _compare(mmtrain_bin, tmp_path, img: Image.Image, name: str, fmt: str, align
 def test_png_sizes_bit_exact(mmtrain_bin, tmp_path, parity_report, align_to_patch):
     worst, tested = 0.0, 0
     for i, (h, w) in enumerate(SIZES):
+        if align_to_patch and h * w > 1600 * 1600:
+            # The huge images' downscale is the official run's; only the final rounding differs
+            # by alignment, which 1540..1600 px already cross (CI time: ~15 s saved).
+            continue
         if align_to_patch and (h < 2 * PATCH or w < 2 * PATCH) and max(h, w) <= LONGEST_EDGE:
             # 14-aligned images under 28 px give 0 token rows/cols (HF would emit an empty
             # placeholder); the C++ refuses them: checked in test_too_small_for_a_token.
