@@ -10,6 +10,8 @@
    batches: the loss trajectory and the final weights agree (their grads differ only by the
    reduction order), and far better than the same reference with fp32 AdamW does, which is what
    shows the 8-bit moments are bitsandbytes' and not AdamW's.
+3. Around it: resume, cpu_offload, async_save and HSDP bitwise; the refusals; the state to
+   bitsandbytes (ckpt-to-bnb, mmtrain_py.bnb_optimizer) and back (bnb-to-ckpt), bitwise.
 """
 from pathlib import Path
 import re
@@ -253,3 +255,21 @@ def test_bnb_to_ckpt_brings_the_state_back(mmtrain_bin, tmp_path):
                              capture_output=True, text=True)
     assert refused.returncode != 0 and "has betas[1] 0.999 and" in refused.stderr and "adam_beta2 0.99" in refused.stderr, refused.stderr
     assert not (tmp_path / "refused").exists()
+
+
+def test_hsdp_equals_fsdp_bitwise(mmtrain_bin, tmp_path):
+    """HSDP (2 replicas x 2 shards) keeps the 8-bit state exactly as FSDP over 2 ranks at the same
+    global batch: the straddling blocks' exchange runs over the shard group, and the replicas agree."""
+    model_path, tokens_path = rt.make_fixture(str(tmp_path / "fixture"), MODEL, num_samples=16, seq_len=17, seed=5)
+    got = {}
+    for name, world, sets in [("fsdp", 2, []), ("hsdp", 4, ["parallel.data_parallel_size=4",
+                                                              "parallel.fully_shard_parallel_size=2"])]:
+        cfg = mu.mmtrain_config(model_path, tokens_path, MODEL, str(tmp_path / name), save=str(tmp_path / (name + "_ckpt")),
+                                train_iters=3, lr=1e-2)
+        cfg["training"].update(optimizer="adamw8bit", min_8bit_size=1000, global_batch_size=8,
+                               gradient_accumulation_steps=0)
+        mu.run_mmtrain(mmtrain_bin, config_io.write_yaml(cfg, str(tmp_path / (name + ".yaml"))), world,
+                       str(tmp_path / (name + ".log")), overrides=sets)
+        got[name] = mu.checkpoint_tensors(mu.latest_iter_dir(str(tmp_path / (name + "_ckpt"))))
+    assert got["hsdp"].keys() == got["fsdp"].keys()
+    assert not [k for k in got["fsdp"] if not torch.equal(got["hsdp"][k], got["fsdp"][k])]
