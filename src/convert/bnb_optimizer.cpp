@@ -21,6 +21,8 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <memory>
+#include <optional>
 #include <set>
 
 namespace mmtrain {
@@ -63,19 +65,31 @@ void convert_ckpt_to_bnb(const std::string& model_id, const std::string& load_di
     requantized += reorder ? 1 : 0;
     const int64_t blocks = (reader.global_shape(adamw8bit_absmax_key(name, 0)))[0];
     for (int m = 0; m < 2; ++m) {
-      const auto map = m ? quant::DynamicMap::unsigned_values : quant::DynamicMap::signed_values;
       const std::string codes = adamw8bit_codes_key(name, m), absmax = adamw8bit_absmax_key(name, m);
-      // Codes and absmax of one moment, in the HF layout (a reordered param quantized again).
-      auto hf_state = [&reader, &opened, name, codes, absmax, map, reorder, shape = param->shape] {
-        quant::Blockwise8 state{reader.read_full(codes), reader.read_full(absmax)};
-        if (!reorder) return state;
-        const at::Tensor values = quant::dequantize_blockwise8(state.codes, state.absmax, AdamW8bit::kBlocksize, map);
-        return quant::quantize_blockwise8(opened.adapter->to_hf_layout(name, values.view(shape)).contiguous(),
-                                          AdamW8bit::kBlocksize, map);
-      };
       const std::string index = m ? "2" : "1";
-      add(hf + "state" + index, at::kByte, param->shape, [hf_state, shape = param->shape] { return hf_state().codes.view(shape); });
-      add(hf + "absmax" + index, at::kFloat, {blocks}, [hf_state] { return hf_state().absmax; });
+      if (!reorder) {
+        add(hf + "state" + index, at::kByte, param->shape, [&reader, codes] { return reader.read_full(codes); });
+        add(hf + "absmax" + index, at::kFloat, {blocks}, [&reader, absmax] { return reader.read_full(absmax); });
+        continue;
+      }
+      // A reordered param's moment, quantized again in the HF rows once: its codes' fetch computes
+      // it, its absmax's (written next) takes it and lets it go.
+      auto hf_state = std::make_shared<std::optional<quant::Blockwise8>>();
+      auto requantize = [&reader, &opened, name, codes, absmax, m, hf_state, shape = param->shape]() -> quant::Blockwise8& {
+        if (!*hf_state) {
+          const at::Tensor values = quant::dequantize_blockwise8(reader.read_full(codes), reader.read_full(absmax),
+                                                                 AdamW8bit::kBlocksize, AdamW8bit::map_of(m));
+          *hf_state = quant::quantize_blockwise8(opened.adapter->to_hf_layout(name, values.view(shape)).contiguous(),
+                                                    AdamW8bit::kBlocksize, AdamW8bit::map_of(m));
+        }
+        return **hf_state;
+      };
+      add(hf + "state" + index, at::kByte, param->shape, [requantize, shape = param->shape] { return requantize().codes.view(shape); });
+      add(hf + "absmax" + index, at::kFloat, {blocks}, [requantize, hf_state] {
+        const at::Tensor out = requantize().absmax;
+        hf_state->reset();
+        return out;
+      });
     }
   }
   add("qmap1", at::kFloat, {256}, [] { return quant::dynamic_map(quant::DynamicMap::signed_values); });
@@ -181,14 +195,13 @@ void convert_bnb_to_ckpt(const std::string& model_id, const std::string& config_
       continue;
     }
     requantized += reorder ? 1 : 0;
-    const int64_t blocks = (param.layout.dim0 * param.layout.row_numel + AdamW8bit::kBlocksize - 1) / AdamW8bit::kBlocksize;
+    const int64_t blocks = AdamW8bit::blocks_of(param.layout.dim0 * param.layout.row_numel);
     for (int m = 0; m < 2; ++m) {
       const std::string index = m ? "2" : "1";
-      const auto map = m ? quant::DynamicMap::unsigned_values : quant::DynamicMap::signed_values;
+      const auto map = AdamW8bit::map_of(m);
       quant::Blockwise8 state{bnb_tensor(file, prefix + "state" + index, at::kByte, shape),
                               bnb_tensor(file, prefix + "absmax" + index, at::kFloat, {blocks})};
-      if (!at::isfinite(state.absmax).all().item<bool>() || (state.absmax < 0).any().item<bool>())
-        fail("bnb-to-ckpt: ", bnb_path, ": '", prefix, "absmax", index, "' must hold finite values >= 0");
+      adamw8bit_check_absmax(state.absmax, 0, "bnb-to-ckpt: " + bnb_path + ": '" + prefix + "absmax" + index + "'");
       if (reorder) {
         const at::Tensor values = quant::dequantize_blockwise8(state.codes, state.absmax, AdamW8bit::kBlocksize, map);
         state = quant::quantize_blockwise8(training_rows(values.view(shape)).contiguous(), AdamW8bit::kBlocksize, map);

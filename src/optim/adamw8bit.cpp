@@ -18,7 +18,6 @@ constexpr int64_t kBlock = AdamW8bit::kBlocksize;
 // Elements one task of the update takes at a time: whole blocks, small enough that its fp32
 // moments stay in cache between the dequantize, the update and the quantize.
 constexpr int64_t kChunk = 64 * kBlock;
-constexpr quant::DynamicMap kMaps[2] = {quant::DynamicMap::signed_values, quant::DynamicMap::unsigned_values};
 
 }  // namespace
 
@@ -95,10 +94,11 @@ void AdamW8bit::update_32bit(size_t i, const Span& span, double lr) {
   p.add_(m / (v.sqrt() + o.eps * correction2), step_size);
 }
 
-void AdamW8bit::update_8bit(size_t i, const Span& span, double lr, std::vector<float>& exchange,
+void AdamW8bit::update_8bit(size_t i, size_t s, double lr, std::vector<float>& exchange,
                             std::vector<PendingBlock>& pending) {
   const auto& o = options_.adamw;
   UnitState& unit = units_[i];
+  const Span& span = unit.spans[s];
   const double correction1 = 1.0 - std::pow(o.beta1, static_cast<double>(step_count_));
   const double correction2 = std::sqrt(1.0 - std::pow(o.beta2, static_cast<double>(step_count_)));
   // Flat-shard position of element e of the param.
@@ -120,7 +120,7 @@ void AdamW8bit::update_8bit(size_t i, const Span& span, double lr, std::vector<f
       for (int64_t k = block_lo; k < block_hi; ++k) {
         const auto [a, b] = block_range(k);
         for (int m = 0; m < 2; ++m)
-          quant::dequantize_block(codes[m] + at_shard(a), b - a, absmax[m][k], kMaps[m], values[m] + (a - lo));
+          quant::dequantize_block(codes[m] + at_shard(a), b - a, absmax[m][k], map_of(m), values[m] + (a - lo));
       }
       at::Tensor p = params_[i].narrow(0, at_shard(lo), n), g = grads_[i].narrow(0, at_shard(lo), n);
       at::Tensor& m = moments[0];
@@ -136,16 +136,15 @@ void AdamW8bit::update_8bit(size_t i, const Span& span, double lr, std::vector<f
         if (shared == span.shared.end()) {
           for (int mo = 0; mo < 2; ++mo) {
             absmax[mo][k] = quant::block_absmax(values[mo] + (a - lo), b - a);
-            quant::quantize_block(values[mo] + (a - lo), b - a, absmax[mo][k], kMaps[mo], codes[mo] + at_shard(a));
+            quant::quantize_block(values[mo] + (a - lo), b - a, absmax[mo][k], map_of(mo), codes[mo] + at_shard(a));
           }
           continue;
         }
-        PendingBlock held{i, 0, k, shared->second, a, b, {}};
+        PendingBlock held{i, s, k, shared->second, a, b, {}};
         for (int mo = 0; mo < 2; ++mo) {
           exchange[2 * shared->second + mo] = quant::block_absmax(values[mo] + (a - lo), b - a);
           held.values[mo].assign(values[mo] + (a - lo), values[mo] + (b - lo));
         }
-        held.span = static_cast<size_t>(&span - unit.spans.data());
         std::lock_guard<std::mutex> lock(pending_mutex);
         pending.push_back(std::move(held));
       }
@@ -162,10 +161,11 @@ void AdamW8bit::step(double lr) {
   for (size_t i = 0; i < units_.size(); ++i) {
     if (units_[i].spans.empty()) continue;  // a unit of frozen params only
     if (before_update_) before_update_(i);
-    for (const Span& span : units_[i].spans) {
+    for (size_t s = 0; s < units_[i].spans.size(); ++s) {
+      const Span& span = units_[i].spans[s];
       if (span.end == span.begin) continue;  // no rows of it here
       if (span.eight_bit)
-        update_8bit(i, span, lr, exchange, pending);
+        update_8bit(i, s, lr, exchange, pending);
       else
         update_32bit(i, span, lr);
     }
@@ -184,7 +184,7 @@ void AdamW8bit::step(double lr) {
     for (int m = 0; m < 2; ++m) {
       const float absmax = absmax_of[2 * held.slot + m];
       unit.absmax[m].data_ptr<float>()[span.absmax_at + held.block - span.first_block] = absmax;
-      quant::quantize_block(held.values[m].data(), held.end - held.begin, absmax, kMaps[m],
+      quant::quantize_block(held.values[m].data(), held.end - held.begin, absmax, map_of(m),
                             unit.codes[m].data_ptr<uint8_t>() + span.param.shard_offset + (held.begin - span.begin));
     }
   }
@@ -233,8 +233,7 @@ int64_t AdamW8bit::first_block(size_t i, const std::string& name) const { return
 
 std::pair<int64_t, int64_t> AdamW8bit::owned_blocks(size_t i, const std::string& name) const {
   const Span& span = find(i, name);
-  auto ceil_block = [](int64_t e) { return (e + kBlock - 1) / kBlock; };
-  return {ceil_block(span.begin), ceil_block(span.end)};
+  return {blocks_of(span.begin), blocks_of(span.end)};  // the blocks that start in [begin, end)
 }
 
 at::Tensor AdamW8bit::moment(size_t i, const std::string& name, int moment) const {

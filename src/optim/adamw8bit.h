@@ -25,6 +25,7 @@
 #pragma once
 #include "optim/adamw.h"
 #include "optim/optimizer.h"
+#include "quant/dynamic_map.h"
 
 #include <ATen/ATen.h>
 
@@ -50,6 +51,12 @@ struct AdamW8bitOptions {
 class AdamW8bit : public Optimizer {
  public:
   static constexpr int64_t kBlocksize = 256;
+  // Blocks of a param of numel elements (the absmax per moment it has).
+  static int64_t blocks_of(int64_t numel) { return (numel + kBlocksize - 1) / kBlocksize; }
+  // The dynamic map of moment 0 (exp_avg: signed) or 1 (exp_avg_sq: unsigned).
+  static quant::DynamicMap map_of(int moment) {
+    return moment ? quant::DynamicMap::unsigned_values : quant::DynamicMap::signed_values;
+  }
   // The collective that gives the straddling blocks their absmax: an in-place max over the
   // ranks that shard the params (the FSDP shard group), on a CPU fp32 tensor.
   using AllReduceMax = std::function<void(at::Tensor&)>;
@@ -105,7 +112,8 @@ class AdamW8bit : public Optimizer {
     std::vector<float> values[2];
   };
   const Span& find(size_t i, const std::string& name) const;
-  void update_8bit(size_t i, const Span& span, double lr, std::vector<float>& exchange, std::vector<PendingBlock>& pending);
+  // Span s of unit i.
+  void update_8bit(size_t i, size_t s, double lr, std::vector<float>& exchange, std::vector<PendingBlock>& pending);
   void update_32bit(size_t i, const Span& span, double lr);
 
   std::vector<at::Tensor> params_, grads_;

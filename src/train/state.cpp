@@ -252,7 +252,6 @@ void check_no_extra_tensors(const CheckpointReader& reader, Model& model, bool w
   }
 }
 
-// The EMA's shadows (training.ema) from a checkpoint that holds them.
 // This rank's rows of the checkpoint's `prefix + param` for every trained param of unit, laid out
 // as the unit's trained flat shard (shard_flat): a per-element state of the shards (moments, EMA).
 // Frozen params have none (a checkpoint from before frozen params had none may hold zeros).
@@ -268,6 +267,7 @@ at::Tensor read_trained_flat(const CheckpointReader& reader, const FsdpUnit& uni
   return flat;
 }
 
+// The EMA's shadows (training.ema) from a checkpoint that holds them.
 void load_ema(const CheckpointReader& reader, Fsdp& fsdp, Ema& ema, int rank) {
   const auto units = fsdp.units();
   for (size_t u = 0; u < units.size(); ++u) ema.set_shadow(u, read_trained_flat(reader, *units[u], kEma, rank));

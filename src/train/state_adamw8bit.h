@@ -30,6 +30,10 @@ using CheckedTensor = std::function<at::Tensor(const std::string& key, const at:
 std::vector<ShardedTensor> adamw8bit_param_shards(const AdamW8bit& optimizer, size_t u, const FsdpParam& param, int rank,
                                                   const CheckedTensor& checked);
 
+// Fails naming `what` unless every absmax is finite and >= 0 (absmax[0] is block first_block's):
+// what a file the run did not write must hold before its codes mean anything.
+void adamw8bit_check_absmax(const at::Tensor& absmax, int64_t first_block, const std::string& what);
+
 // Overwrites the optimizer's state of every trained param with the checkpoint's, checking each
 // tensor's dtype, shape and values (absmax finite and >= 0) first.
 void adamw8bit_load(const CheckpointReader& reader, Fsdp& fsdp, AdamW8bit& optimizer, int rank);
