@@ -99,7 +99,8 @@ ParallelDims config_check_world(const Config& c, int world_size) {
 }
 
 bool config_needs_reference_copy(const Config& config) {
-  return config.training.objective == "dpo" && !config.features.enable_lora;
+  const auto& t = config.training;
+  return (t.objective == "dpo" || (t.objective == "grpo" && t.grpo.beta != 0.0)) && !config.features.enable_lora;
 }
 
 int config_accumulation(const Config& c, const ParallelDims& dims) {

@@ -54,6 +54,7 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
       .field("sample_failure", &T::sample_failure)
       .field("objective", &T::objective)
       .section("dpo", &T::dpo, DpoConfig::declare)
+      .section("grpo", &T::grpo, GrpoConfig::declare)
       .section("ema", &T::ema, EmaConfig::declare)
       .check([](const T& t, const ConfigCheck& check) {
         const auto number = ConfigCheck::number;
@@ -85,7 +86,7 @@ void TrainingConfig::declare(ConfigSection<TrainingConfig>& s) {
         if (!(t.clip_grad >= 0.0)) check.invalid("clip_grad", ">= 0 (0 = no clipping)", number(t.clip_grad));
         check.one_of("optimizer", t.optimizer, {"adamw", "adamw_swap", "adamw8bit"});
         check.at_least("min_8bit_size", t.min_8bit_size, 0);
-        check.one_of("objective", t.objective, {"sft", "dpo"});
+        check.one_of("objective", t.objective, {"sft", "dpo", "grpo"});
         if (!(t.mem_fraction_static > 0.0 && t.mem_fraction_static <= 1.0))
           check.invalid("mem_fraction_static", "in (0, 1]", number(t.mem_fraction_static));
         check.at_least("save_interval", t.save_interval, 0);

@@ -116,6 +116,13 @@ void require_writable_target(const std::string& path, const std::string& label) 
 
 }  // namespace
 
+std::string not_a_directory(const std::string& path) {
+  struct stat info {};
+  if (::lstat(path.c_str(), &info) != 0) return errno == ENOENT ? "" : std::string("unreadable (") + std::strerror(errno) + ")";
+  if (S_ISDIR(info.st_mode)) return "";
+  return S_ISLNK(info.st_mode) ? "a symbolic link" : "not a directory";
+}
+
 void write_file_no_follow(const std::string& path, const std::string& content, const std::string& label) {
   require_writable_target(path, label);
   static std::atomic<int64_t> counter{0};

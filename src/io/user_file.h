@@ -35,6 +35,10 @@ std::string read_user_file(const std::string& path, const std::string& label, in
 // read as read_user_file does, but a symlink at the path is refused too, and no file is nullopt.
 std::optional<std::string> read_run_file(const std::string& path, const std::string& label, int64_t max_bytes);
 
+// "" when path is absent or a real directory; else what it is instead ("a symbolic link", ...): a
+// directory the run writes into is never reached through a link.
+std::string not_a_directory(const std::string& path);
+
 // Writes content to path as described above; label names the file in errors ("plan.json").
 void write_file_no_follow(const std::string& path, const std::string& content, const std::string& label);
 

@@ -28,6 +28,11 @@ std::optional<double> loss_normalizer(const Batch& batch, size_t term);
 // batch's rows, or its packed samples at cu_seqlens), and its loss is not computed. A model that
 // cannot fails naming the key.
 inline constexpr const char* kSequenceLogProbsKey = "sequence_log_probs";
+// GRPO (rl/grpo_objective.h) asks a language model for every token's log-probability instead of
+// a loss: with batch key "token_log_probs" (a float64 scalar, the sampling temperature T), the
+// forward fills ModelOutput::token_log_probs and token_entropies over the T = B x S rows of the
+// stream (the batch's rows one after the other, or its packed row), and its loss is not computed.
+inline constexpr const char* kTokenLogProbsKey = "token_log_probs";
 // A diffusion model's counterpart (Flow-DPO): with batch key "sample_term_losses" present, the
 // forward fills ModelOutput::sample_term_losses, each packed sample's own flow-matching loss per
 // term, and its loss is not computed.
@@ -48,6 +53,10 @@ struct ModelOutput {
   // kSequenceLogProbsKey: fp32 [N], Σ over sequence n's supervised tokens of log p(label), with
   // grad; and fp32 [N], those tokens' count.
   at::Tensor sequence_log_probs, sequence_tokens;
+  // kTokenLogProbsKey: fp32 [B x S], row t's log softmax(logits_t / T)[labels[t + 1]] (the token
+  // it predicts, within its row or packed sample), 0 where that label is -100, with grad; and fp32
+  // [B x S], the entropy of softmax(logits_t / T) on the same rows (0 elsewhere), without grad.
+  at::Tensor token_log_probs, token_entropies;
   // kSampleTermLossesKey: fp32 [N, terms], sample n's mean squared error of term k (in
   // loss_term_names order) over its own supervised elements (0 where it has none), with grad; the
   // whole sample's under context parallelism, on every CP rank.

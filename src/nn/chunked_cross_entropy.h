@@ -23,8 +23,14 @@ at::Tensor chunked_linear_cross_entropy(const at::Tensor& hidden, const at::Tens
 // Each row's log-probability of its label, fp32 [N]: log_softmax(float(hidden @ weight^T))[label],
 // 0 on rows whose label is ignore_index, with the same chunked forward and recomputing backward as
 // above (its gradient is grad_i x (onehot(label_i) - softmax_i) per row). What a preference
-// objective sums per sequence (models/model.h, kSequenceLogProbsKey).
+// objective sums per sequence (models/model.h, kSequenceLogProbsKey). temperature: the logits are
+// divided by it first (fp32), as a sampler at that temperature draws (GRPO's per-token log-probs).
 at::Tensor chunked_linear_log_probs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
-                                    int64_t chunk_rows, int64_t ignore_index = -100);
+                                    int64_t chunk_rows, int64_t ignore_index = -100, double temperature = 1.0);
+
+// Each row's entropy of softmax(float(hidden @ weight^T) / temperature), fp32 [N], no grad; 0 on
+// rows whose label is ignore_index (their logits are not computed). GRPO's entropy metric.
+at::Tensor chunked_linear_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+                                  int64_t chunk_rows, int64_t ignore_index = -100, double temperature = 1.0);
 
 }  // namespace mmtrain

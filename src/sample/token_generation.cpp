@@ -3,10 +3,15 @@
 #include "core/error.h"
 
 #include <cmath>
+#include <limits>
 
 namespace mmtrain::sample {
 
-int64_t next_token(const at::Tensor& logits, const TokenSampling& sampling, at::Generator& generator) {
+int64_t next_token(const at::Tensor& given_logits, const TokenSampling& sampling, at::Generator& generator) {
+  at::Tensor logits = given_logits;
+  if (!sampling.suppressed.empty())
+    logits = logits.index_fill(0, at::tensor(sampling.suppressed, at::kLong).to(logits.device()),
+                               -std::numeric_limits<float>::infinity());
   if (sampling.temperature == 0.0) return logits.argmax().item<int64_t>();
   if (!(sampling.temperature > 0 && std::isfinite(sampling.temperature)))
     fail("sampling temperature must be >= 0 and finite, found ", sampling.temperature);

@@ -18,9 +18,12 @@ struct TokenSampling {
   double temperature = 0.0;  // 0: greedy (argmax, the first of equal maxima)
   double top_p = 1.0;        // with temperature > 0: sample from the fewest tokens whose probability reaches top_p
   bool kv_cache = true;      // false: recompute the whole prefix for every token (the reference path)
+  // Ids never generated (their logits set to -inf first, as HF's SuppressTokensLogitsProcessor):
+  // GRPO suppresses the image tokens, whose count a later forward checks against the images.
+  std::vector<int64_t> suppressed;
 };
 
-// The next token from logits [V] fp32: argmax when temperature is 0; otherwise softmax(logits / T)
+// The next token from logits [V] fp32 (sampling.suppressed set to -inf first): argmax when temperature is 0; otherwise softmax(logits / T)
 // cut to the most probable tokens whose cumulative probability reaches top_p (at least one, as HF's
 // TopPLogitsWarper), renormalized, one draw from the generator.
 int64_t next_token(const at::Tensor& logits, const TokenSampling& sampling, at::Generator& generator);

@@ -4,6 +4,8 @@
 #include "config/registries.h"
 #include "nn/lora.h"
 #include "nn/preference_loss.h"
+#include "rl/grpo_loss.h"
+#include "rl/grpo_objective.h"
 
 #include <ATen/ATen.h>
 
@@ -107,8 +109,11 @@ ModelOutput dpo_forward(const DpoConfig& config, const PairScoring& scoring, Pre
 MicroBatchForward objective_forward(const Config& config, std::shared_ptr<PreferenceReference> reference) {
   if (config.training.objective == "sft") return nullptr;
   if (config_needs_reference_copy(config) != static_cast<bool>(reference))
-    fail("objective_forward: training.objective dpo ", reference ? "under LoRA takes no reference copy"
-                                                                 : "under full fine-tuning needs its reference copy");
+    fail("objective_forward: training.objective ", config.training.objective,
+         reference ? " takes no reference copy here" : " under full fine-tuning needs its reference copy");
+  // GRPO's reference is used by the rollout (rl/rollout.h), which puts its log-probs in the batch.
+  if (config.training.objective == "grpo")
+    return [config](Model& model, Fsdp& fsdp, const Batch& batch) { return rl::grpo_forward(config, model, fsdp, batch); };
   const DpoConfig dpo = config.training.dpo;
   const PairScoring scoring{config_model_spec(config).dpo_form, dpo.term_weights};
   return [dpo, scoring, reference](Model& model, Fsdp& fsdp, const Batch& batch) {
@@ -118,6 +123,7 @@ MicroBatchForward objective_forward(const Config& config, std::shared_ptr<Prefer
 
 void check_objective(const Config& config) {
   if (config.training.objective == "sft") return;  // pairs under sft: check_sft_batch
+  if (config.training.objective == "grpo") return rl::check_grpo_config(config);
   const std::string where = "config " + config.source_path + ": training.objective " + config.training.objective;
   const std::string& form = config_model_spec(config).dpo_form;
   if (form.empty()) fail(where, ": model '", config.model.model_id, "' has no preference objective");
@@ -147,6 +153,13 @@ void check_sft_batch(const Batch& batch) {
 }
 
 nlohmann::json objective_metrics(const std::map<std::string, double>& sums) {
+  // GRPO's per-token metrics: means over the step's masked completion tokens.
+  if (const auto tokens = sums.find(kGrpoTokenCountMetric); tokens != sums.end()) {
+    nlohmann::json out = nlohmann::json::object();
+    for (const auto& [key, sum] : sums)
+      if (key != kGrpoTokenCountMetric) out[key] = tokens->second > 0 ? sum / tokens->second : 0.0;
+    return out;
+  }
   const auto pairs = sums.find(kPairCountMetric);
   if (pairs == sums.end()) return nullptr;
   nlohmann::json out = nlohmann::json::object();
@@ -156,6 +169,7 @@ nlohmann::json objective_metrics(const std::map<std::string, double>& sums) {
 }
 
 const std::vector<std::string>& objective_metric_names(const Config& config) {
+  if (config.training.objective == "grpo") return grpo_token_metric_names(config.training.grpo);
   return dpo_metric_names(config_model_spec(config).dpo_form == "flow");
 }
 

@@ -1,5 +1,6 @@
 // What a training step minimizes (training.objective):
 //   sft  the model's own loss on the batch: imitating the data (the default)
+//   grpo GRPO from rewards (rl/grpo_objective.h): the micro-batches are a rollout's completions
 //   dpo  preference optimization (nn/preference_loss.h): each micro-batch holds P pairs as rows
 //        (or packed samples) [chosen_0 .. chosen_{P-1}, rejected_0 .. rejected_{P-1}]
 //        (models/model.h's kPreferencePairsKey). The model's spec says how a pair is scored
@@ -42,7 +43,7 @@ void check_objective(const Config& config);
 void check_sft_batch(const Batch& batch);
 
 // The step's objective metrics (TRL's names) from their sums over its micro-batches and ranks:
-// each divided by the pair count; null for sft.
+// each divided by the pair count (dpo) or the masked completion tokens (grpo); null for sft.
 nlohmann::json objective_metrics(const std::map<std::string, double>& sums);
 
 // The names of the metrics config's objective reports (nn/preference_loss.h), in a fixed order.

@@ -8,6 +8,7 @@
 #include "plan/offload_plan.h"
 #include "plan/preflight.h"
 #include "record/metrics.h"
+#include "rl/rollout.h"
 #include "train/build.h"
 #include "train/run_save.h"
 
@@ -17,6 +18,9 @@
 #include <cstdio>
 
 namespace mmtrain {
+
+Run::Run() = default;
+Run::~Run() = default;
 
 void Run::log(const std::string& message) const {
   if (is_rank0()) std::printf("[mmtrain] %s\n", message.c_str());
@@ -162,8 +166,9 @@ void build_run(Run& r) {
   // Its own tiers: the reference's shards never share the model's disk files.
   r.preference_reference = build_preference_reference(c, *r.mesh);
   if (r.preference_reference)
-    r.log(format("dpo reference: a frozen copy of the initial weights, rank %d holds %.2f MiB of it",
-                 comm.rank(), r.preference_reference->fsdp->memory_stats().param_bytes / 1048576.0));
+    r.log(format("%s reference: a frozen copy of the initial weights, rank %d holds %.2f MiB of it",
+                 c.training.objective.c_str(), comm.rank(), r.preference_reference->fsdp->memory_stats().param_bytes / 1048576.0));
+  if (c.training.objective == "grpo") r.grpo = std::make_unique<rl::GrpoRollouts>(r);
   r.schedule = LrSchedule::make(c.training.lr, c.training.lr_min, c.training.lr_warmup_ratio, c.training.train_iters,
                                 c.training.lr_decay_style);
   const std::string trace_dir =

@@ -29,6 +29,10 @@
 
 namespace mmtrain {
 
+namespace rl {
+class GrpoRollouts;
+}
+
 struct Run {
   Config config;
   Runtime runtime;
@@ -51,9 +55,15 @@ struct Run {
   // A full fine-tuning preference run's frozen reference and its identity (train/preference_reference.h); else null.
   std::shared_ptr<PreferenceReference> preference_reference;
   nlohmann::json preference_reference_identity;
+  std::unique_ptr<rl::GrpoRollouts> grpo;  // training.objective grpo: the rollouts (rl/rollout.h); else null
   std::unique_ptr<Ema> ema;  // training.ema (optim/ema.h): from the weights the run starts with, or its checkpoint's
   StateFiniteness finiteness;  // whether a step made a weight NaN/Inf (train/state_finite.h)
   double baseline_rss_mb = 0;  // before the model is built: the runtime and the data pipeline
+
+  Run();
+  ~Run();  // where rl::GrpoRollouts is complete
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
 
   Comm& comm() const { return *runtime.comm; }
   bool is_rank0() const { return runtime.env.rank == 0; }

@@ -9,6 +9,8 @@
 #include "plan/offload_plan.h"
 #include "record/device_memory.h"
 #include "record/metrics.h"
+#include "rl/grpo_objective.h"
+#include "rl/rollout.h"
 #include "train/objective.h"
 
 #include <algorithm>
@@ -21,14 +23,18 @@ StepOutcome run_step(Run& run, DataLoader& loader, int64_t step) {
   const int dp = run.mesh->dp_size();
   StepOutcome out;
   out.step = step;
-  out.epoch = run.data.sampler.epoch_of_step(step);
+  const int64_t data_step = rl::data_step_of(run.config, step);  // a GRPO rollout serves num_iterations steps
+  out.epoch = run.data.sampler.epoch_of_step(data_step);
   out.started = std::chrono::steady_clock::now();
   reset_device_memory_peak(run.comm().device());
   StepSettings settings;
   settings.iteration = step + 1;
   if (run.data.sampler.token_budget()) out.split = run.data.sampler.split(step);
+  // GRPO: the step's rollout (made now at the first of its num_iterations steps); its micro-batches
+  // are the rollout's, one per micro-batch of prompts.
+  const std::vector<Batch>* rollout = run.grpo ? &run.grpo->batches_for(run, loader, step) : nullptr;
   out.accumulation =
-      static_cast<int>(out.split ? out.split->micro_batches_per_rank() : run.data.sampler.micro_batches(step));
+      static_cast<int>(out.split ? out.split->micro_batches_per_rank() : run.data.sampler.micro_batches(data_step));
   settings.accumulation = out.accumulation;
   if (out.split) {
     // Every rank of a context-parallel group holds the same micro-batches: the sum over all
@@ -45,7 +51,7 @@ StepOutcome run_step(Run& run, DataLoader& loader, int64_t step) {
   settings.objective = objective_forward(run.config, run.preference_reference);
   settings.ema = run.ema.get();
   settings.listeners = {&run.phase_timer};
-  settings.samples = [&run, step] { return run.describe_step_samples(step); };
+  settings.samples = [&run, data_step] { return run.describe_step_samples(data_step); };
   out.memory_profiled = run.memory_profile->covers(step + 1);
   if (out.memory_profiled) {
     settings.listeners.push_back(run.memory_profile.get());
@@ -54,7 +60,7 @@ StepOutcome run_step(Run& run, DataLoader& loader, int64_t step) {
   run.profiler->begin_step(step + 1);
   out.offload_before = run.offload_counts();
   out.stats = train_step(*run.model, *run.fsdp, *run.optimizer, run.finiteness, settings, [&](int micro) {
-    auto batch = loader.next(step, micro);
+    auto batch = rollout ? rollout->at(static_cast<size_t>(micro)) : loader.next(step, micro);
     for (auto& [key, tensor] : batch) tensor = tensor.to(run.comm().device());
     return batch;
   });
@@ -66,6 +72,7 @@ StepOutcome run_step(Run& run, DataLoader& loader, int64_t step) {
   out.phases_ms.assign(ms.begin(), ms.end());
   out.phases_ms.push_back(run.fsdp->take_comm_wait_ms());
   out.gathered_bytes = run.fsdp->take_gathered_bytes();
+  if (run.grpo) out.rollout = run.grpo->step_metrics();
   return out;
 }
 
@@ -184,7 +191,7 @@ StepRecord report_step(Run& run, const StepOutcome& outcome, PlanWatch& plan_wat
   StepRecord record;
   record.iteration = step + 1;
   record.global_batch_size = run.data.sampler.global_batch_size();
-  record.consumed_samples = (step + 1) * record.global_batch_size;
+  record.consumed_samples = (rl::data_step_of(run.config, step) + 1) * record.global_batch_size;
   record.epoch = outcome.epoch;
   // Per-micro-batch means average over micro-batches and ranks; a global normalization's
   // shares add up (each counted once per context-parallel rank).
@@ -199,6 +206,8 @@ StepRecord report_step(Run& run, const StepOutcome& outcome, PlanWatch& plan_wat
     for (const auto& [key, sum] : stats.metric_sums) totals_by_key[key] = sums[i++] / (world / dp);
     record.objective = objective_metrics(totals_by_key);
   }
+  if (outcome.rollout.is_object())  // GRPO: the rollout's rewards, lengths and times
+    for (const auto& [key, value] : outcome.rollout.items()) record.objective[key] = value;
   record.lr = outcome.lr;
   record.step_time_ms = step_ms;
   record.tokens = static_cast<int64_t>(totals[2]);

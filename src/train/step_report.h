@@ -33,6 +33,7 @@ struct StepOutcome {
   bool memory_profiled = false;    // tools.memory_profile covered this step
   bool traced = false;             // tools.profile traced it
   OffloadCounts offload_before;    // the tiers' counters as the step began
+  nlohmann::json rollout;          // GRPO: the rollout's metrics (rl/rollout.h); else null
 };
 
 // The step phase: step `step` (0-based), its micro-batches read from `loader`.

@@ -5,6 +5,8 @@
 #include "core/text.h"
 #include "record/device_memory.h"
 #include "record/metrics.h"
+#include "rl/grpo_objective.h"
+#include "rl/rollout.h"
 #include "train/evaluate.h"
 #include "train/run.h"
 #include "train/run_save.h"
@@ -23,13 +25,16 @@ namespace mmtrain {
 namespace {
 
 // The loader of this run's steps [start_step, end_step): its workers prefetch only what is trained.
+// (Its steps are data steps: a GRPO rollout's prompts serve num_iterations optimizer steps.)
 std::unique_ptr<DataLoader> open_loader(const Run& run, int64_t end_step) {
   const auto& loader = run.config.data.loader;
   LoaderOptions options;
   options.num_workers = loader.num_workers;
   options.prefetch_factor = loader.prefetch_factor;
   options.pin_memory = loader.pin_memory && run.comm().device().is_cuda();
-  return std::make_unique<DataLoader>(run.data, run.start_step, end_step, options);
+  const int64_t first = rl::data_step_of(run.config, run.start_step);
+  const int64_t end = end_step == run.start_step ? first : rl::data_step_of(run.config, end_step - 1) + 1;
+  return std::make_unique<DataLoader>(run.data, first, end, options);
 }
 
 // The last step's weights had no next grad norm to carry their check.
@@ -86,8 +91,9 @@ void Trainer::run() {
     fail("training samples after iteration ", run.start_step, " failed (above); training.sample_failure is stop");
   for (int64_t step = run.start_step; step < t.train_iters; ++step) {
     const int64_t iteration = step + 1;
-    if (step > run.start_step && run.data.sampler.epoch_of_step(step) != run.data.sampler.epoch_of_step(step - 1))
-      run.log("epoch " + std::to_string(run.data.sampler.epoch_of_step(step)) + " begins at iteration " +
+    const auto epoch_of = [&](int64_t s) { return run.data.sampler.epoch_of_step(rl::data_step_of(run.config, s)); };
+    if (step > run.start_step && epoch_of(step) != epoch_of(step - 1))
+      run.log("epoch " + std::to_string(epoch_of(step)) + " begins at iteration " +
               std::to_string(iteration));
     const StepOutcome outcome = run_step(run, *loader, step);
     StepRecord record = report_step(run, outcome, plan_watch);
@@ -99,9 +105,11 @@ void Trainer::run() {
     const bool exiting = t.exit_interval > 0 && iteration % t.exit_interval == 0;
     const bool last = iteration == t.train_iters || exiting;
     const bool logged = iteration % t.log_interval == 0 || iteration == t.train_iters;
+    const std::unique_ptr<SampleRecord> rollout_texts = run.grpo ? run.grpo->take_texts() : nullptr;
     auto write_records = [&] {
       if (logged) metrics.record(record, t.train_iters);
       if (eval) metrics.record(*eval);
+      if (rollout_texts) metrics.record(*rollout_texts);
     };
     const bool save_due = last || (t.save_interval > 0 && iteration % t.save_interval == 0) ||
                           (t.keep_best > 0 && eval.has_value());

@@ -2,6 +2,7 @@
 
 #include "checkpoint/sharded_checkpoint.h"
 #include "core/error.h"
+#include "io/user_file.h"
 #include "record/device_memory.h"
 #include "record/metrics.h"
 #include "train/run.h"
@@ -25,14 +26,6 @@ Registry<TrainingSamplerFactory>& training_sampler_registry() {
 namespace {
 
 fs::path samples_root(const Run& run) { return fs::path(run.config.logging.output_dir) / "samples"; }
-
-// "" when path is absent or a real directory; else what it is instead.
-std::string not_a_directory(const fs::path& path) {
-  struct stat info {};
-  if (::lstat(path.c_str(), &info) != 0) return errno == ENOENT ? "" : std::string("unreadable (") + std::strerror(errno) + ")";
-  if (S_ISDIR(info.st_mode)) return "";
-  return S_ISLNK(info.st_mode) ? "a symbolic link" : "not a directory";
-}
 
 // Rank 0 runs `check`; its error (if any) fails every rank. Collective.
 void on_rank0_or_fail_all(Run& run, const std::function<std::string()>& check) {
@@ -59,7 +52,7 @@ SamplingPhase::SamplingPhase(Run& run) {
   at_start_ = t.sample_at_start;
   on_rank0_or_fail_all(run, [&]() -> std::string {
     const auto root = samples_root(run);
-    if (const auto what = not_a_directory(root); !what.empty())
+    if (const auto what = not_a_directory(root.string()); !what.empty())
       return "training samples: " + root.string() + " is " + what + "; the samples go into a directory of that name";
     return "";
   });
@@ -94,7 +87,7 @@ bool SamplingPhase::run_if_due(Run& run, MetricsLog& metrics, int64_t iteration)
   // Rank 0 makes the partial directory (a killed run's is removed first); every rank learns whether it could.
   if (run.is_rank0())
     attempt([&] {
-      if (const auto what = not_a_directory(root); !what.empty()) fail(root.string(), " is ", what);
+      if (const auto what = not_a_directory(root.string()); !what.empty()) fail(root.string(), " is ", what);
       fs::create_directory(root);
       fs::remove_all(partial);
       if (!fs::create_directory(partial)) fail("cannot create ", partial.string());

@@ -296,6 +296,17 @@ class Mistral3Model : public Model, public SplitsSequence, public IncrementalDec
       sequence_log_probs(h, labels, stream, result);
       return result;
     }
+    if (auto it = batch.find(kTokenLogProbsKey); it != batch.end()) {
+      if (seq->is_split())
+        fail("batch '", kTokenLogProbsKey, "': per-token log-probs under context parallelism are not implemented "
+             "(GRPO needs parallel.ring_attention_size and ulysses_parallel_size 1 for mistral3)");
+      const auto shifted = next_token_labels(labels);
+      const double temperature = it->second.item<double>();
+      const int64_t chunk = c_.loss_chunk_size > 0 ? c_.loss_chunk_size : h.size(0);
+      result.token_log_probs = chunked_linear_log_probs(h, lm_head->weight.value, shifted, chunk, -100, temperature);
+      result.token_entropies = chunked_linear_entropy(h, lm_head->weight.value, shifted, chunk, -100, temperature);
+      return result;
+    }
     // A token-budget step divides by the supervised tokens of its whole global batch.
     const std::optional<double> normalizer = loss_normalizer(batch, 0);
     if (seq->is_split()) {
@@ -342,14 +353,21 @@ class Mistral3Model : public Model, public SplitsSequence, public IncrementalDec
     return run_cached(at::embedding(embed_tokens->weight.value, ids)[0], cache);
   }
 
+  // The label each row of the stream predicts, int64 [B x S]: labels [B, S] shifted left by one
+  // within each row, -100 at a row's end.
+  static at::Tensor next_token_labels(const at::Tensor& labels) {
+    const int64_t B = labels.size(0), S = labels.size(1);
+    return at::cat({labels.narrow(1, 1, S - 1), at::full({B, 1}, -100, labels.options())}, 1).reshape({B * S}).to(at::kLong);
+  }
+
   // Each sequence's Σ log p(label) over its supervised tokens (models/model.h): h [T, H] the
   // whole stream, labels [B, S], stream its sequences' begins (rows or packed samples). Position t
   // predicts labels[t + 1] within its row; a packed sample's first label is -100, so no position
   // scores the next sample's first token.
   void sequence_log_probs(const at::Tensor& h, const at::Tensor& labels, const std::vector<int64_t>& stream,
                           ModelOutput& result) const {
-    const int64_t B = labels.size(0), S = labels.size(1), T = B * S;
-    auto shifted = at::cat({labels.narrow(1, 1, S - 1), at::full({B, 1}, -100, labels.options())}, 1).reshape({T}).to(at::kLong);
+    const int64_t T = labels.numel();
+    const auto shifted = next_token_labels(labels);
     const int64_t chunk = c_.loss_chunk_size > 0 ? c_.loss_chunk_size : T;
     const auto token_log_probs = chunked_linear_log_probs(h, lm_head->weight.value, shifted, chunk, -100);  // [T]
     const int64_t sequences = static_cast<int64_t>(stream.size()) - 1;
