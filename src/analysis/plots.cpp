@@ -151,7 +151,8 @@ nlohmann::json runs_figure(const std::vector<NamedRun>& runs, const RunsPlotOpti
                              {"warmup", std::min<int64_t>(o.skip_first, static_cast<int64_t>(run.records.size()))}};
     for (const char* key :
          {"loss", "grad_norm", "lr", "step_time_ms", "mfu", "peak_rss_mb", "dp_work_imbalance", "dp_compute_imbalance",
-          "budget_fill", "rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected"}) {
+          "budget_fill", "rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected", "reward", "kl",
+          "completions/mean_length"}) {
       auto values = column(run.records, key);
       if (any_value(values)) series[key] = std::move(values);
     }

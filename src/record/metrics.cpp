@@ -91,6 +91,11 @@ void MetricsLog::record(const StepRecord& step, int64_t train_iters) {
   if (step.objective.contains("rewards/accuracies"))
     n += std::snprintf(text + n, sizeof(text) - n, " | reward accuracy: %.3f | reward margin: %.4f",
                        step.objective["rewards/accuracies"].get<double>(), step.objective["rewards/margins"].get<double>());
+  if (step.objective.contains("reward") && step.objective.contains("completions/mean_length"))  // GRPO
+    n += std::snprintf(text + n, sizeof(text) - n, " | reward: %.4f | completion length: %.1f",
+                       step.objective["reward"].get<double>(), step.objective["completions/mean_length"].get<double>());
+  if (step.objective.contains("kl"))
+    n += std::snprintf(text + n, sizeof(text) - n, " | kl: %.4g", step.objective["kl"].get<double>());
   std::printf("%s", text);
   ++recorded_;
   elapsed_ms_ += step.step_time_ms;

@@ -11,6 +11,7 @@
 #include "rl/grpo_objective.h"
 #include "rl/prompt_dataset.h"
 #include "rl/rewards.h"
+#include "sample/mistral3_prompts.h"
 #include "sample/token_generation.h"
 #include "train/run.h"
 
@@ -112,10 +113,7 @@ GrpoRollouts::GrpoRollouts(const Run& run) : state_(std::make_unique<State>()) {
   s.eos = s.tokenizer->special_id("</s>");
   s.think_open = special_or_none(*s.tokenizer, "[THINK]");
   s.think_close = special_or_none(*s.tokenizer, "[/THINK]");
-  for (const char* name : {"[IMG]", "[IMG_BREAK]", "[IMG_END]"})
-    if (const int64_t id = special_or_none(*s.tokenizer, name); id >= 0) s.image_tokens.push_back(id);
-  if (const auto& c = run.config.model.config; c.contains("image_token_index") && c.at("image_token_index").is_number_integer())
-    s.image_tokens.push_back(c.at("image_token_index").get<int64_t>());
+  s.image_tokens = sample::image_token_ids(run.config, *s.tokenizer);
   s.rewards = make_rewards(s.config);
   s.weights = s.config.reward_weights.empty() ? std::vector<double>(s.rewards.size(), 1.0) : s.config.reward_weights;
   if (rewards_read_answers(s.config)) {

@@ -23,11 +23,11 @@ namespace fs = std::filesystem;
 
 Mistral3Prompts read_mistral3_prompts(const Config& config, const std::string& path, const std::string& image_dir) {
   DataConfig data = config.data;
-  // A preference set (a DPO run's) encodes its conversations as the conversation data does.
-  if (data.dataset_type != "huggingface" && data.dataset_type != "preference")
+  // A preference set (a DPO run's) and GRPO's prompts encode their conversations as the conversation data does.
+  if (data.dataset_type != "huggingface" && data.dataset_type != "preference" && data.dataset_type != "prompts")
     fail("mistral3 prompts ", path, ": config ", config.source_path,
          ": data.dataset_param.dataset_type must be the conversation data ",
-         "set (huggingface or preference), found '", data.dataset_type,
+         "set (huggingface, preference or prompts), found '", data.dataset_type,
          "': the prompts are read with its template and images");
   auto& basic = data.dataset_param["basic_parameters"];
   basic["dataset"] = path;
@@ -55,6 +55,22 @@ Mistral3Prompts read_mistral3_prompts(const Config& config, const std::string& p
   out.eos = out.tokenizer->special_id("</s>");
   return out;
 
+}
+
+std::vector<int64_t> image_token_ids(const Config& config, const tokenizer::TextTokenizer& tokenizer) {
+  std::vector<int64_t> ids;
+  for (const char* name : {"[IMG]", "[IMG_BREAK]", "[IMG_END]"}) {
+    try {
+      ids.push_back(tokenizer.special_id(name));
+    } catch (const Error&) {  // a tokenizer without it
+    }
+  }
+  const auto& c = config.model.config;
+  if (c.contains("image_token_index") && c.at("image_token_index").is_number_integer()) {
+    const auto id = c.at("image_token_index").get<int64_t>();
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+  }
+  return ids;
 }
 
 void refuse_context_parallel_generation(const Config& config, const std::string& who) {

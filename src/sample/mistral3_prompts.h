@@ -28,6 +28,11 @@ struct Mistral3Prompts {
 // reader would drop, or an image that does not decode, fails the whole file, naming the reasons.
 Mistral3Prompts read_mistral3_prompts(const Config& config, const std::string& path, const std::string& image_dir);
 
+// The ids of Magistral's image tokens ([IMG], [IMG_BREAK], [IMG_END] as the tokenizer has them, and
+// model.config's image_token_index): what generation may suppress (TokenSampling::suppressed), since
+// an image token in an answer matches no image when the answer is trained on (GRPO's rollouts).
+std::vector<int64_t> image_token_ids(const Config& config, const tokenizer::TextTokenizer& tokenizer);
+
 // Generation splits no sequence over ranks (the KV cache is not built for context parallelism):
 // fails naming parallel.ring_attention_size / ulysses_parallel_size when `config` sets them.
 void refuse_context_parallel_generation(const Config& config, const std::string& who);

@@ -27,7 +27,7 @@ struct Options {
   int64_t max_new_tokens = 256;
   double temperature = 0.0, top_p = 1.0;
   uint64_t seed = 0;
-  bool no_kv_cache = false, save_logits = false, ema = false;
+  bool no_kv_cache = false, save_logits = false, ema = false, no_image_tokens = false;
   ConfigOverrides overrides;
 };
 
@@ -44,6 +44,7 @@ void run_sample(const Options& o) {
   if (!(o.top_p > 0 && o.top_p <= 1)) fail("--top-p must be in (0, 1], found ", o.top_p);
 
   const auto prompts = sample::read_mistral3_prompts(config, o.prompts, o.image_dir);
+  if (o.no_image_tokens) sampling.suppressed = sample::image_token_ids(config, *prompts.tokenizer);
 
   Run run;
   start_tool_run(run, std::move(config));
@@ -73,6 +74,8 @@ const CliRegistration sample_command(
        cmd->add_option("--top-p", o->top_p, "with --temperature > 0: nucleus sampling")->capture_default_str();
        cmd->add_option("--seed", o->seed, "prompt i samples with seed + i")->capture_default_str();
        cmd->add_flag("--no-kv-cache", o->no_kv_cache, "recompute the whole prefix for every token (the reference path)");
+       cmd->add_flag("--no-image-tokens", o->no_image_tokens,
+                     "never generate Magistral's image tokens (as GRPO's rollouts generate)");
        cmd->add_flag("--save-logits", o->save_logits, "also write logits_<i>.safetensors: each generated token's logits");
        o->overrides.add_options(cmd, "parallel.fsdp_plan.cpu_offload=true");
        return [o] { run_sample(*o); };

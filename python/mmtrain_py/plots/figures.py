@@ -33,6 +33,10 @@ RUN_PANELS = [
     ("rewards/margins", "reward margin", 1.0),
     ("rewards/chosen", "reward of the chosen answers", 1.0),
     ("rewards/rejected", "reward of the rejected answers", 1.0),
+    # GRPO's (TRL's names, docs/grpo.md).
+    ("reward", "mean reward", 1.0),
+    ("kl", "KL to the reference", 1.0),
+    ("completions/mean_length", "completion length (tokens)", 1.0),
 ]
 
 
