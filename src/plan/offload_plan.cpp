@@ -102,6 +102,7 @@ std::vector<Phase> config_phases(const PhaseBytes& phases, const Config& config)
   if (!t.load.empty()) out.push_back({"the resume", phases.resume});
   if (t.eval_interval > 0 || t.eval_at_start) out.push_back({"an evaluation", phases.evaluation});
   if (t.sample_interval > 0 || t.sample_at_start) out.push_back({"a sampling phase", phases.sampling});
+  if (t.objective == "grpo") out.push_back({"the GRPO rollout", phases.rollout});
   return out;
 }
 

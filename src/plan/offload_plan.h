@@ -74,7 +74,7 @@ TierBytes offload_tier_bytes(const OffloadPlanInputs& in, const OffloadSetting& 
 // evaluation and sampling: not offload rules (offload_phase_bytes leaves them zero):
 // PlanEstimate::phase_bytes fills them (plan/plan_estimate.h, plan/sampling_plan.h).
 struct PhaseBytes {
-  TierBytes startup, save, async_save, resume, evaluation, sampling;
+  TierBytes startup, save, async_save, resume, evaluation, sampling, rollout;
 };
 PhaseBytes offload_phase_bytes(const FsdpMemoryPlan& plan, const OffloadSetting& setting, bool device_is_host,
                                bool saves_frozen);
@@ -82,7 +82,7 @@ PhaseBytes offload_phase_bytes(const FsdpMemoryPlan& plan, const OffloadSetting&
 // The phases a run of `config` goes through beside its steps, named for messages: start-up, the
 // save it asks for (synchronous, or training.async_save's staging), when it loads the resume, and
 // when it evaluates (training.eval_interval, eval_at_start) an evaluation, and when it samples
-// (training.sample_interval, sample_at_start) a sampling phase.
+// (training.sample_interval, sample_at_start) a sampling phase, and GRPO's rollout every step.
 // The pre-flight, `plan --auto` and the run's own prediction all count the largest of these.
 struct Phase {
   const char* name;

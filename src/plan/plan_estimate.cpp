@@ -67,6 +67,12 @@ std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_
   e->seqlen = checked_tokens(seqlen > 0 ? seqlen : e->spec->default_seqlen, "plan: the sequence length");
   e->micro = cfg.training.micro_batch_size;
   if (cfg.training.objective == "dpo") e->sequences_per_sample = 2;
+  // grpo: a sample is a prompt, trained as its num_generations completions of up to
+  // max_completion_length tokens after it.
+  if (cfg.training.objective == "grpo") {
+    e->sequences_per_sample = cfg.training.grpo.num_generations;
+    e->completion_tokens = cfg.training.grpo.max_completion_length;
+  }
   e->ema_bytes = ema_shadow_bytes(cfg, e->plan);
   e->reference_copy_bytes = reference_copy_bytes(cfg, e->dims.fsdp());
   for (const int64_t s : flops_seqlens) checked_tokens(s, "plan: a sample's length");
@@ -74,7 +80,7 @@ std::unique_ptr<PlanEstimate> plan_estimate(const Config& cfg, int world, int64_
   // whatever the samples' lengths: the activations are those of one packed micro-batch of that
   // many tokens (seqlen still times the samples' FLOPs).
   const int64_t budget = cfg.data.loader.micro_batch_tokens;
-  const int64_t act_seqlen = budget > 0 ? budget : e->seqlen,
+  const int64_t act_seqlen = budget > 0 ? budget : e->seqlen + e->completion_tokens,
                 act_micro = budget > 0 ? 1 : e->micro * e->sequences_per_sample;
   // Context parallelism splits a micro-batch's packed tokens over the CP ranks (padded to a
   // multiple of the degree): the activations are those of the local tokens.
@@ -135,6 +141,7 @@ PhaseBytes PlanEstimate::phase_bytes(const OffloadSetting& setting, bool device_
   PhaseBytes phases = offload_phase_bytes(plan, setting, device_is_host, !cfg.features.enable_lora);
   phases.evaluation = evaluation_bytes();
   if (const auto sampling = plan_sampling(*this, nullptr, 1)) phases.sampling = sampling->beyond_step;
+  if (const auto rollout = plan_rollout(*this, nullptr, 1)) phases.rollout = rollout->beyond_step;
   return phases;
 }
 

@@ -36,6 +36,10 @@ struct PlanEstimate {
   // sequences; under full fine-tuning the frozen reference copy's shards (param_dtype, this
   // rank's 1/fsdp) stay on the device all run (config_needs_reference_copy).
   int64_t sequences_per_sample = 1;
+  // training.objective grpo: a sample is a prompt of seqlen tokens, trained as sequences_per_sample
+  // (num_generations) completions of up to completion_tokens more (activations only: the step
+  // time's FLOPs are the prompts').
+  int64_t completion_tokens = 0;
   int64_t reference_copy_bytes = 0;
   // training.ema: one fp32 shadow per trained element, beside the shards (optim/ema.h).
   int64_t ema_bytes = 0;

@@ -179,6 +179,15 @@ int64_t sampling_forward_bytes(const Config& config, Module& model, int world) {
   return sampling ? sampling->forward_bytes : 0;
 }
 
+// GRPO's rollout likewise, every step, at the model's default sequence length for the prompts
+// (the data's lengths are not read here; `mmtrain plan` takes them).
+int64_t rollout_forward_bytes(const Config& config, Module& model, int world) {
+  if (config.training.objective != "grpo") return 0;
+  const auto estimate = plan_estimate(config, world, /*seqlen=*/0, model);
+  const auto rollout = plan_rollout(*estimate, /*profile=*/nullptr, /*devices_per_node=*/1);
+  return rollout ? rollout->forward_bytes : 0;
+}
+
 }  // namespace
 
 void preflight_memory(const Config& config, Module& model, const LaunchEnv& env, Device device, int fsdp_size) {
@@ -218,6 +227,7 @@ void preflight_memory(const Config& config, Module& model, const LaunchEnv& env,
   // top of it, per tier. (An evaluation adds activations only, which this check does not count.)
   PhaseBytes phases = offload_phase_bytes(plan, setting, /*device_is_host=*/!cuda, !config.features.enable_lora);
   phases.sampling.device = sampling_forward_bytes(config, model, env.world_size);
+  phases.rollout.device = rollout_forward_bytes(config, model, env.world_size);
   const auto around = config_phases(phases, config);
   const PhasePeak host_peak = largest_phase(around, [](const TierBytes& b) { return b.host; });
   const PhasePeak device_peak =

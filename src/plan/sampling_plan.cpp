@@ -2,6 +2,7 @@
 
 #include "core/checked_math.h"
 #include "core/error.h"
+#include "core/text.h"
 #include "plan/device_profile.h"
 #include "plan/plan_estimate.h"
 #include "plan/step_time.h"
@@ -31,14 +32,10 @@ ForwardFlops forward_flops(const PlanEstimate& e, int64_t seqlen, const std::vec
           report.attention_flops_per_sample * 2.0 / 7.0};
 }
 
-}  // namespace
-
-std::optional<SamplingPlan> plan_sampling(const PlanEstimate& e, const DeviceProfile* profile, int devices_per_node) {
-  const auto& t = e.cfg.training;
-  if (t.sample_interval <= 0 && !t.sample_at_start) return std::nullopt;
-  const auto& id = e.cfg.model.model_id;
+// The memory and (with a profile) the time of `work`'s forwards on one rank.
+SamplingPlan price_work(const PlanEstimate& e, SamplingWork work, const DeviceProfile* profile, int devices_per_node) {
   SamplingPlan out;
-  out.work = sampling_work_registry().get(id, "plan: training.sample_prompts of model '" + id + "'")(e.cfg, e.dims);
+  out.work = std::move(work);
   const int cp = e.dims.cp();
   const std::string what = "plan: the sampling phase";
   for (const auto& f : out.work.forwards) {
@@ -78,6 +75,38 @@ std::optional<SamplingPlan> plan_sampling(const PlanEstimate& e, const DevicePro
   }
   out.time_ms = total_ms;
   return out;
+}
+
+}  // namespace
+
+std::optional<SamplingPlan> plan_sampling(const PlanEstimate& e, const DeviceProfile* profile, int devices_per_node) {
+  const auto& t = e.cfg.training;
+  if (t.sample_interval <= 0 && !t.sample_at_start) return std::nullopt;
+  const auto& id = e.cfg.model.model_id;
+  return price_work(e, sampling_work_registry().get(id, "plan: training.sample_prompts of model '" + id + "'")(e.cfg, e.dims),
+                    profile, devices_per_node);
+}
+
+std::optional<SamplingPlan> plan_rollout(const PlanEstimate& e, const DeviceProfile* profile, int devices_per_node) {
+  const auto& t = e.cfg.training;
+  if (t.objective != "grpo" || !e.no_activations.empty()) return std::nullopt;
+  const std::string what = "plan: the GRPO rollout";
+  const int64_t prompts = checked_mul(e.micro, config_accumulation(e.cfg, e.dims), what);
+  const int64_t completions = checked_mul(prompts, t.grpo.num_generations, what);
+  const int64_t prompt = e.seqlen, new_tokens = t.grpo.max_completion_length;
+  SamplingWork work;
+  work.forwards.push_back({completions, prompt, false, e.images});
+  // The decode steps attend over prompt + 1 .. prompt + new_tokens - 1: priced at the middle.
+  if (new_tokens > 1) work.forwards.push_back({checked_mul(completions, new_tokens - 1, what), prompt + new_tokens / 2, true, {}});
+  const int64_t element = static_cast<int64_t>(c10::elementSize(e.plan.config.param_dtype));
+  work.held_device_bytes = checked_mul(checked_mul(2 * e.act.num_layers, e.act.kv_width, what),
+                                       checked_mul(prompt + new_tokens, element, what), what + ": the KV cache");
+  work.summary = format("%lld completions a step (%lld prompts x num_generations %lld) of up to %lld new tokens after "
+                        "prompts of %lld tokens (KV cache %.2f MiB)",
+                        static_cast<long long>(completions), static_cast<long long>(prompts),
+                        static_cast<long long>(t.grpo.num_generations), static_cast<long long>(new_tokens),
+                        static_cast<long long>(prompt), static_cast<double>(work.held_device_bytes) / (1024.0 * 1024.0));
+  return price_work(e, std::move(work), profile, devices_per_node);
 }
 
 }  // namespace mmtrain

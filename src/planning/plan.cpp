@@ -77,17 +77,21 @@ void print_sampling(const PlanOptions& o, const PlanEstimate& e, int devices_per
                     nlohmann::ordered_json& j) {
   const std::optional<DeviceProfile> profile =
       o.device.empty() ? std::nullopt : std::optional<DeviceProfile>(load_device_profile(o.device));
-  const auto s = plan_sampling(e, profile ? &*profile : nullptr, devices_per_node);
-  if (!s) return;
-  std::printf("\n  sampling phase (training.sample_prompts), per rank: %s\n", s->work.summary.c_str());
-  row("the largest forward (no-grad) + what the sampler holds", s->forward_bytes);
-  if (!e.no_activations.empty()) std::printf("    (activations not counted: %s)\n", e.no_activations.c_str());
-  j["sampling"] = {{"forwards", s->forwards}, {"forward_bytes", s->forward_bytes},
-                   {"held_device_bytes", s->work.held_device_bytes}, {"beyond_step_device_bytes", s->beyond_step.device}};
-  if (s->time_ms) {
-    std::printf("    %-28s %10.1f s%s\n", "time", *s->time_ms / 1e3,
-                step_ms && *step_ms > 0 ? format(" = %.1f training steps", *s->time_ms / *step_ms).c_str() : "");
-    j["sampling"]["time_ms"] = *s->time_ms;
+  for (const auto& [s, title, key] :
+       {std::tuple{plan_sampling(e, profile ? &*profile : nullptr, devices_per_node),
+                   "sampling phase (training.sample_prompts)", "sampling"},
+        std::tuple{plan_rollout(e, profile ? &*profile : nullptr, devices_per_node), "GRPO rollout, every step", "rollout"}}) {
+    if (!s) continue;
+    std::printf("\n  %s, per rank: %s\n", title, s->work.summary.c_str());
+    row("the largest forward (no-grad) + what the generator holds", s->forward_bytes);
+    if (!e.no_activations.empty()) std::printf("    (activations not counted: %s)\n", e.no_activations.c_str());
+    j[key] = {{"forwards", s->forwards}, {"forward_bytes", s->forward_bytes},
+              {"held_device_bytes", s->work.held_device_bytes}, {"beyond_step_device_bytes", s->beyond_step.device}};
+    if (s->time_ms) {
+      std::printf("    %-28s %10.1f s%s\n", "time", *s->time_ms / 1e3,
+                  step_ms && *step_ms > 0 ? format(" = %.1f training steps", *s->time_ms / *step_ms).c_str() : "");
+      j[key]["time_ms"] = *s->time_ms;
+    }
   }
 }
 
@@ -207,6 +211,12 @@ void plan_memory(const PlanOptions& o) {
   const int64_t fixed =
       plan.sharded_state_bytes() + plan.transient_bytes() + cp_buffer_bytes + e.reference_copy_bytes + e.ema_bytes;
   if (no_activations.empty()) {
+    const std::string sequences_note =
+        cfg.training.objective == "dpo"    ? ": dpo pairs, two sequences each"
+        : cfg.training.objective == "grpo" ? format(": grpo prompts, each as %lld completions of up to %lld tokens after it",
+                                                    static_cast<long long>(e.sequences_per_sample),
+                                                    static_cast<long long>(e.completion_tokens))
+                                           : "";
     if (cfg.data.loader.micro_batch_tokens > 0)  // plan_estimate sizes one packed micro-batch of the budget
       std::printf("\n  activations, %lld token(s) per %s (data.dataloader_param.micro_batch_tokens %lld), %lld layers\n",
                   static_cast<long long>(act.tokens), cp == 1 ? "micro-batch" : "rank",
@@ -214,12 +224,12 @@ void plan_memory(const PlanOptions& o) {
     else if (cp == 1)
       std::printf("\n  activations, %lld token(s) per micro-batch (%lld x %lld%s), %lld layers\n",
                   static_cast<long long>(act.tokens), static_cast<long long>(micro * e.sequences_per_sample),
-                  static_cast<long long>(seqlen), e.sequences_per_sample == 2 ? ": dpo pairs, two sequences each" : "",
+                  static_cast<long long>(seqlen + e.completion_tokens), sequences_note.c_str(),
                   static_cast<long long>(act.num_layers));
     else
       std::printf("\n  activations, %lld token(s) per rank (%lld x %lld over %d context-parallel ranks%s), %lld layers\n",
                   static_cast<long long>(act.tokens), static_cast<long long>(micro * e.sequences_per_sample),
-                  static_cast<long long>(seqlen), cp, e.sequences_per_sample == 2 ? "; dpo pairs" : "",
+                  static_cast<long long>(seqlen + e.completion_tokens), cp, sequences_note.c_str(),
                   static_cast<long long>(act.num_layers));
     row("recompute on: layer inputs (all layers)", act.layer_inputs_bytes);
     row("recompute on: one layer rebuilt (" + act.largest_layer + ")", act.max_layer_full_bytes);
@@ -275,7 +285,8 @@ void plan_memory(const PlanOptions& o) {
                                      {"checkpoint save, training.async_save", "async_save", phases.async_save},
                                      {"resume (training.load)", "resume", phases.resume},
                                      {"evaluation (training.eval_interval)", "evaluation", phases.evaluation},
-                                     {"sampling (training.sample_interval)", "sampling", phases.sampling}}) {
+                                     {"sampling (training.sample_interval)", "sampling", phases.sampling},
+                                     {"GRPO rollout (training.objective grpo)", "rollout", phases.rollout}}) {
     std::printf("    %-48s %9.3f / %9.3f / %9.3f GiB\n", name, gib(t.device), gib(t.host), gib(t.disk));
     j["phases"][key] = {{"device_bytes", t.device}, {"host_bytes", t.host}, {"disk_bytes", t.disk}};
   }
