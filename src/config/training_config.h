@@ -2,7 +2,7 @@
 // checkpoint cadence and resume switches of the trainer.
 #pragma once
 #include "nn/preference_loss.h"
-#include "rl/grpo_config.h"
+#include "nn/grpo_loss.h"
 #include "optim/ema.h"
 
 #include <cstdint>
@@ -75,7 +75,7 @@ struct TrainingConfig {
   // the dpo section: nn/preference_loss.h; docs/preference.md).
   std::string objective = "sft";
   DpoConfig dpo;
-  GrpoConfig grpo;  // objective grpo (rl/grpo_config.h; docs/grpo.md)
+  GrpoConfig grpo;  // objective grpo (nn/grpo_loss.h; docs/grpo.md)
   // An exponential moving average of the trained weights, saved with each checkpoint and
   // exported with `convert ... ckpt-to-hf --ema` (optim/ema.h; docs/optimizer.md).
   EmaConfig ema;

@@ -8,46 +8,11 @@
 #include <functional>
 #include <regex>
 
-namespace mmtrain {
+namespace mmtrain::rl {
 
 namespace {
 
 const std::vector<std::string> kAnswerRewards = {"answer_match", "exact_match", "numeric_match"};
-const std::vector<std::string> kBuiltins = {"answer_match", "exact_match", "numeric_match",
-                                            "regex_match", "think_format", "overlong_penalty"};
-
-bool is_identifier_path(const std::string& s) {  // a.b.c of Python identifiers
-  if (s.empty()) return false;
-  bool start = true;
-  for (const char c : s) {
-    if (c == '.') {
-      if (start) return false;
-      start = true;
-      continue;
-    }
-    if (!(std::isalpha(static_cast<unsigned char>(c)) || c == '_' || (!start && std::isdigit(static_cast<unsigned char>(c)))))
-      return false;
-    start = false;
-  }
-  return !start;
-}
-
-}  // namespace
-
-std::string reward_name_problem(const std::string& name) {
-  if (std::find(kBuiltins.begin(), kBuiltins.end(), name) != kBuiltins.end() || name == "command") return "";
-  const auto colon = name.find(':');
-  if (colon != std::string::npos && is_identifier_path(name.substr(0, colon)) &&
-      is_identifier_path(name.substr(colon + 1)) && name.find('.', colon) == std::string::npos)
-    return "";
-  std::string builtins;
-  for (const auto& b : kBuiltins) builtins += b + ", ";
-  return "a built-in reward (" + builtins + "or command) or a Python module:function";
-}
-
-namespace rl {
-
-namespace {
 
 // A reward computed completion by completion.
 class PerCompletion : public Reward {
@@ -86,7 +51,7 @@ std::vector<std::unique_ptr<Reward>> make_rewards(const GrpoConfig& config) {
   std::vector<std::unique_ptr<Reward>> out;
   const std::string field = config.answer_field;
   for (const auto& name : config.reward_funcs) {
-    if (const auto problem = reward_name_problem(name); !problem.empty())
+    if (const auto problem = grpo_reward_name_problem(name); !problem.empty())
       fail("training.grpo.reward_funcs: '", name, "' is not ", problem);
     if (name == "answer_match") {
       out.push_back(std::make_unique<PerCompletion>(name, [field, name](const RewardInput& in) {
@@ -136,5 +101,4 @@ std::vector<std::unique_ptr<Reward>> make_rewards(const GrpoConfig& config) {
   return out;
 }
 
-}  // namespace rl
-}  // namespace mmtrain
+}  // namespace mmtrain::rl

@@ -1,5 +1,6 @@
 // The rewards GRPO trains from (training.grpo.reward_funcs): each scores a batch of completions,
-// one finite number each. Built in (all 0 or 1 but overlong_penalty):
+// one finite number each. Built in (nn/grpo_loss.h's grpo_builtin_rewards; all 0 or 1 but
+// overlong_penalty):
 //   answer_match      the completion's answer (rl/answer_checks.h) equals the record's answer_field
 //                     as normalized text, or as numbers
 //   exact_match       the answer equals answer_field exactly (both trimmed)
@@ -12,7 +13,7 @@
 // User-defined (rl/user_rewards.h): "module:function", a Python function over the batch, and
 // "command", reward_command's program over JSONL. docs/grpo.md.
 #pragma once
-#include "rl/grpo_config.h"
+#include "nn/grpo_loss.h"
 
 #include <nlohmann/json.hpp>
 
@@ -21,13 +22,7 @@
 #include <string>
 #include <vector>
 
-namespace mmtrain {
-
-// "" when `name` names a reward (a built-in, "command", or "module:function" with Python
-// identifiers); else what a name must be.
-std::string reward_name_problem(const std::string& name);
-
-namespace rl {
+namespace mmtrain::rl {
 
 // One completion as the rewards see it.
 struct RewardInput {
@@ -57,5 +52,4 @@ std::vector<std::unique_ptr<Reward>> make_rewards(const GrpoConfig& config);
 // Whether config's rewards read the prompt records' answer_field.
 bool rewards_read_answers(const GrpoConfig& config);
 
-}  // namespace rl
-}  // namespace mmtrain
+}  // namespace mmtrain::rl

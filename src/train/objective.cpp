@@ -4,8 +4,8 @@
 #include "config/registries.h"
 #include "nn/lora.h"
 #include "nn/preference_loss.h"
-#include "rl/grpo_loss.h"
-#include "rl/grpo_objective.h"
+#include "nn/grpo_loss.h"
+#include "train/grpo_objective.h"
 
 #include <ATen/ATen.h>
 
@@ -111,9 +111,9 @@ MicroBatchForward objective_forward(const Config& config, std::shared_ptr<Prefer
   if (config_needs_reference_copy(config) != static_cast<bool>(reference))
     fail("objective_forward: training.objective ", config.training.objective,
          reference ? " takes no reference copy here" : " under full fine-tuning needs its reference copy");
-  // GRPO's reference is used by the rollout (rl/rollout.h), which puts its log-probs in the batch.
+  // GRPO's reference is used by the rollout (train/rollout_source.h), which puts its log-probs in the batch.
   if (config.training.objective == "grpo")
-    return [config](Model& model, Fsdp& fsdp, const Batch& batch) { return rl::grpo_forward(config, model, fsdp, batch); };
+    return [config](Model& model, Fsdp& fsdp, const Batch& batch) { return grpo_forward(config, model, fsdp, batch); };
   const DpoConfig dpo = config.training.dpo;
   const PairScoring scoring{config_model_spec(config).dpo_form, dpo.term_weights};
   return [dpo, scoring, reference](Model& model, Fsdp& fsdp, const Batch& batch) {
@@ -123,7 +123,7 @@ MicroBatchForward objective_forward(const Config& config, std::shared_ptr<Prefer
 
 void check_objective(const Config& config) {
   if (config.training.objective == "sft") return;  // pairs under sft: check_sft_batch
-  if (config.training.objective == "grpo") return rl::check_grpo_config(config);
+  if (config.training.objective == "grpo") return check_grpo_config(config);
   const std::string where = "config " + config.source_path + ": training.objective " + config.training.objective;
   const std::string& form = config_model_spec(config).dpo_form;
   if (form.empty()) fail(where, ": model '", config.model.model_id, "' has no preference objective");

@@ -1,6 +1,6 @@
 // What a training step minimizes (training.objective):
 //   sft  the model's own loss on the batch: imitating the data (the default)
-//   grpo GRPO from rewards (rl/grpo_objective.h): the micro-batches are a rollout's completions
+//   grpo GRPO from rewards (train/grpo_objective.h): the micro-batches are a rollout's completions
 //   dpo  preference optimization (nn/preference_loss.h): each micro-batch holds P pairs as rows
 //        (or packed samples) [chosen_0 .. chosen_{P-1}, rejected_0 .. rejected_{P-1}]
 //        (models/model.h's kPreferencePairsKey). The model's spec says how a pair is scored

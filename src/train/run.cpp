@@ -8,7 +8,6 @@
 #include "plan/offload_plan.h"
 #include "plan/preflight.h"
 #include "record/metrics.h"
-#include "rl/rollout.h"
 #include "train/build.h"
 #include "train/run_save.h"
 
@@ -18,9 +17,6 @@
 #include <cstdio>
 
 namespace mmtrain {
-
-Run::Run() = default;
-Run::~Run() = default;
 
 void Run::log(const std::string& message) const {
   if (is_rank0()) std::printf("[mmtrain] %s\n", message.c_str());
@@ -168,7 +164,10 @@ void build_run(Run& r) {
   if (r.preference_reference)
     r.log(format("%s reference: a frozen copy of the initial weights, rank %d holds %.2f MiB of it",
                  c.training.objective.c_str(), comm.rank(), r.preference_reference->fsdp->memory_stats().param_bytes / 1048576.0));
-  if (c.training.objective == "grpo") r.grpo = std::make_unique<rl::GrpoRollouts>(r);
+  if (rollout_source_registry().contains(c.training.objective))
+    r.rollouts = rollout_source_registry().get(c.training.objective)(r);
+  else if (c.training.objective == "grpo")
+    fail("training.objective grpo: this build registered no rollout source (src/rl)");
   r.schedule = LrSchedule::make(c.training.lr, c.training.lr_min, c.training.lr_warmup_ratio, c.training.train_iters,
                                 c.training.lr_decay_style);
   const std::string trace_dir =

@@ -19,6 +19,7 @@
 #include "record/memory_profile.h"
 #include "record/profiler.h"
 #include "train/preference_reference.h"
+#include "train/rollout_source.h"
 #include "train/save_root_lock.h"
 #include "train/state_finite.h"
 #include "train/train_step.h"
@@ -28,10 +29,6 @@
 #include <string>
 
 namespace mmtrain {
-
-namespace rl {
-class GrpoRollouts;
-}
 
 struct Run {
   Config config;
@@ -55,15 +52,10 @@ struct Run {
   // A full fine-tuning preference run's frozen reference and its identity (train/preference_reference.h); else null.
   std::shared_ptr<PreferenceReference> preference_reference;
   nlohmann::json preference_reference_identity;
-  std::unique_ptr<rl::GrpoRollouts> grpo;  // training.objective grpo: the rollouts (rl/rollout.h); else null
+  std::unique_ptr<RolloutSource> rollouts;  // training.objective grpo: its rollouts (train/rollout_source.h); else null
   std::unique_ptr<Ema> ema;  // training.ema (optim/ema.h): from the weights the run starts with, or its checkpoint's
   StateFiniteness finiteness;  // whether a step made a weight NaN/Inf (train/state_finite.h)
   double baseline_rss_mb = 0;  // before the model is built: the runtime and the data pipeline
-
-  Run();
-  ~Run();  // where rl::GrpoRollouts is complete
-  Run(const Run&) = delete;
-  Run& operator=(const Run&) = delete;
 
   Comm& comm() const { return *runtime.comm; }
   bool is_rank0() const { return runtime.env.rank == 0; }

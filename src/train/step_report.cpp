@@ -9,8 +9,7 @@
 #include "plan/offload_plan.h"
 #include "record/device_memory.h"
 #include "record/metrics.h"
-#include "rl/grpo_objective.h"
-#include "rl/rollout.h"
+#include "train/grpo_objective.h"
 #include "train/objective.h"
 
 #include <algorithm>
@@ -23,7 +22,7 @@ StepOutcome run_step(Run& run, DataLoader& loader, int64_t step) {
   const int dp = run.mesh->dp_size();
   StepOutcome out;
   out.step = step;
-  const int64_t data_step = rl::data_step_of(run.config, step);  // a GRPO rollout serves num_iterations steps
+  const int64_t data_step = data_step_of(run.config, step);  // a GRPO rollout serves num_iterations steps
   out.epoch = run.data.sampler.epoch_of_step(data_step);
   out.started = std::chrono::steady_clock::now();
   reset_device_memory_peak(run.comm().device());
@@ -32,7 +31,7 @@ StepOutcome run_step(Run& run, DataLoader& loader, int64_t step) {
   if (run.data.sampler.token_budget()) out.split = run.data.sampler.split(step);
   // GRPO: the step's rollout (made now at the first of its num_iterations steps); its micro-batches
   // are the rollout's, one per micro-batch of prompts.
-  const std::vector<Batch>* rollout = run.grpo ? &run.grpo->batches_for(run, loader, step) : nullptr;
+  const std::vector<Batch>* rollout = run.rollouts ? &run.rollouts->batches_for(run, loader, step) : nullptr;
   out.accumulation =
       static_cast<int>(out.split ? out.split->micro_batches_per_rank() : run.data.sampler.micro_batches(data_step));
   settings.accumulation = out.accumulation;
@@ -72,7 +71,7 @@ StepOutcome run_step(Run& run, DataLoader& loader, int64_t step) {
   out.phases_ms.assign(ms.begin(), ms.end());
   out.phases_ms.push_back(run.fsdp->take_comm_wait_ms());
   out.gathered_bytes = run.fsdp->take_gathered_bytes();
-  if (run.grpo) out.rollout = run.grpo->step_metrics();
+  if (run.rollouts) out.rollout = run.rollouts->step_metrics();
   return out;
 }
 
@@ -191,7 +190,7 @@ StepRecord report_step(Run& run, const StepOutcome& outcome, PlanWatch& plan_wat
   StepRecord record;
   record.iteration = step + 1;
   record.global_batch_size = run.data.sampler.global_batch_size();
-  record.consumed_samples = (rl::data_step_of(run.config, step) + 1) * record.global_batch_size;
+  record.consumed_samples = (data_step_of(run.config, step) + 1) * record.global_batch_size;
   record.epoch = outcome.epoch;
   // Per-micro-batch means average over micro-batches and ranks; a global normalization's
   // shares add up (each counted once per context-parallel rank).

@@ -5,8 +5,7 @@
 #include "core/text.h"
 #include "record/device_memory.h"
 #include "record/metrics.h"
-#include "rl/grpo_objective.h"
-#include "rl/rollout.h"
+#include "train/grpo_objective.h"
 #include "train/evaluate.h"
 #include "train/run.h"
 #include "train/run_save.h"
@@ -32,8 +31,8 @@ std::unique_ptr<DataLoader> open_loader(const Run& run, int64_t end_step) {
   options.num_workers = loader.num_workers;
   options.prefetch_factor = loader.prefetch_factor;
   options.pin_memory = loader.pin_memory && run.comm().device().is_cuda();
-  const int64_t first = rl::data_step_of(run.config, run.start_step);
-  const int64_t end = end_step == run.start_step ? first : rl::data_step_of(run.config, end_step - 1) + 1;
+  const int64_t first = data_step_of(run.config, run.start_step);
+  const int64_t end = end_step == run.start_step ? first : data_step_of(run.config, end_step - 1) + 1;
   return std::make_unique<DataLoader>(run.data, first, end, options);
 }
 
@@ -91,7 +90,7 @@ void Trainer::run() {
     fail("training samples after iteration ", run.start_step, " failed (above); training.sample_failure is stop");
   for (int64_t step = run.start_step; step < t.train_iters; ++step) {
     const int64_t iteration = step + 1;
-    const auto epoch_of = [&](int64_t s) { return run.data.sampler.epoch_of_step(rl::data_step_of(run.config, s)); };
+    const auto epoch_of = [&](int64_t s) { return run.data.sampler.epoch_of_step(data_step_of(run.config, s)); };
     if (step > run.start_step && epoch_of(step) != epoch_of(step - 1))
       run.log("epoch " + std::to_string(epoch_of(step)) + " begins at iteration " +
               std::to_string(iteration));
@@ -105,7 +104,7 @@ void Trainer::run() {
     const bool exiting = t.exit_interval > 0 && iteration % t.exit_interval == 0;
     const bool last = iteration == t.train_iters || exiting;
     const bool logged = iteration % t.log_interval == 0 || iteration == t.train_iters;
-    const std::unique_ptr<SampleRecord> rollout_texts = run.grpo ? run.grpo->take_texts() : nullptr;
+    const std::unique_ptr<SampleRecord> rollout_texts = run.rollouts ? run.rollouts->take_texts() : nullptr;
     auto write_records = [&] {
       if (logged) metrics.record(record, t.train_iters);
       if (eval) metrics.record(*eval);

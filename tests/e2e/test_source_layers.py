@@ -11,12 +11,14 @@ from conftest import REPO
 ENGINE = ["core", "io", "quant", "nn", "dist", "offload", "optim", "checkpoint", "fsdp", "parallel", "models", "data",
           "record", "config", "plan", "train"]
 KIT = "cli"
-COMMAND_ROOMS = ["convert", "adapters", "analysis", "planning", "debugging", "runs", "media", "sample"]
+COMMAND_ROOMS = ["convert", "adapters", "analysis", "planning", "debugging", "runs", "media", "sample", "rl"]
 LAYERS = ENGINE + [KIT] + COMMAND_ROOMS
 # The only includes from one command room into another: the adapters' verbs write through
 # convert's output rules; eval and sample load --load's weights in any format through
-# convert/model_weights.h; plan --calibrate reads run logs with analysis' parser.
-COMMAND_ROOM_USES = {"adapters": {"convert"}, "runs": {"convert"}, "sample": {"convert"}, "planning": {"analysis"}}
+# convert/model_weights.h; plan --calibrate reads run logs with analysis' parser; GRPO's rollouts
+# generate with sample's token generator and its Magistral prompts' rules.
+COMMAND_ROOM_USES = {"adapters": {"convert"}, "runs": {"convert"}, "sample": {"convert"}, "planning": {"analysis"},
+                     "rl": {"sample"}}
 # Rooms of one trade each that must not lean on each other although the order would allow it: what a
 # run records about itself is not the planner's, and the planner predicts without the records' code.
 SIBLINGS = [("plan", "record")]
@@ -113,13 +115,14 @@ def test_python_lives_in_one_package_beside_src():
 
 
 # What starts a program: the kit's runner is the only place that starts the project's Python;
-# core/subprocess.cpp is the mechanism under it, and ablate starts its arms' mmtrain (or the
-# user's --launcher) itself, with torchrun from the runner.
+# core/subprocess.cpp is the mechanism under it, ablate starts its arms' mmtrain (or the user's
+# --launcher) itself, with torchrun from the runner, and GRPO's command reward starts the user's
+# program (training.grpo.reward_command).
 PROCESS_START = re.compile(r"\b(run_process|execv\w*|execl\w*|posix_spawn\w*|popen|system|fork)\s*\(")
 # The interpreter, its isolation flag or a script path named in code: only the runner builds those.
 PYTHON_START = re.compile(r'MMTRAIN_PYTHON|project_python\(|"-P"|\.py"')
 STARTS_ALLOWED = {"src/core/subprocess.cpp", "src/core/subprocess.h", "src/cli/python_runner.cpp",
-                  "src/analysis/ablate.cpp"}
+                  "src/analysis/ablate.cpp", "src/rl/user_rewards.cpp"}
 
 
 def test_the_kit_runner_is_the_only_start_of_the_projects_python():

@@ -1,12 +1,13 @@
-#include "rl/grpo_objective.h"
+#include "train/grpo_objective.h"
 
 #include "config/registries.h"
 #include "core/error.h"
 #include "nn/lora.h"
-#include "rl/grpo_loss.h"
-#include "rl/prompt_dataset.h"
+#include "train/rollout_source.h"
+#include "data/conversation/prompt_dataset.h"
+#include "nn/grpo_loss.h"
 
-namespace mmtrain::rl {
+namespace mmtrain {
 
 namespace {
 
@@ -69,8 +70,8 @@ void check_grpo_config(const Config& config) {
   const auto& g = t.grpo;
   if (config_model_spec(config).dpo_form != "log_probs")
     fail(where, ": model '", config.model.model_id, "' does not generate tokens (GRPO trains a language model)");
-  if (config.data.dataset_type != kPromptsDatasetType)
-    fail(where, ": data.dataset_param.dataset_type must be ", kPromptsDatasetType, " (prompts with their fields), found '",
+  if (config.data.dataset_type != conversation::kPromptsDatasetType)
+    fail(where, ": data.dataset_param.dataset_type must be ", conversation::kPromptsDatasetType, " (prompts with their fields), found '",
          config.data.dataset_type, "'");
   if (config.data.collate_model_name != "prompts")
     fail(where, ": data.dataloader_param.collator_id must be prompts, found '", config.data.collate_model_name, "'");
@@ -107,8 +108,13 @@ void check_grpo_config(const Config& config) {
          "rewards of held-out prompts are not measured yet)");
 }
 
+Registry<RolloutSourceFactory>& rollout_source_registry() {
+  static Registry<RolloutSourceFactory> registry("rollout source");
+  return registry;
+}
+
 int64_t data_step_of(const Config& config, int64_t step) {
   return config.training.objective == "grpo" ? step / config.training.grpo.num_iterations : step;
 }
 
-}  // namespace mmtrain::rl
+}  // namespace mmtrain

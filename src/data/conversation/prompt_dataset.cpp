@@ -1,4 +1,4 @@
-#include "rl/prompt_dataset.h"
+#include "data/conversation/prompt_dataset.h"
 
 #include "core/error.h"
 #include "data/image/pixtral_image.h"
@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <limits>
 
-namespace mmtrain::rl {
+namespace mmtrain::conversation {
 
 namespace {
 
@@ -23,14 +23,14 @@ nlohmann::json fields_of(const nlohmann::json& record) {
 
 }  // namespace
 
-PromptDataset::PromptDataset(const conversation::ConversationDataOptions& options) {
+PromptDataset::PromptDataset(const ConversationDataOptions& options) {
   if (options.packing)
     fail("data.dataset_param.basic_parameters.packing: dataset_type prompts generates from each prompt alone (set false)");
   auto o = options;
   o.generation = true;
-  auto records = conversation::read_records(o.dataset_file);
+  auto records = read_records(o.dataset_file);
   if (o.max_samples > 0 && static_cast<int64_t>(records.size()) > o.max_samples) records.resize(o.max_samples);
-  prompts_ = std::make_unique<conversation::ConversationDataset>(o, records);
+  prompts_ = std::make_unique<ConversationDataset>(o, records);
   // The records each kept prompt came from, in order (the reader keeps them ascending).
   for (size_t r = 0; r < records.size(); ++r)
     if (prompts_->sample_of_record(static_cast<int64_t>(r))) fields_.push_back(fields_of(records[r]));
@@ -85,7 +85,7 @@ class PromptCollator : public Collator {
 };
 
 const DatasetRegistration dataset(kPromptsDatasetType, [](const DataConfig& data, const ModelConfig& model) {
-  return std::make_shared<PromptDataset>(conversation::ConversationDataOptions::from_config(data, model));
+  return std::make_shared<PromptDataset>(ConversationDataOptions::from_config(data, model));
 });
 const CollatorRegistration collator("prompts", [](const DataConfig&, const ModelConfig&) {
   return std::make_shared<PromptCollator>();
@@ -120,4 +120,4 @@ std::vector<CollatedPrompt> split_prompts(const Batch& micro_batch) {
   return out;
 }
 
-}  // namespace mmtrain::rl
+}  // namespace mmtrain::conversation

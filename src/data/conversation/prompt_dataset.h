@@ -1,4 +1,4 @@
-// GRPO's prompts: dataset_type "prompts", records in the conversation data's own format (LLaVA /
+// GRPO's prompts (train/grpo_objective.h): dataset_type "prompts", records in the conversation data's own format (LLaVA /
 // sharegpt or LLaMA-Factory messages, images) read as `mmtrain sample` reads prompts (a final
 // assistant message is dropped; a prompt over cutoff_len is dropped and counted), each record's
 // other fields ("answer", "solution", a schema: anything but the messages and images) kept for the
@@ -20,13 +20,13 @@
 #include <string>
 #include <vector>
 
-namespace mmtrain::rl {
+namespace mmtrain::conversation {
 
 inline constexpr const char* kPromptsDatasetType = "prompts";
 
 class PromptDataset : public Dataset {
  public:
-  explicit PromptDataset(const conversation::ConversationDataOptions& options);
+  explicit PromptDataset(const ConversationDataOptions& options);
 
   int64_t size() const override { return prompts_->size(); }
   Batch get(int64_t index) const override;  // input_ids [S], images, and sample_index [1]
@@ -40,7 +40,7 @@ class PromptDataset : public Dataset {
   const tokenizer::TextTokenizerOptions& tokenizer_options() const { return tokenizer_options_; }
 
  private:
-  std::unique_ptr<conversation::ConversationDataset> prompts_;
+  std::unique_ptr<ConversationDataset> prompts_;
   std::vector<nlohmann::json> fields_;  // per prompt
   std::string tokenizer_path_;
   tokenizer::TextTokenizerOptions tokenizer_options_;
@@ -55,4 +55,4 @@ struct CollatedPrompt {
 };
 std::vector<CollatedPrompt> split_prompts(const Batch& micro_batch);
 
-}  // namespace mmtrain::rl
+}  // namespace mmtrain::conversation

@@ -1,5 +1,5 @@
 // training.objective grpo: what a step trains on and how. A step's micro-batches are a rollout's
-// (rl/rollout.h): each a packed row of completions, prompt and completion, with per-row keys
+// (train/rollout_source.h, made by rl/rollout.h): each a packed row of completions, prompt and completion, with per-row keys
 //   grpo_mask        fp32 [L]   1 on the rows that predict a completion token that trains
 //   grpo_completion  int64 [L]  the completion each row belongs to
 //   grpo_advantages  fp32 [N]   each completion's advantage
@@ -8,7 +8,7 @@
 //   grpo_dapo_divisor float64 [1]  the step's masked completion tokens over all ranks / (its
 //                               micro-batches per rank × data-parallel ranks), at least 1 (dapo)
 // and the objective's forward is the model's per-token log-probs at the sampling temperature
-// (models/model.h kTokenLogProbsKey) into rl/grpo_loss.h. docs/grpo.md.
+// (models/model.h kTokenLogProbsKey) into nn/grpo_loss.h. docs/grpo.md.
 #pragma once
 #include "config/config.h"
 #include "fsdp/fully_shard.h"
@@ -17,7 +17,7 @@
 
 #include <memory>
 
-namespace mmtrain::rl {
+namespace mmtrain {
 
 inline constexpr const char* kGrpoMaskKey = "grpo_mask";
 inline constexpr const char* kGrpoCompletionKey = "grpo_completion";
@@ -42,4 +42,4 @@ void check_grpo_config(const Config& config);
 // num_iterations steps (1 for other objectives).
 int64_t data_step_of(const Config& config, int64_t step);
 
-}  // namespace mmtrain::rl
+}  // namespace mmtrain
