@@ -449,7 +449,7 @@ void Fsdp::pre_forward(FsdpUnit& unit) {
 }
 
 at::Tensor Fsdp::post_forward(FsdpUnit& unit, at::Tensor output, bool install_pre_backward) {
-  if (config_.reshard_after_forward && !unit.is_root) reshard(unit);
+  if (config_.reshard_after_forward && !unit.is_root && !held_) reshard(unit);
   if (install_pre_backward && output.requires_grad())
     output = UnitPreBackward::apply(output, to_handle(&unit));
   return output;
@@ -581,7 +581,14 @@ void Fsdp::finish_backward() {
 
 void Fsdp::finish_forward_only() {
   if (in_backward_) fail("fsdp: finish_forward_only() inside a backward (it is for forwards without one)");
+  held_ = false;
   for (auto& unit : units_) reshard(*unit);
+}
+
+void Fsdp::begin_forward_held() {
+  if (at::GradMode::is_enabled()) fail("fsdp: begin_forward_held() is for forwards without grad (generation)");
+  begin_forward();
+  held_ = true;
 }
 
 void Fsdp::zero_grad() {

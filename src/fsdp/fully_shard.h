@@ -169,6 +169,11 @@ class Fsdp {
   // After forwards without a backward (evaluation, under no-grad): every unit lets go of its
   // gathered params, the root included.
   void finish_forward_only();
+  // Forwards without a backward that keep every unit gathered once it has run, until
+  // finish_forward_only: token-by-token generation, whose decoder calls would otherwise gather and
+  // free the whole model once per token (TRL's gather for generation under ZeRO-3 likewise). The
+  // model's params in param_dtype are all held meanwhile.
+  void begin_forward_held();
   void zero_grad();
   // Global L2 norm of the grads across all shards; scales them by max_norm / (norm + 1e-6)
   // when that is below 1 (torch.nn.utils.clip_grad_norm_). max_norm <= 0: only measures.
@@ -247,6 +252,7 @@ class Fsdp {
   FsdpReduction reduction_;
   std::shared_ptr<OffloadTiers> tiers_;  // cpu_offload: the host tier; else null
   std::unique_ptr<ShardPager> pager_;    // cpu_offload with a disk tier
+  bool held_ = false;  // begin_forward_held: no unit reshards after its forward
   bool in_backward_ = false;             // which way the gathers walk the units (the pager reads ahead that way)
   std::vector<std::unique_ptr<FsdpUnit>> units_;  // forward order; the root first
   std::deque<PendingReduction> pending_;

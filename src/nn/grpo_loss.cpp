@@ -54,6 +54,7 @@ void GrpoConfig::declare(ConfigSection<GrpoConfig>& s) {
       .field("max_completion_length", &GrpoConfig::max_completion_length)
       .field("temperature", &GrpoConfig::temperature)
       .field("top_p", &GrpoConfig::top_p)
+      .field("gather_for_generation", &GrpoConfig::gather_for_generation)
       .field("num_iterations", &GrpoConfig::num_iterations)
       .field("epsilon", &GrpoConfig::epsilon)
       .field("epsilon_high", &GrpoConfig::epsilon_high)

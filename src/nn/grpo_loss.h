@@ -33,6 +33,10 @@ struct GrpoConfig {
   int64_t max_completion_length = 256;  // tokens a completion may have (EOS included); longer ones are cut (truncated)
   double temperature = 1.0;             // > 0; the per-token log-probs are of softmax(logits / temperature)
   double top_p = 1.0;
+  // Keep the whole model gathered while a rollout generates (TRL's ds3_gather_for_generation):
+  // one gather per rollout instead of one per generated token, for the model's params in
+  // param_dtype held on every rank meanwhile; false gathers unit by unit for every token.
+  bool gather_for_generation = true;
   // Optimizer steps per rollout (μ): steps 2..μ reuse it, their ratios against its old log-probs.
   int64_t num_iterations = 1;
   double epsilon = 0.2;       // the ratio is clipped to [1 - epsilon, 1 + epsilon_high]

@@ -101,11 +101,16 @@ std::optional<SamplingPlan> plan_rollout(const PlanEstimate& e, const DeviceProf
   const int64_t element = static_cast<int64_t>(c10::elementSize(e.plan.config.param_dtype));
   work.held_device_bytes = checked_mul(checked_mul(2 * e.act.num_layers, e.act.kv_width, what),
                                        checked_mul(prompt + new_tokens, element, what), what + ": the KV cache");
+  const int64_t kv_cache = work.held_device_bytes;
+  // gather_for_generation: every unit stays gathered all rollout, beside its shards.
+  if (t.grpo.gather_for_generation)
+    work.held_device_bytes = checked_add(work.held_device_bytes, e.plan.unsharded_param_bytes, what);
   work.summary = format("%lld completions a step (%lld prompts x num_generations %lld) of up to %lld new tokens after "
-                        "prompts of %lld tokens (KV cache %.2f MiB)",
+                        "prompts of %lld tokens (KV cache %.2f MiB%s)",
                         static_cast<long long>(completions), static_cast<long long>(prompts),
                         static_cast<long long>(t.grpo.num_generations), static_cast<long long>(new_tokens),
-                        static_cast<long long>(prompt), static_cast<double>(work.held_device_bytes) / (1024.0 * 1024.0));
+                        static_cast<long long>(prompt), static_cast<double>(kv_cache) / (1024.0 * 1024.0),
+                        t.grpo.gather_for_generation ? ", and the whole model gathered: gather_for_generation" : "");
   return price_work(e, std::move(work), profile, devices_per_node);
 }
 

@@ -176,10 +176,13 @@ void GrpoRollouts::make(Run& run, DataLoader& loader, int64_t data_step, int64_t
   std::vector<Completion> completions;
   {
     at::NoGradGuard no_grad;
+    // gather_for_generation: the units stay gathered from the first decoder call to the last.
+    const bool held = config_.gather_for_generation;
+    if (held) run.fsdp->begin_forward_held();
     auto fsdp_call = [&](const std::function<at::Tensor()>& call) {
-      run.fsdp->begin_forward();
+      if (!held) run.fsdp->begin_forward();
       at::Tensor logits = call();
-      run.fsdp->finish_forward_only();
+      if (!held) run.fsdp->finish_forward_only();
       return logits.to(at::kCPU);
     };
     auto any_active = [&](bool active) { return run.comm().any_rank(active); };
@@ -208,6 +211,7 @@ void GrpoRollouts::make(Run& run, DataLoader& loader, int64_t data_step, int64_t
           completions.push_back(std::move(c));
         }
       }
+    if (held) run.fsdp->finish_forward_only();
   }
   generate_ms_ = ms_since(began);
 
