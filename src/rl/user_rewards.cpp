@@ -21,12 +21,20 @@ namespace fs = std::filesystem;
 constexpr int64_t kMaxRewardOutputBytes = int64_t{64} << 20;
 constexpr size_t kMessageTail = 2000;  // of what a failed reward printed
 
-nlohmann::json input_line(const RewardInput& in) {
-  return {{"prompt", in.prompt},
-          {"completion", in.completion},
-          {"completion_ids", in.completion_ids},
-          {"truncated", in.truncated},
-          {"fields", in.fields.is_object() ? in.fields : nlohmann::json::object()}};
+// The batch as the reward's input file, one JSON object a completion: scratch/input.jsonl.
+std::string write_input(const ScratchDir& scratch, const std::vector<RewardInput>& batch) {
+  std::string lines;
+  for (const auto& in : batch)
+    lines += nlohmann::json({{"prompt", in.prompt},
+                             {"completion", in.completion},
+                             {"completion_ids", in.completion_ids},
+                             {"truncated", in.truncated},
+                             {"fields", in.fields.is_object() ? in.fields : nlohmann::json::object()}})
+                 .dump() +
+             "\n";
+  const std::string path = scratch.path() + "/input.jsonl";
+  write_file_no_follow(path, lines, "a reward's input");
+  return path;
 }
 
 std::string tail_of(const std::string& path) {
@@ -61,11 +69,8 @@ class PythonReward : public Reward {
   std::vector<double> score(const std::vector<RewardInput>& batch) const override {
     const std::string who = "reward " + name() + " (Python, " + std::to_string(batch.size()) + " completions)";
     ScratchDir scratch(fs::temp_directory_path().string(), "mmtrain-reward-");
-    const std::string input = scratch.path() + "/input.jsonl", output = scratch.path() + "/rewards.json",
+    const std::string input = write_input(scratch, batch), output = scratch.path() + "/rewards.json",
                       log = scratch.path() + "/log.txt";
-    std::string lines;
-    for (const auto& in : batch) lines += input_line(in).dump() + "\n";
-    write_file_no_follow(input, lines, "a reward's input");
     std::vector<std::string> args = {"-m", "mmtrain_py.rewards", "--function", name(), "--input", input, "--output", output};
     for (const auto& dir : path_) args.insert(args.end(), {"--path", fs::absolute(dir).string()});
     ProcessOptions options;
@@ -95,11 +100,8 @@ class CommandReward : public Reward {
   std::vector<double> score(const std::vector<RewardInput>& batch) const override {
     const std::string who = "reward command (" + argv_.front() + ", " + std::to_string(batch.size()) + " completions)";
     ScratchDir scratch(fs::temp_directory_path().string(), "mmtrain-reward-");
-    const std::string input = scratch.path() + "/input.jsonl", output = scratch.path() + "/output.jsonl",
+    const std::string input = write_input(scratch, batch), output = scratch.path() + "/output.jsonl",
                       errors = scratch.path() + "/stderr.txt";
-    std::string lines;
-    for (const auto& in : batch) lines += input_line(in).dump() + "\n";
-    write_file_no_follow(input, lines, "a reward's input");
     ProcessOptions options;
     options.stdin_path = input;
     options.output_path = output;

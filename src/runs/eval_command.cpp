@@ -104,6 +104,9 @@ void add_eval_commands(CLI::App& app, Commands& commands) {
   o->overrides.add_options(eval, "training.eval_iters=4");
   commands.add(eval, [o] {
     Config config = load_tool_config(o->config_path, o->overrides.resolved(), "", "eval");
+    if (config.training.objective == "grpo")
+      fail("eval: config ", config.source_path, ": training.objective grpo has no held-out evaluation yet (the rewards "
+           "of held-out prompts are not measured; docs/grpo.md): evaluate with `mmtrain sample mistral3` and your reward");
     if (config.data.validation.empty() && config.data.validation_split == 0.0)
       fail("eval: config ", config.source_path, " names no validation set: set data.validation (a data set section) ",
            "or data.validation_split");

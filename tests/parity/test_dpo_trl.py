@@ -71,19 +71,25 @@ logging: {{output_dir: {tmp / ('run_' + tag)}}}
 """
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    """The base, the preference set and peft's initial adapters (handed to mmtrain as a checkpoint)."""
-    tmp = tmp_path_factory.mktemp("dpo_trl")
-    hf_model().save_pretrained(tmp / "base", safe_serialization=True)
-    run_mmtrain(["fixture", "mistral3-preferences", "--out", str(tmp / "data"), "--pairs", "8", "--seed", "3"])
+def write_initial_peft(out: Path) -> None:
+    """peft's rank-4 adapters on the tiny model's text decoder, lora_B drawn nonzero so that the
+    policy starts away from the reference (the base), saved to OUT."""
     model = peft.get_peft_model(hf_model(), peft.LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS))
     g = torch.Generator().manual_seed(9)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.copy_(0.05 * torch.randn(p.shape, generator=g))
-    model.save_pretrained(tmp / "init_peft")
+    model.save_pretrained(out)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """The base, the preference set and peft's initial adapters (handed to mmtrain as a checkpoint)."""
+    tmp = tmp_path_factory.mktemp("dpo_trl")
+    hf_model().save_pretrained(tmp / "base", safe_serialization=True)
+    run_mmtrain(["fixture", "mistral3-preferences", "--out", str(tmp / "data"), "--pairs", "8", "--seed", "3"])
+    write_initial_peft(tmp / "init_peft")
     cfg = write_config(tmp / "init.yaml", dpo_yaml(tmp, tmp / "data", {"beta": 0.1}, "init"))
     run_mmtrain(["convert", "mistral3", "peft-to-ckpt", "--peft_dir", str(tmp / "init_peft"), "--config", str(cfg),
                  "--save_dir", str(tmp / "init_ckpt")])

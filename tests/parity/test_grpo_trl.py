@@ -33,12 +33,12 @@ transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 trl = pytest.importorskip("trl")
 
+from test_dpo_trl import write_initial_peft  # noqa: E402
 from test_lora_peft import hf_model, rel_l2  # noqa: E402
 from test_mistral3_parity import run_mmtrain, write_config  # noqa: E402
 
 RTOL = 1e-5
 G, PROMPTS_PER_MICRO, MAX_LEN, TEMPERATURE = 4, 2, 6, 0.9
-TARGETS = r"model\.language_model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)"
 REWARDS = {"reward_funcs": ["regex_match", "overlong_penalty"], "reward_weights": [1.0, 0.5],
            "reward_regex": "[a-j]", "overlong_buffer": 3}
 TOKEN_METRICS = ["entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"]
@@ -86,13 +86,7 @@ def setup(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("grpo_trl")
     hf_model().save_pretrained(tmp / "base", safe_serialization=True)
     run_mmtrain(["fixture", "mistral3-prompts", "--out", str(tmp / "data"), "--prompts", "8", "--seed", "3"])
-    model = peft.get_peft_model(hf_model(), peft.LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS))
-    g = torch.Generator().manual_seed(9)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(0.05 * torch.randn(p.shape, generator=g))
-    model.save_pretrained(tmp / "init_peft")
+    write_initial_peft(tmp / "init_peft")
     for world in (1, 2):  # a checkpoint records its global batch: one for each world's runs
         cfg = write_config(tmp / f"init_{world}.yaml", grpo_yaml(tmp, {}, "init", world, False))
         run_mmtrain(["convert", "mistral3", "peft-to-ckpt", "--peft_dir", str(tmp / "init_peft"), "--config", str(cfg),
