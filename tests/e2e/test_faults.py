@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -292,7 +293,7 @@ def test_the_survivors_name_the_killed_rank(tmp_path, token_file):
 
 def stop_rank_1_at_iteration_3(tmp_path, token_file, *extra):
     """Trains on 2 ranks, SIGSTOPs rank 1 after iteration 3; returns (launcher exit code, output,
-    seconds from the stop to the end of the run)."""
+    seconds from the stop to the survivor's error)."""
     cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, iters=100000))
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     cmd = [torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()), "--no-python", str(mmtrain_bin()),
@@ -312,8 +313,21 @@ def stop_rank_1_at_iteration_3(tmp_path, token_file, *extra):
             time.sleep(0.05)
         assert stopped is not None, "the run never reached iteration 3"
         hung_at = time.time()
-        output, _ = launcher.communicate(timeout=180)
-        return launcher.returncode, output, time.time() - hung_at
+        # The survivor's error is the measured moment; then the stopped rank is killed, so that
+        # torchrun's teardown does not wait out its 30 s grace on a process that cannot take SIGTERM.
+        lines, reported = [], None
+        watchdog = threading.Timer(180, launcher.kill)  # a run that never reports ends its output
+        watchdog.start()
+        try:
+            for line in launcher.stdout:
+                lines.append(line)
+                if "mmtrain: error" in line and reported is None:
+                    reported = time.time()
+                    os.kill(stopped, signal.SIGKILL)
+        finally:
+            watchdog.cancel()
+        launcher.wait(timeout=60)
+        return launcher.returncode, "".join(lines), (reported or time.time()) - hung_at
     finally:
         if stopped is not None:
             for sig in (signal.SIGKILL, signal.SIGCONT):
