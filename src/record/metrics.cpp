@@ -142,10 +142,10 @@ void MetricsLog::record(const SampleRecord& samples) {
   if (tensorboard_ && !(samples.images.empty() && samples.audio.empty() && samples.texts.empty()))
     tensorboard_->samples(samples);
   if (samples.error.empty())
-    std::printf(" samples after iteration %8lld | %s | time (s): %.1f\n", static_cast<long long>(samples.iteration),
-                samples.dir.c_str(), samples.seconds);
+    std::printf(" %s iteration %8lld | %s | time (s): %.1f\n", samples.heading.c_str(),
+                static_cast<long long>(samples.iteration), samples.dir.c_str(), samples.seconds);
   else
-    std::printf(" samples after iteration %8lld | failed: %s | time (s): %.1f\n",
+    std::printf(" %s iteration %8lld | failed: %s | time (s): %.1f\n", samples.heading.c_str(),
                 static_cast<long long>(samples.iteration), samples.error.c_str(), samples.seconds);
   std::fflush(stdout);
 }

@@ -34,6 +34,7 @@ struct SampleRecord {
   };
   int64_t iteration = 0;
   std::string dir;
+  std::string heading = "samples after";  // the console line's: GRPO's rollout texts say "rollout for"
   double seconds = 0;
   std::optional<double> peak_device_allocated_mb;
   std::string error;  // empty: the samples are in dir

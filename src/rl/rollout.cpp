@@ -403,6 +403,7 @@ void GrpoRollouts::make(Run& run, DataLoader& loader, int64_t data_step, int64_t
   if (config_.log_completions > 0) {
     texts_ = std::make_unique<SampleRecord>();
     texts_->iteration = step + 1;
+    texts_->heading = "rollout for";
     texts_->dir = (dir / name).string();
     texts_->seconds = (generate_ms_ + rewards_ms_) / 1000.0;
     for (int64_t i = 0; i < std::min<int64_t>(n, config_.log_completions); ++i) {
