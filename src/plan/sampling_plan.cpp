@@ -95,12 +95,14 @@ std::optional<SamplingPlan> plan_rollout(const PlanEstimate& e, const DeviceProf
   const int64_t completions = checked_mul(prompts, t.grpo.num_generations, what);
   const int64_t prompt = e.seqlen, new_tokens = t.grpo.max_completion_length;
   SamplingWork work;
-  work.forwards.push_back({completions, prompt, false, e.images});
-  // The decode steps attend over prompt + 1 .. prompt + new_tokens - 1: priced at the middle.
+  work.forwards.push_back({prompts, prompt, false, e.images});  // one prefill a prompt, shared by its G
+  // The decode steps attend over prompt + 1 .. prompt + new_tokens - 1: priced at the middle, a
+  // token each (a prompt's G run in one call; their FLOPs add up alike).
   if (new_tokens > 1) work.forwards.push_back({checked_mul(completions, new_tokens - 1, what), prompt + new_tokens / 2, true, {}});
   const int64_t element = static_cast<int64_t>(c10::elementSize(e.plan.config.param_dtype));
-  work.held_device_bytes = checked_mul(checked_mul(2 * e.act.num_layers, e.act.kv_width, what),
-                                       checked_mul(prompt + new_tokens, element, what), what + ": the KV cache");
+  work.held_device_bytes = checked_mul(checked_mul(checked_mul(2 * e.act.num_layers, e.act.kv_width, what),
+                                                   checked_mul(prompt + new_tokens, element, what), what),
+                                       t.grpo.num_generations, what + ": the KV cache");
   const int64_t kv_cache = work.held_device_bytes;
   // gather_for_generation: every unit stays gathered all rollout, beside its shards.
   if (t.grpo.gather_for_generation)

@@ -62,10 +62,10 @@ struct SamplingPlan {
 std::optional<SamplingPlan> plan_sampling(const PlanEstimate& e, const DeviceProfile* profile, int devices_per_node);
 
 // GRPO's rollout (training.objective grpo, rl/rollout.h), priced as a sampling phase: per step on
-// this rank, micro-batches x micro_batch_size prompts x num_generations completions, each one
-// forward over the prompt (e's sequence length and images) and max_completion_length - 1 cached
-// decode steps; the KV cache of one completion held (they are generated one after another), and
-// with grpo.gather_for_generation the whole model gathered.
+// this rank, micro-batches x micro_batch_size prompts, each one forward over the prompt (e's
+// sequence length and images) and max_completion_length - 1 cached decode steps for each of its
+// num_generations completions (generated together); the KV cache of one prompt's completions held,
+// and with grpo.gather_for_generation the whole model gathered.
 // nullopt under another objective or without an activation estimate (its layer count and KV width).
 std::optional<SamplingPlan> plan_rollout(const PlanEstimate& e, const DeviceProfile* profile, int devices_per_node);
 

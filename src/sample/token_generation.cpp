@@ -56,4 +56,34 @@ Generation generate(IncrementalDecoder& decoder, const std::function<at::Tensor(
   return out;
 }
 
+std::vector<Generation> generate_group(IncrementalDecoder& decoder,
+                                       const std::function<at::Tensor(const std::function<at::Tensor()>&)>& run,
+                                       const Batch& prompt, int64_t eos, const TokenSampling& sampling,
+                                       std::vector<at::Generator>& generators, const std::function<bool(bool)>& others_active) {
+  if (sampling.max_new_tokens < 1) fail("max_new_tokens must be >= 1, found ", sampling.max_new_tokens);
+  const auto count = static_cast<int64_t>(generators.size());
+  if (count < 1) fail("generate_group: no generator");
+  IncrementalDecoder::Cache cache;
+  const at::Tensor first = run([&] { return decoder.prefill(prompt, cache); });  // [V]: every completion's first logits
+  IncrementalDecoder::expand_cache(cache, count);
+  std::vector<Generation> out(static_cast<size_t>(count));
+  std::vector<bool> active(static_cast<size_t>(count), true);
+  at::Tensor logits;  // [count, V] after the first token
+  while (true) {
+    bool any = false;
+    for (int64_t g = 0; g < count; ++g) {
+      if (!active[g]) continue;
+      auto& tokens = out[g].tokens;
+      tokens.push_back(next_token(logits.defined() ? logits[g] : first, sampling, generators[g]));
+      active[g] = tokens.back() != eos && static_cast<int64_t>(tokens.size()) < sampling.max_new_tokens;
+      any = any || active[g];
+    }
+    if (!others_active(any)) break;
+    std::vector<int64_t> feed;
+    for (const auto& generation : out) feed.push_back(generation.tokens.back());  // a finished one repeats its last
+    logits = run([&] { return decoder.decode_batch(feed, cache); });
+  }
+  return out;
+}
+
 }  // namespace mmtrain::sample

@@ -41,4 +41,15 @@ Generation generate(IncrementalDecoder& decoder, const std::function<at::Tensor(
                     const Batch& prompt, int64_t eos, const TokenSampling& sampling, at::Generator& generator,
                     bool keep_logits, const std::function<bool(bool)>& others_active);
 
+// The completions of one prompt, one per generator, generated together (GRPO's rollouts): the
+// prompt prefilled once and its cache copied for each, then one decoder call per token for all of
+// them (IncrementalDecoder::decode_batch). Completion g draws from generators[g] exactly as
+// generate() would alone, so it is generate()'s completion whenever the batched call's logits are
+// the single call's (the same kernels row by row). A finished completion keeps stepping on its
+// last token, its results dropped; `others_active` as for generate().
+std::vector<Generation> generate_group(IncrementalDecoder& decoder,
+                                       const std::function<at::Tensor(const std::function<at::Tensor()>&)>& run,
+                                       const Batch& prompt, int64_t eos, const TokenSampling& sampling,
+                                       std::vector<at::Generator>& generators, const std::function<bool(bool)>& others_active);
+
 }  // namespace mmtrain::sample

@@ -98,11 +98,13 @@ def test_the_mean_reward_rises_and_the_plot_shows_it(grpo):
 
 def test_rollouts_are_sample_mistral3s_and_two_ranks_equal_one(grpo):
     tmp, config = grpo
+    # 16 new tokens: 15 batched decoder calls of a prompt's 8 completions (rl/rollout's generate_group).
+    longer = ["--set", "training.train_iters=1", "--set", "training.save=", "--set", "training.grpo.max_completion_length=16"]
     one = run_config(tmp, config, "one_rank")
-    run_mmtrain(["train", str(one), "--set", "training.train_iters=1", "--set", "training.save="])
+    run_mmtrain(["train", str(one), *longer])
     two = run_config(tmp, config, "two_ranks")
-    run_mmtrain(["train", str(two), "--set", "training.train_iters=1", "--set", "training.save=",
-                 "--set", "training.micro_batch_size=2", "--set", "training.global_batch_size=4"], world=2)
+    run_mmtrain(["train", str(two), *longer, "--set", "training.micro_batch_size=2", "--set", "training.global_batch_size=4"],
+                world=2)
     key = lambda r: (r["sample_index"], r["generation"])  # noqa: E731
     mine, theirs = sorted(rollout(tmp / "one_rank", 1), key=key), sorted(rollout(tmp / "two_ranks", 1), key=key)
     assert [(key(r), r["completion_ids"], r["reward"]) for r in mine] == \
@@ -115,9 +117,10 @@ def test_rollouts_are_sample_mistral3s_and_two_ranks_equal_one(grpo):
     (tmp / "one_prompt.jsonl").write_text((json.dumps(record) + "\n") * len(group))
     run_mmtrain(["sample", "mistral3", str(one), "--load", str(tmp / "base"), "--prompts", str(tmp / "one_prompt.jsonl"),
                  "--image-dir", str(tmp / "data"), "--out", str(tmp / "sampled"), "--seed", str(group[0]["seed"]),
-                 "--temperature", "1.0", "--max-new-tokens", "3", "--no-image-tokens"])
+                 "--temperature", "1.0", "--max-new-tokens", "16", "--no-image-tokens"])
     sampled = [json.loads(line) for line in (tmp / "sampled" / "completions.jsonl").read_text().splitlines()]
     assert [s["token_ids"] for s in sampled] == [r["completion_ids"] for r in group]
+    assert sum(len(r["completion_ids"]) for r in group) > 8 * 8  # most ran long: the batched calls were compared
 
 
 def test_a_resume_continues_bitwise(grpo):

@@ -205,6 +205,26 @@ class TextLayer : public Module {
     return h + mlp->forward(rms_norm(h, post_attention_layernorm->weight.value, c_.rms_norm_eps), /*silu=*/true);
   }
 
+  // forward_cached for B sequences of one new token each, at one position: x [B, H], cos / sin
+  // [B, hd] (the position's row, repeated), keys / values [B, L, kv_heads, hd] grown by one. Each
+  // row is the single-sequence path's arithmetic (the same kernels, row by row).
+  at::Tensor forward_cached_batch(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& keys,
+                                  at::Tensor& values) const {
+    const int64_t B = x.size(0), nh = c_.num_heads, nkv = c_.num_kv_heads, hd = c_.head_dim;
+    auto n1 = rms_norm(x, input_layernorm->weight.value, c_.rms_norm_eps);
+    auto q = apply_rope(lin(n1, self_attn->q_proj).view({B, nh, hd}), cos, sin);
+    auto k = apply_rope(lin(n1, self_attn->k_proj).view({B, nkv, hd}), cos, sin);
+    auto v = lin(n1, self_attn->v_proj).view({B, nkv, hd});
+    keys = at::cat({keys, k.unsqueeze(1)}, 1);
+    values = at::cat({values, v.unsqueeze(1)}, 1);
+    const int64_t group = nh / nkv;
+    auto key_heads = keys.repeat_interleave(group, 2).transpose(1, 2);  // [B, nh, L, hd]
+    auto value_heads = values.repeat_interleave(group, 2).transpose(1, 2);
+    auto o = at::scaled_dot_product_attention(q.unsqueeze(2), key_heads, value_heads);  // [B, nh, 1, hd]
+    auto h = x + lin(o.reshape({B, nh * hd}), self_attn->o_proj);
+    return h + mlp->forward(rms_norm(h, post_attention_layernorm->weight.value, c_.rms_norm_eps), /*silu=*/true);
+  }
+
   std::shared_ptr<Norm> input_layernorm, post_attention_layernorm;
   std::shared_ptr<Projections> self_attn;
   std::shared_ptr<GatedMlp> mlp;
@@ -351,6 +371,28 @@ class Mistral3Model : public Model, public SplitsSequence, public IncrementalDec
     if (token < 0 || token >= c_.vocab_size) fail("mistral3 decode: token ", token, " outside the vocabulary");
     const auto ids = at::full({1, 1}, token, at::TensorOptions().dtype(at::kLong).device(embed_tokens->weight.value.device()));
     return run_cached(at::embedding(embed_tokens->weight.value, ids)[0], cache);
+  }
+
+  at::Tensor decode_batch(const std::vector<int64_t>& tokens, Cache& cache) override {
+    const int64_t B = static_cast<int64_t>(tokens.size());
+    for (const int64_t token : tokens)
+      if (token < 0 || token >= c_.vocab_size) fail("mistral3 decode: token ", token, " outside the vocabulary");
+    const auto device = embed_tokens->weight.value.device();
+    auto h = at::embedding(embed_tokens->weight.value, at::tensor(tokens, at::kLong).to(device));  // [B, H]
+    auto [cos, sin] = rope_tables(at::full({1}, cache.length, at::TensorOptions().dtype(at::kLong).device(device)),
+                                  c_.head_dim, c_.rope_theta);
+    cos = cos.expand({B, c_.head_dim}).contiguous();
+    sin = sin.expand({B, c_.head_dim}).contiguous();
+    for (size_t i = 0; i < layers.size(); ++i) {
+      auto layer_ptr = layers[i];
+      at::Tensor& keys = cache.keys[i];
+      at::Tensor& values = cache.values[i];
+      h = layers[i]->apply({h, cos, sin}, [layer_ptr, &keys, &values](const std::vector<at::Tensor>& in) {
+        return layer_ptr->forward_cached_batch(in[0], in[1], in[2], keys, values);
+      });
+    }
+    cache.length += 1;
+    return lin(rms_norm(h, norm->weight.value, c_.rms_norm_eps), lm_head).to(at::kFloat);  // [B, V]
   }
 
   // The label each row of the stream predicts, int64 [B x S]: labels [B, S] shifted left by one
