@@ -68,8 +68,7 @@ std::vector<Generation> generate_group(IncrementalDecoder& decoder,
   IncrementalDecoder::expand_cache(cache, count);
   std::vector<Generation> out(static_cast<size_t>(count));
   std::vector<bool> active(static_cast<size_t>(count), true);
-  at::Tensor logits;  // [count, V] after the first token
-  while (true) {
+  for (at::Tensor logits;;) {  // [count, V] after the first token
     bool any = false;
     for (int64_t g = 0; g < count; ++g) {
       if (!active[g]) continue;
@@ -78,12 +77,11 @@ std::vector<Generation> generate_group(IncrementalDecoder& decoder,
       active[g] = tokens.back() != eos && static_cast<int64_t>(tokens.size()) < sampling.max_new_tokens;
       any = any || active[g];
     }
-    if (!others_active(any)) break;
-    std::vector<int64_t> feed;
-    for (const auto& generation : out) feed.push_back(generation.tokens.back());  // a finished one repeats its last
+    if (!others_active(any)) return out;
+    std::vector<int64_t> feed;  // a finished completion repeats its last token
+    for (const auto& generation : out) feed.push_back(generation.tokens.back());
     logits = run([&] { return decoder.decode_batch(feed, cache); });
   }
-  return out;
 }
 
 }  // namespace mmtrain::sample
