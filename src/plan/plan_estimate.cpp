@@ -188,7 +188,7 @@ StepTimeInputs PlanEstimate::step_inputs(int devices_per_node, bool* flops) cons
     }
     // dpo: a sample is two sequences, each also run forward once more, without grads, by the
     // reference (attention's backward counted as 2.5 forwards).
-    if (sequences_per_sample == 2) {
+    if (cfg.training.objective == "dpo") {  // (a grpo prompt of num_generations 2 is no pair)
       in.gemm_flops_per_sample *= 2.0 * (train_passes + 1.0) / train_passes;
       in.attention_flops_per_sample *= 2.0 * (3.5 + 1.0) / 3.5;
     }
