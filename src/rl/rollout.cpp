@@ -74,14 +74,6 @@ std::string completion_text(const tokenizer::TextTokenizer& tok, const std::vect
   return text + tok.decode(run);
 }
 
-int64_t special_or_none(const tokenizer::TextTokenizer& tok, const std::string& name) {
-  try {
-    return tok.special_id(name);
-  } catch (const Error&) {
-    return -1;  // a tokenizer without it: the model writes the marker as text
-  }
-}
-
 // Sums of a [rows, columns] table whose rows are spread over the data-parallel ranks (this rank's
 // at `offset`): every rank gets the whole table. Exact: each entry is one rank's value (the other
 // ranks add zeros), counted once per rank of its data-parallel group and divided back.
@@ -131,8 +123,9 @@ GrpoRollouts::GrpoRollouts(const Run& run) {
   if (!prompts_) fail("training.objective grpo: the data set is not dataset_type ", conversation::kPromptsDatasetType);
   tokenizer_ = tokenizer::load_text_tokenizer(prompts_->tokenizer_path(), prompts_->tokenizer_options());
   eos_ = tokenizer_->special_id("</s>");
-  think_open_ = special_or_none(*tokenizer_, "[THINK]");
-  think_close_ = special_or_none(*tokenizer_, "[/THINK]");
+  // A tokenizer without them: the model writes the markers as text, which the rewards read as they are.
+  think_open_ = tokenizer::special_id_if_any(*tokenizer_, "[THINK]").value_or(-1);
+  think_close_ = tokenizer::special_id_if_any(*tokenizer_, "[/THINK]").value_or(-1);
   image_tokens_ = sample::image_token_ids(run.config, *tokenizer_);
   rewards_ = make_rewards(config_);
   weights_ = config_.reward_weights.empty() ? std::vector<double>(rewards_.size(), 1.0) : config_.reward_weights;
@@ -332,9 +325,9 @@ void GrpoRollouts::make(Run& run, DataLoader& loader, int64_t data_step, int64_t
       Batch on_device = batch;
       for (auto& [key, tensor] : on_device) tensor = tensor.to(run.comm().device());
       if (needs_old)
-        batch[kGrpoOldLogProbsKey] = policy_token_log_probs(run.config, *run.model, *run.fsdp, on_device).to(at::kCPU);
+        batch[kGrpoOldLogProbsKey] = policy_token_log_probs(config_, *run.model, *run.fsdp, on_device).to(at::kCPU);
       if (needs_ref)
-        batch[kGrpoRefLogProbsKey] = reference_token_log_probs(run.config, *run.model, *run.fsdp,
+        batch[kGrpoRefLogProbsKey] = reference_token_log_probs(config_, *run.model, *run.fsdp,
                                                                run.preference_reference.get(), on_device).to(at::kCPU);
     }
   reference_ms_ = ms_since(began);
@@ -390,18 +383,11 @@ void GrpoRollouts::make(Run& run, DataLoader& loader, int64_t data_step, int64_t
   }
   if (run.comm().any_rank(!problem.empty()))
     fail(dir.string(), " is ", problem.empty() ? "unusable on rank 0" : problem, ": the rollouts are written there");
-  const std::string part = (dir / ("." + name + ".rank" + std::to_string(run.comm().rank()))).string();
-  write_file_no_follow(part, lines, "a rank's rollout");
-  run.comm().barrier();
+  const auto parts = run.texts_to_rank0(dir.string(), name, lines);
   if (!run.is_rank0()) return;
   std::string merged;
-  for (int r = 0; r < run.comm().world_size(); ++r) {
-    const std::string path = (dir / ("." + name + ".rank" + std::to_string(r))).string();
-    // Ranks of one data-parallel group hold the same completions: the first one's are kept.
-    const std::string text = read_user_file(path, "a rank's rollout", int64_t{1} << 30);
-    if (r % (run.comm().world_size() / dp) == 0) merged += text;
-    fs::remove(path);
-  }
+  // Ranks of one data-parallel group hold the same completions: the first one's are kept.
+  for (size_t r = 0; r < parts.size(); r += static_cast<size_t>(run.comm().world_size() / dp)) merged += parts[r];
   write_file_no_follow((dir / name).string(), merged, "rollouts/" + name);
   if (config_.log_completions > 0) {
     texts_ = std::make_unique<SampleRecord>();

@@ -59,12 +59,8 @@ Mistral3Prompts read_mistral3_prompts(const Config& config, const std::string& p
 
 std::vector<int64_t> image_token_ids(const Config& config, const tokenizer::TextTokenizer& tokenizer) {
   std::vector<int64_t> ids;
-  for (const char* name : {"[IMG]", "[IMG_BREAK]", "[IMG_END]"}) {
-    try {
-      ids.push_back(tokenizer.special_id(name));
-    } catch (const Error&) {  // a tokenizer without it
-    }
-  }
+  for (const char* name : {"[IMG]", "[IMG_BREAK]", "[IMG_END]"})
+    if (const auto id = mmtrain::tokenizer::special_id_if_any(tokenizer, name)) ids.push_back(*id);
   const auto& c = config.model.config;
   if (c.contains("image_token_index") && c.at("image_token_index").is_number_integer()) {
     const auto id = c.at("image_token_index").get<int64_t>();
@@ -97,7 +93,6 @@ void generate_completions(Run& run, const Mistral3Prompts& prompts, const TokenS
   // Prompt i goes to data-parallel rank i % dp; a rank with fewer prompts generates for prompt 0
   // again and drops it, as FSDP's gathers need every rank in every forward.
   const int64_t dp = run.mesh->dp_size(), dp_rank = run.mesh->dp_rank(), count = prompts.records->size();
-  const std::string part = (fs::path(out_dir) / (".completions.rank" + std::to_string(run.comm().rank()))).string();
   std::string lines;
   for (int64_t round = 0; round < (count + dp - 1) / dp; ++round) {
     const int64_t index = round * dp + dp_rank;
@@ -135,17 +130,14 @@ void generate_completions(Run& run, const Mistral3Prompts& prompts, const TokenS
                 took);
     std::fflush(stdout);
   }
-  write_file_no_follow(part, lines, part);
-  run.comm().barrier();
+  const auto parts = run.texts_to_rank0(out_dir, "completions", lines);
   if (!run.is_rank0()) return;
   // completions.jsonl in prompt order, from every rank's part.
   std::vector<std::pair<int64_t, std::string>> all;
-  for (int r = 0; r < run.comm().world_size(); ++r) {
-    const std::string path = (fs::path(out_dir) / (".completions.rank" + std::to_string(r))).string();
-    std::istringstream in(read_user_file(path, "a rank's completions", int64_t{1} << 30));
+  for (const auto& part : parts) {
+    std::istringstream in(part);
     for (std::string line; std::getline(in, line);)
-      if (!line.empty()) all.emplace_back(json_parse_checked(line, path)["index"].get<int64_t>(), line);
-    fs::remove(path);
+      if (!line.empty()) all.emplace_back(json_parse_checked(line, "a rank's completions")["index"].get<int64_t>(), line);
   }
   std::sort(all.begin(), all.end());
   std::string merged;

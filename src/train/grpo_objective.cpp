@@ -2,8 +2,6 @@
 
 #include "config/registries.h"
 #include "core/error.h"
-#include "nn/lora.h"
-#include "train/rollout_source.h"
 #include "data/conversation/prompt_dataset.h"
 #include "nn/grpo_loss.h"
 
@@ -12,28 +10,27 @@ namespace mmtrain {
 namespace {
 
 // The batch the model sees: the completions' rows, asking for per-token log-probs.
-Batch token_log_probs_request(const Config& config, const Batch& batch) {
+Batch token_log_probs_request(const GrpoConfig& grpo, const Batch& batch) {
   Batch asking;
   for (const auto& [key, tensor] : batch)
     if (key.rfind("grpo_", 0) != 0) asking[key] = tensor;
-  asking[kTokenLogProbsKey] = at::tensor({config.training.grpo.temperature}, at::kDouble);
+  asking[kTokenLogProbsKey] = at::tensor({grpo.temperature}, at::kDouble);
   return asking;
 }
 
-const at::Tensor& token_log_probs_of(const ModelOutput& out, const Config& config) {
+const at::Tensor& token_log_probs_of(const ModelOutput& out) {
   if (!out.token_log_probs.defined())
-    fail("training.objective grpo: model '", config.model.model_id, "' gave no per-token log-probs (",
-         kTokenLogProbsKey, ")");
+    fail("training.objective grpo: the model gave no per-token log-probs (", kTokenLogProbsKey, ")");
   return out.token_log_probs;
 }
 
 }  // namespace
 
-ModelOutput grpo_forward(const Config& config, Model& model, Fsdp& fsdp, const Batch& batch) {
+ModelOutput grpo_forward(const GrpoConfig& grpo, Model& model, Fsdp& fsdp, const Batch& batch) {
   fsdp.begin_forward();
-  const ModelOutput policy = model.forward(token_log_probs_request(config, batch));
+  const ModelOutput policy = model.forward(token_log_probs_request(grpo, batch));
   GrpoTokens tokens;
-  tokens.log_probs = token_log_probs_of(policy, config);
+  tokens.log_probs = token_log_probs_of(policy);
   tokens.entropies = policy.token_entropies;
   tokens.mask = batch_get(batch, kGrpoMaskKey);
   tokens.completion = batch_get(batch, kGrpoCompletionKey);
@@ -41,7 +38,7 @@ ModelOutput grpo_forward(const Config& config, Model& model, Fsdp& fsdp, const B
   if (const auto it = batch.find(kGrpoOldLogProbsKey); it != batch.end()) tokens.old_log_probs = it->second;
   if (const auto it = batch.find(kGrpoRefLogProbsKey); it != batch.end()) tokens.ref_log_probs = it->second;
   tokens.dapo_divisor = batch_get(batch, kGrpoDapoDivisorKey).item<double>();
-  GrpoLoss loss = grpo_loss(config.training.grpo, tokens);
+  GrpoLoss loss = grpo_loss(grpo, tokens);
   ModelOutput out;
   out.loss = loss.loss;
   out.tokens = policy.tokens;
@@ -49,19 +46,18 @@ ModelOutput grpo_forward(const Config& config, Model& model, Fsdp& fsdp, const B
   return out;
 }
 
-at::Tensor policy_token_log_probs(const Config& config, Model& model, Fsdp& fsdp, const Batch& batch) {
+at::Tensor policy_token_log_probs(const GrpoConfig& grpo, Model& model, Fsdp& fsdp, const Batch& batch) {
   at::NoGradGuard no_grad;
   fsdp.begin_forward();
-  const ModelOutput out = model.forward(token_log_probs_request(config, batch));
+  const ModelOutput out = model.forward(token_log_probs_request(grpo, batch));
   fsdp.finish_forward_only();
-  return token_log_probs_of(out, config);
+  return token_log_probs_of(out);
 }
 
-at::Tensor reference_token_log_probs(const Config& config, Model& model, Fsdp& fsdp, PreferenceReference* reference,
+at::Tensor reference_token_log_probs(const GrpoConfig& grpo, Model& model, Fsdp& fsdp, PreferenceReference* reference,
                                      const Batch& batch) {
-  if (reference) return policy_token_log_probs(config, *reference->model, *reference->fsdp, batch);
-  const LoraAdaptersOff base;
-  return policy_token_log_probs(config, model, fsdp, batch);
+  const Batch asking = token_log_probs_request(grpo, batch);
+  return token_log_probs_of(reference_forward_only(model, fsdp, reference, [&](Model& m) { return m.forward(asking); }));
 }
 
 void check_grpo_config(const Config& config) {
@@ -106,11 +102,6 @@ void check_grpo_config(const Config& config) {
   if (t.eval_interval > 0 || t.eval_at_start)
     fail(where, ": held-out evaluation (training.eval_interval, eval_at_start) is not implemented for grpo (the ",
          "rewards of held-out prompts are not measured yet)");
-}
-
-Registry<RolloutSourceFactory>& rollout_source_registry() {
-  static Registry<RolloutSourceFactory> registry("rollout source");
-  return registry;
 }
 
 int64_t data_step_of(const Config& config, int64_t step) {

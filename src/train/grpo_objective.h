@@ -27,12 +27,12 @@ inline constexpr const char* kGrpoRefLogProbsKey = "grpo_ref_log_probs";
 inline constexpr const char* kGrpoDapoDivisorKey = "grpo_dapo_divisor";
 
 // The forward of one micro-batch of completions, FSDP's forward begun inside.
-ModelOutput grpo_forward(const Config& config, Model& model, Fsdp& fsdp, const Batch& batch);
+ModelOutput grpo_forward(const GrpoConfig& grpo, Model& model, Fsdp& fsdp, const Batch& batch);
 
 // The per-token log-probs [L] of a micro-batch of completions under the policy (no grad), or the
-// reference: the frozen copy when given, else (LoRA) the model with its adapters off.
-at::Tensor policy_token_log_probs(const Config& config, Model& model, Fsdp& fsdp, const Batch& batch);
-at::Tensor reference_token_log_probs(const Config& config, Model& model, Fsdp& fsdp, PreferenceReference* reference,
+// reference (preference_reference.h's reference_forward_only).
+at::Tensor policy_token_log_probs(const GrpoConfig& grpo, Model& model, Fsdp& fsdp, const Batch& batch);
+at::Tensor reference_token_log_probs(const GrpoConfig& grpo, Model& model, Fsdp& fsdp, PreferenceReference* reference,
                                      const Batch& batch);
 
 // Refuses, by name and before anything is built, a grpo config this objective cannot train.

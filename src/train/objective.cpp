@@ -2,7 +2,6 @@
 
 #include "core/error.h"
 #include "config/registries.h"
-#include "nn/lora.h"
 #include "nn/preference_loss.h"
 #include "nn/grpo_loss.h"
 #include "train/grpo_objective.h"
@@ -55,26 +54,11 @@ struct PairScoring {
   }
 };
 
-ModelOutput reference_forward(const PairScoring& scoring, Model& model, Fsdp& fsdp, PreferenceReference* reference,
-                              const Batch& batch, int64_t pairs) {
-  at::NoGradGuard no_grad;
-  if (reference) {
-    reference->fsdp->begin_forward();
-    ModelOutput out = scoring.forward(*reference->model, batch, pairs);
-    reference->fsdp->finish_forward_only();
-    return out;
-  }
-  const LoraAdaptersOff base;
-  fsdp.begin_forward();
-  ModelOutput out = scoring.forward(model, batch, pairs);
-  fsdp.finish_forward_only();
-  return out;
-}
-
 ModelOutput dpo_forward(const DpoConfig& config, const PairScoring& scoring, PreferenceReference* reference,
                         Model& model, Fsdp& fsdp, const Batch& batch) {
   const int64_t pairs = pairs_of(batch);
-  const ModelOutput ref = reference_forward(scoring, model, fsdp, reference, batch, pairs);
+  const ModelOutput ref =
+      reference_forward_only(model, fsdp, reference, [&](Model& m) { return scoring.forward(m, batch, pairs); });
   fsdp.begin_forward();
   const ModelOutput policy = scoring.forward(model, batch, pairs);
   const std::optional<double> pair_normalizer = loss_normalizer(batch, 0);  // a token-budget step's global pairs
@@ -113,7 +97,9 @@ MicroBatchForward objective_forward(const Config& config, std::shared_ptr<Prefer
          reference ? " takes no reference copy here" : " under full fine-tuning needs its reference copy");
   // GRPO's reference is used by the rollout (train/rollout_source.h), which puts its log-probs in the batch.
   if (config.training.objective == "grpo")
-    return [config](Model& model, Fsdp& fsdp, const Batch& batch) { return grpo_forward(config, model, fsdp, batch); };
+    return [grpo = config.training.grpo](Model& model, Fsdp& fsdp, const Batch& batch) {
+      return grpo_forward(grpo, model, fsdp, batch);
+    };
   const DpoConfig dpo = config.training.dpo;
   const PairScoring scoring{config_model_spec(config).dpo_form, dpo.term_weights};
   return [dpo, scoring, reference](Model& model, Fsdp& fsdp, const Batch& batch) {

@@ -2,9 +2,25 @@
 
 #include "train/build.h"
 #include "config/registries.h"
+#include "nn/lora.h"
 #include "train/lora_base.h"
 
+#include <optional>
+
 namespace mmtrain {
+
+ModelOutput reference_forward_only(Model& model, Fsdp& fsdp, PreferenceReference* reference,
+                                   const std::function<ModelOutput(Model&)>& forward) {
+  at::NoGradGuard no_grad;
+  Model& scored = reference ? *reference->model : model;
+  Fsdp& units = reference ? *reference->fsdp : fsdp;
+  std::optional<LoraAdaptersOff> base;
+  if (!reference) base.emplace();  // the base: the same units, the adapters off
+  units.begin_forward();
+  ModelOutput out = forward(scored);
+  units.finish_forward_only();
+  return out;
+}
 
 std::shared_ptr<PreferenceReference> build_preference_reference(const Config& config, const DeviceMesh& mesh,
                                                                 std::shared_ptr<OffloadTiers> tiers) {

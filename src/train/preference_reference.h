@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -31,6 +32,13 @@ struct PreferenceReference {
 // (config_needs_reference_copy).
 std::shared_ptr<PreferenceReference> build_preference_reference(const Config& config, const DeviceMesh& mesh,
                                                                 std::shared_ptr<OffloadTiers> tiers = nullptr);
+
+// One no-grad forward of the reference: `forward` run on the frozen copy when there is one, else on
+// `model` with its LoRA adapters off (the base), between that model's FSDP begin_forward and
+// finish_forward_only. What each preference objective scores its reference with (train/objective.h,
+// train/grpo_objective.h).
+ModelOutput reference_forward_only(Model& model, Fsdp& fsdp, PreferenceReference* reference,
+                                   const std::function<ModelOutput(Model&)>& forward);
 
 // What a checkpoint records of the reference (train/lora_base.h's initial_weights_identity);
 // null when no copy is needed. With comm: collective, as initial_weights_identity.

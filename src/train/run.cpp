@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/text.h"
+#include "io/user_file.h"
 #include "nn/lora.h"
 #include "offload/host_store.h"
 #include "plan/device_profile.h"
@@ -15,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 namespace mmtrain {
 
@@ -52,6 +54,20 @@ std::string Run::describe_data_order() const {
             " (the loss normalized over each global batch)";
   text += loader.num_workers > 0 ? ", " + std::to_string(loader.num_workers) + " loader threads" : ", loaded inline";
   return text;
+}
+
+std::vector<std::string> Run::texts_to_rank0(const std::string& dir, const std::string& name,
+                                             const std::string& text) const {
+  const auto part = [&](int rank) { return dir + "/." + name + ".rank" + std::to_string(rank); };
+  write_file_no_follow(part(comm().rank()), text, "rank " + std::to_string(comm().rank()) + "'s part of " + name);
+  comm().barrier();
+  std::vector<std::string> out;
+  if (!is_rank0()) return out;
+  for (int r = 0; r < comm().world_size(); ++r) {
+    out.push_back(read_user_file(part(r), "rank " + std::to_string(r) + "'s part of " + name, int64_t{1} << 30));
+    std::filesystem::remove(part(r));
+  }
+  return out;
 }
 
 std::string Run::describe_step_samples(int64_t step) const {

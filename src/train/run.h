@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace mmtrain {
 
@@ -64,6 +65,9 @@ struct Run {
 
   // What the offload tiers have moved so far, and the time waited on them.
   OffloadCounts offload_counts() const;
+  // Every rank's `text` on rank 0, in rank order (empty on the others), through files
+  // <dir>/.<name>.rank<r> each rank writes and rank 0 reads and removes; dir must exist. Collective.
+  std::vector<std::string> texts_to_rank0(const std::string& dir, const std::string& name, const std::string& text) const;
   // The run's data order in one line (samples, global batch, shuffle, token budget, loader).
   std::string describe_data_order() const;
   // The samples of step `step` (0-based) over all ranks, for a failure's message: their stream

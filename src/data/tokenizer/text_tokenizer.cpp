@@ -27,6 +27,14 @@ class FileTokenizer final : public TextTokenizer {
 
 }  // namespace
 
+std::optional<int32_t> special_id_if_any(const TextTokenizer& tokenizer, const std::string& name) {
+  try {
+    return tokenizer.special_id(name);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
 std::shared_ptr<TextTokenizer> load_text_tokenizer(const std::string& path, const TextTokenizerOptions& options) {
   namespace fs = std::filesystem;
   fs::path file = path;

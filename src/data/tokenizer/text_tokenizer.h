@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,9 @@ struct TextTokenizerOptions {
   bool fix_mistral_regex = false;     // tokenizer.json only (HfBpeOptions)
   bool split_special_tokens = false;  // tokenizer.json only
 };
+
+// The id of a control token the tokenizer may not have ("[THINK]", "[IMG_BREAK]"): nothing when absent.
+std::optional<int32_t> special_id_if_any(const TextTokenizer& tokenizer, const std::string& name);
 
 // `path` is a tekken.json / tokenizer.json file, or a directory holding one (tekken.json is
 // preferred: it is Mistral's own format). Fails naming what was looked for.
