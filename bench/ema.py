@@ -7,11 +7,14 @@ Arms, interleaved over ROUNDS rounds (A B C, then C B A, ...):
   none    AdamW alone
   ema     training.ema on (decay 0.9999, an update every step): one pass over the fp32 shards after
           each optimizer step
+  ema_host, ema_disk
+          the same with training.ema.offload host / disk (under BENCH_DIR/offload): the shadows
+          streamed through three chunk windows past the shards at every update
   none2   AdamW alone again: the control, whose spread against `none` is the noise floor
 
 Reported (medians over rounds): step_ms (median step time over the steps after the first two),
 optimizer_ms (the step's optimizer phase, where the EMA update runs) and peak_rss_mib; the ratios
-ema / none (target: step <= 1.03) with none2 / none as the noise floor.
+ema / none (target: step <= 1.03), and each offloaded arm's, with none2 / none as the noise floor.
 
 Usage: .venv/bin/python bench/ema.py [BUILD_DIR]   (binary BUILD_DIR/bin/mmtrain or $MMTRAIN_BIN)
 Knobs (environment): STEPS (10), GLOBAL (4), ROUNDS (3), BENCH_DIR (default BUILD_DIR/bench_ema).
@@ -33,14 +36,18 @@ TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 BENCH = Path(os.environ.get("BENCH_DIR", BUILD / "bench_ema"))
 STEPS, GLOBAL, ROUNDS = int(os.environ.get("STEPS", 10)), int(os.environ.get("GLOBAL", 4)), int(os.environ.get("ROUNDS", 3))
 ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-ARMS = ["none", "ema", "none2"]
+ARMS = ["none", "ema", "ema_host", "ema_disk", "none2"]
 
 
 def one_run(arm, r, data, root):
     out = root / f"{arm}_r{r}"
     subprocess.run(["rm", "-rf", str(out)], check=True)
     cfg = out.with_suffix(".yaml")
-    training = ", ema: {enable: true, decay: 0.9999}" if arm == "ema" else ""
+    offload = {"ema": "none", "ema_host": "host", "ema_disk": "disk"}.get(arm)
+    training = f", ema: {{enable: true, decay: 0.9999, offload: {offload}}}" if offload else ""
+    if offload == "disk":
+        (root / "offload").mkdir(exist_ok=True)
+        training += f", offload_dir: {root / 'offload'}"
     cfg.write_text(bench_models.config("magihuman", data, out, STEPS, GLOBAL, training=training))
     run_logged(f"magihuman {arm} r{r}", [TORCHRUN, "--nproc-per-node", "2", "--no-python", BIN, "train", str(cfg)],
                str(out) + ".log", ENV)
@@ -62,10 +69,12 @@ def bench_model(model):
     ratio = lambda arm, k: round(med[arm][k] / med["none"][k], 3)  # noqa: E731
     out = {"model": model,
            "arms": {arm: {k: round(v, 2) for k, v in med[arm].items()} for arm in ARMS},
-           "ema_over_none": {k: ratio("ema", k) for k in ("step_ms", "optimizer_ms", "peak_rss_mib")},
+           **{f"{arm}_over_none": {k: ratio(arm, k) for k in ("step_ms", "optimizer_ms", "peak_rss_mib")}
+              for arm in ("ema", "ema_host", "ema_disk")},
            "control_over_none": {k: ratio("none2", k) for k in ("step_ms", "optimizer_ms", "peak_rss_mib")},
            "targets": {"step_ms": 1.03}}
-    print(f"bench: ema / none {out['ema_over_none']} (control {out['control_over_none']})", file=sys.stderr)
+    for arm in ("ema", "ema_host", "ema_disk"):
+        print(f"bench: {arm} / none {out[arm + '_over_none']} (control {out['control_over_none']})", file=sys.stderr)
     return out
 
 

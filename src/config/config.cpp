@@ -141,19 +141,20 @@ ParallelDims config_check_supported(const Config& c, int world_size) {
       fail(where, key.path, ": ", value.dump(), " needs ", key.needs, ", which mmtrain does not implement yet; ",
            "use the default (", fallback.dump(), ")");
   }
-  if (!c.training.offload_dir.empty() && c.training.optimizer != "adamw_swap" && !c.parallel.fsdp_plan.cpu_offload)
-    fail(where, "training.offload_dir: expected empty unless training.optimizer is adamw_swap or "
-         "parallel.fsdp_plan.cpu_offload is true (it holds their state on disk), found '", c.training.offload_dir,
-         "' with neither");
   const auto& t = c.training;
+  const bool ema_on_disk = t.ema.enable && t.ema.offload == "disk";
+  if (!t.offload_dir.empty() && t.optimizer == "adamw" && !c.parallel.fsdp_plan.cpu_offload && !ema_on_disk)
+    fail(where, "training.offload_dir: expected empty unless training.optimizer is adamw_swap or adamw8bit, "
+         "parallel.fsdp_plan.cpu_offload is true or training.ema.offload is disk (it holds their state on disk), "
+         "found '", t.offload_dir, "' with none of them");
+  if (ema_on_disk && t.offload_dir.empty())
+    fail(where, "training.ema.offload disk: set training.offload_dir, the directory of the disk tier's files");
+  if (!t.ema.enable && t.ema.offload != defaults.training.ema.offload)
+    fail(where, "training.ema.offload: ", t.ema.offload, " set while training.ema.enable is false; remove it or enable ",
+         "the EMA");
   if (t.optimizer != "adamw8bit" && t.min_8bit_size != defaults.training.min_8bit_size)
     fail(where, "training.min_8bit_size: ", t.min_8bit_size, " applies to training.optimizer adamw8bit only, and the "
          "optimizer is ", t.optimizer, "; remove it or set the optimizer");
-  if (t.optimizer == "adamw8bit" && !t.offload_dir.empty())
-    fail(where, "training.optimizer adamw8bit with training.offload_dir '", t.offload_dir, "' (the shards and the ",
-         "optimizer state on disk) is not implemented yet: the 8-bit state (about 2 bytes a weight) stays in memory ",
-         "beside the shards; drop offload_dir (parallel.fsdp_plan.cpu_offload keeps both in host memory), or use "
-         "training.optimizer adamw");
   config_check_token_budget(c);
   if ((t.eval_interval > 0 || t.eval_at_start) && c.data.validation.empty() && c.data.validation_split == 0.0)
     fail(where, "training.eval_interval ", t.eval_interval, t.eval_at_start ? " with eval_at_start" : "",

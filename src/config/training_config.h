@@ -33,10 +33,12 @@ struct TrainingConfig {
   double clip_grad = 0.0;                      // max global grad norm; 0 = no clipping
   int64_t train_iters = 0;                     // optimizer steps
   std::string optimizer = "adamw";             // adamw | adamw_swap (moments in the host tier, or on disk with offload_dir)
+                                               // | adamw8bit (its state on disk with offload_dir)
                                                // | adamw8bit (bitsandbytes' blockwise 8-bit moments; muon: not implemented)
   int64_t min_8bit_size = 4096;                // adamw8bit: params with fewer elements keep fp32 moments (bitsandbytes' default)
   double mem_fraction_static = 0.8;            // adamw_swap: share of the device's free memory its windows may take
-  std::string offload_dir;                     // adamw_swap: the disk tier, where each rank's file of AdamW moments goes
+  std::string offload_dir;                     // the disk tier: each rank's file of optimizer state (adamw_swap, adamw8bit),
+                                               // of shards (cpu_offload) and of the EMA (ema.offload disk)
   bool adam_fused = false;                     // ATen's fused AdamW kernel (not implemented: refused)
   bool init_model_with_meta_device = false;    // mmtrain always builds shapes only and loads each rank's rows
   std::string load;                            // checkpoint dir or save root to resume from; empty = none;

@@ -1,4 +1,5 @@
-// The disk tier: state that does not stay in RAM (AdamW moments with training.offload_dir) lives in
+// The disk tier: state that does not stay in RAM (with training.offload_dir: AdamW moments, the 8-bit
+// AdamW state, shards under cpu_offload, EMA shadows under ema.offload disk) lives in
 // one file per rank, `<offload_dir>/mmtrain_rank_<rank>.offload`, and passes through small RAM
 // windows when it is needed. Each tensor owns a region of the file; reads and writes are queued to
 // one background I/O thread (pread / pwrite, O_DIRECT where the filesystem allows, so the page

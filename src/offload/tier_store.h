@@ -1,6 +1,7 @@
-// Where swapped state (AdamW moments under training.optimizer adamw_swap) lives between uses: the
-// host tier (offload/host_store.h: pinned host RAM, moved through device windows) or the disk tier
-// (offload/disk_store.h: a file, moved through RAM windows). optim/swapped_moments.h streams
+// Where swapped state (AdamW moments under training.optimizer adamw_swap, EMA shadows under
+// training.ema.offload) lives between uses: the host tier (offload/host_store.h: pinned host RAM,
+// moved through device windows) or the disk tier
+// (offload/disk_store.h: a file, moved through RAM windows). optim/swapped_state.h streams
 // chunks through either the same way.
 //
 // A region is reserved once; transfers move whole chunks between a region and a window (a buffer

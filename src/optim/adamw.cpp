@@ -27,12 +27,12 @@ void AdamW::materialize() const {
 void AdamW::offload_moments(std::shared_ptr<TierStore> store, int64_t chunk_numel) {
   std::vector<int64_t> numels;
   for (const auto& p : params_) numels.push_back(p.numel());
-  swapped_ = std::make_unique<SwappedMoments>(std::move(store), numels, chunk_numel);
+  swapped_ = std::make_unique<SwappedState>(std::move(store), numels, /*tensors_per_param=*/2, chunk_numel);
   // Moments that exist already (steps taken, or set) move; never-used ones never existed: the
   // store starts as zeros.
   for (size_t i = 0; i < states_.size(); ++i)
     if (states_[i].exp_avg.abs().max().item<float>() != 0 || states_[i].exp_avg_sq.abs().max().item<float>() != 0)
-      swapped_->write(i, states_[i].exp_avg, states_[i].exp_avg_sq);
+      swapped_->write(i, 0, states_[i].exp_avg), swapped_->write(i, 1, states_[i].exp_avg_sq);
   states_.clear();
 }
 
@@ -74,7 +74,9 @@ void AdamW::step(double lr) {
     return;
   }
   std::optional<size_t> current;  // the param being updated (resident)
-  swapped_->stream(updating, [&](size_t i, int64_t begin, at::Tensor& exp_avg, at::Tensor& exp_avg_sq) {
+  swapped_->stream(updating, [&](size_t i, int64_t begin, std::vector<at::Tensor>& chunk) {
+    at::Tensor& exp_avg = chunk[0];
+    at::Tensor& exp_avg_sq = chunk[1];
     if (current != i) {
       if (current && after_update_) after_update_(*current);
       if (before_update_) before_update_(i);
@@ -103,13 +105,12 @@ AdamWState AdamW::moments(size_t i) const {
     materialize();
     return states_[i];
   }
-  auto [exp_avg, exp_avg_sq] = swapped_->read(i);
-  return {exp_avg.view(params_[i].sizes()), exp_avg_sq.view(params_[i].sizes())};
+  return {swapped_->read(i, 0).view(params_[i].sizes()), swapped_->read(i, 1).view(params_[i].sizes())};
 }
 
 at::Tensor AdamW::moment_range(size_t i, bool exp_avg_sq, int64_t begin, int64_t numel) const {
   if (i >= params_.size()) fail("AdamW: moments of param ", i, " of ", params_.size());
-  if (swapped_) return swapped_->read_range(i, exp_avg_sq, begin, numel);
+  if (swapped_) return swapped_->read_range(i, exp_avg_sq ? 1 : 0, begin, numel);
   materialize();
   const at::Tensor& moment = exp_avg_sq ? states_[i].exp_avg_sq : states_[i].exp_avg;
   return moment.view(-1).narrow(0, begin, numel);
@@ -120,7 +121,11 @@ void AdamW::set_moments(size_t i, const at::Tensor& exp_avg, const at::Tensor& e
   for (const auto* m : {&exp_avg, &exp_avg_sq})
     if (m->sizes() != params_[i].sizes())
       fail("AdamW: moments of param ", i, " must be shaped ", params_[i].sizes(), ", got ", m->sizes());
-  if (swapped_) return swapped_->write(i, exp_avg, exp_avg_sq);
+  if (swapped_) {
+    swapped_->write(i, 0, exp_avg);
+    swapped_->write(i, 1, exp_avg_sq);
+    return;
+  }
   materialize();
   states_[i].exp_avg.copy_(exp_avg);
   states_[i].exp_avg_sq.copy_(exp_avg_sq);

@@ -6,7 +6,7 @@
 // chunk by chunk over windows streamed from there, bitwise equal to the in-memory step.
 #pragma once
 #include "optim/optimizer.h"
-#include "optim/swapped_moments.h"
+#include "optim/swapped_state.h"
 
 #include <ATen/ATen.h>
 
@@ -42,15 +42,15 @@ class AdamW : public Optimizer {
 
   // Moves the moments into the store (training.optimizer adamw_swap: the host tier, or the disk
   // with training.offload_dir): from here on they stream through windows of chunk_numel elements
-  // (optim/swapped_moments.h) and state_bytes() counts only those windows.
+  // (optim/swapped_state.h) and state_bytes() counts only those windows.
   void offload_moments(std::shared_ptr<TierStore> store, int64_t chunk_numel);
-  const SwappedMoments* swapped_moments() const { return swapped_.get(); }
+  const SwappedState* swapped_moments() const { return swapped_.get(); }
 
   void step(double lr) override;
 
   // Param i's moments: the live tensors when they are in memory (created by this call if no step
   // has run yet); when they are swapped out, host tensors from the store, never a device window
-  // (the host tier's are its own bytes: read them only; SwappedMoments::read).
+  // (the host tier's are its own bytes: read them only; SwappedState::read).
   AdamWState moments(size_t i) const;
   // Elements [begin, begin + numel) of one of param i's flat moments (exp_avg, or exp_avg_sq), the
   // same way: a checkpoint save reads one tensor's moments at a time.
@@ -69,7 +69,7 @@ class AdamW : public Optimizer {
 
   MomentAllocator allocate_moment_;
   mutable std::vector<AdamWState> states_;  // empty until materialize(), and for good once offloaded
-  std::unique_ptr<SwappedMoments> swapped_;
+  std::unique_ptr<SwappedState> swapped_;  // exp_avg, exp_avg_sq
   std::vector<at::Tensor> steps_;  // per param, fp32 scalar = step_count_ (the kernel's state_steps)
   AdamWOptions options_;
 };

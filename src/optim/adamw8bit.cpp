@@ -10,6 +10,7 @@
 #include <cmath>
 #include <mutex>
 #include <set>
+#include <utility>
 
 namespace mmtrain {
 namespace {
@@ -21,10 +22,23 @@ constexpr int64_t kChunk = 64 * kBlock;
 
 }  // namespace
 
+void AdamW8bit::UnitState::bind(at::Tensor buffer) {
+  memory = std::move(buffer);
+  int64_t at = 0;
+  for (int m = 0; m < 2; ++m, at += absmax_numel) absmax[m] = memory.narrow(0, at, absmax_numel);
+  for (int m = 0; m < 2; ++m, at += small_numel) small[m] = memory.narrow(0, at, small_numel);
+  const at::Tensor code_bytes = memory.narrow(0, at, floats() - at).view(at::kByte);
+  for (int m = 0; m < 2; ++m) codes[m] = code_bytes.narrow(0, m * shard_numel, shard_numel);
+}
+
 AdamW8bit::AdamW8bit(std::vector<at::Tensor> params, std::vector<at::Tensor> grads,
                      std::vector<std::vector<ShardedParamSpan>> spans, int rank, AdamW8bitOptions options,
-                     AllReduceMax all_reduce_max, StateAllocator allocate)
-    : params_(std::move(params)), grads_(std::move(grads)), options_(options), all_reduce_max_(std::move(all_reduce_max)) {
+                     AllReduceMax all_reduce_max, StateAllocator allocate, std::shared_ptr<DiskStore> disk)
+    : params_(std::move(params)),
+      grads_(std::move(grads)),
+      disk_(std::move(disk)),
+      options_(options),
+      all_reduce_max_(std::move(all_reduce_max)) {
   if (params_.size() != grads_.size() || params_.size() != spans.size())
     fail("AdamW8bit: ", params_.size(), " params, ", grads_.size(), " grads and ", spans.size(), " span lists");
   if (options_.min_8bit_size < 0) fail("AdamW8bit: min_8bit_size must be >= 0, found ", options_.min_8bit_size);
@@ -36,6 +50,7 @@ AdamW8bit::AdamW8bit(std::vector<at::Tensor> params, std::vector<at::Tensor> gra
       fail("AdamW8bit: params must be 1-D fp32 CPU flat shards (its update is bitsandbytes' CPU kernel), got ",
            flat.scalar_type(), " ", flat.sizes(), " on ", flat.device());
     UnitState unit;
+    unit.slot_begin = exchange_slots_;
     int64_t absmax_total = 0, small_total = 0;
     for (const auto& param : spans[i]) {
       const auto& b = param.rank_begins;
@@ -71,13 +86,65 @@ AdamW8bit::AdamW8bit(std::vector<at::Tensor> params, std::vector<at::Tensor> gra
       }
       unit.spans.push_back(std::move(span));
     }
-    for (int m = 0; m < 2; ++m) {
-      unit.codes[m] = allocate(flat.numel(), at::kByte, flat);
-      unit.absmax[m] = allocate(absmax_total, at::kFloat, flat);
-      unit.small[m] = allocate(small_total, at::kFloat, flat);
-    }
+    unit.slot_end = exchange_slots_;
+    unit.shard_numel = flat.numel();
+    unit.absmax_numel = absmax_total;
+    unit.small_numel = small_total;
+    if (disk_)  // zeros until first written: the state never exists in RAM whole
+      unit.disk_offset = disk_->reserve(unit.floats() * static_cast<int64_t>(sizeof(float)));
+    else
+      unit.bind(allocate(unit.floats(), at::kFloat, flat));
     units_.push_back(std::move(unit));
   }
+}
+
+AdamW8bit::~AdamW8bit() {
+  for (auto& unit : units_)
+    if (unit.arriving.valid()) unit.arriving.wait();  // the I/O thread writes into unit.incoming
+}
+
+void AdamW8bit::read_ahead(size_t i) const {
+  UnitState& unit = units_[i];
+  if (!disk_ || unit.memory.defined() || unit.incoming.defined()) return;
+  unit.incoming = aligned_buffer(unit.floats());
+  if (unit.floats() > 0)
+    unit.arriving = disk_->read(unit.disk_offset, unit.incoming.data_ptr(), unit.floats() * static_cast<int64_t>(sizeof(float)));
+}
+
+void AdamW8bit::page_in(size_t i) const {
+  UnitState& unit = units_[i];
+  if (!disk_ || unit.memory.defined()) return;
+  read_ahead(i);  // nothing when it is on its way already
+  if (const auto arriving = std::exchange(unit.arriving, {}); arriving.valid()) arriving.get();  // rethrows (file, offset, errno)
+  unit.bind(std::exchange(unit.incoming, at::Tensor()));
+  unit.changed = false;
+}
+
+void AdamW8bit::page_out(size_t i) const {
+  UnitState& unit = units_[i];
+  if (!disk_ || !unit.memory.defined()) return;
+  if (unit.changed && unit.floats() > 0)
+    disk_->write(unit.disk_offset, unit.memory.data_ptr(), unit.floats() * static_cast<int64_t>(sizeof(float))).get();
+  // Views handed out before keep their bytes (they hold the buffer); the unit lets go of it.
+  for (int m = 0; m < 2; ++m) unit.codes[m] = unit.absmax[m] = unit.small[m] = at::Tensor();
+  unit.memory = at::Tensor();
+  unit.changed = false;
+}
+
+void AdamW8bit::keep_resident(size_t i, bool changing) const {
+  if (i >= units_.size()) fail("AdamW8bit: unit ", i, " of ", units_.size());
+  if (!disk_) return;
+  if (held_ != i) {
+    release();
+    page_in(i);
+    held_ = i;
+  }
+  units_[i].changed = units_[i].changed || changing;
+}
+
+void AdamW8bit::release() const {
+  if (held_) page_out(*held_);
+  held_.reset();
 }
 
 void AdamW8bit::update_32bit(size_t i, const Span& span, double lr) {
@@ -158,9 +225,17 @@ void AdamW8bit::step(double lr) {
   paged_non_finite_.reset();
   std::vector<float> exchange(2 * exchange_slots_, 0.0f);  // (absmax of exp_avg, of exp_avg_sq) per straddling block
   std::vector<PendingBlock> pending;
+  release();  // a checkpoint's unit
+  auto trains = [this](size_t i) { return !units_[i].spans.empty(); };  // else a unit of frozen params only
   for (size_t i = 0; i < units_.size(); ++i) {
-    if (units_[i].spans.empty()) continue;  // a unit of frozen params only
+    if (!trains(i)) continue;
     if (before_update_) before_update_(i);
+    page_in(i);
+    for (size_t next = i + 1; next < units_.size(); ++next)
+      if (trains(next)) {
+        read_ahead(next);
+        break;
+      }
     for (size_t s = 0; s < units_[i].spans.size(); ++s) {
       const Span& span = units_[i].spans[s];
       if (span.end == span.begin) continue;  // no rows of it here
@@ -169,32 +244,53 @@ void AdamW8bit::step(double lr) {
       else
         update_32bit(i, span, lr);
     }
+    if (disk_) {
+      settle(pending, exchange, units_[i].slot_begin, units_[i].slot_end);
+      units_[i].changed = true;
+      page_out(i);
+    }
     if (after_update_) {
       check_paged(i, 0, params_[i]);
       after_update_(i);
     }
   }
-  if (exchange_slots_ == 0) return;
-  at::Tensor reduced = at::from_blob(exchange.data(), {static_cast<int64_t>(exchange.size())}, at::kFloat).clone();
+  if (!disk_) settle(pending, exchange, 0, exchange_slots_);
+}
+
+void AdamW8bit::settle(std::vector<PendingBlock>& pending, std::vector<float>& exchange, int64_t slot_begin,
+                       int64_t slot_end) {
+  if (slot_end == slot_begin) return;  // the same on every rank: no collective to miss
+  at::Tensor reduced =
+      at::from_blob(exchange.data() + 2 * slot_begin, {2 * (slot_end - slot_begin)}, at::kFloat).clone();
   all_reduce_max_(reduced);
   const float* absmax_of = reduced.data_ptr<float>();
   for (PendingBlock& held : pending) {
     UnitState& unit = units_[held.unit];
     const Span& span = unit.spans[held.span];
     for (int m = 0; m < 2; ++m) {
-      const float absmax = absmax_of[2 * held.slot + m];
+      const float absmax = absmax_of[2 * (held.slot - slot_begin) + m];
       unit.absmax[m].data_ptr<float>()[span.absmax_at + held.block - span.first_block] = absmax;
       quant::quantize_block(held.values[m].data(), held.end - held.begin, absmax, map_of(m),
                             unit.codes[m].data_ptr<uint8_t>() + span.param.shard_offset + (held.begin - span.begin));
     }
   }
+  pending.clear();
 }
 
 int64_t AdamW8bit::state_bytes() const {
+  return disk_ ? 2 * largest_unit_state_bytes() : total_state_bytes();
+}
+
+int64_t AdamW8bit::total_state_bytes() const {
   int64_t bytes = 0;
-  for (const auto& unit : units_)
-    for (int m = 0; m < 2; ++m) bytes += unit.codes[m].nbytes() + unit.absmax[m].nbytes() + unit.small[m].nbytes();
+  for (const auto& unit : units_) bytes += unit.bytes();
   return bytes;
+}
+
+int64_t AdamW8bit::largest_unit_state_bytes() const {
+  int64_t largest = 0;
+  for (const auto& unit : units_) largest = std::max(largest, unit.bytes());
+  return largest;
 }
 
 int64_t AdamW8bit::state_bytes_for(int64_t shard_numel, const std::vector<ShardedParamSpan>& spans, int rank,
@@ -215,16 +311,23 @@ const AdamW8bit::Span& AdamW8bit::find(size_t i, const std::string& name) const 
   fail("AdamW8bit: unit ", i, " trains no param '", name, "'");
 }
 
+const AdamW8bit::Span& AdamW8bit::find_resident(size_t i, const std::string& name) const {
+  const Span& span = find(i, name);
+  if (!units_[i].memory.defined())
+    fail("AdamW8bit: unit ", i, "'s state is on disk (training.offload_dir); keep_resident(", i, ") brings it in");
+  return span;
+}
+
 bool AdamW8bit::is_8bit(size_t i, const std::string& name) const { return find(i, name).eight_bit; }
 
 at::Tensor AdamW8bit::codes(size_t i, const std::string& name, int moment) const {
-  const Span& span = find(i, name);
+  const Span& span = find_resident(i, name);
   if (!span.eight_bit) fail("AdamW8bit: '", name, "' keeps fp32 moments (", span.param.numel, " < min_8bit_size)");
   return units_[i].codes[moment].narrow(0, span.param.shard_offset, span.end - span.begin);
 }
 
 at::Tensor AdamW8bit::absmax(size_t i, const std::string& name, int moment) const {
-  const Span& span = find(i, name);
+  const Span& span = find_resident(i, name);
   if (!span.eight_bit) fail("AdamW8bit: '", name, "' keeps fp32 moments (", span.param.numel, " < min_8bit_size)");
   return units_[i].absmax[moment].narrow(0, span.absmax_at, span.blocks);
 }
@@ -237,7 +340,7 @@ std::pair<int64_t, int64_t> AdamW8bit::owned_blocks(size_t i, const std::string&
 }
 
 at::Tensor AdamW8bit::moment(size_t i, const std::string& name, int moment) const {
-  const Span& span = find(i, name);
+  const Span& span = find_resident(i, name);
   if (span.eight_bit) fail("AdamW8bit: '", name, "' keeps 8-bit moments");
   return units_[i].small[moment].narrow(0, span.small_at, span.end - span.begin);
 }

@@ -22,7 +22,14 @@
 // holds its first element. So W ranks store what 1 rank does, bitwise (ATen's elementwise ops
 // give the same bits wherever an element falls in a vector), and a checkpoint reshards like the
 // weights.
+//
+// On the disk tier (training.offload_dir) each unit's state is one region of the rank's DiskStore
+// file and is in RAM only around its update: unit i+1's is read while unit i updates, unit i's
+// written back right after; the straddling blocks are then settled unit by unit (one all-reduce
+// per unit that has any) so that no unit has to come back. A checkpoint reaches a paged unit
+// through keep_resident().
 #pragma once
+#include "offload/disk_store.h"
 #include "optim/adamw.h"
 #include "optim/optimizer.h"
 #include "quant/dynamic_map.h"
@@ -30,6 +37,8 @@
 #include <ATen/ATen.h>
 
 #include <functional>
+#include <future>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -65,17 +74,39 @@ class AdamW8bit : public Optimizer {
 
   // params, grads: each unit's flat fp32 shard and grad, the same objects all run; spans[i]: the
   // trained params in params[i], in order; rank: this rank's index in every span's rank_begins.
+  // disk: the state lives there (above), never all of it in memory; null: in memory (allocate's).
   AdamW8bit(std::vector<at::Tensor> params, std::vector<at::Tensor> grads, std::vector<std::vector<ShardedParamSpan>> spans,
-            int rank, AdamW8bitOptions options, AllReduceMax all_reduce_max, StateAllocator allocate = nullptr);
+            int rank, AdamW8bitOptions options, AllReduceMax all_reduce_max, StateAllocator allocate = nullptr,
+            std::shared_ptr<DiskStore> disk = nullptr);
+  ~AdamW8bit() override;  // waits for a read still on its way into a unit's buffer
 
   void step(double lr) override;
+  // Memory the state holds where the update runs: all of it, or on the disk tier the two units'
+  // buffers (the one updating, the one read ahead).
   int64_t state_bytes() const override;
+  // On the disk tier: the state in RAM for the largest unit (what state_bytes() counts twice).
+  int64_t largest_unit_state_bytes() const;
+  int64_t total_state_bytes() const;  // every unit's, wherever it is
+  const DiskStore* disk() const { return disk_.get(); }
+
+  // On the disk tier, the accessors below need unit i's state in RAM: this brings it in (writing
+  // back and dropping the unit held before; `changing`: the caller will overwrite it, so it is
+  // written back when let go). The views handed out keep their bytes after that. release() lets
+  // the held unit go. In memory: nothing to do.
+  void keep_resident(size_t i, bool changing) const;
+  void release() const;
   int64_t min_8bit_size() const { return options_.min_8bit_size; }
   // What state_bytes() will be on `rank` for these spans over flat shards of shard_numel elements
   // in all (the planner's figure): 2 bytes of codes per shard element, 8 per touched block's two
   // absmax, 8 per element of a param below min_8bit_size.
   static int64_t state_bytes_for(int64_t shard_numel, const std::vector<ShardedParamSpan>& spans, int rank,
                                  int64_t min_8bit_size);
+
+  // The planner's figure for one unit's state in RAM on the disk tier (largest_unit_state_bytes):
+  // 2 bytes of codes a shard element and two absmax per 256 of them. Each param rounds its blocks
+  // up and small params keep 8 bytes an element, which adds a few KiB a unit at the real models'
+  // sizes (their norms and biases).
+  static int64_t unit_state_bytes_estimate(int64_t shard_numel) { return 2 * shard_numel + 8 * (blocks_of(shard_numel) + 1); }
 
   // Checkpoint access to param `name` of unit i (its rows, as the weights). moment: 0 exp_avg, 1
   // exp_avg_sq.
@@ -99,11 +130,26 @@ class AdamW8bit : public Optimizer {
     int64_t small_at = 0;                                // 32-bit: where its moments start in the unit's small moments
     std::vector<std::pair<int64_t, int64_t>> shared;     // (block, exchange slot) of straddling blocks it touches
   };
+  // A unit's state is one fp32 buffer (`memory`, fp32 [floats()]) that the tensors view:
+  // absmax[0], absmax[1], small[0], small[1], then the codes' bytes (codes[0], codes[1]).
   struct UnitState {
     std::vector<Span> spans;
+    int64_t shard_numel = 0, absmax_numel = 0, small_numel = 0;
+    at::Tensor memory;     // undefined while on disk
     at::Tensor codes[2];   // uint8 [S]: like the shard (small params' and padding's places unused)
     at::Tensor absmax[2];  // fp32 [sum of the 8-bit spans' blocks]
     at::Tensor small[2];   // fp32 [sum of the 32-bit spans' numel]
+    // Disk tier: the unit's region, its read under way (into `incoming`), whether it is to be
+    // written back.
+    int64_t disk_offset = 0;
+    at::Tensor incoming;
+    std::shared_future<void> arriving;
+    bool changed = false;
+    int64_t slot_begin = 0, slot_end = 0;  // its straddling blocks' exchange slots
+
+    int64_t floats() const { return 2 * absmax_numel + 2 * small_numel + (2 * shard_numel + 3) / 4; }
+    int64_t bytes() const { return 2 * (shard_numel + 4 * absmax_numel + 4 * small_numel); }  // the tensors'
+    void bind(at::Tensor memory);  // makes the tensors views of it
   };
   // A straddling block's part on this rank, updated and waiting for its absmax.
   struct PendingBlock {
@@ -112,12 +158,23 @@ class AdamW8bit : public Optimizer {
     std::vector<float> values[2];
   };
   const Span& find(size_t i, const std::string& name) const;
+  const Span& find_resident(size_t i, const std::string& name) const;  // and its state in RAM, or fails
+  // Disk tier: the read of unit i's state starts (nothing if it is in RAM or coming); page_in
+  // waits for it; page_out writes it back when changed and drops it.
+  void read_ahead(size_t i) const;
+  void page_in(size_t i) const;
+  void page_out(size_t i) const;
+  // The absmax of the straddling blocks in pending whose slots are in [slot_begin, slot_end), over
+  // the ranks, then their codes; exchange holds this rank's maxima by slot.
+  void settle(std::vector<PendingBlock>& pending, std::vector<float>& exchange, int64_t slot_begin, int64_t slot_end);
   // Span s of unit i.
   void update_8bit(size_t i, size_t s, double lr, std::vector<float>& exchange, std::vector<PendingBlock>& pending);
   void update_32bit(size_t i, const Span& span, double lr);
 
   std::vector<at::Tensor> params_, grads_;
-  std::vector<UnitState> units_;
+  mutable std::vector<UnitState> units_;  // mutable: paging a unit in for a const reader
+  std::shared_ptr<DiskStore> disk_;
+  mutable std::optional<size_t> held_;  // the unit keep_resident brought in
   int64_t exchange_slots_ = 0;  // straddling blocks over every param (the same on every rank)
   AdamW8bitOptions options_;
   AllReduceMax all_reduce_max_;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 namespace mmtrain {
 
@@ -18,7 +19,9 @@ void EmaConfig::declare(ConfigSection<EmaConfig>& s) {
       .field("inv_gamma", &E::inv_gamma)
       .field("power", &E::power)
       .field("update_every", &E::update_every)
+      .field("offload", &E::offload)
       .check([](const EmaConfig& c, const ConfigCheck& check) {
+        check.one_of("offload", c.offload, {"none", "host", "disk"});
         const auto number = ConfigCheck::number;
         if (!(c.decay >= 0.0 && c.decay <= 1.0)) check.invalid("decay", "in [0, 1]", number(c.decay));
         if (!(c.min_decay >= 0.0 && c.min_decay <= c.decay))
@@ -42,11 +45,53 @@ double ema_decay(const EmaConfig& c, int64_t update) {
 
 int64_t ema_updates_by(const EmaConfig& c, int64_t step) { return step / c.update_every; }
 
-Ema::Ema(EmaConfig config, std::vector<at::Tensor> params) : config_(config), params_(std::move(params)) {
+Ema::Ema(EmaConfig config, std::vector<at::Tensor> params, std::shared_ptr<TierStore> store, int64_t chunk_numel,
+         Residency residency)
+    : config_(config), params_(std::move(params)), residency_(std::move(residency)) {
+  std::vector<int64_t> numels;
   for (const auto& p : params_) {
     if (p.scalar_type() != at::kFloat) fail("training.ema: expected fp32 shards, found ", p.scalar_type());
-    shadows_.push_back(p.detach().clone());
+    numels.push_back(p.numel());
+    if (!store) shadows_.push_back(at::empty(p.sizes(), p.options()));  // a paged-out shard's storage is empty
   }
+  if (store) swapped_ = std::make_unique<SwappedState>(std::move(store), numels, /*tensors_per_param=*/1, chunk_numel);
+  at::NoGradGuard no_grad;
+  for_each_chunk(false, [](size_t, at::Tensor& shadow, const at::Tensor& param) { shadow.copy_(param); });
+}
+
+void Ema::for_each_chunk(bool changes_params, const std::function<void(size_t, at::Tensor&, const at::Tensor&)>& fn) {
+  auto bring_in = [this](size_t i) {
+    if (residency_.before) residency_.before(i);
+  };
+  auto let_go = [this, changes_params](size_t i) {
+    if (residency_.after) residency_.after(i, changes_params);
+  };
+  std::vector<size_t> trained;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].numel() > 0) trained.push_back(i);  // else a unit of frozen params only
+  if (!swapped_) {
+    for (size_t i : trained) {
+      bring_in(i);
+      at::Tensor shadow = shadows_[i].view(-1);
+      fn(i, shadow, params_[i].view(-1));
+      let_go(i);
+    }
+    return;
+  }
+  std::optional<size_t> current;  // the param whose chunks are streaming (resident)
+  swapped_->stream(trained, [&](size_t i, int64_t begin, std::vector<at::Tensor>& chunk) {
+    if (current != i) {
+      if (current) let_go(*current);
+      bring_in(i);
+      current = i;
+    }
+    const at::Tensor param = params_[i].view(-1).narrow(0, begin, chunk[0].numel());
+    // A window away from the shards (the disk tier's RAM windows, shards on a GPU) visits them.
+    at::Tensor shadow = chunk[0].to(param.device());
+    fn(i, shadow, param);
+    if (!shadow.is_same(chunk[0])) chunk[0].copy_(shadow);
+  });
+  if (current) let_go(*current);
 }
 
 void Ema::after_step(int64_t step) {
@@ -54,25 +99,36 @@ void Ema::after_step(int64_t step) {
   const double one_minus_decay = 1.0 - ema_decay(config_, ema_updates_by(config_, step));
   at::NoGradGuard no_grad;
   // EMAModel.step: s_param.sub_(one_minus_decay * (s_param - param)).
-  for (size_t i = 0; i < shadows_.size(); ++i) shadows_[i].sub_((shadows_[i] - params_[i]) * one_minus_decay);
+  for_each_chunk(false, [one_minus_decay](size_t, at::Tensor& shadow, const at::Tensor& param) {
+    shadow.sub_((shadow - param) * one_minus_decay);
+  });
 }
 
 void Ema::swap_with_params() {
   at::NoGradGuard no_grad;
-  for (size_t i = 0; i < shadows_.size(); ++i) {
-    const auto weights = params_[i].clone();
-    params_[i].copy_(shadows_[i]);
-    shadows_[i].copy_(weights);
-  }
+  for_each_chunk(true, [](size_t, at::Tensor& shadow, const at::Tensor& param) {
+    const auto weights = param.clone();
+    param.copy_(shadow);
+    shadow.copy_(weights);
+  });
+}
+
+at::Tensor Ema::shadow_range(size_t i, int64_t begin, int64_t numel) const {
+  if (i >= params_.size()) fail("training.ema: shadow ", i, " of ", params_.size());
+  if (swapped_) return swapped_->read_range(i, 0, begin, numel);
+  return shadows_[i].view(-1).narrow(0, begin, numel);
 }
 
 void Ema::set_shadow(size_t i, const at::Tensor& values) {
-  if (values.numel() != shadows_.at(i).numel())
-    fail("training.ema: shadow ", i, " has ", shadows_[i].numel(), " elements, the checkpoint's ", values.numel());
+  if (i >= params_.size()) fail("training.ema: shadow ", i, " of ", params_.size());
+  if (values.numel() != params_[i].numel())
+    fail("training.ema: shadow ", i, " has ", params_[i].numel(), " elements, the checkpoint's ", values.numel());
+  if (swapped_) return swapped_->write(i, 0, values.reshape(-1).contiguous());
   shadows_[i].copy_(values.reshape(shadows_[i].sizes()));
 }
 
 int64_t Ema::state_bytes() const {
+  if (swapped_) return swapped_->window_bytes();
   int64_t bytes = 0;
   for (const auto& s : shadows_) bytes += s.numel() * static_cast<int64_t>(s.element_size());
   return bytes;

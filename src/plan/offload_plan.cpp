@@ -11,7 +11,7 @@ std::string OffloadSetting::name() const {
   auto add = [&out](const char* part) { out += (out.empty() ? "" : "+") + std::string(part); };
   if (activations) add("activations");
   if (cpu_offload) add(disk ? "cpu_offload(disk)" : "cpu_offload");
-  if (swap) add(disk ? "adamw_swap(disk)" : "adamw_swap(host)");
+  if (swap) add(state_8bit ? "adamw8bit(disk)" : disk ? "adamw_swap(disk)" : "adamw_swap(host)");
   return out.empty() ? "none" : out;
 }
 
@@ -20,7 +20,8 @@ OffloadSetting OffloadSetting::of(const Config& config) {
   s.activations = config.features.enable_activation_offload;
   s.cpu_offload = config.parallel.fsdp_plan.cpu_offload;
   s.disk = !config.training.offload_dir.empty();
-  s.swap = config.training.optimizer == "adamw_swap" || (s.cpu_offload && s.disk);
+  s.state_8bit = config.training.optimizer == "adamw8bit";
+  s.swap = config.training.optimizer == "adamw_swap" || (s.disk && (s.cpu_offload || s.state_8bit));
   return s;
 }
 
@@ -36,7 +37,9 @@ std::vector<OffloadSetting> OffloadSetting::all() {
 
 std::vector<OffloadSetting> OffloadSetting::all_for(const std::string& optimizer) {
   std::vector<OffloadSetting> out = all();
-  if (optimizer == "adamw8bit") std::erase_if(out, [](const OffloadSetting& s) { return s.swap || s.disk; });
+  if (optimizer != "adamw8bit") return out;
+  std::erase_if(out, [](const OffloadSetting& s) { return s.swap && !s.disk; });  // its state is on the host already
+  for (auto& s : out) s.state_8bit = true;
   return out;
 }
 
@@ -57,7 +60,16 @@ TierBytes offload_tier_bytes(const OffloadPlanInputs& in, const OffloadSetting& 
     t.device += (kFsdpReductionsInFlight + 1) * p.largest_shard_numel() *
                 static_cast<int64_t>(c10::elementSize(p.config.reduce_dtype));
   }
-  (s.cpu_offload ? t.host : t.device) += in.ema_bytes;
+  int64_t& beside_shards = s.cpu_offload ? t.host : t.device;
+  if (in.ema_offload == "host") {
+    t.host += in.ema_bytes;
+    beside_shards += in.ema_window_bytes;
+  } else if (in.ema_offload == "disk") {
+    t.disk += in.ema_bytes;
+    t.host += in.ema_window_bytes;
+  } else {
+    beside_shards += in.ema_bytes;
+  }
   // The moments leave the side where the step runs (the host under cpu_offload); three windows
   // take their place there, or in host RAM when the disk holds them.
   int64_t& step_side = s.cpu_offload ? t.host : t.device;

@@ -9,7 +9,9 @@
 //   adamw_swap: the moments go to the host tier, three chunk windows stay where the step runs;
 //   adamw_swap + offload_dir: the moments go to disk, the windows are host RAM;
 //   cpu_offload + offload_dir: the moments (as above) and the fp32 shards go to disk; host RAM
-//     keeps two units' shards at a time (the one being gathered or updated, the next read ahead).
+//     keeps two units' shards at a time (the one being gathered or updated, the next read ahead);
+//   adamw8bit + offload_dir: its 8-bit state goes to disk, two units' of it stay in host RAM
+//     (window_bytes), and with cpu_offload the shards go to disk as above.
 // On CPU the device is the host: there the device and host columns share one RAM.
 #pragma once
 #include "fsdp/plan.h"
@@ -26,18 +28,21 @@ struct Config;
 struct OffloadSetting {
   bool activations = false;  // features.enable_activation_offload
   bool cpu_offload = false;  // parallel.fsdp_plan.cpu_offload
-  bool swap = false;         // the moments swapped (training.optimizer adamw_swap, or cpu_offload with a disk)
+  bool swap = false;         // the optimizer state off where the update runs (training.optimizer adamw_swap, or
+                             // offload_dir with cpu_offload or adamw8bit)
   bool disk = false;         // training.offload_dir
+  bool state_8bit = false;   // training.optimizer adamw8bit: with swap, its state on disk
   std::string name() const;  // "none", "activations+cpu_offload+adamw_swap(disk)", ...
   bool operator==(const OffloadSetting& o) const {
-    return activations == o.activations && cpu_offload == o.cpu_offload && swap == o.swap && disk == o.disk;
+    return activations == o.activations && cpu_offload == o.cpu_offload && swap == o.swap && disk == o.disk &&
+           state_8bit == o.state_8bit;
   }
 
   static OffloadSetting of(const Config& config);
   // Each feature alone and the useful combinations.
   static std::vector<OffloadSetting> all();
-  // The settings a run of training.optimizer `optimizer` can use: adamw8bit's state is neither
-  // swapped nor on disk (optim/adamw8bit.h), so it has the settings without swap.
+  // The settings a run of training.optimizer `optimizer` can use: adamw8bit's update runs on the
+  // host (optim/adamw8bit.h), so its state is never swapped to the host tier, only to the disk.
   static std::vector<OffloadSetting> all_for(const std::string& optimizer);
 };
 
@@ -47,8 +52,10 @@ struct OffloadPlanInputs {
   int64_t activation_bytes = 0;      // as the config runs (with or without recompute); 0 when not estimated
   int64_t layers_kept_bytes = 0;     // of that, what the layers keep for backward (inputs under recompute)
   int64_t num_layers = 0;
-  int64_t window_bytes = 0;          // adamw_swap's three chunk windows
-  int64_t ema_bytes = 0;             // training.ema's fp32 shadows: beside the shards (the host under cpu_offload)
+  int64_t window_bytes = 0;          // adamw_swap's three chunk windows, or adamw8bit's two units on disk
+  int64_t ema_bytes = 0;             // training.ema's fp32 shadows: beside the shards (the host under cpu_offload),
+  std::string ema_offload = "none";  // or in the host or disk tier (training.ema.offload), where they leave
+  int64_t ema_window_bytes = 0;      // their three chunk windows beside the shards (host RAM for the disk's)
 };
 
 struct TierBytes {

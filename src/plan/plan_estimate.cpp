@@ -3,7 +3,7 @@
 #include "config/registries.h"
 #include "core/checked_math.h"
 #include "core/error.h"
-#include "optim/swapped_moments.h"
+#include "optim/swapped_state.h"
 #include "optim/adamw8bit.h"
 #include "plan/sampling_plan.h"
 
@@ -43,6 +43,18 @@ int64_t optimizer_state_bytes(const Config& cfg, Module& model, const FsdpMemory
     spans.push_back(std::move(span));
   }
   return AdamW8bit::state_bytes_for(plan.grad_bytes / 4, spans, 0, cfg.training.min_8bit_size);
+}
+
+int64_t ema_window_bytes(const Config& cfg, const FsdpMemoryPlan& plan, std::optional<int64_t> free_bytes) {
+  if (!cfg.training.ema.enable || cfg.training.ema.offload == "none") return 0;
+  return SwappedState::window_bytes_for(
+      SwappedState::chunk_numel_for(cfg.training.mem_fraction_static, free_bytes, plan.largest_shard_numel(), 1), 1);
+}
+
+int64_t offload_window_bytes(const Config& cfg, const FsdpMemoryPlan& plan, std::optional<int64_t> free_bytes) {
+  if (cfg.training.optimizer == "adamw8bit") return 2 * AdamW8bit::unit_state_bytes_estimate(plan.largest_shard_numel());
+  return SwappedState::window_bytes_for(
+      SwappedState::chunk_numel_for(cfg.training.mem_fraction_static, free_bytes, plan.largest_shard_numel(), 2), 2);
 }
 
 int64_t reference_copy_bytes(const Config& cfg, int fsdp_size) {
@@ -152,13 +164,14 @@ OffloadPlanInputs PlanEstimate::offload_inputs() const {
   in.fsdp = &plan;
   in.other_device_bytes = cp_buffer_bytes + reference_copy_bytes;
   in.ema_bytes = ema_bytes;
+  in.ema_offload = cfg.training.ema.offload;
+  in.ema_window_bytes = ema_window_bytes(cfg, plan, std::nullopt);
   if (no_activations.empty()) {
     in.activation_bytes = recompute ? act.with_recompute_bytes() : act.without_recompute_bytes();
     in.layers_kept_bytes = recompute ? act.layer_inputs_bytes : act.layers_full_bytes;
     in.num_layers = act.num_layers;
   }
-  in.window_bytes =
-      SwappedMoments::window_bytes_for(SwappedMoments::chunk_numel_for(1.0, std::nullopt, plan.largest_shard_numel()));
+  in.window_bytes = offload_window_bytes(cfg, plan, std::nullopt);
   return in;
 }
 

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -69,6 +70,12 @@ int64_t ema_shadow_bytes(const Config& cfg, const FsdpMemoryPlan& plan);
 // Per rank, what training.optimizer keeps: AdamW's 8 bytes per trained shard element (the fsdp
 // plan's optimizer_bytes), or the 8-bit AdamW's codes, absmax and small params' fp32 moments.
 int64_t optimizer_state_bytes(const Config& cfg, Module& model, const FsdpMemoryPlan& plan, int fsdp_size);
+// What the optimizer state off the step's side keeps there (OffloadPlanInputs::window_bytes):
+// adamw_swap's three chunk windows, sized for free_bytes (none: unbounded), or adamw8bit's two
+// units of state on the disk tier.
+int64_t offload_window_bytes(const Config& cfg, const FsdpMemoryPlan& plan, std::optional<int64_t> free_bytes);
+// The EMA's three chunk windows when training.ema.offload moves its shadows to a tier (else 0).
+int64_t ema_window_bytes(const Config& cfg, const FsdpMemoryPlan& plan, std::optional<int64_t> free_bytes);
 int64_t reference_copy_bytes(const Config& cfg, int fsdp_size);
 
 // The estimate for cfg on `world` ranks; seqlen 0 = the model's default; images: (H, W) in pixels

@@ -5,7 +5,7 @@
 #include "core/text.h"
 #include "fsdp/plan.h"
 #include "io/user_file.h"
-#include "optim/swapped_moments.h"
+#include "optim/swapped_state.h"
 #include "plan/offload_plan.h"
 #include "plan/plan_estimate.h"
 #include "plan/sampling_plan.h"
@@ -139,10 +139,11 @@ void preflight_paths(const Config& config, int rank) {
   require_writable_dir(config, "logging.output_dir", config.logging.output_dir, rank);
 }
 
-int64_t adamw_offload_chunk_numel(const TrainingConfig& training, Device device, int64_t largest_shard_numel) {
-  return SwappedMoments::chunk_numel_for(training.mem_fraction_static,
-                                      device == Device::cuda ? cuda_free_memory_bytes() : available_memory_bytes(),
-                                      largest_shard_numel);
+int64_t offload_chunk_numel(const TrainingConfig& training, Device device, int64_t largest_shard_numel,
+                            int tensors_per_param) {
+  return SwappedState::chunk_numel_for(training.mem_fraction_static,
+                                       device == Device::cuda ? cuda_free_memory_bytes() : available_memory_bytes(),
+                                       largest_shard_numel, tensors_per_param);
 }
 
 std::optional<int64_t> available_memory_bytes() {
@@ -219,8 +220,9 @@ void preflight_memory(const Config& config, Module& model, const LaunchEnv& env,
   const int64_t reference_bytes = reference_copy_bytes(config, fsdp_size);
   offload_in.other_device_bytes = reference_bytes;
   offload_in.ema_bytes = ema_shadow_bytes(config, plan);
-  offload_in.window_bytes = SwappedMoments::window_bytes_for(
-      SwappedMoments::chunk_numel_for(config.training.mem_fraction_static, available, plan.largest_shard_numel()));
+  offload_in.ema_offload = config.training.ema.offload;
+  offload_in.ema_window_bytes = ema_window_bytes(config, plan, available);
+  offload_in.window_bytes = offload_window_bytes(config, plan, available);
   const OffloadSetting setting = OffloadSetting::of(config);
   const TierBytes tiers = offload_tier_bytes(offload_in, setting);
   // Around the step (start-up, the save the config asks for, a resume): the largest of them on
@@ -250,7 +252,7 @@ void preflight_memory(const Config& config, Module& model, const LaunchEnv& env,
        gib(per_rank), " (fp32 shards ", gib(plan.param_bytes), ", grads ", gib(plan.grad_bytes), ", optimizer state ",
        gib(plan.optimizer_bytes), ", gathered units ", gib(plan.transient_bytes()),
        reference_bytes > 0 ? ", the dpo reference copy " + gib(reference_bytes) : std::string(), "; activations not counted",
-       setting == OffloadSetting{} ? "" : "; offload " + setting.name() + ": " + gib(step) + " for the step",
+       setting.name() == "none" ? "" : "; offload " + setting.name() + ": " + gib(step) + " for the step",
        "; ", gib(device_peak.bytes), " more during ", device_peak.name, ")",
        cuda ? "" : format(" x %d rank(s) on this node = %s", sharing, gib(needed).c_str()), ", but ", gib(*available),
        cuda ? " are free on the device (cudaMemGetInfo)" : " are available (MemAvailable / cgroup limit)",

@@ -26,9 +26,11 @@ std::optional<int64_t> available_memory_bytes();
 // Bytes free on this process's current CUDA device; nullopt in a build without CUDA.
 std::optional<int64_t> cuda_free_memory_bytes();
 
-// adamw_swap's chunk (optim/swapped_moments.h): training.mem_fraction_static of the device's free
-// memory (on CPU, the host's available memory), no larger than the largest FSDP unit's shard.
-int64_t adamw_offload_chunk_numel(const TrainingConfig& training, Device device, int64_t largest_shard_numel);
+// The chunk of swapped state (optim/swapped_state.h: adamw_swap's moments, K = 2; an offloaded EMA,
+// K = 1): training.mem_fraction_static of the device's free memory (on CPU, the host's available
+// memory), no larger than the largest FSDP unit's shard.
+int64_t offload_chunk_numel(const TrainingConfig& training, Device device, int64_t largest_shard_numel,
+                            int tensors_per_param);
 
 // model: built (shapes only), not yet parallelized.
 void preflight_memory(const Config& config, Module& model, const LaunchEnv& env, Device device, int fsdp_size);

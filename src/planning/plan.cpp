@@ -9,7 +9,7 @@
 #include "core/text.h"
 #include "fsdp/plan.h"
 #include "models/model_spec.h"
-#include "optim/swapped_moments.h"
+#include "optim/swapped_state.h"
 #include "plan/device_profile.h"
 #include "plan/offload_plan.h"
 #include "plan/plan_estimate.h"
@@ -204,7 +204,10 @@ void plan_memory(const PlanOptions& o) {
     row("dpo reference: a frozen copy of the initial weights (" +
             (reference_quant != "none" ? reference_quant + " / " : std::string()) + p_name + ")",
         e.reference_copy_bytes);
-  if (e.ema_bytes > 0) row("EMA shadows (fp32, training.ema)", e.ema_bytes);
+  if (e.ema_bytes > 0)
+    row(cfg.training.ema.offload == "none" ? std::string("EMA shadows (fp32, training.ema)")
+                                           : "EMA shadows (fp32, training.ema; in the " + cfg.training.ema.offload + " tier)",
+        e.ema_bytes);
   j["ema_bytes"] = e.ema_bytes;
   j["sequences_per_sample"] = e.sequences_per_sample;
   j["reference_copy_bytes"] = e.reference_copy_bytes;

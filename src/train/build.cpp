@@ -31,6 +31,22 @@ AdamWOptions adamw_options(const TrainingConfig& t) {
   return AdamWOptions{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay};
 }
 
+namespace {
+
+// Shards on disk (cpu_offload with offload_dir): each unit comes in for its update, the next one
+// read behind it, and goes back written.
+void page_shards_around_updates(Optimizer& optimizer, Fsdp& fsdp) {
+  ShardPager* pager = fsdp.shard_pager();
+  if (!pager) return;
+  optimizer.set_residency([pager, units = fsdp.units()](size_t u) {
+                            pager->page_in(*units[u]);
+                            if (u + 1 < units.size()) pager->read_ahead(*units[u + 1]);
+                          },
+                          [pager, units = fsdp.units()](size_t u) { pager->page_out(*units[u], /*changed=*/true); });
+}
+
+}  // namespace
+
 std::unique_ptr<AdamW> make_fsdp_adamw(Fsdp& fsdp, const AdamWOptions& options,
                                        const std::shared_ptr<OffloadTiers>& tiers) {
   std::vector<at::Tensor> params, grads;
@@ -45,12 +61,7 @@ std::unique_ptr<AdamW> make_fsdp_adamw(Fsdp& fsdp, const AdamWOptions& options,
     moments = [pool = tiers->host_pool](const at::Tensor& param) { return pool->take_zeros(param.sizes(), at::kFloat); };
   }
   auto adamw = std::make_unique<AdamW>(params, grads, options, moments);
-  if (ShardPager* pager = fsdp.shard_pager())  // shards on disk: each unit comes in for its update, the next behind it
-    adamw->set_residency([pager, units](size_t u) {
-                           pager->page_in(*units[u]);
-                           if (u + 1 < units.size()) pager->read_ahead(*units[u + 1]);
-                         },
-                         [pager, units](size_t u) { pager->page_out(*units[u], /*changed=*/true); });
+  page_shards_around_updates(*adamw, fsdp);
   return adamw;
 }
 
@@ -76,8 +87,6 @@ std::unique_ptr<Optimizer> make_fsdp_optimizer(Fsdp& fsdp, const TrainingConfig&
   if (fsdp.shard_device().type() != at::kCPU)
     fail("training.optimizer adamw8bit: its update is bitsandbytes' CPU kernel and needs the shards in host memory; ",
          "on ", fsdp.shard_device(), " set parallel.fsdp_plan.cpu_offload: true, or use training.optimizer adamw");
-  if (fsdp.shard_pager())
-    fail("training.optimizer adamw8bit with the shards paged to disk is not implemented yet (drop training.offload_dir)");
   std::vector<at::Tensor> params, grads;
   for (auto* unit : fsdp.units()) {
     params.push_back(unit->shard_flat);
@@ -96,9 +105,12 @@ std::unique_ptr<Optimizer> make_fsdp_optimizer(Fsdp& fsdp, const TrainingConfig&
     comm->all_reduce_max(on_comm).wait();
     absmax.copy_(on_comm);
   };
-  return std::make_unique<AdamW8bit>(params, grads, fsdp_param_spans(fsdp), comm->rank(),
-                                     AdamW8bitOptions{adamw_options(training), training.min_8bit_size},
-                                     all_reduce_max, allocate);
+  // training.offload_dir: the 8-bit state on the disk tier (with cpu_offload, the shards too).
+  auto optimizer = std::make_unique<AdamW8bit>(params, grads, fsdp_param_spans(fsdp), comm->rank(),
+                                               AdamW8bitOptions{adamw_options(training), training.min_8bit_size},
+                                               all_reduce_max, allocate, tiers ? tiers->disk : nullptr);
+  page_shards_around_updates(*optimizer, fsdp);
+  return optimizer;
 }
 
 int64_t load_initial_weights(const Config& config, Model& model, Fsdp& fsdp) {

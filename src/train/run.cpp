@@ -5,6 +5,7 @@
 #include "io/user_file.h"
 #include "nn/lora.h"
 #include "offload/host_store.h"
+#include "optim/adamw8bit.h"
 #include "plan/device_profile.h"
 #include "plan/offload_plan.h"
 #include "plan/preflight.h"
@@ -38,6 +39,15 @@ OffloadCounts Run::offload_counts() const {
       counts.disk_wait_us += static_cast<int64_t>(swapped->wait_ms() * 1000.0);
   }
   return counts;
+}
+
+std::shared_ptr<TierStore> Run::swap_store(bool on_disk) const {
+  if (on_disk) {
+    if (!tiers->disk) fail("the disk tier is not set up (training.offload_dir is empty)");
+    return tiers->disk;
+  }
+  return std::make_shared<HostStore>(tiers->host_pool,
+                                     std::make_shared<CopyStream>(fsdp->shard_device(), tiers->stats, tiers->host_pool));
 }
 
 std::string Run::describe_data_order() const {
@@ -89,15 +99,12 @@ namespace {
 // under offload_dir (which cpu_offload uses for them too), and pass through windows where the
 // update runs (the shards' device).
 void offload_moments(Run& run) {
-  std::shared_ptr<TierStore> store = run.tiers->disk;
-  if (!store)
-    store = std::make_shared<HostStore>(
-        run.tiers->host_pool, std::make_shared<CopyStream>(run.fsdp->shard_device(), run.tiers->stats, run.tiers->host_pool));
+  std::shared_ptr<TierStore> store = run.swap_store(/*on_disk=*/run.tiers->disk != nullptr);
   int64_t largest = 0;
   for (const auto* unit : run.fsdp->units()) largest = std::max(largest, unit->shard_flat.numel());
   // Never in memory first.
   auto& adamw = dynamic_cast<AdamW&>(*run.optimizer);  // adamw_swap, or cpu_offload with a disk: fp32 moments
-  adamw.offload_moments(store, adamw_offload_chunk_numel(run.config.training, run.runtime.device, largest));
+  adamw.offload_moments(store, offload_chunk_numel(run.config.training, run.runtime.device, largest, 2));
   const auto* swapped = adamw.swapped_moments();
   run.log(format("AdamW moments %s (%.1f MiB per rank), through %.1f MiB of windows "
                  "(chunks of %lld elements)",
@@ -174,7 +181,12 @@ void build_run(Run& r) {
     r.tiers->disk = std::make_shared<DiskStore>(c.training.offload_dir, comm.rank(), r.tiers->host_pool);
   r.fsdp = parallelize_model(c, *r.model, *r.mesh, r.tiers);
   r.optimizer = make_fsdp_optimizer(*r.fsdp, c.training, r.tiers);
-  if (OffloadSetting::of(c).swap) offload_moments(r);
+  if (const auto* adamw8bit = dynamic_cast<const AdamW8bit*>(r.optimizer.get()); adamw8bit && adamw8bit->disk())
+    r.log(format("8-bit AdamW state %s (%.1f MiB per rank), a unit at a time in RAM (%.1f MiB with the next read ahead)",
+                 adamw8bit->disk()->describe().c_str(), adamw8bit->total_state_bytes() / 1048576.0,
+                 adamw8bit->state_bytes() / 1048576.0));
+  else if (OffloadSetting::of(c).swap)
+    offload_moments(r);
   // Its own tiers: the reference's shards never share the model's disk files.
   r.preference_reference = build_preference_reference(c, *r.mesh);
   if (r.preference_reference)

@@ -65,6 +65,9 @@ struct Run {
 
   // What the offload tiers have moved so far, and the time waited on them.
   OffloadCounts offload_counts() const;
+  // Where swapped state goes (optim/swapped_state.h): the disk tier (training.offload_dir's
+  // file), or a host tier of its own moved through windows on the shards' device.
+  std::shared_ptr<TierStore> swap_store(bool on_disk) const;
   // Every rank's `text` on rank 0, in rank order (empty on the others), through files
   // <dir>/.<name>.rank<r> each rank writes and rank 0 reads and removes; dir must exist. Collective.
   std::vector<std::string> texts_to_rank0(const std::string& dir, const std::string& name, const std::string& text) const;

@@ -5,6 +5,8 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "dist/node_names.h"
+#include "fsdp/shard_pager.h"
+#include "plan/preflight.h"
 #include "record/metrics.h"
 #include "train/build.h"
 #include "train/objective.h"
@@ -172,14 +174,33 @@ void report_node_changes(const Run& run, const std::vector<std::string>& saved_n
           " kept with gradient accumulation " + std::to_string(run.config.training.gradient_accumulation_steps));
 }
 
-// training.ema over the FSDP units' trained shards, its shadows copies of them now.
+// training.ema over the FSDP units' trained shards, its shadows copies of them now: beside them,
+// or in the tier training.ema.offload names. Shards on disk come in a unit at a time for it.
 std::unique_ptr<Ema> make_ema(Run& run) {
-  if (run.fsdp->shard_pager())
-    fail("config ", run.config.source_path, ": training.ema with the parameter shards on disk (fsdp_plan.cpu_offload ",
-         "with training.offload_dir) is not implemented yet: the EMA would need the shards in memory every step");
+  const EmaConfig& config = run.config.training.ema;
+  const auto units = run.fsdp->units();
   std::vector<at::Tensor> shards;
-  for (auto* unit : run.fsdp->units()) shards.push_back(unit->shard_flat);
-  return std::make_unique<Ema>(run.config.training.ema, std::move(shards));
+  int64_t largest = 0, total = 0;
+  for (auto* unit : units) {
+    shards.push_back(unit->shard_flat);
+    largest = std::max(largest, unit->shard_flat.numel());
+    total += unit->shard_flat.numel();
+  }
+  Ema::Residency residency;
+  if (ShardPager* pager = run.fsdp->shard_pager()) {
+    residency.before = [pager, units](size_t u) {
+      pager->page_in(*units[u]);
+      if (u + 1 < units.size()) pager->read_ahead(*units[u + 1]);
+    };
+    residency.after = [pager, units](size_t u, bool changed) { pager->page_out(*units[u], changed); };
+  }
+  if (config.offload == "none") return std::make_unique<Ema>(config, std::move(shards), nullptr, 0, residency);
+  auto store = run.swap_store(/*on_disk=*/config.offload == "disk");
+  auto ema = std::make_unique<Ema>(config, std::move(shards), store,
+                                   offload_chunk_numel(run.config.training, run.runtime.device, largest, 1), residency);
+  run.log(format("EMA shadows %s (%.1f MiB per rank), through %.1f MiB of windows", store->describe().c_str(),
+                 total * 4 / 1048576.0, ema->state_bytes() / 1048576.0));
+  return ema;
 }
 
 void resume(Run& run, const std::string& path) {

@@ -103,13 +103,12 @@ class UnitWindow {
     if (part == Part::weight) {
       enter(u);
       out = param.shard.narrow(0, 0, rows);
-    } else if (part == Part::ema) {
-      out = param.view_of(ema_->shadow(u)).narrow(0, 0, rows);
     } else {
       std::vector<int64_t> shape = param.shard.sizes().vec();
       shape[0] = rows;
       const int64_t numel = rows * (rows > 0 ? param.shard[0].numel() : 0);
-      out = adamw_->moment_range(u, part == Part::exp_avg_sq, param.offset, numel).view(shape);
+      out = part == Part::ema ? ema_->shadow_range(u, param.offset, numel).view(shape)
+                              : adamw_->moment_range(u, part == Part::exp_avg_sq, param.offset, numel).view(shape);
     }
     return checked(name, out);
   }

@@ -50,12 +50,14 @@ std::vector<ShardedTensor> adamw8bit_param_shards(const AdamW8bit& optimizer, si
     if (!optimizer.is_8bit(u, name)) {
       const std::string key = fp32_moment_key(name, m);
       out.push_back({key, param.param->shape, begin, at::Tensor(), [&optimizer, u, name, m, key, checked, shape = rows_shape(param, rows)] {
+                       optimizer.keep_resident(u, /*changing=*/false);
                        return checked(key, optimizer.moment(u, name, m).view(shape));
                      }});
       continue;
     }
     const std::string codes = adamw8bit_codes_key(name, m), absmax = adamw8bit_absmax_key(name, m);
     out.push_back({codes, param.param->shape, begin, at::Tensor(), [&optimizer, u, name, m, shape = rows_shape(param, rows)] {
+                     optimizer.keep_resident(u, /*changing=*/false);
                      return optimizer.codes(u, name, m).view(shape);
                    }});
     const auto [owned_begin, owned_end] = optimizer.owned_blocks(u, name);
@@ -63,6 +65,7 @@ std::vector<ShardedTensor> adamw8bit_param_shards(const AdamW8bit& optimizer, si
     out.push_back({absmax, {AdamW8bit::blocks_of(numel)}, owned_begin, at::Tensor(),
                    [&optimizer, u, name, m, absmax, checked, from = owned_begin - optimizer.first_block(u, name),
                     count = owned_end - owned_begin] {
+                     optimizer.keep_resident(u, /*changing=*/false);
                      return checked(absmax, optimizer.absmax(u, name, m).narrow(0, from, count));
                    }});
   }
@@ -80,6 +83,7 @@ void adamw8bit_load(const CheckpointReader& reader, Fsdp& fsdp, AdamW8bit& optim
   for (size_t u = 0; u < units.size(); ++u) {
     for (const FsdpParam& param : units[u]->params) {
       if (param.frozen) continue;
+      optimizer.keep_resident(u, /*changing=*/true);  // the disk tier: one unit in RAM at a time
       const std::string& name = param.name;
       const int64_t rows = param.layout.rows(rank), begin = param.layout.row_begin(rank);
       for (int m = 0; m < 2; ++m) {
@@ -102,6 +106,7 @@ void adamw8bit_load(const CheckpointReader& reader, Fsdp& fsdp, AdamW8bit& optim
       }
     }
   }
+  optimizer.release();
 }
 
 }  // namespace mmtrain

@@ -1,9 +1,11 @@
 // The 8-bit AdamW (optim/adamw8bit.h) on its own: its state bytes are what the planner says
 // (state_bytes_for) on every rank of a layout with blocks straddling ranks; a block whose parts
-// sit on two ranks gets one absmax on both; a bad layout is refused naming the param. Its update
-// against bitsandbytes is tests/parity/test_adamw8bit_bnb.py.
+// sit on two ranks gets one absmax on both; a bad layout is refused naming the param; with its
+// state on the disk tier it steps bitwise like in memory. Its update against bitsandbytes is
+// tests/parity/test_adamw8bit_bnb.py.
 #include "optim/adamw8bit.h"
 
+#include "checkpoint/checkpoint_test_util.h"
 #include "quant/dynamic_map.h"
 #include "test_util.h"
 
@@ -72,6 +74,70 @@ TEST(AdamW8bit, StraddlingBlockTakesTheMaxOverRanks) {
   EXPECT_FLOAT_EQ(map[codes[0].item<uint8_t>()].item<float>(), 1.0f);
   EXPECT_NEAR(map[codes[1850].item<uint8_t>()].item<float>() * 7.0f, 0.05f, 0.05f * 0.05f);
   EXPECT_EQ(optimizer.owned_blocks(0, "proj"), std::make_pair(int64_t{0}, int64_t{8}));
+}
+
+// Three units (the second of frozen params only, no spans) as rank 0 of 2, so that blocks straddle:
+// with the state on disk, a unit at a time in RAM and the straddling blocks settled per unit,
+// three steps leave the weights, codes and absmax bitwise those of the in-memory optimizer.
+TEST(AdamW8bit, OnTheDiskTierStepsBitwiseLikeInMemory) {
+  const Layout l = layout_for(2, 0);
+  const std::vector<std::vector<ShardedParamSpan>> spans = {l.spans, {}, l.spans};
+  testing::TempDir dir;
+  auto disk = std::make_shared<DiskStore>(dir.str(), 0);
+  struct Arm {
+    std::vector<at::Tensor> params, grads;
+    std::unique_ptr<AdamW8bit> optimizer;
+    int exchanges = 0;
+  };
+  Arm memory, paged;
+  for (Arm* arm : {&memory, &paged}) {
+    at::manual_seed(3);
+    for (const auto& unit : spans) {
+      const int64_t numel = unit.empty() ? 0 : l.shard_numel;
+      arm->params.push_back(at::randn({numel}));
+      arm->grads.push_back(at::zeros({numel}));
+    }
+    // The other rank's parts of the straddling blocks: a fixed floor, the same for both arms.
+    auto exchange = [arm](at::Tensor& absmax) {
+      ++arm->exchanges;
+      absmax.clamp_min_(0.02f);
+    };
+    arm->optimizer = std::make_unique<AdamW8bit>(arm->params, arm->grads, spans, 0,
+                                                 AdamW8bitOptions{AdamWOptions{0.9, 0.999, 1e-8, 0.01}, 256}, exchange,
+                                                 nullptr, arm == &paged ? disk : nullptr);
+  }
+  for (int step = 0; step < 3; ++step) {
+    at::manual_seed(10 + step);
+    for (size_t u = 0; u < spans.size(); ++u) {
+      const at::Tensor grad = at::randn({memory.grads[u].numel()});
+      memory.grads[u].copy_(grad);
+      paged.grads[u].copy_(grad);
+    }
+    memory.optimizer->step(1e-2);
+    paged.optimizer->step(1e-2);
+  }
+  EXPECT_EQ(memory.exchanges, 3);  // one per step
+  EXPECT_EQ(paged.exchanges, 6);   // one per step and unit that trains
+  for (size_t u : {size_t{0}, size_t{2}}) {
+    EXPECT_TRUE(at::equal(memory.params[u], paged.params[u])) << "unit " << u;
+    paged.optimizer->keep_resident(u, /*changing=*/false);
+    for (int m = 0; m < 2; ++m) {
+      EXPECT_TRUE(at::equal(memory.optimizer->codes(u, "proj", m), paged.optimizer->codes(u, "proj", m)));
+      EXPECT_TRUE(at::equal(memory.optimizer->absmax(u, "proj", m), paged.optimizer->absmax(u, "proj", m)));
+      EXPECT_TRUE(at::equal(memory.optimizer->moment(u, "norm", m), paged.optimizer->moment(u, "norm", m)));
+    }
+  }
+  paged.optimizer->release();
+  EXPECT_CONTAINS(testing::error_of([&] { paged.optimizer->codes(0, "proj", 0); }),
+                  "unit 0's state is on disk (training.offload_dir); keep_resident(0) brings it in");
+  EXPECT_EQ(paged.optimizer->state_bytes(), 2 * paged.optimizer->largest_unit_state_bytes());
+  EXPECT_EQ(paged.optimizer->total_state_bytes(), memory.optimizer->state_bytes());
+  // A checkpoint load's writes reach the disk: set, let go, read back.
+  paged.optimizer->keep_resident(2, /*changing=*/true);
+  paged.optimizer->absmax(2, "proj", 1).fill_(0.5f);
+  paged.optimizer->keep_resident(0, /*changing=*/false);  // unit 2 goes back written
+  paged.optimizer->keep_resident(2, /*changing=*/false);
+  EXPECT_TRUE(at::equal(paged.optimizer->absmax(2, "proj", 1), at::full({8}, 0.5f)));
 }
 
 TEST(AdamW8bit, RefusesALayoutThatDoesNotAddUp) {

@@ -1,4 +1,4 @@
-// AdamW with its moments swapped out (AdamW::offload_moments, optim/swapped_moments.h), on the
+// AdamW with its moments swapped out (AdamW::offload_moments, optim/swapped_state.h), on the
 // disk tier and on the host tier, against the same AdamW in memory: chunks that do not divide the
 // params, and an empty one (an FSDP unit of frozen params only); params and moments bitwise equal after every
 // step, a checkpoint-style round trip of the moments, and NaN found in the chunk that holds it.

@@ -128,8 +128,9 @@ def test_training_follows_bitsandbytes(mmtrain_bin, tmp_path, parity_report):
 
 def test_resume_offload_and_refusals(mmtrain_bin, tmp_path):
     """A run stopped at step 2 and resumed equals the straight run bitwise (weights, codes, absmax);
-    so does one with parallel.fsdp_plan.cpu_offload (the state in the host tier), and one saved by
-    training.async_save (the staged copy); a resume on 1
+    so does one with parallel.fsdp_plan.cpu_offload (the state in the host tier), one with the state
+    on the disk tier (training.offload_dir; with cpu_offload the shards too, and a resume into that),
+    and one saved by training.async_save (the staged copy); a resume on 1
     rank reshards the straddling blocks; another optimizer or min_8bit_size is refused by name."""
     model_path, tokens_path = rt.make_fixture(str(tmp_path / "fixture"), MODEL, num_samples=16, seq_len=17, seed=5)
 
@@ -145,8 +146,12 @@ def test_resume_offload_and_refusals(mmtrain_bin, tmp_path):
     straight = mu.checkpoint_tensors(run("straight") / mu.iter_dir_name(4))
     assert any(k.startswith("optim.exp_avg_codes.") for k in straight) and "optim.exp_avg.norm.weight" in straight
     second = str(tmp_path / "straight_ckpt" / mu.iter_dir_name(2))
+    disk = [f"training.offload_dir={tmp_path / 'offload'}"]
+    (tmp_path / "offload").mkdir()
     variants = {"resumed": [f"training.load={second}"], "offload": ["parallel.fsdp_plan.cpu_offload=true"],
-                "async_save": ["training.async_save=true"]}
+                "async_save": ["training.async_save=true"], "disk": disk,
+                "disk_shards": disk + ["parallel.fsdp_plan.cpu_offload=true"],
+                "disk_resumed": disk + ["parallel.fsdp_plan.cpu_offload=true", f"training.load={second}"]}
     for name, sets in variants.items():
         got = mu.checkpoint_tensors(run(name, sets=sets) / mu.iter_dir_name(4))
         assert got.keys() == straight.keys()

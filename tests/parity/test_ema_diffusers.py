@@ -165,6 +165,17 @@ def test_the_plan_counts_the_shadows_beside_the_shards(ema_setup):
     assert with_ema["total_bytes"] - without["total_bytes"] == with_ema["ema_bytes"]
     offloaded = with_ema["offload"]["cpu_offload"]["host_bytes"] - without["offload"]["cpu_offload"]["host_bytes"]
     assert offloaded == with_ema["ema_bytes"]  # under cpu_offload the shadows sit with the shards on the host
+    # training.ema.offload: the shadows in their tier, their windows beside the shards (host RAM for the disk's).
+    (ema_setup.tmp / "plan_offload").mkdir(exist_ok=True)
+    for tier, column in (("host", "host_bytes"), ("disk", "disk_bytes")):
+        tiered = plan("training.ema.enable=true", f"training.ema.offload={tier}",
+                      f"training.offload_dir={ema_setup.tmp / 'plan_offload'}")["offload"]["none"]
+        plain = without["offload"]["none"]
+        assert tiered[column] - plain[column] == with_ema["ema_bytes"], tier
+        windows = tiered["device_bytes"] - plain["device_bytes"] + (tiered["host_bytes"] - plain["host_bytes"] if tier == "disk" else 0)
+        # Three windows of one tensor, where adamw_swap's hold two: on a model this small the
+        # chunk is the largest unit's whole shard, so the windows outweigh the shadows.
+        assert windows == without["offload_window_bytes"] // 2 > 0, (tier, windows)
 
 
 def test_evaluating_the_ema_weights_leaves_training_untouched_and_ranks_keep_best(ema_setup):
@@ -208,6 +219,39 @@ def test_evaluating_the_ema_weights_leaves_training_untouched_and_ranks_keep_bes
                         "data.validation_split=0.25", "--set", f"logging.output_dir={ema_setup.tmp / 'eval_out'}"],
                        check=False)
     assert proc.returncode != 0 and "only an mmtrain checkpoint of a run with training.ema" in proc.stderr
+
+
+def test_the_ema_in_a_tier_of_its_own_is_the_same_ema(ema_setup):
+    """training.ema.offload host / disk stream the shadows past the shards a chunk at a time, for each
+    update and each eval_with_ema swap: the weights, shadows and eval losses are bitwise those of the
+    EMA beside the shards; so with the shards on disk too (cpu_offload + offload_dir), and for a
+    2-rank run stopped and resumed into the disk tier."""
+    import json
+    tmp = ema_setup.tmp
+    (tmp / "offload").mkdir(exist_ok=True)
+    disk = ("--set", f"training.offload_dir={tmp / 'offload'}", "--set", "training.ema.offload=disk")
+    held = ("--set", "data.validation_split=0.25", "--set", "training.eval_interval=1", "--set",
+            "training.eval_with_ema=true", "--set", "training.keep_best=1", "--set", "training.keep_best_by=eval_ema_loss")
+    evals = lambda name: [r for r in map(json.loads, (tmp / name / "metrics.jsonl").read_text().splitlines())  # noqa: E731
+                          if r.get("kind") == "eval"]
+    beside = mu.checkpoint_tensors(iter_dir(ema_setup.train("held_ema", {"decay": 0.9}, extra=held), STEPS))
+    for name, extra in (("tier_host", (*held, "--set", "training.ema.offload=host")),
+                        ("tier_disk_shards", (*held, *disk, "--set", "parallel.fsdp_plan.cpu_offload=true"))):
+        got = mu.checkpoint_tensors(iter_dir(ema_setup.train(name, {"decay": 0.9}, extra=extra), STEPS))
+        differ = [k for k in beside if k.startswith(("model.", "ema.")) and not torch.equal(got[k], beside[k])]
+        assert not differ, f"{name}: {differ[:3]} differ from the EMA beside the shards"
+        assert [e["eval_ema_loss"] for e in evals(name)] == [e["eval_ema_loss"] for e in evals("held_ema")]
+    two = mu.checkpoint_tensors(iter_dir(ema_setup.train("plain_2ranks", CASES["plain"], world=2), STEPS))
+    stopped = ema_setup.train("tier_disk_stopped", CASES["plain"], world=2,
+                              extra=(*disk, "--set", "training.exit_interval=2"))
+    args = ["train", str(ema_setup.cfg), "--set", f"logging.output_dir={tmp / 'tier_disk_stopped'}", "--set",
+            f"training.save={stopped}", "--set", "training.save_interval=1", "--set", "training.load=auto", *disk]
+    for key, value in {"enable": "true", "decay": 0.9, "update_after_step": 1}.items():
+        args += ["--set", f"training.ema.{key}={value}"]
+    run_mmtrain(args, world=2)
+    resumed = mu.checkpoint_tensors(iter_dir(stopped, STEPS))
+    differ = [k for k in two if k.startswith(("model.", "ema.")) and not torch.equal(resumed[k], two[k])]
+    assert not differ, f"resumed into the disk tier: {differ[:3]} differ"
 
 
 def test_a_lora_runs_ema_merges_and_decay_zero_is_the_adapters(ema_setup):
