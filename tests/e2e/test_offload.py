@@ -169,8 +169,12 @@ def test_bad_offload_settings_are_refused_before_training(tmp_path, fixture_dirs
           "--set", "features.activation_offload_plan.apply_modules=[dit.block.nothing.{*}]"],
          "features.activation_offload_plan.apply_modules"),
         (["--set", f"training.offload_dir={tmp_path}"], "training.offload_dir: expected empty unless "
-                                                        "training.optimizer is adamw_swap or "
-                                                        "parallel.fsdp_plan.cpu_offload is true"),
+                                                        "training.optimizer is adamw_swap or adamw8bit, "
+                                                        "parallel.fsdp_plan.cpu_offload is true or "
+                                                        "training.ema.offload is disk"),
+        (["--set", "training.ema.enable=true", "--set", "training.ema.offload=disk"],
+         "training.ema.offload disk: set training.offload_dir"),
+        (["--set", "training.ema.offload=host"], "training.ema.offload: host set while training.ema.enable is false"),
         ([*on_disk(tmp_path), "--set", "training.mem_fraction_static=1.5"], "training.mem_fraction_static: "
                                                                             "expected in (0, 1], found 1.5"),
         ([*on_disk(tmp_path), "--set", "training.async_save=true"], "training.async_save: its staging copy would "
