@@ -5,11 +5,13 @@
 # Arms, interleaved over ROUNDS rounds (bench/bench_arms.sh):
 #   adamw          mmtrain, fused AdamW (training.optimizer adamw)
 #   adamw8bit      mmtrain, bitsandbytes' blockwise 8-bit AdamW (training.optimizer adamw8bit)
+#   adamw8bit_disk the same with its state on the disk tier (training.offload_dir BENCH_DIR/offload)
 #   adamw_control  mmtrain AdamW again: its spread against adamw is the noise floor
 #   torch_fused    PyTorch FSDP2 + torch.optim.AdamW(fused=True)
 #   torch_bnb8bit  PyTorch FSDP2 + bnb.optim.AdamW8bit over each rank's shards
 # Reported: each arm's median step and (mmtrain) optimizer-phase times and peak RSS; the ratios
-# adamw8bit / adamw (target: step <= 1.15), control / adamw, adamw8bit / torch_bnb8bit; and the
+# adamw8bit / adamw (target: step <= 1.15), control / adamw, adamw8bit / torch_bnb8bit,
+# adamw8bit_disk / adamw8bit; and the
 # optimizer state in bytes per trained parameter from `mmtrain plan` (target <= 2.1; AdamW 8).
 # Usage: bench/adamw8bit.sh [BUILD_DIR]   (binary BUILD_DIR/bin/mmtrain or $MMTRAIN_BIN)
 # Knobs (environment): those of bench/torch_magihuman_fsdp.py, ROUNDS (2), BENCH_DIR (default
@@ -26,11 +28,13 @@ arm_command() {  # arm_command ARM OUT
   case "$1" in
     adamw | adamw_control) mmtrain_arm "$2" ;;
     adamw8bit) mmtrain_arm "$2" --set training.optimizer=adamw8bit ;;
+    adamw8bit_disk) mkdir -p "$BENCH_DIR/offload"
+      mmtrain_arm "$2" --set training.optimizer=adamw8bit --set training.offload_dir="$BENCH_DIR/offload" ;;
     torch_fused) "$PY" bench/torch_magihuman_fsdp.py torch --dir "$BENCH_DIR" --out "$2" ;;
     torch_bnb8bit) OPTIMIZER=bnb8bit "$PY" bench/torch_magihuman_fsdp.py torch --dir "$BENCH_DIR" --out "$2" ;;
   esac
 }
-arms=(adamw adamw8bit adamw_control torch_fused torch_bnb8bit)
+arms=(adamw adamw8bit adamw8bit_disk adamw_control torch_fused torch_bnb8bit)
 run_rounds "${arms[@]}"
 for optimizer in adamw adamw8bit; do
   "$BIN" plan "$BENCH_DIR/bench.yaml" --world_size "$WORLD" --set training.optimizer=$optimizer | tail -n 1 \
@@ -56,6 +60,9 @@ ratio = lambda a, b, k="step_ms": round(med[a][k] / med[b][k], 3)
 out = {"bench": "adamw8bit", "arms": med, "state_bytes_per_param": per_param,
        "adamw8bit_over_adamw": {"step_ms": ratio("adamw8bit", "adamw"), "optimizer_ms": ratio("adamw8bit", "adamw", "optimizer_ms"),
                                 "peak_rss_mb": ratio("adamw8bit", "adamw", "peak_rss_mb")},
+       "adamw8bit_disk_over_adamw8bit": {"step_ms": ratio("adamw8bit_disk", "adamw8bit"),
+                                         "optimizer_ms": ratio("adamw8bit_disk", "adamw8bit", "optimizer_ms"),
+                                         "peak_rss_mb": ratio("adamw8bit_disk", "adamw8bit", "peak_rss_mb")},
        "control_over_adamw": {"step_ms": ratio("adamw_control", "adamw"), "optimizer_ms": ratio("adamw_control", "adamw", "optimizer_ms")},
        "adamw8bit_over_torch_bnb8bit": ratio("adamw8bit", "torch_bnb8bit"),
        "torch_bnb8bit_over_torch_fused": ratio("torch_bnb8bit", "torch_fused"),

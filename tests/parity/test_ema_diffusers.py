@@ -254,6 +254,46 @@ def test_the_ema_in_a_tier_of_its_own_is_the_same_ema(ema_setup):
     assert not differ, f"resumed into the disk tier: {differ[:3]} differ"
 
 
+def test_a_magistral_ema_export_loads_in_transformers(tmp_path):
+    """Magistral full fine-tuning with the EMA (decay 0.5, 3 steps, a checkpoint each, the vision tower
+    frozen): `convert mistral3 ckpt-to-hf --ema` loads in transformers' Mistral3ForConditionalGeneration,
+    and every one of its weights is bitwise diffusers' EMAModel fed the plain exports of steps 1-3
+    (loaded the same way) from the base: the trained ones averaged, the frozen ones the base's."""
+    import re
+    from test_lora_peft import hf_model, yaml as mistral3_yaml
+    from transformers import Mistral3ForConditionalGeneration
+    hf_model().save_pretrained(tmp_path / "base", safe_serialization=True)
+    run_mmtrain(["fixture", "mistral3", "--out", str(tmp_path / "data"), "--samples", "12", "--seed", "3"])
+    text = mistral3_yaml(tmp_path, tmp_path / "base", tmp_path / "data",
+                         f", save: {tmp_path / 'ckpt'}, save_interval: 1, ema: {{enable: true, decay: 0.5}}", iters=3)
+    text = re.sub(r"features:\n  enable_lora: true\n  lora: .*\n", "", text).replace('"freeze_vision": false',
+                                                                                    '"freeze_vision": true')
+    run_mmtrain(["train", str(write_config(tmp_path / "train.yaml", text))])
+
+    def exported(step, ema=False):
+        out = tmp_path / f"hf_{step}{'_ema' if ema else ''}"
+        run_mmtrain(["convert", "mistral3", "ckpt-to-hf", "--load_dir", str(iter_dir(tmp_path / "ckpt", step)),
+                     "--save_dir", str(out), "--model_assets_dir", str(tmp_path / "base")] + (["--ema"] if ema else []))
+        return dict(Mistral3ForConditionalGeneration.from_pretrained(str(out), dtype=torch.float32).named_parameters())
+
+    base = dict(Mistral3ForConditionalGeneration.from_pretrained(str(tmp_path / "base"), dtype=torch.float32).named_parameters())
+    names = sorted(base)
+    params = [torch.nn.Parameter(base[n].detach().clone()) for n in names]
+    ema = diffusers_training.EMAModel(params, decay=0.5)
+    for step in (1, 2, 3):
+        weights = exported(step)
+        with torch.no_grad():
+            for p, n in zip(params, names):
+                p.copy_(weights[n])
+        ema.step(params)
+    got = exported(3, ema=True)
+    assert set(got) == set(names)
+    different = [n for n, want in zip(names, ema.shadow_params) if not torch.equal(got[n].detach(), want)]
+    assert not different, f"{len(different)} of {len(names)} weights differ from EMAModel's (first {different[0]})"
+    moved = [n for n in names if not torch.equal(got[n].detach(), weights[n].detach())]
+    assert moved and all("vision_tower" not in n for n in moved), moved[:3]  # the frozen tower is the base's
+
+
 def test_a_lora_runs_ema_merges_and_decay_zero_is_the_adapters(ema_setup):
     """Under LoRA the EMA averages the adapters; merge-lora --ema merges the averaged ones (decay 0:
     the adapters themselves, byte for byte)."""
