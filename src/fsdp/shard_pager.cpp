@@ -64,6 +64,11 @@ void ShardPager::page_in(FsdpUnit& unit) {
   page.resident = true;
 }
 
+void ShardPager::page_in_reading_next(FsdpUnit& unit) {
+  page_in(unit);
+  if (unit.order + 1 < pages_.size()) read_ahead(*pages_[unit.order + 1].unit);
+}
+
 void ShardPager::page_out(FsdpUnit& unit, bool changed) {
   Page& page = page_of(unit);
   if (!page.resident) return;

@@ -35,6 +35,9 @@ class ShardPager {
   // gathers, AdamW one ahead of its updates); nothing when it is resident or on its way.
   void read_ahead(FsdpUnit& unit);
   void page_in(FsdpUnit& unit);                // reads it (waits); nothing when resident
+  // page_in, then read_ahead of the unit after it: how a walk over the units in order (the
+  // optimizer step, the EMA, a checkpoint save) keeps the next one coming.
+  void page_in_reading_next(FsdpUnit& unit);
   void page_out(FsdpUnit& unit, bool changed);  // writes it when changed, frees its RAM; a failed
                                                 // write throws (file, offset, errno), the shard stays
   void page_out_all(bool changed);

@@ -38,10 +38,7 @@ namespace {
 void page_shards_around_updates(Optimizer& optimizer, Fsdp& fsdp) {
   ShardPager* pager = fsdp.shard_pager();
   if (!pager) return;
-  optimizer.set_residency([pager, units = fsdp.units()](size_t u) {
-                            pager->page_in(*units[u]);
-                            if (u + 1 < units.size()) pager->read_ahead(*units[u + 1]);
-                          },
+  optimizer.set_residency([pager, units = fsdp.units()](size_t u) { pager->page_in_reading_next(*units[u]); },
                           [pager, units = fsdp.units()](size_t u) { pager->page_out(*units[u], /*changed=*/true); });
 }
 

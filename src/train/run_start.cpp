@@ -188,10 +188,7 @@ std::unique_ptr<Ema> make_ema(Run& run) {
   }
   Ema::Residency residency;
   if (ShardPager* pager = run.fsdp->shard_pager()) {
-    residency.before = [pager, units](size_t u) {
-      pager->page_in(*units[u]);
-      if (u + 1 < units.size()) pager->read_ahead(*units[u + 1]);
-    };
+    residency.before = [pager, units](size_t u) { pager->page_in_reading_next(*units[u]); };
     residency.after = [pager, units](size_t u, bool changed) { pager->page_out(*units[u], changed); };
   }
   if (config.offload == "none") return std::make_unique<Ema>(config, std::move(shards), nullptr, 0, residency);

@@ -126,10 +126,7 @@ class UnitWindow {
   void enter(size_t u) {
     if (current_ == u) return;
     leave();
-    if (pager_) {
-      pager_->page_in(*units_[u]);
-      if (u + 1 < units_.size()) pager_->read_ahead(*units_[u + 1]);  // the save asks for it next
-    }
+    if (pager_) pager_->page_in_reading_next(*units_[u]);  // the save asks for the next one next
     current_ = u;
   }
   void leave() {
