@@ -110,9 +110,9 @@ def test_logs_summary_prints_text_then_json(two_runs):
 
 def test_ablate_judges_features_against_the_control_repeats(tmp_path, token_file):
     # Deep and wide enough that recompute's saved activations are ~17 MiB (the memory floor is >= 1 MiB).
-    cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, mbs=16, iters=10))
+    cfg = write_config(tmp_path / "c.yaml", tiny_config(tmp_path, token_file, mbs=16, iters=6))
     out = tmp_path / "ablation"
-    proc = run_mmtrain(["ablate", str(cfg), "--steps", "10", "--skip", "2", "--control-repeats", "2", "--nproc", "2",
+    proc = run_mmtrain(["ablate", str(cfg), "--steps", "6", "--skip", "2", "--control-repeats", "2", "--nproc", "2",
                         "--out", str(out),
                         "--set", "model.config.hidden_size=256", "--set", "model.config.ffn_hidden_size=1024",
                         "--set", "model.config.num_layers=6",
