@@ -1,6 +1,6 @@
 """Elastic shrink under torchrun: two agents on loopback (`--nnodes 1:2`, c10d rendezvous, 2 ranks
 each) train with a pinned global batch and asynchronous saves; one agent's whole process group is
-SIGKILLed while its asynchronous save of iteration 60 is still being written (strace holds its
+SIGKILLed while its asynchronous save of iteration 30 is still being written (strace holds its
 writer's first write for a minute). The survivor restarts its workers on the smaller world, `load: auto` reshards
 the last checkpoint onto 2 ranks, accumulation doubles, and the losses after the restart equal a
 by-hand resume from the same checkpoint on 2 ranks. (A node that comes back is not tested: on one
@@ -17,10 +17,10 @@ import pytest
 
 from conftest import free_port, mmtrain_bin, read_metrics, run_mmtrain, strace_usable, tiny_config, write_config
 
-# Enough steps that node-b dies mid-run (it is killed 2 steps past the stalled save of iteration 60);
+# Enough steps that node-b dies mid-run (it is killed 2 steps past the stalled save of iteration 30);
 # each extra step runs twice on 2 ranks (the run, the by-hand resume), so no more than that.
-ITERS = 120
-SAVE_INTERVAL = 20
+ITERS = 60
+SAVE_INTERVAL = 10
 # The documented launch line's settings (examples/elastic/): a pinned global batch, load: auto.
 TRAIN_SETS = ["--set", "training.global_batch_size=8", "--set", "training.async_save=true"]
 
@@ -110,7 +110,7 @@ def test_a_lost_node_shrinks_the_world_and_training_goes_on(tmp_path, token_file
     time.sleep(0.5)  # node-a hosts the rendezvous store: the one not killed
     b = agent(cfg, port, "node-b", open(tmp_path / "node-b.log", "w"), stalled_writer(tmp_path / "ckpt"))
     try:
-        # Both nodes train on 4 ranks past the save of iteration 60, which node-b's writer cannot
+        # Both nodes train on 4 ranks past the save of iteration 30, which node-b's writer cannot
         # finish: node-b dies with that save in flight.
         wait_for(lambda: last_iteration(metrics) >= STALLED_SAVE + 2, 120, "training on 4 ranks")
         assert not (tmp_path / "ckpt" / f"iter_{STALLED_SAVE:07d}").exists()
