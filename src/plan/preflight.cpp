@@ -93,16 +93,16 @@ std::optional<int64_t> file_int(const char* path) {
   }
 }
 
-// training.offload_dir must hold every local rank's file of moments (with 5 % to spare).
-void require_offload_room(const Config& config, int64_t moment_bytes_per_rank, int local_ranks) {
+// training.offload_dir must hold every local rank's file (with 5 % to spare).
+void require_offload_room(const Config& config, int64_t bytes_per_rank, int local_ranks) {
   const auto& dir = config.training.offload_dir;
   struct statvfs st {};
   if (::statvfs(dir.c_str(), &st) != 0) return;  // unknown: the writes will say
   const int64_t free_bytes = static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
-  const int64_t needed = moment_bytes_per_rank * local_ranks;
+  const int64_t needed = bytes_per_rank * local_ranks;
   if (needed + needed / 20 <= free_bytes) return;
   fail("config ", config.source_path, ": training.offload_dir '", dir, "' has ", gib(free_bytes),
-       " free, but its AdamW moments need ", gib(moment_bytes_per_rank), " per rank x ", local_ranks,
+       " free, but what goes there (optimizer state, shards, EMA) needs ", gib(bytes_per_rank), " per rank x ", local_ranks,
        " rank(s) on this node = ", gib(needed), " (checked before training; free some room or choose another disk)");
 }
 
@@ -194,12 +194,17 @@ int64_t rollout_forward_bytes(const Config& config, Module& model, int world) {
 void preflight_memory(const Config& config, Module& model, const LaunchEnv& env, Device device, int fsdp_size) {
   auto plan = fsdp_memory_plan(model, config.parallel.fsdp_plan, fsdp_size);
   plan.optimizer_bytes = optimizer_state_bytes(config, model, plan, fsdp_size);
-  // The disk tier (the moments, and under cpu_offload the fp32 shards): the disk needs room for
-  // every rank of this node's file, whether or not the memory below can be read.
-  if (!config.training.offload_dir.empty())
+  // The disk tier (the optimizer state, under cpu_offload the fp32 shards, the EMA with
+  // ema.offload disk): the disk needs room for every rank of this node's file, whether or not the
+  // memory below can be read.
+  if (!config.training.offload_dir.empty()) {
+    const OffloadSetting on = OffloadSetting::of(config);
+    const bool ema_on_disk = config.training.ema.enable && config.training.ema.offload == "disk";
     require_offload_room(config,
-                         plan.optimizer_bytes + (config.parallel.fsdp_plan.cpu_offload ? plan.param_bytes : 0),
+                         (on.swap ? plan.optimizer_bytes : 0) + (on.cpu_offload ? plan.param_bytes : 0) +
+                             (ema_on_disk ? ema_shadow_bytes(config, plan) : 0),
                          env.local_world_size);
+  }
   // On CPU the ranks of a node share its memory; on CUDA each rank has a device of its own.
   const bool cuda = device == Device::cuda;
   // An asynchronous save stages every trained tensor in host RAM: with the disk tier holding them,
