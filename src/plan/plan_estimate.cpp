@@ -187,7 +187,8 @@ StepTimeInputs PlanEstimate::step_inputs(int devices_per_node, bool* flops) cons
   *flops = spec->flops && seqlen > 0;
   if (*flops) {
     FlopsQuery query;
-    query.seqlens = flops_seqlens.empty() ? std::vector<int64_t>{seqlen} : flops_seqlens;
+    // (grpo: a sample's sequences are the prompt and a completion: completion_tokens, else 0.)
+    query.seqlens = flops_seqlens.empty() ? std::vector<int64_t>{seqlen + completion_tokens} : flops_seqlens;
     if (flops_seqlens.empty()) query.images = images;  // the images of one sample
     const FlopsReport report = spec->flops(cfg.model.config, query);
     in.attention_flops_per_sample = report.attention_flops_per_sample;
@@ -204,6 +205,18 @@ StepTimeInputs PlanEstimate::step_inputs(int devices_per_node, bool* flops) cons
     if (cfg.training.objective == "dpo") {  // (a grpo prompt of num_generations 2 is no pair)
       in.gemm_flops_per_sample *= 2.0 * (train_passes + 1.0) / train_passes;
       in.attention_flops_per_sample *= 2.0 * (3.5 + 1.0) / 3.5;
+    }
+    // grpo: a sample is a prompt trained as its num_generations completions; once per rollout
+    // (every num_iterations steps) each also runs forward without grads for the old policy's
+    // log-probs (num_iterations > 1) and the reference's (beta != 0). The rollout's generation is
+    // priced apart, as its phase (plan_rollout).
+    if (cfg.training.objective == "grpo") {
+      const auto& g = cfg.training.grpo;
+      const double forwards = ((g.num_iterations > 1 ? 1.0 : 0.0) + (g.beta != 0.0 ? 1.0 : 0.0)) /
+                              static_cast<double>(g.num_iterations);
+      const double completions = static_cast<double>(sequences_per_sample);
+      in.gemm_flops_per_sample *= completions * (train_passes + forwards) / train_passes;
+      in.attention_flops_per_sample *= completions * (3.5 + forwards) / 3.5;
     }
   }
   if (act.num_layers > 0) {

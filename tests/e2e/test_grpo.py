@@ -196,3 +196,26 @@ def test_prompts_without_answers_or_over_the_cutoff_are_named(grpo, tmp_path):
     proc = run_mmtrain(["train", str(cfg), "--set", "training.train_iters=1", "--set", "training.save=",
                         "--set", "data.dataset_param.basic_parameters.cutoff_len=20"], check=False)
     assert "prompt longer than cutoff_len" in proc.stdout + proc.stderr
+
+
+def test_the_plan_prices_every_completion_and_the_extra_forwards():
+    """`mmtrain plan` prices a grpo step as its prompts' G completions, prompt + completion tokens
+    each (the same step time as sft on G times the samples of that length), and the old-policy and
+    reference forwards once per rollout: (passes + forwards / num_iterations) / passes more."""
+    def step_time(*sets, seqlen):
+        args = ["plan", str(EXAMPLE), "--world-size", "1", "--seqlen", str(seqlen), "--device", "h200"]
+        for item in sets:
+            args += ["--set", item]
+        return json.loads(run_mmtrain(args).stdout.strip().splitlines()[-1])["step_time"]
+
+    generations, completion = 8, 3  # the example's num_generations and max_completion_length
+    sft = step_time("training.objective=sft", seqlen=64 + completion)
+    grpo = step_time(seqlen=64)  # beta 0, num_iterations 1: no extra forward
+    for key in ("gemm_ms", "attention_ms"):
+        assert grpo[key] == pytest.approx(generations * sft[key], rel=1e-9), key
+    both = step_time("training.grpo.beta=0.04", "training.grpo.num_iterations=2", "training.train_iters=30", seqlen=64)
+    # One forward more a step (2 a rollout over 2 steps): (passes + 1) / passes, where a training
+    # pass is 3 forwards' GEMMs, or between 2 and 3 under LoRA (the frozen base's weight grads skipped).
+    passes = 1.0 / (both["gemm_ms"] / grpo["gemm_ms"] - 1.0)
+    assert 2.0 <= passes <= 3.0, passes
+    assert both["attention_ms"] / grpo["attention_ms"] == pytest.approx(4.5 / 3.5, rel=1e-9)
