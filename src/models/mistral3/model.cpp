@@ -16,6 +16,7 @@
 #include <ATen/core/Reduction.h>
 
 #include <optional>
+#include <tuple>
 
 namespace mmtrain::mistral3 {
 namespace {
@@ -186,10 +187,7 @@ class TextLayer : public Module {
   at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& keys,
                             at::Tensor& values) const {
     const int64_t T = x.size(0), nh = c_.num_heads, nkv = c_.num_kv_heads, hd = c_.head_dim;
-    auto n1 = rms_norm(x, input_layernorm->weight.value, c_.rms_norm_eps);
-    auto q = apply_rope(lin(n1, self_attn->q_proj).view({T, nh, hd}), cos, sin);
-    auto k = apply_rope(lin(n1, self_attn->k_proj).view({T, nkv, hd}), cos, sin);
-    auto v = lin(n1, self_attn->v_proj).view({T, nkv, hd});
+    auto [q, k, v] = new_queries_keys_values(x, cos, sin);
     keys = keys.defined() ? at::cat({keys, k}) : k;
     values = values.defined() ? at::cat({values, v}) : v;
     const int64_t L = keys.size(0), group = nh / nkv;
@@ -201,8 +199,7 @@ class TextLayer : public Module {
       mask = at::arange(L, rows.options()).unsqueeze(0) <= rows;
     }
     auto o = at::scaled_dot_product_attention(q.transpose(0, 1), key_heads, value_heads, mask);  // [nh, T, hd]
-    auto h = x + lin(o.transpose(0, 1).reshape({T, nh * hd}), self_attn->o_proj);
-    return h + mlp->forward(rms_norm(h, post_attention_layernorm->weight.value, c_.rms_norm_eps), /*silu=*/true);
+    return output_and_mlp(x, o.transpose(0, 1).reshape({T, nh * hd}));
   }
 
   // forward_cached for B sequences of one new token each, at one position: x [B, H], cos / sin
@@ -211,18 +208,14 @@ class TextLayer : public Module {
   at::Tensor forward_cached_batch(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& keys,
                                   at::Tensor& values) const {
     const int64_t B = x.size(0), nh = c_.num_heads, nkv = c_.num_kv_heads, hd = c_.head_dim;
-    auto n1 = rms_norm(x, input_layernorm->weight.value, c_.rms_norm_eps);
-    auto q = apply_rope(lin(n1, self_attn->q_proj).view({B, nh, hd}), cos, sin);
-    auto k = apply_rope(lin(n1, self_attn->k_proj).view({B, nkv, hd}), cos, sin);
-    auto v = lin(n1, self_attn->v_proj).view({B, nkv, hd});
+    auto [q, k, v] = new_queries_keys_values(x, cos, sin);
     keys = at::cat({keys, k.unsqueeze(1)}, 1);
     values = at::cat({values, v.unsqueeze(1)}, 1);
     const int64_t group = nh / nkv;
     auto key_heads = keys.repeat_interleave(group, 2).transpose(1, 2);  // [B, nh, L, hd]
     auto value_heads = values.repeat_interleave(group, 2).transpose(1, 2);
     auto o = at::scaled_dot_product_attention(q.unsqueeze(2), key_heads, value_heads);  // [B, nh, 1, hd]
-    auto h = x + lin(o.reshape({B, nh * hd}), self_attn->o_proj);
-    return h + mlp->forward(rms_norm(h, post_attention_layernorm->weight.value, c_.rms_norm_eps), /*silu=*/true);
+    return output_and_mlp(x, o.reshape({B, nh * hd}));
   }
 
   std::shared_ptr<Norm> input_layernorm, post_attention_layernorm;
@@ -230,6 +223,22 @@ class TextLayer : public Module {
   std::shared_ptr<GatedMlp> mlp;
 
  private:
+  // Generation's two ends, shared by both cached paths (N new rows: T tokens, or B sequences):
+  // x [N, H] -> rotated q [N, nh, hd], rotated k and v [N, kv_heads, hd]; and the attention's
+  // output [N, nh * hd] through o_proj, the residual and the MLP block.
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> new_queries_keys_values(const at::Tensor& x, const at::Tensor& cos,
+                                                                          const at::Tensor& sin) const {
+    const int64_t N = x.size(0), nh = c_.num_heads, nkv = c_.num_kv_heads, hd = c_.head_dim;
+    auto n1 = rms_norm(x, input_layernorm->weight.value, c_.rms_norm_eps);
+    auto q = apply_rope(lin(n1, self_attn->q_proj).view({N, nh, hd}), cos, sin);
+    auto k = apply_rope(lin(n1, self_attn->k_proj).view({N, nkv, hd}), cos, sin);
+    return {q, k, lin(n1, self_attn->v_proj).view({N, nkv, hd})};
+  }
+  at::Tensor output_and_mlp(const at::Tensor& x, const at::Tensor& attended) const {
+    auto h = x + lin(attended, self_attn->o_proj);
+    return h + mlp->forward(rms_norm(h, post_attention_layernorm->weight.value, c_.rms_norm_eps), /*silu=*/true);
+  }
+
   Mistral3Config c_;
 };
 
