@@ -116,6 +116,8 @@ void plan_auto(const PlanOptions& o) {
   for (const auto& s : OffloadSetting::all_for(base.training.optimizer)) {
     if (s.disk && base.training.offload_dir.empty()) continue;  // no directory to put it in
     if (s.activations && recompute_modules.empty()) continue;   // no blocks to offload from
+    // adamw8bit's update runs on host shards: on a device a run without cpu_offload is refused.
+    if (base.training.optimizer == "adamw8bit" && !s.cpu_offload) continue;
     settings.push_back(s);
   }
   std::vector<bool> recomputes = {false};

@@ -288,6 +288,10 @@ def test_plan_auto_chooses_under_a_budget_and_its_choice_trains(tmp_path, token_
     assert tight["best"][0]["sets"] == [line for line in choice.read_text().splitlines() if not line.startswith("#")]
     run_mmtrain(["train", str(cfg), "--set-file", str(choice)], world=2)
     assert len(read_metrics(tmp_path / "run")) == 1
+    # adamw8bit's update runs on the host: on a device only the cpu_offload settings are candidates.
+    eight_bit = last_json(run_mmtrain([*base, "--set", "training.optimizer=adamw8bit"]))
+    assert eight_bit["best"] and all("cpu_offload" in c["summary"] for c in eight_bit["best"]), eight_bit["best"]
+    assert all("training.optimizer=adamw8bit" in c["sets"] for c in eight_bit["best"])
 
 
 def test_runs_check_their_plan_and_calibrate_the_profile(tmp_path, token_file):
