@@ -33,8 +33,8 @@ struct TrainingConfig {
   double clip_grad = 0.0;                      // max global grad norm; 0 = no clipping
   int64_t train_iters = 0;                     // optimizer steps
   std::string optimizer = "adamw";             // adamw | adamw_swap (moments in the host tier, or on disk with offload_dir)
-                                               // | adamw8bit (its state on disk with offload_dir)
-                                               // | adamw8bit (bitsandbytes' blockwise 8-bit moments; muon: not implemented)
+                                               // | adamw8bit (bitsandbytes' blockwise 8-bit moments, on disk with
+                                               // offload_dir; muon: not implemented)
   int64_t min_8bit_size = 4096;                // adamw8bit: params with fewer elements keep fp32 moments (bitsandbytes' default)
   double mem_fraction_static = 0.8;            // adamw_swap: share of the device's free memory its windows may take
   std::string offload_dir;                     // the disk tier: each rank's file of optimizer state (adamw_swap, adamw8bit),

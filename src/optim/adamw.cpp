@@ -31,8 +31,10 @@ void AdamW::offload_moments(std::shared_ptr<TierStore> store, int64_t chunk_nume
   // Moments that exist already (steps taken, or set) move; never-used ones never existed: the
   // store starts as zeros.
   for (size_t i = 0; i < states_.size(); ++i)
-    if (states_[i].exp_avg.abs().max().item<float>() != 0 || states_[i].exp_avg_sq.abs().max().item<float>() != 0)
-      swapped_->write(i, 0, states_[i].exp_avg), swapped_->write(i, 1, states_[i].exp_avg_sq);
+    if (states_[i].exp_avg.abs().max().item<float>() != 0 || states_[i].exp_avg_sq.abs().max().item<float>() != 0) {
+      swapped_->write(i, 0, states_[i].exp_avg);
+      swapped_->write(i, 1, states_[i].exp_avg_sq);
+    }
   states_.clear();
 }
 

@@ -7,6 +7,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <mutex>
 #include <set>
@@ -115,16 +116,22 @@ void AdamW8bit::page_in(size_t i) const {
   UnitState& unit = units_[i];
   if (!disk_ || unit.memory.defined()) return;
   read_ahead(i);  // nothing when it is on its way already
-  if (const auto arriving = std::exchange(unit.arriving, {}); arriving.valid()) arriving.get();  // rethrows (file, offset, errno)
+  if (const auto arriving = std::exchange(unit.arriving, {}); arriving.valid()) wait_for_disk(arriving);
   unit.bind(std::exchange(unit.incoming, at::Tensor()));
   unit.changed = false;
+}
+
+void AdamW8bit::wait_for_disk(const std::shared_future<void>& transfer) const {
+  const auto began = std::chrono::steady_clock::now();
+  transfer.get();  // rethrows the store's error (file, offset, errno)
+  disk_wait_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count();
 }
 
 void AdamW8bit::page_out(size_t i) const {
   UnitState& unit = units_[i];
   if (!disk_ || !unit.memory.defined()) return;
   if (unit.changed && unit.floats() > 0)
-    disk_->write(unit.disk_offset, unit.memory.data_ptr(), unit.floats() * static_cast<int64_t>(sizeof(float))).get();
+    wait_for_disk(disk_->write(unit.disk_offset, unit.memory.data_ptr(), unit.floats() * static_cast<int64_t>(sizeof(float))));
   // Views handed out before keep their bytes (they hold the buffer); the unit lets go of it.
   for (int m = 0; m < 2; ++m) unit.codes[m] = unit.absmax[m] = unit.small[m] = at::Tensor();
   unit.memory = at::Tensor();

@@ -88,6 +88,7 @@ class AdamW8bit : public Optimizer {
   int64_t largest_unit_state_bytes() const;
   int64_t total_state_bytes() const;  // every unit's, wherever it is
   const DiskStore* disk() const { return disk_.get(); }
+  double disk_wait_ms() const { return disk_wait_ms_; }  // total time blocked on the disk tier's transfers
 
   // On the disk tier, the accessors below need unit i's state in RAM: this brings it in (writing
   // back and dropping the unit held before; `changing`: the caller will overwrite it, so it is
@@ -164,6 +165,7 @@ class AdamW8bit : public Optimizer {
   void read_ahead(size_t i) const;
   void page_in(size_t i) const;
   void page_out(size_t i) const;
+  void wait_for_disk(const std::shared_future<void>& transfer) const;  // and count the time
   // The absmax of the straddling blocks in pending whose slots are in [slot_begin, slot_end), over
   // the ranks, then their codes; exchange holds this rank's maxima by slot.
   void settle(std::vector<PendingBlock>& pending, std::vector<float>& exchange, int64_t slot_begin, int64_t slot_end);
@@ -175,6 +177,7 @@ class AdamW8bit : public Optimizer {
   mutable std::vector<UnitState> units_;  // mutable: paging a unit in for a const reader
   std::shared_ptr<DiskStore> disk_;
   mutable std::optional<size_t> held_;  // the unit keep_resident brought in
+  mutable double disk_wait_ms_ = 0;
   int64_t exchange_slots_ = 0;  // straddling blocks over every param (the same on every rank)
   AdamW8bitOptions options_;
   AllReduceMax all_reduce_max_;

@@ -27,16 +27,19 @@ void Run::log(const std::string& message) const {
 }
 
 // The copies and the shard pager count themselves (OffloadStats); the disk tier's bytes are its
-// store's, and the moments' waits for it are theirs.
+// store's, and the waits for it of the optimizer state and the EMA shadows on it are theirs.
 OffloadCounts Run::offload_counts() const {
   tiers->stats->settle_device_waits();
   OffloadCounts counts = tiers->stats->snapshot();
   if (tiers->disk) {
     counts.disk_read_bytes = tiers->disk->bytes_read();
     counts.disk_written_bytes = tiers->disk->bytes_written();
+    auto waited = [&counts](double ms) { counts.disk_wait_us += static_cast<int64_t>(ms * 1000.0); };
     const auto* adamw = dynamic_cast<const AdamW*>(optimizer.get());
-    if (const auto* swapped = adamw ? adamw->swapped_moments() : nullptr)
-      counts.disk_wait_us += static_cast<int64_t>(swapped->wait_ms() * 1000.0);
+    if (const auto* swapped = adamw ? adamw->swapped_moments() : nullptr) waited(swapped->wait_ms());
+    if (const auto* adamw8bit = dynamic_cast<const AdamW8bit*>(optimizer.get())) waited(adamw8bit->disk_wait_ms());
+    if (const auto* shadows = ema ? ema->swapped() : nullptr; shadows && &shadows->store() == tiers->disk.get())
+      waited(shadows->wait_ms());
   }
   return counts;
 }
